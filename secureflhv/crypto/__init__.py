@@ -1,0 +1,1 @@
+"""Layer 1: cryptographic building blocks over well-kept libraries (phe, gmpy2, cryptography). No networking."""

@@ -1,0 +1,262 @@
+"""The transport interface every algorithm talks through, and the mailbox behind it.
+
+Algorithms never open sockets: they call :meth:`Transport.send` and :meth:`Transport.recv`
+with a receiver/sender party id, a *tag* naming what the payload is, and a *round* id.
+Two implementations share this interface: :class:`~secureflhv.transport.inprocess.InProcessNetwork`
+(unit tests, one process) and :class:`~secureflhv.transport.grpc_transport.GrpcTransport`
+(real deployments: gRPC with mutual TLS).
+
+Wire rules enforced here (DESIGN.md, "Wire rules"):
+
+* a message for another job or another receiver is rejected;
+* a message from a party that is not in the job is rejected;
+* a message whose (sender, tag, round) was already consumed, or whose round is not newer than
+  the last round consumed for that (sender, tag), is rejected as stale / replayed;
+* a payload that fails the caller's ``parse`` check (wrong shape, wrong key, ...) is rejected
+  and logged, and the receiver keeps waiting for a valid message until its deadline.
+
+Rejections raise :class:`MessageRejected` to the *sender* (gRPC answers with an error Ack) and are
+logged at the receiver; they never crash the receiving party.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Iterable, TypeVar
+
+log = logging.getLogger("secureflhv.transport")
+
+T = TypeVar("T")
+
+ABORT_TAG = "__abort__"
+DEFAULT_DEADLINE_S = 120.0
+
+
+class TransportError(RuntimeError):
+    """Base class of every transport failure."""
+
+
+class PeerTimeout(TransportError):
+    """No (valid) message arrived from a peer before the deadline."""
+
+
+class PeerUnavailable(TransportError):
+    """A message could not be delivered to a peer before the deadline (peer down or unreachable)."""
+
+
+class MessageRejected(TransportError):
+    """The receiver refused a message (wrong job, stale round, replay, bad sender, ...)."""
+
+
+class JobAborted(TransportError):
+    """A peer announced that the job failed; carries the peer's reason."""
+
+
+class ProtocolError(ValueError):
+    """A payload is well-formed protobuf but wrong for the protocol (shape, key, range).
+
+    Raise it from a ``parse`` callback passed to :meth:`Transport.recv`: the message is then
+    rejected and logged, and ``recv`` keeps waiting for a valid one.
+    """
+
+
+@dataclass(frozen=True)
+class Message:
+    """One delivered message. ``payload`` is the serialised protobuf payload (bytes)."""
+
+    job_id: str
+    round: int
+    sender: str
+    receiver: str
+    tag: str
+    payload: bytes
+
+
+def _as_bytes(payload) -> bytes:
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return bytes(payload)
+    serialize = getattr(payload, "SerializeToString", None)
+    if serialize is None:
+        raise TypeError(f"payload must be bytes or a protobuf message, not {type(payload).__name__}")
+    return serialize()
+
+
+class Mailbox:
+    """Thread-safe store of messages delivered to one party, keyed by (sender, tag, round).
+
+    Args:
+        party_id: the owner of the mailbox; messages addressed elsewhere are rejected.
+        job_id: the job; messages of other jobs are rejected.
+        peers: party ids allowed to send here (``None`` accepts any sender).
+    """
+
+    def __init__(self, party_id: str, job_id: str, peers: Iterable[str] | None = None):
+        self.party_id = party_id
+        self.job_id = job_id
+        self.peers = None if peers is None else frozenset(peers)
+        self._cond = threading.Condition()
+        self._pending: dict[tuple[str, str, int], Message] = {}
+        self._last_round: dict[tuple[str, str], int] = {}
+        self._abort: tuple[str, str] | None = None
+        self._closed = False
+        self.rejected: list[tuple[Message, str]] = []  # (message, reason), for logs and tests
+
+    # ------------------------------------------------------------------ receiving side
+    def check(self, msg: Message) -> str | None:
+        """Return why ``msg`` must be rejected, or ``None`` when it is acceptable."""
+        if msg.job_id != self.job_id:
+            return f"message for job {msg.job_id!r}, this party runs job {self.job_id!r}"
+        if msg.receiver != self.party_id:
+            return f"message addressed to {msg.receiver!r} delivered to {self.party_id!r}"
+        if self.peers is not None and msg.sender not in self.peers:
+            return f"sender {msg.sender!r} is not a party of job {self.job_id!r}"
+        if msg.tag == ABORT_TAG:
+            return None
+        last = self._last_round.get((msg.sender, msg.tag))
+        if last is not None and msg.round <= last:
+            return (f"stale or replayed message: tag {msg.tag!r} round {msg.round} from {msg.sender!r}, "
+                    f"round {last} already consumed")
+        if (msg.sender, msg.tag, msg.round) in self._pending:
+            return f"duplicate message: tag {msg.tag!r} round {msg.round} from {msg.sender!r} already queued"
+        return None
+
+    def deliver(self, msg: Message) -> None:
+        """Queue ``msg`` or raise :class:`MessageRejected` (and log) when it breaks a wire rule."""
+        with self._cond:
+            reason = self.check(msg)
+            if reason is not None:
+                self._reject(msg, reason)
+                raise MessageRejected(reason)
+            if msg.tag == ABORT_TAG:
+                self._abort = (msg.sender, msg.payload.decode("utf-8", "replace"))
+            else:
+                self._pending[(msg.sender, msg.tag, msg.round)] = msg
+            self._cond.notify_all()
+
+    def _reject(self, msg: Message, reason: str) -> None:
+        self.rejected.append((msg, reason))
+        log.warning("%s rejected a message from %s (tag %r, round %d): %s",
+                    self.party_id, msg.sender, msg.tag, msg.round, reason)
+
+    def take(self, sender: str, tag: str, round: int, timeout: float,
+             parse: Callable[[bytes], T] | None = None):
+        """Wait for the message (sender, tag, round) and return its payload, parsed if asked.
+
+        Raises:
+            PeerTimeout: nothing valid arrived within ``timeout`` seconds (names sender, tag, round).
+            JobAborted: a peer announced that the job failed.
+        """
+        key = (sender, tag, round)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._abort is not None:
+                    who, why = self._abort
+                    raise JobAborted(f"party {who!r} aborted the job: {why}")
+                msg = self._pending.pop(key, None)
+                if msg is not None:
+                    if parse is None:
+                        self._last_round[(sender, tag)] = round
+                        return msg.payload
+                    try:
+                        value = parse(msg.payload)
+                    except Exception as exc:  # noqa: BLE001 - any bad payload is rejected, never fatal
+                        self._reject(msg, f"invalid payload: {exc}")
+                        continue
+                    self._last_round[(sender, tag)] = round
+                    return value
+                if self._closed:
+                    raise TransportError(f"{self.party_id}: transport closed while waiting for {tag!r} from {sender!r}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise PeerTimeout(
+                        f"{self.party_id}: no valid message {tag!r} (round {round}) from {sender!r} "
+                        f"within {timeout:.0f}s: is {sender!r} still running?")
+                self._cond.wait(min(remaining, 1.0))
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+class Transport(ABC):
+    """What an algorithm's role class sees of the network.
+
+    Attributes:
+        party_id: this party's id (as in the job file and its certificate).
+        job_id: the job id stamped on every message.
+        deadline: default seconds to wait in :meth:`recv` and to keep retrying in :meth:`send`.
+    """
+
+    party_id: str
+    job_id: str
+    deadline: float
+
+    @abstractmethod
+    def send(self, receiver: str, tag: str, payload, round: int = 0, timeout: float | None = None) -> None:
+        """Deliver ``payload`` (bytes or a protobuf message) to ``receiver``.
+
+        Raises:
+            PeerUnavailable: the receiver could not be reached before the deadline.
+            MessageRejected: the receiver refused the message (the reason is in the error).
+        """
+
+    @abstractmethod
+    def _mailbox(self) -> Mailbox:
+        """This party's mailbox."""
+
+    def recv(self, sender: str, tag: str, round: int = 0, timeout: float | None = None,
+             parse: Callable[[bytes], T] | None = None):
+        """Wait for message ``tag`` of ``round`` from ``sender``; return its bytes or ``parse(bytes)``.
+
+        A payload for which ``parse`` raises is rejected and logged, and the wait goes on.
+
+        Raises:
+            PeerTimeout: nothing valid arrived before the deadline; the error names the sender.
+            JobAborted: a peer announced the job failed.
+        """
+        return self._mailbox().take(sender, tag, round, self.deadline if timeout is None else timeout, parse)
+
+    def abort(self, reason: str, peers: Iterable[str]) -> None:
+        """Tell ``peers`` this party failed, so they stop now instead of at their deadline (best effort)."""
+        for peer in peers:
+            try:
+                self.send(peer, ABORT_TAG, reason.encode("utf-8"), round=0, timeout=2.0)
+            except Exception as exc:  # noqa: BLE001 - a dead peer cannot be told; deadlines cover it
+                log.debug("could not tell %s about the abort: %s", peer, exc)
+
+    @property
+    def rejected(self) -> list[tuple[Message, str]]:
+        """Messages this party rejected, with reasons (for logs and tests)."""
+        return self._mailbox().rejected
+
+    def close(self) -> None:
+        """Stop receiving; pending ``recv`` calls fail at once."""
+        self._mailbox().close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def parse_message(cls, validate: Callable | None = None) -> Callable[[bytes], object]:
+    """A ``parse`` callback for :meth:`Transport.recv`: decode protobuf ``cls``, then run ``validate``.
+
+    ``validate(msg)`` may raise :class:`ProtocolError`; it may also return a converted value,
+    which ``recv`` then returns instead of the message.
+    """
+
+    def parse(payload: bytes):
+        msg = cls.FromString(payload)
+        if validate is None:
+            return msg
+        out = validate(msg)
+        return msg if out is None else out
+
+    return parse
