@@ -37,4 +37,5 @@ class BuildWithProtos(build_py):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildWithProtos})
+if __name__ == "__main__":  # setuptools runs this file as __main__; importing it only generates
+    setup(cmdclass={"build_py": BuildWithProtos})

