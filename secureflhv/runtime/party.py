@@ -23,7 +23,8 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transport:
     """Open this party's gRPC endpoint and channels to its peers as the job file describes."""
-    from ..transport.grpc_transport import GrpcTransport, TlsConfig
+    from ..transport.certs import TlsConfig
+    from ..transport.grpc_transport import GrpcTransport
 
     peers = {p.id: p.address for p in cfg.parties if p.id != spec.id}
     if insecure:
@@ -33,7 +34,7 @@ def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transpor
                                   (f"parties[{spec.id}].key", spec.key)) if v is None]
         if missing:
             raise JobConfigError(f"TLS needs {', '.join(missing)} in the job file (or run with --insecure)")
-        tls = TlsConfig.from_files(ca=cfg.resolve(cfg.security.ca), cert=cfg.resolve(spec.cert),
+        tls = TlsConfig.from_files(ca_cert=cfg.resolve(cfg.security.ca), cert=cfg.resolve(spec.cert),
                                    key=cfg.resolve(spec.key))
     return GrpcTransport(party_id=spec.id, job_id=cfg.job.id, listen=spec.address, peers=peers, tls=tls,
                          insecure=insecure, deadline=cfg.job.deadline_s)

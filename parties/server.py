@@ -1,0 +1,13 @@
+#!/usr/bin/env python3
+"""Run the server of a job on this machine: `python parties/server.py JOB --party ID`.
+
+A thin wrapper over `secureflhv party` that also checks the party's role is server.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from parties._common import run_role  # noqa: E402
+
+if __name__ == "__main__":
+    raise SystemExit(run_role("server", sys.argv[1:]))
