@@ -24,71 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
-def demo_tables(work: Path, n_hosts: int, seed: int) -> tuple[Path, list[Path]]:
-    """Breast cancer split over guest + hosts; each side misses some of the other's ids."""
-    from secureflhv.data import load_sklearn, vertical_split, write_vertical_csvs
-
-    ds = load_sklearn("breast_cancer")
-    vp = vertical_split(ds, n_hosts, "even", seed, sample_overlap=0.92)
-    paths = write_vertical_csvs(ds, vp, work / "data", id_column="id", label_column="label")
-    guest = pd.read_csv(paths["guest"], dtype={"id": str})
-    keep = np.random.default_rng(seed + 1).random(len(guest)) >= 0.05  # the guest lacks ~5% of the rows too
-    guest[keep].to_csv(paths["guest"], index=False, float_format="%.17g")
-    return paths["guest"], [paths[f"host_{i}"] for i in range(1, n_hosts + 1)]
-
-
-def write_job(work: Path, args, guest_csv: Path, host_csvs: list[Path]) -> Path:
-    from secureflhv.transport.certs import generate_certificates
-
-    ids = (["server"] if args.mode == "arbiter" else []) + ["guest"] + [f"host-{i}" for i in
-                                                                        range(1, len(host_csvs) + 1)]
-    generate_certificates(work / "certs", ids)
-    ports = free_ports(len(ids))
-    parties = []
-    for pid, port in zip(ids, ports):
-        role = "server" if pid == "server" else "guest" if pid == "guest" else "host"
-        p = {"id": pid, "role": role, "address": f"127.0.0.1:{port}",
-             "cert": f"certs/{pid}.pem", "key": f"certs/{pid}.key"}
-        if role == "guest":
-            p["data"] = {"path": str(guest_csv.resolve()), "id_column": args.id_column,
-                         "label_column": args.label_column}
-        elif role == "host":
-            p["data"] = {"path": str(host_csvs[int(pid.split("-")[1]) - 1].resolve()), "id_column": args.id_column}
-        parties.append(p)
-    job = {
-        "job": {"id": "vertical-lr-demo", "algorithm": "vertical_lr", "output_dir": "out", "deadline_s": 300},
-        "security": {"ca": "certs/ca.pem", "insecure_test_keys": args.key_bits < 2048},
-        "parties": parties,
-        "params": {"mode": args.mode, "epochs": args.epochs, "batch_size": args.batch_size,
-                   "learning_rate": args.learning_rate, "l2": args.l2, "key_bits": args.key_bits,
-                   "test_fraction": 0.3, "split_seed": args.seed, "seed": args.seed},
-    }
-    path = work / "job.yaml"
-    path.write_text(yaml.safe_dump(job, sort_keys=False))
-    return path
 
 
 def centralised_baseline(work: Path, guest_csv: Path, host_csvs: list[Path], args, l2: float) -> dict:
@@ -140,6 +81,7 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     from secureflhv.runtime.config import load_job
+    from secureflhv.runtime.demo import breast_cancer_tables, write_vertical_lr_job
     from secureflhv.runtime.launcher import Launcher
 
     console = Console(highlight=False)
@@ -150,8 +92,12 @@ def main(argv=None) -> int:
     if args.guest_csv:
         guest_csv, host_csvs = args.guest_csv, list(args.host_csv)
     else:
-        guest_csv, host_csvs = demo_tables(work, args.hosts, args.seed)
-    job_path = write_job(work, args, guest_csv, host_csvs)
+        guest_csv, host_csvs = breast_cancer_tables(work / "data", args.hosts, args.seed)
+    params = {"epochs": args.epochs, "batch_size": args.batch_size, "learning_rate": args.learning_rate,
+              "l2": args.l2, "key_bits": args.key_bits, "test_fraction": 0.3, "split_seed": args.seed,
+              "seed": args.seed}
+    job_path = write_vertical_lr_job(work, guest_csv, host_csvs, params, mode=args.mode, id_column=args.id_column,
+                                     label_column=args.label_column, insecure_test_keys=args.key_bits < 2048)
     console.print(f"job file {job_path}; certificates in {work / 'certs'}; "
                   f"{1 + len(host_csvs) + (args.mode == 'arbiter')} parties over gRPC with mutual TLS")
     rc = Launcher(job_path, load_job(job_path)).run(timeout_s=args.timeout)

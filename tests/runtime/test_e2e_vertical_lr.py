@@ -1,0 +1,135 @@
+"""End to end: real server / guest / host processes over gRPC with mutual TLS on loopback.
+
+Checks the PSI result against the true id intersection, the trained weights against an independent
+centralised Taylor-LR on the joined table (same rows, batches and seed), the artifacts, and that a
+killed host or a broken party stops the job quickly with a message naming it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from secureflhv.runtime.artifacts import load_model
+from secureflhv.runtime.config import load_job
+from secureflhv.runtime.demo import breast_cancer_tables, write_vertical_lr_job
+from secureflhv.runtime.launcher import Launcher
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vertical"))
+from vlr_harness import reference_taylor_lr  # noqa: E402  (independent numpy reference)
+
+pytestmark = pytest.mark.slow
+
+PARAMS = {"epochs": 3, "batch_size": 128, "learning_rate": 0.15, "l2": 0.01, "key_bits": 1024,
+          "early_stopping": False, "test_fraction": 0.25, "split_seed": 5, "seed": 7}
+
+
+def secureflhv(*args, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "secureflhv", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
+
+
+def make_job(tmp_path, n_hosts=1, mode="arbiter", params=PARAMS, deadline=60):
+    guest_csv, host_csvs = breast_cancer_tables(tmp_path / "data", n_hosts, seed=3, scheme="random")
+    job = write_vertical_lr_job(tmp_path / "job", guest_csv, host_csvs, params, mode=mode, deadline_s=deadline,
+                                insecure_test_keys=True)
+    return job, guest_csv, host_csvs
+
+
+@pytest.mark.parametrize("n_hosts, mode", [(1, "arbiter"), (2, "two_party")])
+def test_trained_model_and_psi_match_centralised(tmp_path, n_hosts, mode):
+    job, guest_csv, host_csvs = make_job(tmp_path, n_hosts, mode)
+    proc = secureflhv("run", str(job), "--timeout", "240")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "[guest]" in out and "[host-1]" in out  # prefixed party logs
+
+    # PSI: exactly the ids every party holds, in code-point order
+    tables = [pd.read_csv(p, dtype={"id": str}).set_index("id") for p in [guest_csv, *host_csvs]]
+    common = sorted(set.intersection(*(set(t.index) for t in tables)))
+    assert all(len(common) < len(t) for t in tables)  # every party had ids the others lack
+    out_dir = job.parent / "out"
+    split = json.loads((out_dir / "guest" / "split.json").read_text())
+    assert sorted(split["train"] + split["test"]) == common
+    guest_model = load_model(out_dir / "guest" / "model.json")
+    assert guest_model["psi"]["common_ids"] == len(common)
+
+    # centralised twin: join, same train rows (in PSI order), own-column standardisation, same batches
+    joined = tables[0].join(tables[1:], how="inner").loc[common]
+    y = joined.pop("label").to_numpy()
+    train_idx = np.searchsorted(common, split["train"])
+    X = joined.to_numpy(float)
+    mu, sd = X[train_idx].mean(0), X[train_idx].std(0)
+    sd[sd == 0] = 1
+    Xs = (X - mu) / sd
+    w_ref, b_ref, losses_ref = reference_taylor_lr(Xs[train_idx], y[train_idx], **PARAMS)
+    ref = dict(zip(joined.columns, w_ref))
+
+    fed = dict(guest_model["model"]["weights"])
+    for h in range(1, n_hosts + 1):
+        fed.update(load_model(out_dir / f"host-{h}" / "model.json")["model"]["weights"])
+    assert set(fed) == set(ref)
+    names = sorted(ref)
+    np.testing.assert_allclose([fed[k] for k in names], [ref[k] for k in names], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(guest_model["model"]["intercept"], b_ref, rtol=1e-6, atol=1e-9)
+
+    metrics = json.loads((out_dir / "guest" / "metrics.json").read_text())
+    np.testing.assert_allclose(metrics["history"]["loss"], losses_ref, rtol=1e-6)
+    assert metrics["metrics"]["test"]["auc"] > 0.97
+    assert (out_dir / "guest" / "loss.png").stat().st_size > 1000
+    if mode == "arbiter":
+        assert load_model(out_dir / "server" / "model.json")["role"] == "server"
+
+
+def test_killed_host_stops_guest_and_server_within_deadline(tmp_path):
+    deadline = 10
+    job, _, _ = make_job(tmp_path, params={**PARAMS, "epochs": 200}, deadline=deadline)
+    procs = {pid: secureflhv("party", str(job), "--party", pid) for pid in ("server", "guest", "host-1")}
+    host = procs["host-1"]
+    try:
+        for line in host.stdout:  # wait until training is under way
+            if "epoch 2/" in line:
+                break
+        else:
+            pytest.fail("host never reached epoch 2")
+        os.killpg(host.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        outputs = {}
+        for pid in ("guest", "server"):
+            out, _ = procs[pid].communicate(timeout=deadline + 30)
+            outputs[pid] = out
+            assert procs[pid].returncode not in (0, None), out[-2000:]
+        assert time.monotonic() - killed_at < deadline + 30
+        for pid, out in outputs.items():
+            tail = out[-4000:]
+            assert "host-1" in tail, f"{pid} did not name the dead host:\n{tail}"
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def test_launcher_stops_everyone_and_names_the_failing_party(tmp_path):
+    job, _, host_csvs = make_job(tmp_path, deadline=60)
+    host_csvs[0].unlink()  # host-1 cannot read its data
+    launcher = Launcher(job, load_job(job), grace_s=5)
+    started = time.monotonic()
+    rc = launcher.run(timeout_s=120)
+    assert rc == 1
+    assert time.monotonic() - started < 60  # the others did not sit out their 60 s deadline
+    assert all(c.proc.poll() is not None for c in launcher.children)  # no orphan
+    host = next(c for c in launcher.children if c.party_id == "host-1")
+    assert host.proc.returncode == 2 and any("host_1.csv" in line for line in host.lines)
+    for c in launcher.children:
+        if c.party_id != "host-1":
+            assert c.proc.returncode != 0
+            assert any("host-1" in line for line in c.lines), c.lines[-10:]

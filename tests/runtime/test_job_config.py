@@ -1,0 +1,119 @@
+"""A malformed job file is refused with an error that names the file and the bad field."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from secureflhv.cli import main
+from secureflhv.runtime.config import JobConfigError, load_job
+from secureflhv.runtime.vertical_lr_job import job_params
+
+
+def good_job() -> dict:
+    return {
+        "job": {"id": "j1", "algorithm": "vertical_lr"},
+        "security": {"ca": "certs/ca.pem"},
+        "parties": [
+            {"id": "server", "role": "server", "address": "127.0.0.1:5001", "cert": "c", "key": "k"},
+            {"id": "guest", "role": "guest", "address": "127.0.0.1:5002", "cert": "c", "key": "k",
+             "data": {"path": "g.csv", "id_column": "id", "label_column": "y"}},
+            {"id": "host-1", "role": "host", "address": "127.0.0.1:5003", "cert": "c", "key": "k",
+             "data": {"path": "h.csv"}},
+        ],
+        "params": {"epochs": 3},
+    }
+
+
+def write(tmp_path: Path, doc) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc) if not isinstance(doc, str) else doc)
+    return path
+
+
+def test_good_job_loads_and_resolves_paths_against_its_folder(tmp_path):
+    cfg = load_job(write(tmp_path, good_job()))
+    assert [p.id for p in cfg.hosts] == ["host-1"] and cfg.guest.id == "guest" and cfg.server.id == "server"
+    assert cfg.resolve(cfg.guest.data.path) == (tmp_path / "g.csv").resolve()
+    assert cfg.output_dir("guest") == (tmp_path / "out" / "guest").resolve()
+    assert job_params(cfg).epochs == 3
+
+
+def mutate(path_expr: str, value):
+    doc = good_job()
+    *parents, last = path_expr.split(".")
+    node = doc
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+    return doc
+
+
+@pytest.mark.parametrize("change, expected", [
+    (("parties.1.address", "no-port"), "parties[1].address"),
+    (("parties.2.data", KeyError), "parties[2].data: required for host"),
+    (("parties.1.data.label_column", KeyError), "parties[1].data.label_column"),
+    (("parties.0.role", "arbiterr"), "parties[0].role"),
+    (("job.algorithm", "fedavg_typo"), "job.algorithm"),
+    (("job.deadline_s", -1), "job.deadline_s"),
+    (("parties.2.id", "guest"), "duplicate party id"),
+    (("parties.2.address", "127.0.0.1:5002"), "two parties listen on"),
+    (("security.ca", KeyError), "security.ca"),
+    (("parties.1.cert", KeyError), "parties[1].cert"),
+    (("parties.1.data.colour", "blue"), "parties[1].data.colour: unknown field"),
+])
+def test_bad_field_is_named(tmp_path, change, expected):
+    with pytest.raises(JobConfigError) as err:
+        load_job(write(tmp_path, mutate(*change)))
+    assert expected in str(err.value)
+    assert str(tmp_path / "job.yaml") in str(err.value)
+
+
+@pytest.mark.parametrize("params, expected", [
+    ({"epochs": 0}, "params.epochs"),
+    ({"learning_rat": 0.1}, "params.learning_rat: unknown parameter"),
+    ({"key_bits": 1024}, "key_bits"),
+    ({"insecure_test_key": True}, "security.insecure_test_keys"),
+    ({"mode": "two_party"}, "params.mode"),
+    ({"test_fraction": 1.5}, "params.test_fraction"),
+])
+def test_bad_params_are_named(tmp_path, params, expected):
+    cfg = load_job(write(tmp_path, mutate("params", params)))
+    with pytest.raises(JobConfigError) as err:
+        job_params(cfg)
+    assert expected in str(err.value)
+
+
+def test_small_keys_only_through_the_explicit_test_setting(tmp_path):
+    doc = mutate("params", {"key_bits": 1024})
+    doc["security"]["insecure_test_keys"] = True
+    assert job_params(load_job(write(tmp_path, doc))).key_bits == 1024
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(JobConfigError, match="cannot read job file"):
+        load_job(tmp_path / "missing.yaml")
+    with pytest.raises(JobConfigError, match="not valid YAML"):
+        load_job(write(tmp_path, "job: [unclosed"))
+    with pytest.raises(JobConfigError, match="top level must be a mapping"):
+        load_job(write(tmp_path, "- a\n- b\n"))
+
+
+def test_cli_reports_the_field_and_exits_2(tmp_path, capsys):
+    path = write(tmp_path, mutate("parties.1.address", "nowhere"))
+    assert main(["validate", str(path)]) == 2
+    assert "parties[1].address" in capsys.readouterr().err
+    assert main(["party", str(path), "--party", "guest"]) == 2
+
+
+def test_cli_party_unknown_id_and_insecure_confirmation(tmp_path, capsys):
+    path = write(tmp_path, good_job())
+    assert main(["party", str(path), "--party", "nobody"]) == 2
+    assert "'nobody' is not in job" in capsys.readouterr().err
+    doc = good_job()
+    doc["security"] = {"insecure": True}
+    path = write(tmp_path, doc)
+    assert main(["party", str(path), "--party", "guest"]) == 2
+    assert "pass --insecure" in capsys.readouterr().err
