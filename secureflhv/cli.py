@@ -29,18 +29,28 @@ def _cmd_certs(args: argparse.Namespace) -> int:
     if not parties:
         print("secureflhv certs: name the parties (positional) or give --job JOB", file=sys.stderr)
         return 2
-    paths = generate_certificates(Path(args.out), sorted(set(parties)), days=args.days,
-                                  hostnames=tuple(args.hostname))
-    print(f"wrote CA and {len(set(parties))} party certificates to {args.out}")
-    for name, p in sorted(paths.items()):
-        print(f"  {name}: {p}")
+    try:
+        paths = generate_certificates(Path(args.out), sorted(set(parties)), days=args.days,
+                                      hostnames=tuple(args.hostname), overwrite=args.overwrite)
+    except FileExistsError as exc:
+        print(f"secureflhv certs: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"secureflhv certs: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote the CA and {len(paths['parties'])} party certificates to {args.out}")
+    for name, files in sorted(paths["parties"].items()):
+        print(f"  {name}: " + ", ".join(str(f) for f in (files.values() if isinstance(files, dict) else [files])))
     return 0
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from .runtime.config import load_job
 
+    from .runtime.party import job_module
+
     cfg = load_job(args.job)
+    job_module(cfg.job.algorithm).job_params(cfg)
     print(f"job {cfg.job.id!r}: algorithm {cfg.job.algorithm}, {len(cfg.parties)} parties, "
           f"{'PLAINTEXT (insecure)' if cfg.security.insecure else 'mutual TLS'}")
     for p in cfg.parties:
@@ -80,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job", type=Path, help="take the party ids from this job file")
     p.add_argument("--out", default="certs", help="output folder (default: %(default)s)")
     p.add_argument("--days", type=int, default=365, help="validity in days (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing keys and certificates")
     p.add_argument("--hostname", action="append", default=["localhost", "127.0.0.1"],
                    help="extra DNS name or IP the certificates are valid for (repeatable)")
     p.set_defaults(func=_cmd_certs)

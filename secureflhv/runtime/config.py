@@ -59,23 +59,31 @@ class DataSpec(_Strict):
 class PartySpec(_Strict):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     role: Literal["guest", "host", "server"]
-    address: str = Field(description="host:port this party listens on")
+    address: str = Field(description="host:port where the other parties reach this party")
+    listen: str | None = Field(default=None, description="host:port to bind (default: address), "
+                                                         "e.g. 0.0.0.0:50051 behind NAT or in a container")
     cert: Path | None = None
     key: Path | None = None
     data: DataSpec | None = None
 
-    @field_validator("address")
+    @field_validator("address", "listen")
     @classmethod
-    def _address(cls, v: str) -> str:
+    def _address(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         host, sep, port = v.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"expected host:port with a port in 1..65535, got {v!r}")
         return v
 
 
+# algorithm -> data layout; each has a job module secureflhv.runtime.<algorithm>_job
+ALGORITHMS = {"vertical_lr": "vertical", "vertical_nn": "vertical", "horizontal": "horizontal"}
+
+
 class JobSection(_Strict):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    algorithm: Literal["vertical_lr"]
+    algorithm: Literal["vertical_lr", "vertical_nn", "horizontal"]
     output_dir: Path = Path("out")
     deadline_s: float = Field(default=120.0, gt=0,
                               description="seconds a party waits for a peer before failing")
@@ -104,16 +112,23 @@ class JobConfig(_Strict):
         if dup:
             raise ValueError(f"parties: duplicate party id(s) {dup}")
         roles = [p.role for p in self.parties]
-        if roles.count("guest") != 1:
+        vertical = ALGORITHMS[self.job.algorithm] == "vertical"
+        if vertical and roles.count("guest") != 1:
             raise ValueError(f"parties: a vertical job needs exactly one guest, found {roles.count('guest')}")
-        if roles.count("host") < 1:
+        if vertical and roles.count("host") < 1:
             raise ValueError("parties: a vertical job needs at least one host")
+        if not vertical and roles.count("guest") > 1:
+            raise ValueError(f"parties: at most one guest, found {roles.count('guest')}")
+        if not vertical and roles.count("server") != 1:
+            raise ValueError("parties: a horizontal job needs exactly one server (the aggregator)")
+        if not vertical and roles.count("guest") + roles.count("host") < 2:
+            raise ValueError("parties: a horizontal job needs at least two clients (guest/host)")
         if roles.count("server") > 1:
-            raise ValueError("parties: at most one server (arbiter)")
+            raise ValueError("parties: at most one server")
         for i, p in enumerate(self.parties):
             if p.role in ("guest", "host") and p.data is None:
                 raise ValueError(f"parties[{i}].data: required for {p.role} {p.id!r}")
-            if p.role == "guest" and p.data is not None and not p.data.label_column:
+            if vertical and p.role == "guest" and p.data is not None and not p.data.label_column:
                 raise ValueError(f"parties[{i}].data.label_column: the guest holds the labels; name its column")
             if p.role == "server" and p.data is not None:
                 raise ValueError(f"parties[{i}].data: the server holds no data")
@@ -147,6 +162,11 @@ class JobConfig(_Strict):
     @property
     def guest(self) -> PartySpec:
         return self.by_role("guest")[0]
+
+    @property
+    def clients(self) -> list[PartySpec]:
+        """Horizontal jobs: every data party (the guest, if any, and the hosts), in file order."""
+        return [p for p in self.parties if p.role in ("guest", "host")]
 
     @property
     def hosts(self) -> list[PartySpec]:

@@ -62,7 +62,7 @@ def write_vertical_lr_job(work: Path, guest_csv: Path, host_csvs: list[Path], pa
     work.mkdir(parents=True, exist_ok=True)
     ids = (["server"] if mode == "arbiter" else []) + ["guest"] + [f"host-{i}" for i in range(1, len(host_csvs) + 1)]
     if tls:
-        generate_certificates(work / "certs", ids)
+        generate_certificates(work / "certs", ids, overwrite=True)
     parties = []
     for pid, port in zip(ids, free_ports(len(ids))):
         role = "server" if pid == "server" else "guest" if pid == "guest" else "host"

@@ -99,6 +99,7 @@ class Launcher:
         for i, p in enumerate(self.cfg.parties):
             cmd = [sys.executable, "-m", "secureflhv", "party", str(self.job_path), "--party", p.id, *self.extra_args]
             env = dict(os.environ, PYTHONUNBUFFERED="1")
+            env.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC's own handshake chatter; our logs say what failed
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                     env=env, start_new_session=True)  # own process group: we can stop its pools too
             child = _Child(p.id, proc, _COLOURS[i % len(_COLOURS)])

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..transport import Transport, TransportError
-from .config import JobConfig, JobConfigError, PartySpec, load_job
+from .config import ALGORITHMS, JobConfig, JobConfigError, PartySpec, load_job
 
 log = logging.getLogger("secureflhv.party")
 
@@ -36,16 +36,21 @@ def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transpor
             raise JobConfigError(f"TLS needs {', '.join(missing)} in the job file (or run with --insecure)")
         tls = TlsConfig.from_files(ca_cert=cfg.resolve(cfg.security.ca), cert=cfg.resolve(spec.cert),
                                    key=cfg.resolve(spec.key))
-    return GrpcTransport(party_id=spec.id, job_id=cfg.job.id, listen=spec.address, peers=peers, tls=tls,
+    return GrpcTransport(party_id=spec.id, job_id=cfg.job.id, listen=spec.listen or spec.address, peers=peers, tls=tls,
                          insecure=insecure, deadline=cfg.job.deadline_s)
 
 
-def _algorithm(name: str):
-    if name == "vertical_lr":
-        from .vertical_lr_job import run_vertical_lr
+def job_module(algorithm: str):
+    """The job module of an algorithm: ``secureflhv.runtime.<algorithm>_job``.
 
-        return run_vertical_lr
-    raise JobConfigError(f"job.algorithm: unknown algorithm {name!r}")
+    Each exposes ``job_params(cfg)`` (validates ``params``, raising JobConfigError naming the field)
+    and ``run_job(cfg, spec, transport)`` (runs one party's role).
+    """
+    import importlib
+
+    if algorithm not in ALGORITHMS:
+        raise JobConfigError(f"job.algorithm: unknown algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
+    return importlib.import_module(f"{__package__}.{algorithm}_job")
 
 
 def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
@@ -59,7 +64,9 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
         if cfg.security.insecure and not insecure:
             raise JobConfigError("security.insecure is true in the job file: pass --insecure to confirm "
                                  "that this party may talk plaintext")
-        run = _algorithm(cfg.job.algorithm)
+        module = job_module(cfg.job.algorithm)
+        module.job_params(cfg)  # bad params fail here, before any network traffic
+        run = module.run_job
     except JobConfigError as exc:
         print(f"secureflhv party {party_id}: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -1,6 +1,6 @@
 """Vertical logistic regression as a job: load data, align ids by PSI, split, train, predict, save.
 
-Every party runs :func:`run_vertical_lr` with its own role. The steps, identical in order at every
+Every party runs :func:`run_job` with its own role. The steps, identical in order at every
 party (so that each message has its partner):
 
 1. data parties load their table (``parties[i].data``); the server loads nothing;
@@ -93,7 +93,7 @@ def _binary_metrics(y: np.ndarray, p: np.ndarray) -> dict[str, float]:
     return out
 
 
-def run_vertical_lr(cfg: JobConfig, spec: PartySpec, transport: Transport) -> dict:
+def run_job(cfg: JobConfig, spec: PartySpec, transport: Transport) -> dict:
     """Run this party's role of a vertical LR job; return a summary dict (also saved as artifacts).
 
     Raises JobConfigError for bad params or data, TransportError when a peer fails or goes silent.

@@ -136,6 +136,12 @@ class Mailbox:
                 self._pending[(msg.sender, msg.tag, msg.round)] = msg
             self._cond.notify_all()
 
+    def reject(self, msg: Message, reason: str) -> None:
+        """Record and log a message refused before it reached the mailbox (e.g. by the transport's
+        certificate or integrity checks), so that :attr:`rejected` lists every refusal."""
+        with self._cond:
+            self._reject(msg, reason)
+
     def _reject(self, msg: Message, reason: str) -> None:
         self.rejected.append((msg, reason))
         log.warning("%s rejected a message from %s (tag %r, round %d): %s",
@@ -159,14 +165,14 @@ class Mailbox:
                 msg = self._pending.pop(key, None)
                 if msg is not None:
                     if parse is None:
-                        self._last_round[(sender, tag)] = round
+                        self._consumed(sender, tag, round)
                         return msg.payload
                     try:
                         value = parse(msg.payload)
                     except Exception as exc:  # noqa: BLE001 - any bad payload is rejected, never fatal
                         self._reject(msg, f"invalid payload: {exc}")
                         continue
-                    self._last_round[(sender, tag)] = round
+                    self._consumed(sender, tag, round)
                     return value
                 if self._closed:
                     raise TransportError(f"{self.party_id}: transport closed while waiting for {tag!r} from {sender!r}")
@@ -176,6 +182,13 @@ class Mailbox:
                         f"{self.party_id}: no valid message {tag!r} (round {round}) from {sender!r} "
                         f"within {timeout:.0f}s: is {sender!r} still running?")
                 self._cond.wait(min(remaining, 1.0))
+
+    def _consumed(self, sender: str, tag: str, round: int) -> None:
+        # Keep the highest consumed round: taking an older queued round after a newer one must not
+        # lower the bar and let a replay of the newer round in.
+        key = (sender, tag)
+        last = self._last_round.get(key)
+        self._last_round[key] = round if last is None else max(last, round)
 
     def close(self) -> None:
         with self._cond:

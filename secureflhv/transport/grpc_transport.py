@@ -1,0 +1,442 @@
+"""Party-to-party transport over gRPC with mutual TLS (``PartyService.Deliver``, transport.proto).
+
+Each party runs one gRPC server (its mailbox) and one lazily opened channel per peer. A message
+travels as a client stream of :class:`Chunk` s: the first chunk carries the :class:`Envelope`
+header (job, round, sender, receiver, tag, payload size, payload SHA-256) and every chunk carries
+at most ``chunk_size`` payload bytes, so payloads of hundreds of MB stream through while every gRPC
+message stays around 1 MiB (gRPC's per-message limits are set to the chunk size plus slack).
+
+Receiving side, in order (a failure answers ``Ack(accepted=False, error=...)``, is logged and
+recorded in :attr:`Transport.rejected`, and never crashes the party):
+
+1. the first chunk must carry a header; later chunks must not;
+2. the header's ``sender`` must equal the CN of the client's TLS certificate (mutual TLS proves the
+   certificate; this binds the claimed sender to it);
+3. the declared payload size must not exceed ``max_payload_bytes``; the wire rules of
+   :class:`~secureflhv.transport.base.Mailbox` (job, receiver, known sender, stale/replayed round)
+   are checked before the payload is read, so a refused message costs one chunk;
+4. the reassembled payload must have exactly the declared size and SHA-256;
+5. :meth:`Mailbox.deliver` checks the wire rules again atomically and queues the message.
+
+Sending side: stream the chunks with a per-call deadline; while the peer is unreachable
+(``UNAVAILABLE``: not started yet, restarting) retry with exponential backoff and jitter until
+``retry_window`` (or the call's deadline) runs out, then raise :class:`PeerUnavailable` naming
+the peer and its address. A TLS handshake failure (certificate from another CA, or a server
+certificate that is not the receiver's) does not heal by waiting and raises
+:class:`PeerUnavailable` at once with gRPC's reason. A refusal Ack raises
+:class:`MessageRejected` carrying the receiver's reason.
+
+Security: mutual TLS by default (see :mod:`secureflhv.transport.certs`). The client verifies that
+the server's certificate is the *receiver's* (``ssl_target_name_override`` = receiver id; each
+certificate has SAN ``DNS:<party id>``), so addresses may be IPs. Plaintext needs
+``insecure=True`` and logs a warning: traffic is then readable and sender ids are unverified.
+With TLS, a network observer learns only message sizes and timing; the receiver learns the
+envelope (job, round, sender, tag) and the payload, nothing else about the sender.
+
+Processes: create the transport inside the party process (gRPC does not survive ``fork``).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Mapping
+
+import grpc
+
+from ..proto import transport_pb2 as pb
+from ..proto import transport_pb2_grpc as pb_grpc
+from .base import (DEFAULT_DEADLINE_S, Mailbox, Message, MessageRejected, PeerUnavailable, Transport,
+                   TransportError, _as_bytes)
+from .certs import TlsConfig
+from .tls import channel_credentials, peer_identity, server_credentials, target_name_options
+
+log = logging.getLogger("secureflhv.transport.grpc")
+
+MiB = 1 << 20
+DEFAULT_CHUNK_SIZE = 1 * MiB
+MIN_CHUNK_SIZE = 1024
+MAX_CHUNK_SIZE = 4 * MiB  # receivers accept chunks up to this, whatever their own chunk_size
+_SLACK = 64 * 1024  # room for the Envelope header and protobuf framing on top of a chunk
+DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * MiB
+_BACKOFF_BASE_S = 0.05
+_BACKOFF_CAP_S = 1.0
+
+
+def _parse_address(address: str, what: str) -> tuple[str, int]:
+    host, sep, port = str(address).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} {address!r} is not 'host:port' (e.g. '127.0.0.1:50051', '[::]:50051')")
+    return host, int(port)
+
+
+_TLS_FAILURES = ("handshake failed", "verification check failed", "certificate_verify_failed")
+
+
+def _tls_refused(details: str | None) -> bool:
+    """Whether an UNAVAILABLE status is a TLS authentication failure (not a peer still starting)."""
+    text = (details or "").lower()
+    return any(marker in text for marker in _TLS_FAILURES)
+
+
+class _Progress:
+    """Whether the chunk generator handed gRPC the whole message (then a failure is ambiguous)."""
+
+    __slots__ = ("all_pulled",)
+
+    def __init__(self):
+        self.all_pulled = False
+
+
+class _Refused(Exception):
+    """Internal: the incoming stream breaks a rule; carries the header-derived message if known."""
+
+    def __init__(self, reason: str, msg: Message | None = None):
+        super().__init__(reason)
+        self.reason, self.msg = reason, msg
+
+
+class _Servicer(pb_grpc.PartyServiceServicer):
+    def __init__(self, transport: "GrpcTransport"):
+        self._t = transport
+
+    def Deliver(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        return self._t._handle_deliver(request_iterator, context)
+
+
+class GrpcTransport(Transport):
+    """One party's endpoint: a gRPC server for its mailbox plus client channels to its peers.
+
+    Args:
+        party_id: this party's id; with TLS it must equal the CN of ``tls.cert``.
+        job_id: stamped on every message sent; messages of other jobs are refused.
+        listen: address to serve on, ``"host:port"`` (``"0.0.0.0:50051"``, ``"127.0.0.1:0"`` for
+            a free port, then read :attr:`bound_port`).
+        peers: party id -> ``"host:port"`` of every other party of the job (this party's own entry,
+            if present, is ignored: sends to oneself are delivered locally). Only these parties may
+            send to this one.
+        tls: this party's credentials (:func:`~secureflhv.transport.certs.load_party_credentials`).
+        insecure: must be True to run without ``tls`` (plaintext, unauthenticated; logs a warning).
+        deadline: default seconds for :meth:`recv` to wait and for :meth:`send` to deliver
+            (connection retries and streaming included).
+        chunk_size: payload bytes per gRPC message, in [1 KiB, 4 MiB] (default 1 MiB).
+        retry_window: seconds :meth:`send` keeps retrying an unreachable peer (default: the
+            send's whole deadline).
+        max_payload_bytes: largest payload this party accepts (default 2 GiB); bigger is refused
+            from the header, before any payload byte is buffered.
+        max_workers: server threads, i.e. messages received concurrently (default 2 per peer + 2).
+        close_grace: seconds :meth:`close` lets in-flight deliveries finish.
+
+    Raises:
+        ValueError: bad address, ``tls`` identity != ``party_id``, neither ``tls`` nor ``insecure``,
+            chunk size out of range.
+        TransportError: the listen address cannot be bound (names it).
+    """
+
+    def __init__(self, party_id: str, job_id: str, listen: str, peers: Mapping[str, str], *,
+                 tls: TlsConfig | None = None, insecure: bool = False,
+                 deadline: float = DEFAULT_DEADLINE_S, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 retry_window: float | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                 max_workers: int | None = None, close_grace: float = 2.0):
+        if tls is None and not insecure:
+            raise ValueError(f"{party_id}: no TLS credentials; pass tls=load_party_credentials(...) or, for "
+                             f"local experiments only, insecure=True (plaintext, unauthenticated)")
+        if tls is not None and insecure:
+            raise ValueError(f"{party_id}: both tls and insecure=True given; choose one")
+        if tls is not None:
+            if not isinstance(tls, TlsConfig):
+                raise TypeError(f"tls must be a TlsConfig (see load_party_credentials), not {type(tls).__name__}")
+            if tls.identity != party_id:
+                raise ValueError(f"TLS certificate is for party {tls.identity!r} (CN) but this party is "
+                                 f"{party_id!r}: give this party its own certificate")
+        if not MIN_CHUNK_SIZE <= int(chunk_size) <= MAX_CHUNK_SIZE:
+            raise ValueError(f"chunk_size must be in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}] bytes, got {chunk_size}")
+        if deadline <= 0:
+            raise ValueError(f"deadline must be > 0 seconds, got {deadline}")
+        self._listen_host, _ = _parse_address(listen, "listen address")
+        self._peers: dict[str, str] = {}
+        for pid, addr in peers.items():
+            if pid != party_id:
+                _parse_address(addr, f"address of peer {pid!r}")
+                self._peers[pid] = addr
+
+        self.party_id = party_id
+        self.job_id = job_id
+        self.deadline = float(deadline)
+        self.chunk_size = int(chunk_size)
+        self.retry_window = None if retry_window is None else float(retry_window)
+        self.max_payload_bytes = int(max_payload_bytes)
+        self.close_grace = float(close_grace)
+        self.sent_bytes = 0  # payload bytes accepted by receivers
+        self.received_bytes = 0  # payload bytes queued in this party's mailbox
+        self._tls = tls
+        self._box = Mailbox(party_id, job_id, [*self._peers, party_id])
+        self._lock = threading.Lock()
+        self._channels: dict[str, tuple[grpc.Channel, pb_grpc.PartyServiceStub]] = {}
+        self._closing = threading.Event()
+        self._closed = False
+
+        workers = max_workers or 2 * len(self._peers) + 2
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"secureflhv-{party_id}-rx")
+        self._server = grpc.server(self._executor, options=[
+            ("grpc.max_receive_message_length", MAX_CHUNK_SIZE + _SLACK),
+            ("grpc.max_send_message_length", 1 * MiB),
+            ("grpc.so_reuseport", 0),  # two parties on one port must fail loudly, not share traffic
+        ])
+        pb_grpc.add_PartyServiceServicer_to_server(_Servicer(self), self._server)
+        try:
+            if tls is not None:
+                port = self._server.add_secure_port(listen, server_credentials(tls))
+            else:
+                port = self._server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            port, why = 0, exc
+        else:
+            why = "address in use or not local"
+        if not port:
+            self._executor.shutdown(wait=False)
+            raise TransportError(f"{party_id}: cannot listen on {listen!r}: {why}")
+        self._port = port
+        self._server.start()
+        if tls is None:
+            log.warning("%s: INSECURE transport on %s: traffic is plaintext and unauthenticated; sender "
+                        "identities are NOT verified (--insecure is for local experiments only)",
+                        party_id, self.address)
+        else:
+            log.info("%s: listening on %s with mutual TLS (identity %r)", party_id, self.address, tls.identity)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def bound_port(self) -> int:
+        """The TCP port the server listens on (useful with ``listen="host:0"``)."""
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """``listen`` host with the bound port, e.g. ``"127.0.0.1:43117"``."""
+        return f"{self._listen_host}:{self._port}"
+
+    @property
+    def peers(self) -> dict[str, str]:
+        """A copy of party id -> address of every peer."""
+        with self._lock:
+            return dict(self._peers)
+
+    @property
+    def secure(self) -> bool:
+        return self._tls is not None
+
+    def set_peer_address(self, party_id: str, address: str) -> None:
+        """Change where ``party_id`` listens (e.g. after it bound port 0); reopens its channel."""
+        if party_id not in self._peers:
+            raise KeyError(f"{party_id!r} is not a peer of {self.party_id!r}: {sorted(self._peers)}")
+        _parse_address(address, f"address of peer {party_id!r}")
+        with self._lock:
+            self._peers[party_id] = address
+            old = self._channels.pop(party_id, None)
+        if old is not None:
+            old[0].close()
+
+    def _mailbox(self) -> Mailbox:
+        return self._box
+
+    # ------------------------------------------------------------------ sending
+    def _stub(self, receiver: str) -> tuple[pb_grpc.PartyServiceStub, str]:
+        with self._lock:
+            if self._closed:
+                raise TransportError(f"{self.party_id}: transport is closed")
+            address = self._peers[receiver]
+            entry = self._channels.get(receiver)
+            if entry is None:
+                options = [
+                    ("grpc.max_send_message_length", MAX_CHUNK_SIZE + _SLACK),
+                    ("grpc.max_receive_message_length", 1 * MiB),
+                    ("grpc.enable_retries", 0),  # we retry ourselves; gRPC's retry would buffer whole streams
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),  # a starting peer is seen within ~1 s
+                    ("grpc.use_local_subchannel_pool", 1),
+                ]
+                if self._tls is not None:
+                    channel = grpc.secure_channel(address, channel_credentials(self._tls),
+                                                  options + target_name_options(receiver))
+                else:
+                    channel = grpc.insecure_channel(address, options)
+                entry = (channel, pb_grpc.PartyServiceStub(channel))
+                self._channels[receiver] = entry
+            return entry[1], address
+
+    def _chunks(self, header: pb.Envelope, data: bytes, progress: _Progress):
+        cs = self.chunk_size
+        yield pb.Chunk(header=header, data=data[:cs])
+        for start in range(cs, len(data), cs):
+            yield pb.Chunk(data=data[start:start + cs])
+        progress.all_pulled = True
+
+    def send(self, receiver: str, tag: str, payload, round: int = 0, timeout: float | None = None) -> None:
+        """Deliver ``payload`` (bytes or a protobuf message) to ``receiver``; see the module docstring.
+
+        Raises:
+            PeerUnavailable: ``receiver`` unknown, or unreachable / too slow within the deadline
+                (names the peer and its address).
+            MessageRejected: the receiver refused the message (its reason is in the error).
+            TransportError: this transport is closed, or another gRPC failure (names code and peer).
+        """
+        if self._closed:
+            raise TransportError(f"{self.party_id}: transport is closed; cannot send {tag!r} to {receiver!r}")
+        data = _as_bytes(payload)
+        round = int(round)
+        if round < 0:
+            raise ValueError(f"round must be >= 0 (uint64 on the wire), got {round}")
+        if receiver == self.party_id:
+            self._box.deliver(Message(self.job_id, round, self.party_id, receiver, tag, data))
+            return
+        if receiver not in self._peers:
+            raise PeerUnavailable(f"{self.party_id}: {receiver!r} is not a peer of this job "
+                                  f"(known: {sorted(self._peers)})")
+        header = pb.Envelope(job_id=self.job_id, round=round, sender=self.party_id, receiver=receiver, tag=tag,
+                             payload_size=len(data), payload_sha256=hashlib.sha256(data).digest())
+        budget = self.deadline if timeout is None else float(timeout)
+        start = time.monotonic()
+        end = start + budget
+        retry_end = start + (budget if self.retry_window is None else min(budget, self.retry_window))
+        what = f"{tag!r} (round {round}, {len(data)} bytes)"
+        ambiguous = False
+        for attempt in itertools.count():
+            stub, address = self._stub(receiver)
+            progress = _Progress()
+            try:
+                ack = stub.Deliver(self._chunks(header, data, progress), timeout=max(end - time.monotonic(), 0.001))
+            except grpc.RpcError as err:
+                code, details = err.code(), err.details()
+                if self._closed:
+                    raise TransportError(f"{self.party_id}: transport closed while sending {what} to "
+                                         f"{receiver!r}") from None
+                now = time.monotonic()
+                if code == grpc.StatusCode.UNAVAILABLE and _tls_refused(details):
+                    # A certificate problem does not heal by retrying: fail now with the reason.
+                    raise PeerUnavailable(
+                        f"{self.party_id}: TLS handshake with {receiver!r} at {address} failed: {details}. "
+                        f"Both parties need certificates from the same CA, and the one at {address} must be "
+                        f"for {receiver!r}.") from None
+                if code == grpc.StatusCode.UNAVAILABLE and now < retry_end:
+                    # The stream never completed, or completed but the Ack was lost (ambiguous):
+                    # then a "duplicate"/"stale" refusal of the retry means the first try arrived.
+                    ambiguous = ambiguous or progress.all_pulled
+                    delay = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** attempt) * random.uniform(0.5, 1.5)
+                    delay = min(delay, max(retry_end - now, 0.0))
+                    log.debug("%s: %s unreachable at %s (%s), retry %d in %.2fs", self.party_id, receiver,
+                              address, details, attempt + 1, delay)
+                    if self._closing.wait(delay):
+                        raise TransportError(f"{self.party_id}: transport closed while sending {what} to "
+                                             f"{receiver!r}") from None
+                    continue
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise PeerUnavailable(
+                        f"{self.party_id}: could not deliver {what} to {receiver!r} at {address} within "
+                        f"{now - start:.1f}s ({attempt + 1} attempts; last error {code.name}: {details}). "
+                        f"Is {receiver!r} running at {address}? With TLS, its certificate must be for "
+                        f"{receiver!r} and signed by the same CA as ours.") from None
+                raise TransportError(f"{self.party_id}: sending {what} to {receiver!r} at {address} failed: "
+                                     f"{code.name}: {details}") from None
+            if ack.accepted:
+                with self._lock:
+                    self.sent_bytes += len(data)
+                return
+            if ambiguous and ("duplicate message" in ack.error or "stale or replayed" in ack.error):
+                log.info("%s: %s already had %s from an earlier attempt whose Ack was lost", self.party_id,
+                         receiver, what)
+                return
+            raise MessageRejected(f"{receiver!r} rejected {what} from {self.party_id!r}: {ack.error}")
+
+    # ------------------------------------------------------------------ receiving
+    def _handle_deliver(self, request_iterator, context) -> pb.Ack:
+        peer = context.peer()
+        try:
+            msg = self._receive(request_iterator, context)
+        except _Refused as ref:
+            if ref.msg is not None:
+                self._box.reject(ref.msg, ref.reason)
+            else:
+                log.warning("%s refused a stream from %s: %s", self.party_id, peer, ref.reason)
+            return pb.Ack(accepted=False, error=ref.reason)
+        except grpc.RpcError as err:  # the sender went away mid-stream; nothing was queued
+            log.warning("%s: stream from %s broke before the message was complete: %s", self.party_id, peer,
+                        getattr(err, "details", lambda: err)())
+            return pb.Ack(accepted=False, error="stream broken")
+        except Exception as exc:  # noqa: BLE001 - bad input must never take the party down
+            log.exception("%s: error while receiving from %s", self.party_id, peer)
+            return pb.Ack(accepted=False, error=f"receiver error: {type(exc).__name__}: {exc}")
+        try:
+            self._box.deliver(msg)  # atomic re-check of the wire rules (logs refusals itself)
+        except MessageRejected as exc:
+            return pb.Ack(accepted=False, error=str(exc))
+        with self._lock:
+            self.received_bytes += len(msg.payload)
+        log.debug("%s: received %r round %d from %s (%d bytes)", self.party_id, msg.tag, msg.round, msg.sender,
+                  len(msg.payload))
+        return pb.Ack(accepted=True)
+
+    def _receive(self, request_iterator, context) -> Message:
+        it = iter(request_iterator)
+        first = next(it, None)
+        if first is None:
+            raise _Refused("empty stream: no chunk received")
+        if not first.HasField("header"):
+            raise _Refused("first chunk carries no Envelope header")
+        h = first.header
+        head = Message(h.job_id, int(h.round), h.sender, h.receiver, h.tag, b"")
+        if self._tls is not None:
+            cn = peer_identity(context)
+            if cn != h.sender:
+                raise _Refused(f"claimed sender {h.sender!r} does not match the TLS certificate of the "
+                               f"connection (CN {cn!r})", head)
+        size = int(h.payload_size)
+        if size > self.max_payload_bytes:
+            raise _Refused(f"payload of {size} bytes exceeds this party's limit of {self.max_payload_bytes} bytes",
+                           head)
+        if len(h.payload_sha256) != hashlib.sha256().digest_size:
+            raise _Refused(f"payload_sha256 has {len(h.payload_sha256)} bytes, expected 32", head)
+        reason = self._box.check(head)  # refuse before reading the payload; deliver() re-checks atomically
+        if reason is not None:
+            raise _Refused(reason, head)
+
+        digest = hashlib.sha256()
+        parts, total = [], 0
+        for index, chunk in enumerate(itertools.chain([first], it)):
+            if index and chunk.HasField("header"):
+                raise _Refused(f"chunk {index} carries a second header", head)
+            data = chunk.data
+            total += len(data)
+            if total > size:
+                raise _Refused(f"more payload bytes than the declared payload_size {size}", head)
+            digest.update(data)
+            parts.append(data)
+        if total != size:
+            raise _Refused(f"payload truncated: {total} bytes received, {size} declared", head)
+        if digest.digest() != h.payload_sha256:
+            raise _Refused("payload SHA-256 does not match the header (corrupted or tampered)", head)
+        payload = parts[0] if len(parts) == 1 else b"".join(parts)
+        return Message(head.job_id, head.round, head.sender, head.receiver, head.tag, payload)
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self, grace: float | None = None) -> None:
+        """Stop: wake pending :meth:`recv` calls, stop the server (letting in-flight deliveries finish
+        for ``grace`` seconds, default ``close_grace``), close channels, stop server threads. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            channels = list(self._channels.values())
+            self._channels.clear()
+        self._closing.set()
+        self._box.close()
+        self._server.stop(self.close_grace if grace is None else grace).wait()
+        for channel, _ in channels:
+            channel.close()
+        self._executor.shutdown(wait=True)
+        log.debug("%s: transport closed", self.party_id)
