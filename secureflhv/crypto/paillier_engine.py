@@ -1,0 +1,341 @@
+"""Raw-integer Paillier engine on gmpy2: DJN fixed-base encryption, CRT decryption, multi-exponentiation.
+
+Everything here works on plain ints / ``gmpy2.mpz`` (lists or numpy object arrays), never on phe
+``EncryptedNumber`` objects.  The module-level ``task_*`` functions are what worker processes run
+(see :mod:`secureflhv.crypto.paillier_parallel`); they take only integers and cache the derived
+per-key tables in the worker.  The security argument is in :mod:`secureflhv.crypto.paillier`.
+
+Sources: Damgård, Jurik, Nielsen, "A generalization of Paillier's public-key system with
+applications to electronic voting", IJIS 2010, sec. 4 (h_s = h^n, short random exponent of
+ceil(k/2) bits); Lim & Lee, CRYPTO'94 / Menezes et al. HAC 14.109 (fixed-base windowed tables);
+Pippenger / bucket method (HAC 14.88 family) for the multi-exponentiation in ``dot``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+
+import gmpy2
+import numpy as np
+from gmpy2 import mpz
+
+H_DOMAIN = b"secureflhv/paillier/djn-h/v1"
+TABLE_MIN_BATCH = 64      # below this (and no table yet) a plain powmod per value is cheaper
+_CACHE_SIZE = 2           # engines (and their tables, tens of MB) kept per process
+
+
+def alpha_bits(n_bits: int) -> int:
+    """Bit length of the DJN random exponent alpha: ceil(k/2) for a k-bit modulus (DJN 2010, sec. 4)."""
+    return (int(n_bits) + 1) // 2
+
+
+def window_bits(n_bits: int) -> int:
+    """Fixed-base window: 2**w entries per digit; w=10 keeps the 2048-bit table at ~54 MB."""
+    return 10 if n_bits <= 2048 else 9
+
+
+def derive_h(n) -> mpz:
+    """Public DJN base h = -x^2 mod n with x = SHAKE-256(domain || counter || n) mod n.
+
+    Deterministic from n alone (so phe-made keys work and nothing extra is sent); nobody, the key
+    holder included, knows a relation between x and anything else (random-oracle argument).
+    """
+    n = mpz(n)
+    nb = (n.bit_length() + 7) // 8
+    n_bytes = int(n).to_bytes(nb, "big")
+    for ctr in range(1 << 16):
+        digest = hashlib.shake_256(H_DOMAIN + ctr.to_bytes(4, "big") + n_bytes).digest(nb + 32)
+        x = mpz(int.from_bytes(digest, "big")) % n
+        if x > 1 and gmpy2.gcd(x, n) == 1:
+            return (-x * x) % n
+    raise ValueError("could not derive the DJN base h from n")  # needs n with tiny factors: not a key
+
+
+class FixedBaseTable:
+    """Windowed fixed-base table: rows[i][j] = base^(j * 2^(w*i)) mod m.
+
+    ``pow_digits(d)`` returns base^(sum_i d_i 2^(w i)) mod m with len(d)-1 multiplications.
+    """
+
+    def __init__(self, base, mod, exp_bits: int, w: int):
+        self.mod, self.w = mpz(mod), int(w)
+        self.n_digits = -(-int(exp_bits) // self.w)
+        size, m = 1 << self.w, self.mod
+        g = mpz(base) % m
+        rows = []
+        for _ in range(self.n_digits):
+            row = [mpz(1), g]
+            for _ in range(size - 2):
+                row.append(row[-1] * g % m)
+            rows.append(row)
+            g = row[-1] * g % m  # g^(2^w)
+        self.rows = rows
+
+    def pow_digits(self, digits) -> mpz:
+        rows, m = self.rows, self.mod
+        acc = rows[0][digits[0]]
+        for i in range(1, len(digits)):
+            acc = acc * rows[i][digits[i]] % m
+        return acc
+
+
+def random_digits(count: int, n_digits: int, w: int) -> list[list[int]]:
+    """``count`` fresh uniformly random alphas of n_digits*w bits, as base-2^w digit lists (os.urandom)."""
+    raw = np.frombuffer(os.urandom(2 * count * n_digits), dtype="<u2").reshape(count, n_digits)
+    return (raw & np.uint16((1 << w) - 1)).tolist()
+
+
+def _digits_to_int(digits, w: int) -> int:
+    a = 0
+    for d in reversed(digits):
+        a = (a << w) | d
+    return a
+
+
+class PublicEngine:
+    """Public-key operations for modulus n (DJN encryption with h_s = h^n mod n^2)."""
+
+    def __init__(self, n):
+        self.n = mpz(n)
+        self.n2 = self.n * self.n
+        self.n_bits = self.n.bit_length()
+        self.h_s = gmpy2.powmod(derive_h(self.n), self.n, self.n2)
+        self.w = window_bits(self.n_bits)
+        self.n_digits = -(-alpha_bits(self.n_bits) // self.w)
+        self._table: FixedBaseTable | None = None
+        self._used = 0
+
+    def _obfuscators(self, count: int) -> list[mpz]:
+        self._used += count
+        digits = random_digits(count, self.n_digits, self.w)
+        if self._table is None and self._used < TABLE_MIN_BATCH:
+            return [gmpy2.powmod(self.h_s, _digits_to_int(d, self.w), self.n2) for d in digits]
+        if self._table is None:
+            self._table = FixedBaseTable(self.h_s, self.n2, self.n_digits * self.w, self.w)
+        pw = self._table.pow_digits
+        return [pw(d) for d in digits]
+
+    def encrypt(self, mantissas) -> list[mpz]:
+        """c = (1 + m n) * h_s^alpha mod n^2, computed as r + n*(m r mod n) (one half-size product)."""
+        n, n2 = self.n, self.n2
+        out = []
+        for m, r in zip(mantissas, self._obfuscators(len(mantissas))):
+            c = r + n * (m * r % n)
+            out.append(c - n2 if c >= n2 else c)
+        return out
+
+    def add_plain(self, cts, mantissas) -> list[mpz]:
+        """c * (1 + m n) mod n^2 == c + n*(m c mod n) mod n^2."""
+        n, n2 = self.n, self.n2
+        out = []
+        for c, m in zip(cts, mantissas):
+            r = c + n * (m * c % n)
+            out.append(r - n2 if r >= n2 else r)
+        return out
+
+
+class PrivateEngine:
+    """Key-holder operations with CRT over p^2 and q^2 (decryption; faster encryption)."""
+
+    def __init__(self, p, q):
+        p, q = mpz(p), mpz(q)
+        if p == q:
+            raise ValueError("p and q must differ")
+        self.p, self.q = p, q
+        self.n = p * q
+        self.p2, self.q2 = p * p, q * q
+        self.pm1, self.qm1 = p - 1, q - 1
+        g = self.n + 1
+        self.hp = gmpy2.invert((gmpy2.powmod(g, p - 1, self.p2) - 1) // p, p)
+        self.hq = gmpy2.invert((gmpy2.powmod(g, q - 1, self.q2) - 1) // q, q)
+        self.q_inv_p = gmpy2.invert(q, p)
+        self.q2_inv_p2 = gmpy2.invert(self.q2, self.p2)
+        pub = public_engine(self.n)
+        self.hs_p, self.hs_q = pub.h_s % self.p2, pub.h_s % self.q2
+        self.w, self.n_digits = pub.w, pub.n_digits
+        self._tables = None
+        self._used = 0
+
+    def decrypt(self, cts) -> list[mpz]:
+        """Plaintext residues in [0, n) (Paillier decryption with CRT, phe's formula)."""
+        p, q = self.p, self.q
+        xp = gmpy2.powmod_base_list(cts, self.pm1, self.p2)
+        xq = gmpy2.powmod_base_list(cts, self.qm1, self.q2)
+        hp, hq, qinv = self.hp, self.hq, self.q_inv_p
+        out = []
+        for a, b in zip(xp, xq):
+            mp = (a - 1) // p * hp % p
+            mq = (b - 1) // q * hq % q
+            out.append(mq + q * ((mp - mq) * qinv % p))
+        return out
+
+    def encrypt(self, mantissas) -> list[mpz]:
+        """Same ciphertext distribution as PublicEngine.encrypt, with two half-size tables (CRT)."""
+        self._used += len(mantissas)
+        digits = random_digits(len(mantissas), self.n_digits, self.w)
+        p, q, p2, q2, k = self.p, self.q, self.p2, self.q2, self.q2_inv_p2
+        if self._tables is None and self._used < TABLE_MIN_BATCH:
+            alphas = [_digits_to_int(d, self.w) for d in digits]
+            rps = [gmpy2.powmod(self.hs_p, a, p2) for a in alphas]
+            rqs = [gmpy2.powmod(self.hs_q, a, q2) for a in alphas]
+        else:
+            if self._tables is None:
+                bits = self.n_digits * self.w
+                self._tables = (FixedBaseTable(self.hs_p, p2, bits, self.w),
+                                FixedBaseTable(self.hs_q, q2, bits, self.w))
+            tp, tq = self._tables
+            rps = [tp.pow_digits(d) for d in digits]
+            rqs = [tq.pow_digits(d) for d in digits]
+        out = []
+        for m, rp, rq in zip(mantissas, rps, rqs):
+            # (1 + m n) r mod p^2 == r + p*(m q r mod p) since n = p q
+            cp = rp + p * (m * q * rp % p)
+            cq = rq + q * (m * p * rq % q)
+            cp = cp - p2 if cp >= p2 else cp
+            cq = cq - q2 if cq >= q2 else cq
+            out.append(cq + q2 * ((cp - cq) * k % p2))
+        return out
+
+
+_PUB: OrderedDict = OrderedDict()
+_PRIV: OrderedDict = OrderedDict()
+
+
+def _cached(cache: OrderedDict, key, make):
+    eng = cache.get(key)
+    if eng is None:
+        eng = make()
+        cache[key] = eng
+        while len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return eng
+
+
+def public_engine(n) -> PublicEngine:
+    n = int(n)
+    return _cached(_PUB, n, lambda: PublicEngine(n))
+
+
+def private_engine(p, q) -> PrivateEngine:
+    p, q = int(p), int(q)
+    return _cached(_PRIV, (p, q), lambda: PrivateEngine(p, q))
+
+
+# ------------------------------------------------------------------------------ exponentiation
+def batch_invert(xs, mod) -> list[mpz]:
+    """Modular inverses of all xs with one gmpy2.invert (Montgomery's trick, 3 mulmods per value)."""
+    if not xs:
+        return []
+    prefix = [xs[0]]
+    for x in xs[1:]:
+        prefix.append(prefix[-1] * x % mod)
+    inv = gmpy2.invert(prefix[-1], mod)
+    out = [None] * len(xs)
+    for i in range(len(xs) - 1, 0, -1):
+        out[i] = inv * prefix[i - 1] % mod
+        inv = inv * xs[i] % mod
+    out[0] = inv
+    return out
+
+
+def powmod_elementwise(cts, exps, n2) -> list[mpz]:
+    """[c_i ^ k_i mod n2]; negative k_i: (c_i^|k_i|)^-1, the inverses batched (one gmpy2.invert)."""
+    n2 = mpz(n2)
+    pm = gmpy2.powmod
+    out = [pm(c, k, n2) if k > 1 else (c if k == 1 else pm(c, -k, n2)) for c, k in zip(cts, exps)]
+    neg = [i for i, k in enumerate(exps) if k < 0]
+    if neg:
+        for i, v in zip(neg, batch_invert([out[i] for i in neg], n2)):
+            out[i] = v
+    return out
+
+
+def _best_window(count: int, bits: int) -> int:
+    return min(range(1, 17), key=lambda w: -(-bits // w) * (count + (2 << w)))
+
+
+def multiexp(bases, exps: np.ndarray, n2) -> mpz:
+    """prod_i bases[i] ^ exps[i] mod n2 for non-negative int64 exps (bucket / Pippenger method).
+
+    Cost ~ ceil(b/w) * (len(bases) + 2^(w+1)) modular multiplications for b-bit exponents.
+    """
+    if len(bases) == 0:
+        return mpz(1)
+    bits = int(exps.max()).bit_length()
+    if bits == 0:
+        return mpz(1)
+    w = _best_window(len(bases), bits)
+    mask = (1 << w) - 1
+    acc = None
+    for k in reversed(range(-(-bits // w))):
+        digits = ((exps >> (w * k)) & mask).tolist()
+        buckets = [None] * (mask + 1)
+        for c, d in zip(bases, digits):
+            if d:
+                b = buckets[d]
+                buckets[d] = c if b is None else b * c % n2
+        running = total = None  # total = prod_t buckets[t]^t via running suffix products
+        for t in range(mask, 0, -1):
+            b = buckets[t]
+            if b is not None:
+                running = b if running is None else running * b % n2
+            if running is not None:
+                total = running if total is None else total * running % n2
+        if acc is not None:
+            acc = gmpy2.powmod(acc, 1 << w, n2)
+        if total is not None:
+            acc = total if acc is None else acc * total % n2
+    return mpz(1) if acc is None else acc
+
+
+def signed_multiexp_columns(cts, E: np.ndarray, n2) -> list[mpz]:
+    """For each column j: prod_i cts[i] ^ E[i, j] mod n2, E int64 (rows, d) of any sign.
+
+    Rows are grouped by sign; the negative group's product is inverted once per column.
+    """
+    n2 = mpz(n2)
+    arr = np.empty(len(cts), dtype=object)
+    arr[:] = list(cts)
+    out = []
+    for j in range(E.shape[1]):
+        col = E[:, j]
+        pos, neg = col > 0, col < 0
+        r = multiexp(arr[pos].tolist(), col[pos], n2)
+        if neg.any():
+            rn = multiexp(arr[neg].tolist(), -col[neg], n2)
+            r = r * gmpy2.invert(rn, n2) % n2
+        out.append(r)
+    return out
+
+
+# ------------------------------------------------------------------ worker-process entry points
+def task_encrypt(n: int, mantissas: list) -> list:
+    return public_engine(n).encrypt(mantissas)
+
+
+def task_encrypt_crt(p: int, q: int, mantissas: list) -> list:
+    return private_engine(p, q).encrypt(mantissas)
+
+
+def task_decrypt(p: int, q: int, cts: list) -> list:
+    return private_engine(p, q).decrypt(cts)
+
+
+def task_powmod(n2: int, cts: list, exps: list) -> list:
+    return powmod_elementwise(cts, exps, n2)
+
+
+def task_invert(n2: int, cts: list) -> list:
+    return batch_invert(cts, mpz(n2))
+
+
+def task_mulmod(n2: int, a: list, b: list) -> list:
+    n2 = mpz(n2)
+    return [x * y % n2 for x, y in zip(a, b)]
+
+
+def task_dot(n2: int, cts: list, E: np.ndarray) -> list:
+    return signed_multiexp_columns(cts, E, n2)
