@@ -152,13 +152,8 @@ def run_job(cfg: JobConfig, spec: PartySpec, transport: Transport) -> dict:
 
     # ---- guest
     y = table.y[psi.rows]
-    guest = VerticalLRGuest(transport, host_ids, X[train], y[train], config, arbiter_id)
-
-    def on_epoch(epoch: int, loss: float) -> None:
-        emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}")
-
-    if hasattr(guest, "on_epoch"):
-        guest.on_epoch = on_epoch
+    guest = VerticalLRGuest(transport, host_ids, X[train], y[train], config, arbiter_id,
+                            on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs, f"loss {loss:.5f}"))
     result = guest.fit()
     metrics = {"train": _binary_metrics(y[train], guest.predict_proba(X, rows=train))}
     if len(test):

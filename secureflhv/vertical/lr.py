@@ -1,0 +1,731 @@
+"""Vertical (hetero) logistic regression with Paillier-protected gradients.
+
+After Hardy et al. 2017, "Private federated learning on vertically partitioned data via entity
+resolution and additively homomorphic encryption" (arXiv 1711.10677, sections 3-4) and FATE's hetero
+LR, with one change: no party, in particular not the key holder, ever decrypts a plaintext gradient or
+loss; every decryption is of a value masked with a uniform element of Z_n (see
+:mod:`secureflhv.vertical.lr_crypto`).
+
+Parties: one **guest** (labels y and features X_g), one or more **hosts** (features X_h), and in
+``mode="arbiter"`` a data-less **arbiter** (the server) holding the Paillier private key. In
+``mode="two_party"`` there is no arbiter and the guest holds the key. Rows are already aligned (PSI).
+
+Model and loss (Taylor expansion of the logistic loss at 0, Hardy et al. eq. 3), y in {-1, +1}::
+
+    wx_i   = u_g,i + sum_h u_h,i          u_k = X_k w_k  (the guest's X_g has a trailing 1-column
+                                                          for the intercept when fit_intercept)
+    loss   = mean_i [ log 2 - 1/2 y_i wx_i + 1/8 wx_i^2 ] + l2/2 * ||w||^2   (intercept not penalised)
+    d_i    = 1/4 wx_i - 1/2 y_i
+    grad_k = X_k^T d / n_b + l2 * w_k
+
+Training (identical for every role; the batches come from a seed every party holds)::
+
+    for epoch e in 0..epochs-1:
+        lr_e = learning-rate schedule (constant | inverse_time: lr/(1+decay*e) | step: lr*decay**(e//step))
+        perm = numpy.random.default_rng([seed, e]).permutation(n)     (full batch: no shuffle)
+        batches = consecutive chunks of perm of batch_size rows (the last may be shorter)
+        for each batch: loss_b at the current weights; every party: w_k -= lr_e * grad_k
+        epoch loss = mean of loss_b over the epoch's batches
+        early stopping (guest decides, tells everyone): an epoch "improves" when its loss is below the
+        best loss so far by more than tol; stop after `patience` epochs in a row without improvement.
+
+Weights start at zero.
+
+Arbiter mode, one batch (B = the batch rows, [[.]] = Paillier under the arbiter's key)::
+
+    host h  -> guest : [[u_h]] (n_b,), [[sum_i u_h,i^2]] (1,), [[l2/2 ||w_h||^2]] (1,)
+    guest            : [[d]] = 1/4 sum_h [[u_h]] + (1/4 u_g - 1/2 y)
+    guest   -> hosts : [[d]]
+    guest   -> host j>0 (several hosts): [[S_j]] = sum_{h<j} [[u_h]];  host j -> guest: [[sum_i S_j,i u_j,i]]
+    party k -> arbiter: [[X_k^T d + r_k]]  (r_k fresh, uniform in Z_n, per element)
+    arbiter -> party k: X_k^T d + r_k mod n     ; party k unmasks, divides by n_b, adds l2 w_k, updates
+    guest   -> arbiter: [[n_b * loss_b + r]] assembled from the terms above (cross terms included);
+    arbiter -> guest  : n_b * loss_b + r mod n  ; guest unmasks (the arbiter does not learn the loss)
+
+Two-party mode, one batch ([[.]] under the guest's key)::
+
+    host h  -> guest : u_h (n_b,) in plaintext, l2/2 ||w_h||^2     <- the known leak of this mode
+    guest   -> hosts : [[d]]
+    host h  -> guest : [[X_h^T d + r_h]]  (r_h uniform in Z_n) ; guest -> host: X_h^T d + r_h mod n
+
+A stronger two-party variant (Yang et al. 2019, both parties hold keys, u_h never in the clear) is not
+implemented.
+
+Messages are protobuf (``messages.proto`` Bundle/EncryptedTensor/Control/Scalars, ``vlr.proto``
+MaskedValues/ScoreRequest). Every received payload is checked by the ``parse`` callback of
+:meth:`~secureflhv.transport.Transport.recv` (shape, key fingerprint, range), so a wrong-shape,
+wrong-key or stale message is rejected and logged while training continues. Round ids:
+``epoch * 10_000_000 + batch * 10 + step``. On any failure a role tells its peers
+(:meth:`Transport.abort`) and re-raises; a dead peer surfaces as
+:class:`~secureflhv.transport.PeerTimeout` / :class:`~secureflhv.transport.TransportError` naming it.
+
+Progress is logged per epoch on logger ``secureflhv.vertical.lr``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import Literal, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..proto import messages_pb2, vlr_pb2
+from ..transport import ProtocolError, Transport, parse_message
+from .lr_crypto import IdentityBackend, PaillierBackend  # noqa: F401 (re-exported)
+
+log = logging.getLogger("secureflhv.vertical.lr")
+
+LOG2 = math.log(2.0)
+MAX_BATCHES = 1_000_000  # batches per epoch that fit in the round-id scheme
+
+TAG_SETUP = "vlr.setup"
+TAG_PUBKEY = "vlr.pubkey"
+TAG_HELLO = "vlr.hello"
+TAG_FWD = "vlr.fwd"
+TAG_D = "vlr.d"
+TAG_CROSS_IN = "vlr.cross_in"
+TAG_CROSS = "vlr.cross"
+TAG_GRAD = "vlr.grad"
+TAG_GRAD_DEC = "vlr.grad_dec"
+TAG_LOSS = "vlr.loss"
+TAG_LOSS_DEC = "vlr.loss_dec"
+TAG_CTL = "vlr.ctl"
+TAG_PRED_REQ = "vlr.pred_req"
+TAG_PRED = "vlr.pred"
+
+# steps inside one batch (round = base + step)
+S_FWD, S_D, S_CROSS, S_GRAD, S_DEC = 1, 2, 3, 4, 5
+
+
+def round_id(epoch: int, batch: int, step: int) -> int:
+    """Round id of ``step`` (1..9) of ``batch`` in ``epoch``; strictly increasing in (epoch, batch, step)."""
+    return epoch * 10 * MAX_BATCHES + batch * 10 + step
+
+
+# --------------------------------------------------------------------------- configuration
+class VerticalLRConfig(BaseModel):
+    """Hyperparameters of vertical LR; every party of a job must use the same values.
+
+    Field names match the job file's ``params`` section. The guest sends mode, epochs, batch_size,
+    seed and the host list at the start and every party checks them against its own (ValueError on a
+    mismatch).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["arbiter", "two_party"] = "arbiter"
+    epochs: int = Field(default=30, ge=1, description="maximum number of epochs")
+    batch_size: int | None = Field(default=None, ge=1, description="rows per mini-batch; None = full batch")
+    learning_rate: float = Field(default=0.15, gt=0)
+    lr_schedule: Literal["constant", "inverse_time", "step"] = "constant"
+    lr_decay: float = Field(default=0.0, ge=0,
+                            description="inverse_time: lr/(1+decay*epoch); step: lr*decay**(epoch//lr_step_epochs)")
+    lr_step_epochs: int = Field(default=10, ge=1)
+    l2: float = Field(default=0.0, ge=0, description="L2 penalty alpha: loss += alpha/2 ||w||^2 (no intercept)")
+    fit_intercept: bool = True
+    early_stopping: bool = True
+    tol: float = Field(default=1e-4, ge=0, description="minimum loss improvement that counts")
+    patience: int = Field(default=2, ge=1, description="epochs without improvement before stopping")
+    seed: int = Field(default=0, ge=0, description="seed of the mini-batch shuffle")
+    key_bits: int = Field(default=2048, ge=256, description="Paillier modulus size")
+    insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
+    precision_bits: int | None = Field(default=None, ge=16, le=128,
+                                       description="fraction bits of encrypted values (None: paillier default, 40)")
+    dot_precision_bits: int = Field(default=32, ge=8, le=52,
+                                    description="fraction bits of plaintext features in X^T [[d]]; "
+                                                "needs |X| < 2**(62 - bits)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.key_bits < 2048 and not self.insecure_test_key:
+            raise ValueError(f"key_bits: {self.key_bits} < 2048 needs insecure_test_key=True (tests only)")
+        if self.lr_schedule == "step" and not 0 < self.lr_decay <= 1:
+            raise ValueError("lr_decay: the step schedule needs a factor in (0, 1]")
+        return self
+
+    def learning_rate_at(self, epoch: int) -> float:
+        """Learning rate of ``epoch`` (0-based)."""
+        if self.lr_schedule == "inverse_time":
+            return self.learning_rate / (1.0 + self.lr_decay * epoch)
+        if self.lr_schedule == "step":
+            return self.learning_rate * self.lr_decay ** (epoch // self.lr_step_epochs)
+        return self.learning_rate
+
+
+def batch_plan(n_rows: int, batch_size: int | None, seed: int, epoch: int) -> list[np.ndarray]:
+    """Row indices of each mini-batch of ``epoch``, identical at every party (see module docstring)."""
+    if batch_size is None or batch_size >= n_rows:
+        return [np.arange(n_rows)]
+    perm = np.random.default_rng([seed, epoch]).permutation(n_rows)
+    return [perm[i:i + batch_size] for i in range(0, n_rows, batch_size)]
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns.
+
+    Attributes:
+        weights: this party's feature weights, float64 (d_k,) (empty for the arbiter).
+        intercept: the intercept (guest with fit_intercept) or None.
+        losses: decrypted Taylor loss per epoch (guest only; empty elsewhere).
+        epoch_seconds: wall time of each epoch.
+        stopped_early: True when early stopping ended training before ``epochs``.
+    """
+
+    weights: np.ndarray
+    intercept: float | None
+    losses: list[float] = field(default_factory=list)
+    epoch_seconds: list[float] = field(default_factory=list)
+    stopped_early: bool = False
+
+    @property
+    def epochs(self) -> int:
+        return len(self.epoch_seconds)
+
+
+# --------------------------------------------------------------------------- wire helpers
+def _tensor(a: np.ndarray) -> messages_pb2.Tensor:
+    a = np.ascontiguousarray(a, dtype="<f8")
+    return messages_pb2.Tensor(dtype="<f8", shape=list(a.shape), data=a.tobytes())
+
+
+def _from_tensor(msg: messages_pb2.Tensor, shape: tuple[int, ...], what: str) -> np.ndarray:
+    got = tuple(int(s) for s in msg.shape)
+    if got != tuple(shape):
+        raise ProtocolError(f"{what}: shape {got}, expected {tuple(shape)}")
+    if msg.dtype != "<f8" or len(msg.data) != 8 * int(np.prod(shape, dtype=np.int64)):
+        raise ProtocolError(f"{what}: expected {int(np.prod(shape))} little-endian float64 values")
+    a = np.frombuffer(msg.data, dtype="<f8").reshape(shape).astype(np.float64)
+    if not np.all(np.isfinite(a)):
+        raise ProtocolError(f"{what}: non-finite values")
+    return a
+
+
+def _check_matrix(X, name: str) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D (rows, features) array, got shape {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError(f"{name}: contains NaN or infinite values")
+    return X
+
+
+class _Role:
+    """Shared plumbing of the three roles."""
+
+    def __init__(self, transport: Transport, config: VerticalLRConfig | dict, backend):
+        self.t = transport
+        self.party_id = transport.party_id
+        self.config = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
+        if backend is None:
+            backend = PaillierBackend(self.config.precision_bits, self.config.dot_precision_bits)
+        self.backend = backend
+
+    def _peers(self) -> list[str]:
+        raise NotImplementedError
+
+    def _guarded(self, fn, *args, **kwargs):
+        """Run ``fn``; on failure tell the peers (so they stop now, not at their deadline) and re-raise."""
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            log.error("%s: vertical LR failed: %s", self.party_id, exc)
+            self.t.abort(f"{self.party_id}: {type(exc).__name__}: {exc}", self._peers())
+            raise
+
+    # parse callbacks ------------------------------------------------------
+    def _enc_parser(self, pub, shape, what):
+        return parse_message(messages_pb2.EncryptedTensor,
+                             lambda m: self.backend.from_proto(m, pub, shape, what))
+
+    def _masked_parser(self, pub, shape, what):
+        return parse_message(vlr_pb2.MaskedValues,
+                             lambda m: self.backend.check_masked(m, pub, shape, what))
+
+    def _pubkey_parser(self):
+        return parse_message(messages_pb2.PaillierPublicKey,
+                             lambda m: self.backend.public_key_from_proto(m, self.config.insecure_test_key))
+
+    def _ask_decrypt(self, pub, enc, holder: str, tag_out: str, tag_in: str, rnd: int):
+        """Send ``enc`` under a fresh uniform mask to the key holder; return the mask (kept here)."""
+        masked, mask = self.backend.mask(pub, enc)
+        self.t.send(holder, tag_out, self.backend.to_proto(masked), round=rnd)
+        return mask
+
+    def _take_decrypted(self, pub, mask, holder: str, tag_in: str, rnd: int, shape) -> np.ndarray:
+        msg = self.t.recv(holder, tag_in, round=rnd, parse=self._masked_parser(pub, shape, f"{tag_in} from {holder}"))
+        return self.backend.unmask(pub, msg, mask)
+
+    def _serve_decrypt(self, priv, pub, sender: str, tag_in: str, tag_out: str, rnd: int, shape) -> None:
+        """Key holder: decrypt one masked vector for ``sender`` and send back the masked plaintexts."""
+        enc = self.t.recv(sender, tag_in, round=rnd, parse=self._enc_parser(pub, shape, f"{tag_in} from {sender}"))
+        self.t.send(sender, tag_out, self.backend.decrypt_masked(priv, enc), round=rnd + 1)
+
+
+def _setup_message(cfg: VerticalLRConfig, n_rows: int, host_ids: Sequence[str]) -> messages_pb2.Bundle:
+    return messages_pb2.Bundle(
+        scalars={"n_rows": n_rows, "batch_size": float(cfg.batch_size or 0), "seed": float(cfg.seed),
+                 "epochs": float(cfg.epochs)},
+        text={"mode": cfg.mode, "hosts": ",".join(host_ids)})
+
+
+def _check_setup(msg: messages_pb2.Bundle, cfg: VerticalLRConfig, host_ids: Sequence[str] | None,
+                 n_rows: int | None, who: str) -> int:
+    """Compare the guest's plan with ours; return the number of rows. ValueError names the field."""
+    theirs = {"batch_size": msg.scalars.get("batch_size"), "seed": msg.scalars.get("seed"),
+              "epochs": msg.scalars.get("epochs"), "mode": msg.text.get("mode")}
+    ours = {"batch_size": float(cfg.batch_size or 0), "seed": float(cfg.seed), "epochs": float(cfg.epochs),
+            "mode": cfg.mode}
+    for k in ours:
+        if theirs[k] != ours[k]:
+            raise ValueError(f"{who}: config field {k!r} is {ours[k]!r} here but {theirs[k]!r} at the guest")
+    if host_ids is not None and msg.text.get("hosts") != ",".join(host_ids):
+        raise ValueError(f"{who}: host list {list(host_ids)} differs from the guest's {msg.text.get('hosts')!r}")
+    rows = int(msg.scalars.get("n_rows", -1))
+    if n_rows is not None and rows != n_rows:
+        raise ValueError(f"{who}: {n_rows} aligned rows here but {rows} at the guest (run PSI first)")
+    return rows
+
+
+def _scalars_parser(keys: Sequence[str]):
+    def validate(m: messages_pb2.Scalars):
+        missing = [k for k in keys if k not in m.values]
+        if missing:
+            raise ProtocolError(f"missing scalar(s) {missing}")
+        return m
+    return parse_message(messages_pb2.Scalars, validate)
+
+
+def _control_parser(epoch: int):
+    def validate(m: messages_pb2.Control):
+        if m.command not in ("continue", "stop") or m.epoch != epoch:
+            raise ProtocolError(f"control {m.command!r} for epoch {m.epoch}, expected continue/stop for {epoch}")
+        return m
+    return parse_message(messages_pb2.Control, validate)
+
+
+# --------------------------------------------------------------------------- guest
+class VerticalLRGuest(_Role):
+    """The label holder (active party); drives training, decides early stopping, predicts.
+
+    Args:
+        transport: this party's transport.
+        host_ids: the hosts, in the same order at every party.
+        X: float64 (n, d_g) features, rows aligned by PSI with every host.
+        y: (n,) labels in {0, 1} or {-1, +1}.
+        config: :class:`VerticalLRConfig` (or a dict of its fields).
+        arbiter_id: the arbiter's party id (``mode="arbiter"``), else None.
+        keypair: (public, private) Paillier key to use in two-party mode (default: generated).
+        backend: crypto backend (default Paillier; :class:`IdentityBackend` for benchmarks only).
+        on_epoch: optional ``callback(epoch, loss)`` called after each epoch (progress reporting).
+
+    What the guest learns:
+        arbiter mode: its own gradient and weights; the per-batch and per-epoch Taylor loss (sum over
+        all parties, the one value it decrypts, through the arbiter, under its own mask); nothing about
+        host data or weights beyond what the loss implies (host values reach it only encrypted).
+        two-party mode: additionally each host's partial score u_h = X_h w_h for every row of every
+        batch and each host's ||w_h||^2 (through the loss); it decrypts the hosts' masked gradients but
+        the masks are uniform in Z_n, so it learns nothing about them.
+        prediction: each host's partial score u_h for every row it asks about.
+    """
+
+    def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, config, arbiter_id: str | None = None,
+                 *, keypair=None, backend=None, on_epoch=None):
+        super().__init__(transport, config, backend)
+        self.on_epoch = on_epoch  # optional callback(epoch index, epoch loss), e.g. for a progress bar
+        self.host_ids = list(host_ids)
+        if not self.host_ids:
+            raise ValueError("host_ids: vertical LR needs at least one host")
+        self.arbiter_id = arbiter_id
+        if self.config.mode == "arbiter" and arbiter_id is None:
+            raise ValueError("arbiter_id: mode 'arbiter' needs the arbiter's party id")
+        if self.config.mode == "two_party" and arbiter_id is not None:
+            raise ValueError("arbiter_id: mode 'two_party' has no arbiter")
+        self.X = _check_matrix(X, "X")
+        y = np.asarray(y).ravel()
+        if y.shape[0] != self.X.shape[0]:
+            raise ValueError(f"y: {y.shape[0]} labels for {self.X.shape[0]} rows")
+        labels = set(np.unique(y).tolist())
+        if labels <= {0, 1}:
+            y = np.where(y == 1, 1.0, -1.0)
+        elif not labels <= {-1, 1}:
+            raise ValueError(f"y: labels must be 0/1 or -1/+1, found {sorted(labels)[:5]}")
+        self.y = y.astype(np.float64)
+        self._keypair = keypair
+        self.weights = np.zeros(self.X.shape[1])
+        self.intercept: float | None = 0.0 if self.config.fit_intercept else None
+        self._pred_round = 0
+        self.result: FitResult | None = None
+
+    def _peers(self):
+        return self.host_ids + ([self.arbiter_id] if self.arbiter_id else [])
+
+    def _design(self, X: np.ndarray) -> np.ndarray:
+        return np.hstack([X, np.ones((X.shape[0], 1))]) if self.config.fit_intercept else X
+
+    def fit(self) -> FitResult:
+        """Train; returns the guest's :class:`FitResult` (weights, intercept, loss per epoch)."""
+        self.result = self._guarded(self._fit)
+        return self.result
+
+    def _fit(self) -> FitResult:
+        cfg, be, t = self.config, self.backend, self.t
+        n = self.X.shape[0]
+        if -(-n // (cfg.batch_size or n)) >= MAX_BATCHES:
+            raise ValueError(f"batch_size: {cfg.batch_size} gives too many batches for {n} rows")
+        setup = _setup_message(cfg, n, self.host_ids)
+        for p in self._peers():
+            t.send(p, TAG_SETUP, setup, round=0)
+        arbiter = cfg.mode == "arbiter"
+        if arbiter:
+            pub = t.recv(self.arbiter_id, TAG_PUBKEY, parse=self._pubkey_parser())
+            priv = None
+        else:
+            pub, priv = self._keypair or be.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+            for h in self.host_ids:
+                t.send(h, TAG_PUBKEY, be.public_key_to_proto(pub), round=0)
+        Xd = self._design(self.X)
+        d_g = Xd.shape[1]
+        if arbiter:
+            t.send(self.arbiter_id, TAG_HELLO, messages_pb2.Scalars(values={"n_features": d_g}), round=0)
+        host_dims = {h: int(t.recv(h, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
+                     for h in self.host_ids}
+        w = np.zeros(d_g)
+        penal = np.ones(d_g)
+        if cfg.fit_intercept:
+            penal[-1] = 0.0  # the intercept is not regularised
+        losses, seconds = [], []
+        best, bad, stopped = math.inf, 0, False
+        for epoch in range(cfg.epochs):
+            t0 = time.perf_counter()
+            lr = cfg.learning_rate_at(epoch)
+            batch_losses = []
+            for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
+                rnd = round_id(epoch, b, 0)
+                Xb, yb = Xd[idx], self.y[idx]
+                nb = len(idx)
+                u_g = Xb @ w
+                reg_g = 0.5 * cfg.l2 * float(np.sum(penal * w * w))
+                if arbiter:
+                    g_sum, loss_b = self._batch_arbiter(pub, Xb, yb, u_g, reg_g, rnd)
+                else:
+                    g_sum, loss_b = self._batch_two_party(pub, priv, Xb, yb, u_g, reg_g, rnd, host_dims)
+                w = w - lr * (g_sum / nb + cfg.l2 * penal * w)
+                batch_losses.append(loss_b)
+            loss = float(np.mean(batch_losses))
+            losses.append(loss)
+            if loss < best - cfg.tol:
+                best, bad = loss, 0
+            else:
+                bad += 1
+            stop = cfg.early_stopping and bad >= cfg.patience and epoch + 1 < cfg.epochs
+            ctl = messages_pb2.Control(command="stop" if stop else "continue", epoch=epoch)
+            for p in self._peers():
+                t.send(p, TAG_CTL, ctl, round=epoch + 1)
+            seconds.append(time.perf_counter() - t0)
+            log.info("%s: epoch %d/%d loss %.6f lr %.4g %.2fs", self.party_id, epoch + 1, cfg.epochs, loss, lr,
+                     seconds[-1])
+            if self.on_epoch is not None:
+                self.on_epoch(epoch, loss)
+            if stop:
+                stopped = True
+                log.info("%s: early stopping after epoch %d (no improvement > %g for %d epochs)",
+                         self.party_id, epoch + 1, cfg.tol, cfg.patience)
+                break
+        self.weights = w[:-1].copy() if cfg.fit_intercept else w.copy()
+        self.intercept = float(w[-1]) if cfg.fit_intercept else None
+        return FitResult(self.weights, self.intercept, losses, seconds, stopped)
+
+    def _batch_arbiter(self, pub, Xb, yb, u_g, reg_g, rnd):
+        be, t = self.backend, self.t
+        nb = Xb.shape[0]
+
+        def fwd_parser(h):
+            def validate(m: messages_pb2.Bundle):
+                missing = [k for k in ("u", "u2", "reg") if k not in m.encrypted]
+                if missing:
+                    raise ProtocolError(f"{TAG_FWD} from {h}: missing {missing}")
+                return (be.from_proto(m.encrypted["u"], pub, (nb,), f"{TAG_FWD}.u from {h}"),
+                        be.from_proto(m.encrypted["u2"], pub, (1,), f"{TAG_FWD}.u2 from {h}"),
+                        be.from_proto(m.encrypted["reg"], pub, (1,), f"{TAG_FWD}.reg from {h}"))
+            return parse_message(messages_pb2.Bundle, validate)
+
+        fwds = [t.recv(h, TAG_FWD, round=rnd + S_FWD, parse=fwd_parser(h)) for h in self.host_ids]
+        U = reduce(lambda a, b: a + b, [f[0] for f in fwds])
+        d_enc = U * 0.25 + (0.25 * u_g - 0.5 * yb)
+        d_msg = be.to_proto(d_enc)
+        for h in self.host_ids:
+            t.send(h, TAG_D, d_msg, round=rnd + S_D)
+        # our gradient first, so the arbiter can start decrypting while we assemble the loss
+        g_mask = self._ask_decrypt(pub, be.dot(Xb, d_enc), self.arbiter_id, TAG_GRAD, TAG_GRAD_DEC, rnd + S_GRAD)
+        # cross terms u_h . u_h' (h < h'), computed by host j on the encrypted sum of the earlier hosts' u
+        S = fwds[0][0]
+        for j, h in enumerate(self.host_ids[1:], start=1):
+            t.send(h, TAG_CROSS_IN, be.to_proto(S), round=rnd + S_D)
+            S = S + fwds[j][0]
+        cross = [t.recv(h, TAG_CROSS, round=rnd + S_CROSS, parse=self._enc_parser(pub, (1,), f"{TAG_CROSS} from {h}"))
+                 for h in self.host_ids[1:]]
+        # n_b * loss = sum_i[log2 - y u_g/2 + u_g^2/8] + coef . U + 1/8 sum_h |u_h|^2 + 1/4 sum cross + n_b * reg
+        plain = nb * LOG2 + float(np.sum(-0.5 * yb * u_g + 0.125 * u_g * u_g)) + nb * reg_g
+        coef = -0.5 * yb + 0.25 * u_g
+        loss_enc = be.dot(coef[:, None], U) + np.array([plain])
+        for _, u2, reg in fwds:
+            loss_enc = loss_enc + u2 * 0.125 + reg * nb
+        for c in cross:
+            loss_enc = loss_enc + c * 0.25
+        l_mask = self._ask_decrypt(pub, loss_enc, self.arbiter_id, TAG_LOSS, TAG_LOSS_DEC, rnd + S_GRAD)
+        g_sum = self._take_decrypted(pub, g_mask, self.arbiter_id, TAG_GRAD_DEC, rnd + S_DEC, (Xb.shape[1],))
+        loss_b = float(self._take_decrypted(pub, l_mask, self.arbiter_id, TAG_LOSS_DEC, rnd + S_DEC, (1,))[0]) / nb
+        return g_sum, loss_b
+
+    def _batch_two_party(self, pub, priv, Xb, yb, u_g, reg_g, rnd, host_dims):
+        be, t = self.backend, self.t
+        nb = Xb.shape[0]
+
+        def fwd_parser(h):
+            def validate(m: messages_pb2.Bundle):
+                if "u" not in m.tensors or "reg" not in m.scalars:
+                    raise ProtocolError(f"{TAG_FWD} from {h}: needs tensor 'u' and scalar 'reg'")
+                return _from_tensor(m.tensors["u"], (nb,), f"{TAG_FWD}.u from {h}"), float(m.scalars["reg"])
+            return parse_message(messages_pb2.Bundle, validate)
+
+        fwds = [t.recv(h, TAG_FWD, round=rnd + S_FWD, parse=fwd_parser(h)) for h in self.host_ids]
+        wx = u_g + sum(f[0] for f in fwds)
+        d = 0.25 * wx - 0.5 * yb
+        d_msg = be.to_proto(be.encrypt(priv, d))  # the key holder encrypts with CRT (faster, same distribution)
+        for h in self.host_ids:
+            t.send(h, TAG_D, d_msg, round=rnd + S_D)
+        loss_b = float(np.mean(LOG2 - 0.5 * yb * wx + 0.125 * wx * wx)) + reg_g + sum(f[1] for f in fwds)
+        for h in self.host_ids:
+            self._serve_decrypt(priv, pub, h, TAG_GRAD, TAG_GRAD_DEC, rnd + S_GRAD, (host_dims[h],))
+        return Xb.T @ d, loss_b
+
+    # prediction ------------------------------------------------------------
+    def predict_proba(self, X, rows: Sequence[int] | None = None) -> np.ndarray:
+        """P(y=1) for the given rows, from the guest's X and the hosts' partial scores.
+
+        Args:
+            X: guest features (m, d_g) of the prediction set, rows aligned with every host's set.
+            rows: optional row indices into that set (default: all m rows).
+        Returns: float64 (len(rows),) probabilities. The hosts must be in
+            :meth:`VerticalLRHost.serve_predictions`. Raises PeerTimeout if a host does not answer.
+        """
+        return self._guarded(self._predict, X, rows)
+
+    def _predict(self, X, rows):
+        X = _check_matrix(X, "X")
+        if X.shape[1] != self.weights.shape[0]:
+            raise ValueError(f"X: {X.shape[1]} features, the model has {self.weights.shape[0]}")
+        m = X.shape[0]
+        sel = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
+        if sel.size and (sel.min() < 0 or sel.max() >= m):
+            raise ValueError(f"rows: indices must be in [0, {m})")
+        self._pred_round += 1
+        req = vlr_pb2.ScoreRequest(n_rows=m, rows=[] if rows is None else sel.tolist())
+        for h in self.host_ids:
+            self.t.send(h, TAG_PRED_REQ, req, round=self._pred_round)
+        score = X[sel] @ self.weights + (self.intercept or 0.0)
+        for h in self.host_ids:
+            score = score + self.t.recv(h, TAG_PRED, round=self._pred_round, parse=parse_message(
+                messages_pb2.Tensor, lambda msg, h=h: _from_tensor(msg, (len(sel),), f"{TAG_PRED} from {h}")))
+        return 1.0 / (1.0 + np.exp(-score))
+
+    def end_prediction(self) -> None:
+        """Tell the hosts to leave :meth:`VerticalLRHost.serve_predictions`."""
+        self._pred_round += 1
+        for h in self.host_ids:
+            self.t.send(h, TAG_PRED_REQ, vlr_pb2.ScoreRequest(stop=True), round=self._pred_round)
+
+
+# --------------------------------------------------------------------------- host
+class VerticalLRHost(_Role):
+    """A feature holder without labels (passive party).
+
+    Args:
+        transport, config, backend: as for :class:`VerticalLRGuest`.
+        guest_id: the guest's party id.
+        host_ids: every host in the guest's order (this party included).
+        X: float64 (n, d_h) features aligned with the guest's rows.
+        arbiter_id: the arbiter (arbiter mode) or None (two-party mode).
+
+    What the host learns: its own weights and gradients (decrypted under its own uniform mask), the
+    batch plan and the epoch at which the guest stops. Everything else it receives is a ciphertext
+    under a key it does not hold ([[d]], and with several hosts the encrypted sum of earlier hosts'
+    scores), so it learns nothing about labels, the guest's features or other hosts.
+    In two-party mode it reveals to the guest its partial scores u_h per batch row and ||w_h||^2.
+    """
+
+    def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], X, config,
+                 arbiter_id: str | None = None, *, backend=None):
+        super().__init__(transport, config, backend)
+        self.guest_id = guest_id
+        self.host_ids = list(host_ids)
+        if self.party_id not in self.host_ids:
+            raise ValueError(f"host_ids: {self.party_id!r} is not listed in {self.host_ids}")
+        self.index = self.host_ids.index(self.party_id)
+        self.arbiter_id = arbiter_id
+        if (self.config.mode == "arbiter") != (arbiter_id is not None):
+            raise ValueError(f"arbiter_id: mode {self.config.mode!r} and arbiter_id={arbiter_id!r} disagree")
+        self.X = _check_matrix(X, "X")
+        self.weights = np.zeros(self.X.shape[1])
+        self._pred_round = 0
+        self.result: FitResult | None = None
+
+    def _peers(self):
+        return [self.guest_id] + ([self.arbiter_id] if self.arbiter_id else [])
+
+    def fit(self) -> FitResult:
+        """Train with the guest (and arbiter); returns this host's weights."""
+        self.result = self._guarded(self._fit)
+        return self.result
+
+    def _fit(self) -> FitResult:
+        cfg, be, t = self.config, self.backend, self.t
+        n, d_h = self.X.shape
+        _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg, self.host_ids,
+                     n, self.party_id)
+        arbiter = cfg.mode == "arbiter"
+        key_holder = self.arbiter_id if arbiter else self.guest_id
+        pub = t.recv(key_holder, TAG_PUBKEY, parse=self._pubkey_parser())
+        hello = messages_pb2.Scalars(values={"n_features": d_h})
+        t.send(self.guest_id, TAG_HELLO, hello, round=0)
+        if arbiter:
+            t.send(self.arbiter_id, TAG_HELLO, hello, round=0)
+        w = np.zeros(d_h)
+        seconds, stopped = [], False
+        for epoch in range(cfg.epochs):
+            t0 = time.perf_counter()
+            lr = cfg.learning_rate_at(epoch)
+            for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
+                rnd = round_id(epoch, b, 0)
+                Xb = self.X[idx]
+                nb = len(idx)
+                u = Xb @ w
+                reg = 0.5 * cfg.l2 * float(w @ w)
+                if arbiter:
+                    fwd = messages_pb2.Bundle()
+                    fwd.encrypted["u"].CopyFrom(be.to_proto(be.encrypt(pub, u)))
+                    fwd.encrypted["u2"].CopyFrom(be.to_proto(be.encrypt(pub, np.array([u @ u]))))
+                    fwd.encrypted["reg"].CopyFrom(be.to_proto(be.encrypt(pub, np.array([reg]))))
+                else:
+                    fwd = messages_pb2.Bundle(scalars={"reg": reg})
+                    fwd.tensors["u"].CopyFrom(_tensor(u))
+                t.send(self.guest_id, TAG_FWD, fwd, round=rnd + S_FWD)
+                d_enc = t.recv(self.guest_id, TAG_D, round=rnd + S_D,
+                               parse=self._enc_parser(pub, (nb,), f"{TAG_D} from {self.guest_id}"))
+                g_mask = self._ask_decrypt(pub, be.dot(Xb, d_enc), key_holder, TAG_GRAD, TAG_GRAD_DEC, rnd + S_GRAD)
+                if arbiter and self.index > 0:
+                    S = t.recv(self.guest_id, TAG_CROSS_IN, round=rnd + S_D,
+                               parse=self._enc_parser(pub, (nb,), f"{TAG_CROSS_IN} from {self.guest_id}"))
+                    t.send(self.guest_id, TAG_CROSS, be.to_proto(be.dot(u[:, None], S)), round=rnd + S_CROSS)
+                g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, (d_h,))
+                w = w - lr * (g_sum / nb + cfg.l2 * w)
+            ctl = t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=_control_parser(epoch))
+            seconds.append(time.perf_counter() - t0)
+            log.info("%s: epoch %d/%d done in %.2fs", self.party_id, epoch + 1, cfg.epochs, seconds[-1])
+            if ctl.command == "stop":
+                stopped = True
+                break
+        self.weights = w
+        return FitResult(w.copy(), None, [], seconds, stopped)
+
+    def serve_predictions(self, X, max_requests: int | None = None) -> int:
+        """Answer the guest's score requests with u_h = X[rows] @ w_h until it ends prediction.
+
+        Args:
+            X: float64 (m, d_h) features of the prediction set, aligned with the guest's.
+            max_requests: return after this many requests (default: until the guest's ``end_prediction``).
+        Returns: number of requests answered. Raises PeerTimeout when the guest goes silent.
+        """
+        return self._guarded(self._serve, X, max_requests)
+
+    def _serve(self, X, max_requests):
+        X = _check_matrix(X, "X")
+        if X.shape[1] != self.weights.shape[0]:
+            raise ValueError(f"X: {X.shape[1]} features, the model has {self.weights.shape[0]}")
+        m = X.shape[0]
+
+        def validate(req: vlr_pb2.ScoreRequest):
+            if req.stop:
+                return req
+            if req.n_rows != m:
+                raise ProtocolError(f"score request for {req.n_rows} rows, this host holds {m}")
+            if any(r >= m for r in req.rows):
+                raise ProtocolError(f"score request: row index out of [0, {m})")
+            return req
+
+        served = 0
+        while max_requests is None or served < max_requests:
+            self._pred_round += 1
+            req = self.t.recv(self.guest_id, TAG_PRED_REQ, round=self._pred_round,
+                              parse=parse_message(vlr_pb2.ScoreRequest, validate))
+            if req.stop:
+                break
+            rows = np.asarray(req.rows, dtype=np.int64) if len(req.rows) else np.arange(m)
+            self.t.send(self.guest_id, TAG_PRED, _tensor(X[rows] @ self.weights), round=self._pred_round)
+            served += 1
+        return served
+
+
+# --------------------------------------------------------------------------- arbiter
+class VerticalLRArbiter(_Role):
+    """The data-less key holder of arbiter mode (the job's server).
+
+    Args:
+        transport, config, backend: as for :class:`VerticalLRGuest`.
+        guest_id, host_ids: the data parties (hosts in the guest's order).
+        keypair: (public, private) Paillier key (default: generated with ``config.key_bits``).
+
+    What the arbiter learns: the number of rows, batches and epochs, each party's feature count and
+    the epoch at which training stops. Every value it decrypts (gradients, loss) is masked with a
+    fresh uniform element of Z_n by the party that asked, so it learns nothing about gradients, loss,
+    weights or data. Assumes it does not collude with the guest or a host (DESIGN.md threat model).
+    """
+
+    def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], config, *, keypair=None,
+                 backend=None):
+        super().__init__(transport, config, backend)
+        if self.config.mode != "arbiter":
+            raise ValueError("mode: the arbiter only takes part in mode 'arbiter'")
+        self.guest_id = guest_id
+        self.host_ids = list(host_ids)
+        self._keypair = keypair
+        self.result: FitResult | None = None
+
+    def _peers(self):
+        return [self.guest_id] + self.host_ids
+
+    def fit(self) -> FitResult:
+        """Serve key generation and masked decryptions until the guest stops training."""
+        self.result = self._guarded(self._fit)
+        return self.result
+
+    def _fit(self) -> FitResult:
+        cfg, be, t = self.config, self.backend, self.t
+        n = _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg,
+                         self.host_ids, None, self.party_id)
+        pub, priv = self._keypair or be.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+        for p in self._peers():
+            t.send(p, TAG_PUBKEY, be.public_key_to_proto(pub), round=0)
+        dims = {p: int(t.recv(p, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
+                for p in self._peers()}
+        seconds, stopped = [], False
+        for epoch in range(cfg.epochs):
+            t0 = time.perf_counter()
+            for b, _ in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
+                rnd = round_id(epoch, b, S_GRAD)
+                # hosts first: if a host dies, the arbiter's own timeout names it
+                for p in self.host_ids + [self.guest_id]:
+                    self._serve_decrypt(priv, pub, p, TAG_GRAD, TAG_GRAD_DEC, rnd, (dims[p],))
+                self._serve_decrypt(priv, pub, self.guest_id, TAG_LOSS, TAG_LOSS_DEC, rnd, (1,))
+            ctl = t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=_control_parser(epoch))
+            seconds.append(time.perf_counter() - t0)
+            log.info("%s: epoch %d/%d served in %.2fs", self.party_id, epoch + 1, cfg.epochs, seconds[-1])
+            if ctl.command == "stop":
+                stopped = True
+                break
+        return FitResult(np.zeros(0), None, [], seconds, stopped)

@@ -1,0 +1,104 @@
+"""Test harness for vertical LR: run the roles in threads over InProcessNetwork, and an independent
+centralised plaintext reference of the same Taylor-approximated LR (plain numpy, no library code)."""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from secureflhv.transport import InProcessNetwork
+from secureflhv.vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
+
+
+def reference_taylor_lr(X, y01, *, epochs, batch_size, learning_rate, l2, seed, lr_schedule="constant",
+                        lr_decay=0.0, lr_step_epochs=10, early_stopping=True, tol=1e-4, patience=2,
+                        fit_intercept=True, **_ignored):
+    """Centralised mini-batch GD on mean(log2 - y wx/2 + (wx)^2/8) + l2/2 |w|^2, y in {-1,+1}.
+
+    Batches: per epoch, numpy.random.default_rng([seed, epoch]).permutation(n) cut into chunks of
+    batch_size (full batch: rows in order). Returns (w, b, losses)."""
+    X = np.asarray(X, float)
+    y = np.where(np.asarray(y01) == 1, 1.0, -1.0)
+    n, d = X.shape
+    w = np.zeros(d)
+    b = 0.0
+    losses = []
+    best, bad = math.inf, 0
+    for epoch in range(epochs):
+        if lr_schedule == "constant":
+            lr = learning_rate
+        elif lr_schedule == "inverse_time":
+            lr = learning_rate / (1.0 + lr_decay * epoch)
+        else:
+            lr = learning_rate * lr_decay ** (epoch // lr_step_epochs)
+        if batch_size is None or batch_size >= n:
+            batches = [np.arange(n)]
+        else:
+            order = np.random.default_rng([seed, epoch]).permutation(n)
+            batches = [order[s:s + batch_size] for s in range(0, n, batch_size)]
+        epoch_losses = []
+        for rows in batches:
+            z = X[rows] @ w + (b if fit_intercept else 0.0)
+            yy = y[rows]
+            epoch_losses.append(np.mean(math.log(2) - 0.5 * yy * z + 0.125 * z ** 2) + 0.5 * l2 * (w @ w))
+            resid = 0.25 * z - 0.5 * yy
+            gw = X[rows].T @ resid / len(rows) + l2 * w
+            gb = resid.mean()
+            w = w - lr * gw
+            if fit_intercept:
+                b = b - lr * gb
+        loss = float(np.mean(epoch_losses))
+        losses.append(loss)
+        if loss < best - tol:
+            best, bad = loss, 0
+        else:
+            bad += 1
+        if early_stopping and bad >= patience:
+            break
+    return w, b, losses
+
+
+def run_vertical_lr(X_guest, y, X_hosts, cfg: dict, *, deadline=60.0, transports=None, predict_sets=None,
+                    job_id="vlr-test"):
+    """Train guest + hosts (+ arbiter) in threads. ``transports``: optional {party: factory(net, pid)}.
+
+    Returns (results, errors, net, roles) where results/errors map party id -> FitResult/exception.
+    With ``predict_sets`` = (X_guest_pred, [X_host_pred...]) also returns guest probabilities in
+    results['proba']."""
+    config = VerticalLRConfig(**cfg)
+    hosts = [f"host-{i + 1}" for i in range(len(X_hosts))]
+    arbiter = "server" if config.mode == "arbiter" else None
+    parties = ["guest"] + hosts + ([arbiter] if arbiter else [])
+    net = InProcessNetwork(job_id, parties, deadline=deadline)
+    transports = transports or {}
+
+    def tr(pid):
+        return transports[pid](net, pid) if pid in transports else net.transport(pid)
+
+    roles = {"guest": VerticalLRGuest(tr("guest"), hosts, X_guest, y, config, arbiter)}
+    for h, Xh in zip(hosts, X_hosts):
+        roles[h] = VerticalLRHost(tr(h), "guest", hosts, Xh, config, arbiter)
+    if arbiter:
+        roles[arbiter] = VerticalLRArbiter(tr(arbiter), "guest", hosts, config)
+    results, errors = {}, {}
+
+    def work(pid):
+        try:
+            results[pid] = roles[pid].fit()
+            if predict_sets is not None and pid != arbiter:
+                if pid == "guest":
+                    results["proba"] = roles[pid].predict_proba(predict_sets[0])
+                    roles[pid].end_prediction()
+                else:
+                    roles[pid].serve_predictions(predict_sets[1][hosts.index(pid)])
+        except BaseException as exc:  # noqa: BLE001 - collected for the test's assertions
+            errors[pid] = exc
+
+    threads = [threading.Thread(target=work, args=(p,), daemon=True) for p in parties]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=deadline * 4)
+    assert not any(t.is_alive() for t in threads), "a party hung"
+    return results, errors, net, roles
