@@ -1,0 +1,1 @@
+"""Horizontal federated learning: aggregation (plain and secure) and the FedAvg-family algorithms."""

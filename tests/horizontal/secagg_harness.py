@@ -1,0 +1,105 @@
+"""Threads-over-InProcessNetwork harness for secure-aggregation tests (not a test module)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from secureflhv.crypto.quantise import EXTRA_COORDS, dequantise, quantise, rounding_rng
+from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+from secureflhv.horizontal.secagg import SecAggClient, _Vanished
+from secureflhv.transport.inprocess import InProcessNetwork, InProcessTransport
+
+
+def config(**kw) -> AggregationConfig:
+    base = dict(kind="secagg", seed=11, stage_timeout_s=1.0, input_timeout_s=1.5, clip=1.0)
+    base.update(kw)
+    return AggregationConfig(**base)
+
+
+def make_inputs(n: int, d: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    ids = [f"client{i}" for i in range(n)]
+    xs = {c: rng.normal(0, 0.6, d) for c in ids}
+    ws = {c: float(rng.integers(1, 100)) for c in ids}
+    return ids, xs, ws
+
+
+def expected_quantised(cfg, round_id, participants, survivors, xs, ws):
+    """What plain_quantised computes over ``survivors`` (the same seeded rounding)."""
+    d = next(iter(xs.values())).size
+    qp = cfg.quant_params(len(participants), d)
+    acc = np.zeros(d + EXTRA_COORDS, dtype=np.uint64)
+    for c in survivors:
+        acc += quantise(xs[c], ws[c], qp, rounding_rng(cfg.seed, round_id, c))[0]
+    return dequantise(acc & qp.modulus_mask, qp)
+
+
+class RecordingTransport(InProcessTransport):
+    """Server transport that keeps every payload the server receives (its transcript)."""
+
+    def __init__(self, network, party_id):
+        super().__init__(network, party_id)
+        self.received: list[tuple[str, str, bytes]] = []
+        self.send_hook = None
+
+    def recv(self, sender, tag, round=0, timeout=None, parse=None):
+        def wrapped(payload):
+            self.received.append((sender, tag, payload))
+            return payload if parse is None else parse(payload)
+        return super().recv(sender, tag, round, timeout, wrapped)
+
+    def send(self, receiver, tag, payload, round=0, timeout=None):
+        if self.send_hook is not None:
+            payload = self.send_hook(receiver, tag, payload, round)
+        return super().send(receiver, tag, payload, round, timeout)
+
+
+def vanishing_client(network, stage: int, base=SecAggClient):
+    class Vanishing(base):
+        def _on_stage(self, s):
+            if s == stage:
+                network.take_down(self.client_id)
+                raise _Vanished(f"{self.client_id} vanished before stage {s}")
+    return Vanishing
+
+
+def run_round(cfg, ids, xs, ws, round_id=1, *, vanish=None, network=None, client_classes=None,
+              server_transport=None, before_clients=None, participants=None):
+    """Run one round; return (result or exception, {client: error}, clients, server transport)."""
+    vanish = vanish or {}
+    client_classes = dict(client_classes or {})
+    participants = participants or ids
+    net = network or InProcessNetwork("job-secagg", ["server", *ids], deadline=10)
+    client_cls, server_cls = make_aggregation(cfg)
+    st = server_transport or RecordingTransport(net, "server")
+    server = server_cls(st, cfg)
+    d = next(iter(xs.values())).size
+    out, errors, clients = {}, {}, {}
+
+    def serve():
+        try:
+            out["result"] = server.aggregate(round_id, participants, d)
+        except Exception as exc:  # noqa: BLE001
+            out["result"] = exc
+
+    def client(c):
+        cls = client_classes.get(c) or (vanishing_client(net, vanish[c]) if c in vanish else client_cls)
+        clients[c] = cli = cls(net.transport(c), "server", cfg)
+        try:
+            cli.submit(round_id, participants, xs[c], ws[c])
+        except Exception as exc:  # noqa: BLE001
+            errors[c] = exc
+
+    ts = threading.Thread(target=serve)
+    ts.start()
+    if before_clients is not None:
+        before_clients(net)
+    threads = [threading.Thread(target=client, args=(c,)) for c in ids]
+    for t in threads:
+        t.start()
+    ts.join(60)
+    for t in threads:
+        t.join(60)
+    assert not ts.is_alive() and not any(t.is_alive() for t in threads), "round hung"
+    return out["result"], errors, clients, st, net

@@ -1,0 +1,66 @@
+"""Party processes for the multi-process secure-aggregation test (spawn start method; not a test module)."""
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _transport(pid, addrs, cert_dir):
+    from secureflhv.transport.certs import load_party_credentials
+    from secureflhv.transport.grpc_transport import GrpcTransport
+    tls = load_party_credentials(cert_dir, pid) if cert_dir else None
+    return GrpcTransport(pid, "job-secagg-mp", addrs[pid], addrs, tls=tls, insecure=tls is None, deadline=60)
+
+
+def client_main(pid, addrs, cert_dir, cfg_kw, round_id, participants, x, w, stall_stage, queue):
+    from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    cfg = AggregationConfig(**cfg_kw)
+    tr = _transport(pid, addrs, cert_dir)
+    base = make_aggregation(cfg)[0]
+
+    class Client(base):
+        def _on_stage(self, stage):
+            if stage == stall_stage:
+                queue.put(("stalled", pid))
+                time.sleep(600)  # the parent kills this process now
+
+    try:
+        Client(tr, "server", cfg).submit(round_id, participants, x, w)
+        queue.put(("client_done", pid))
+    except Exception as exc:  # noqa: BLE001
+        queue.put(("client_error", pid, repr(exc)))
+    finally:
+        tr.close()
+
+
+def server_main(addrs, cert_dir, cfg_kw, round_ids, participants, dim, queue):
+    from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    cfg = AggregationConfig(**cfg_kw)
+    try:
+        tr = _transport("server", addrs, cert_dir)
+    except Exception as exc:  # noqa: BLE001 - e.g. the port was taken meanwhile
+        queue.put(("server_error", repr(exc)))
+        return
+    server = make_aggregation(cfg)[1](tr, cfg)
+    try:
+        for rid in round_ids:
+            t0 = time.perf_counter()
+            res = server.aggregate(rid, participants, dim)
+            queue.put(("result", rid, time.perf_counter() - t0, res.total, res.weight, res.survivors,
+                       getattr(server, "last_timings", {})))
+    except Exception as exc:  # noqa: BLE001
+        queue.put(("server_error", repr(exc)))
+    finally:
+        tr.close()
