@@ -31,6 +31,8 @@ must strictly increase from one call to the next (the transport rejects stale ro
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import logging
 import math
 import time
@@ -224,7 +226,7 @@ def _round_check(msg, round_id: int, what: str):
 
 
 # ---------------------------------------------------------------------------------- base classes
-class AggregationClient:
+class AggregationClient(ABC):
     """Client half; ``submit`` blocks until this client's part of the round ends.
 
     Args:
@@ -240,19 +242,21 @@ class AggregationClient:
         self.client_id = transport.party_id
         self.last_n_clipped = 0
 
+    @abstractmethod
     def submit(self, round_id: int, participants: Sequence[str], vector: np.ndarray, weight: float) -> None:
-        raise NotImplementedError
+        """Contribute ``weight * vector`` to round ``round_id``; returns when this client's part is done."""
 
 
-class AggregationServer:
+class AggregationServer(ABC):
     """Server half; ``aggregate`` returns the sum over survivors or raises :class:`AggregationError`."""
 
     def __init__(self, transport, config: AggregationConfig):
         self.transport = transport
         self.config = config
 
+    @abstractmethod
     def aggregate(self, round_id: int, participants: Sequence[str], dim: int) -> AggregateResult:
-        raise NotImplementedError
+        """Run round ``round_id`` with ``participants``; return the sum over the survivors."""
 
     def _log_result(self, round_id: int, res: AggregateResult) -> None:
         log.info("aggregation round %d (%s): %d survivors, dropped %s; clip=%g scale=%g k=%d clipped=%d",

@@ -63,6 +63,8 @@ Progress is logged per epoch on logger ``secureflhv.vertical.lr``.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import logging
 import math
 import time
@@ -214,7 +216,7 @@ def _check_matrix(X, name: str) -> np.ndarray:
     return X
 
 
-class _Role:
+class _Role(ABC):
     """Shared plumbing of the three roles."""
 
     def __init__(self, transport: Transport, config: VerticalLRConfig | dict, backend):
@@ -225,8 +227,9 @@ class _Role:
             backend = PaillierBackend(self.config.precision_bits, self.config.dot_precision_bits)
         self.backend = backend
 
+    @abstractmethod
     def _peers(self) -> list[str]:
-        raise NotImplementedError
+        """Every other party of the job that this role talks to."""
 
     def _guarded(self, fn, *args, **kwargs):
         """Run ``fn``; on failure tell the peers (so they stop now, not at their deadline) and re-raise."""
