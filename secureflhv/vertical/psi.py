@@ -1,0 +1,354 @@
+"""Private set intersection (ECDH-PSI) to align the guest's and hosts' ID columns before training.
+
+Protocol (Meadows 1986; Huberman, Franklin & Hogg 1999; here over Curve25519, Bernstein 2006 -- the
+primitives and their references are in :mod:`secureflhv.crypto.psi`). For one guest G (IDs X,
+secret scalar a) and each host H_j (IDs Y_j, secret scalar b_j), all over :class:`Transport`:
+
+1. G -> H_j  ``psi/hello``  (PsiHello): fresh 32-byte salt, |X|, truncation width t.
+   Both sides hash IDs to curve points with H keyed by (job id, salt).
+2. G -> H_j  ``psi/points`` (PsiPoints): H(x)^a for x in X, in G's row order.
+   H_j -> G  ``psi/points``: H(y)^b_j for y in Y_j, in H_j's row order. (Computed concurrently.)
+3. H_j -> G  ``psi/double``: (H(x)^a)^b_j truncated to t bytes, in G's order.
+   G computes (H(y)^b_j)^a truncated to t bytes and matches: x in X is in Y_j exactly when its
+   doubly blinded value is among them, and G learns its position in H_j's list.
+4. G -> H_j  ``psi/intersection`` (PsiIntersection): the final common IDs (in X and in every Y_j),
+   as row positions in H_j's own list, in the agreed order.
+
+Agreed order: the common IDs sorted by Unicode code point (Python ``sorted`` on ``str``; the same
+as sorting their UTF-8 bytes). A canonical order reveals nothing beyond the set itself, whereas
+the guest's row order would tell hosts how the guest's file is sorted. Every party ends with the
+same ``PsiResult.ids`` and its own ``PsiResult.rows`` (``own_ids[rows[k]] == ids[k]``).
+
+What each role learns (semi-honest parties, DDH hard on Curve25519, H a random oracle):
+
+* **guest**: each host's set size |Y_j| and each pairwise intersection X ∩ Y_j (with the
+  matching row positions in H_j's list, needed to tell H_j its rows); nothing about the other
+  elements of Y_j, which it sees only as H(y)^b_j for an unknown b_j.
+* **host j**: the guest's set size |X| and the final intersection X ∩ Y_1 ∩ ... ∩ Y_k -- not
+  its pairwise intersection with the guest, nothing about X outside the final intersection
+  (it sees only H(x)^a for an unknown a), nothing about other hosts (hosts never talk).
+* Hash points are restricted to the curve (not its twist), so a blinded value does not even leak
+  one bit of H(x); see :mod:`secureflhv.crypto.psi`.
+* Fresh scalars and a fresh salt per run: values from different runs cannot be linked.
+* Not covered (semi-honest model): a malicious guest can insert IDs it guesses to test membership,
+  or tell a host a wrong intersection; a malicious host can return wrong values. Colluding hosts
+  learn nothing about X beyond what each learns (they all receive the same H(x)^a).
+
+Cost: X25519 operations (~25-30 us each on the 2-core reference machine) -- guest |X| + sum_j |Y_j|,
+host j |Y_j| + |X| -- plus hashing |own set| IDs to the curve (~5 us each); spread over a process
+pool of ``workers`` (spawned, so scripts that call this need an ``if __name__ == "__main__":``
+guard). Traffic per host: 32 bytes per ID each way, plus t bytes per guest ID and 8 bytes per
+common ID. One message holds at most ~60M points (protobuf's 2 GiB limit).
+
+Example (one call per party, at the same time)::
+
+    res = align_ids_guest(transport, guest_ids, ["host-1", "host-2"])   # at the guest
+    res = align_ids_host(transport, host_ids, "guest")                   # at each host
+    X_aligned = X[res.rows]          # every party now has the rows of res.ids, in the same order
+
+Errors: duplicate IDs raise ``ValueError`` naming the party and an example (before anything is
+sent; the other parties are told via ``transport.abort``); a malformed or inconsistent message is
+rejected with :class:`~secureflhv.transport.ProtocolError` in the ``recv`` parse step, logged, and
+the wait for a valid message goes on.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..crypto.psi import (DEFAULT_TRUNCATE_BYTES, MIN_TRUNCATE_BYTES, POINT_BYTES, LowOrderPointError,
+                          PsiEngine, check_points, find_duplicate, hash_context, match_positions, new_scalar)
+from ..proto import psi_pb2
+from ..transport import JobAborted, ProtocolError, Transport, parse_message
+
+log = logging.getLogger("secureflhv.vertical.psi")
+
+__all__ = ["PsiResult", "align_ids_guest", "align_ids_host", "PROTOCOL_VERSION",
+           "TAG_HELLO", "TAG_POINTS", "TAG_DOUBLE", "TAG_INTERSECTION"]
+
+PROTOCOL_VERSION = 1
+SALT_BYTES = 32
+TAG_HELLO = "psi/hello"
+TAG_POINTS = "psi/points"
+TAG_DOUBLE = "psi/double"
+TAG_INTERSECTION = "psi/intersection"
+# Default waits grow with the work the peer may still be doing (~60 core-us per ID here, 2x margin
+# for a loaded machine): 1M + 1M IDs allow 200 s even if the transport's deadline is shorter.
+WAIT_S_PER_ID = 100e-6
+
+
+@dataclass(frozen=True)
+class PsiResult:
+    """Outcome of PSI at one party.
+
+    Attributes:
+        ids: the IDs common to all parties, sorted by Unicode code point (identical at every party).
+        rows: int64 array (len(ids),): ``own_ids[rows[k]] == ids[k]`` for this party's ID list.
+        peer_sizes: set sizes this party learned, by party id (guest: every host; host: the guest).
+        timings: seconds per phase at this party (``hash_blind``, ``wait``, ``blind_peer``,
+            ``match``, ``total``; ``wait`` is time blocked on peers).
+    """
+
+    ids: list[str]
+    rows: np.ndarray
+    peer_sizes: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class _Clock:
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
+        self.last = now
+
+    def done(self) -> dict[str, float]:
+        self.timings["total"] = time.perf_counter() - self.start
+        return self.timings
+
+
+def _check_ids(ids: Sequence[str], party: str) -> list[str]:
+    ids = list(ids)
+    if not all(type(x) is str for x in ids):
+        for i, x in enumerate(ids):
+            if not isinstance(x, str):
+                raise TypeError(f"party {party!r}: ID at row {i} is {type(x).__name__} {x!r}, expected str "
+                                f"(convert the ID column to strings first)")
+    dup = find_duplicate(ids)
+    if dup is not None:
+        example, surplus = dup
+        raise ValueError(f"party {party!r} has duplicate IDs in its ID column (e.g. {example!r}; "
+                         f"{surplus} surplus cop{'y' if surplus == 1 else 'ies'}): PSI needs unique IDs")
+    return ids
+
+
+# ------------------------------------------------------------------------------ parse callbacks
+def _hello_parser(sender: str):
+    def validate(msg: psi_pb2.PsiHello):
+        if msg.version != PROTOCOL_VERSION:
+            raise ProtocolError(f"PsiHello from {sender!r}: version {msg.version}, expected {PROTOCOL_VERSION}")
+        if len(msg.salt) != SALT_BYTES:
+            raise ProtocolError(f"PsiHello from {sender!r}: salt has {len(msg.salt)} bytes, expected {SALT_BYTES}")
+        if not MIN_TRUNCATE_BYTES <= msg.truncate_bytes <= POINT_BYTES:
+            raise ProtocolError(f"PsiHello from {sender!r}: truncate_bytes {msg.truncate_bytes} outside "
+                                f"[{MIN_TRUNCATE_BYTES}, {POINT_BYTES}]")
+    return parse_message(psi_pb2.PsiHello, validate)
+
+
+def _points_parser(sender: str, item_bytes: int, count: int | None, points: bool):
+    """Parse PsiPoints into ``items`` bytes; ``points`` = items are 32-byte curve points to check."""
+    what = "blinded points" if points else "doubly blinded values"
+
+    def validate(msg: psi_pb2.PsiPoints):
+        if msg.item_bytes != item_bytes:
+            raise ProtocolError(f"{what} from {sender!r}: item_bytes {msg.item_bytes}, expected {item_bytes}")
+        if count is not None and msg.count != count:
+            raise ProtocolError(f"{what} from {sender!r}: count {msg.count}, expected {count}")
+        if len(msg.items) != msg.count * item_bytes:
+            raise ProtocolError(f"{what} from {sender!r}: {len(msg.items)} bytes for {msg.count} items "
+                                f"of {item_bytes} bytes")
+        if points:
+            try:
+                check_points(msg.items)
+            except ValueError as exc:
+                raise ProtocolError(f"{what} from {sender!r}: {exc}") from None
+        return msg.items
+    return parse_message(psi_pb2.PsiPoints, validate)
+
+
+def _intersection_parser(sender: str, own_ids: list[str]):
+    n = len(own_ids)
+
+    def validate(msg: psi_pb2.PsiIntersection):
+        if len(msg.rows) != 8 * msg.count:
+            raise ProtocolError(f"intersection from {sender!r}: {len(msg.rows)} bytes for {msg.count} rows")
+        rows = np.frombuffer(msg.rows, dtype="<u8")
+        if rows.size and int(rows.max()) >= n:
+            raise ProtocolError(f"intersection from {sender!r}: row {int(rows.max())} out of range (we have {n} IDs)")
+        rows = rows.astype(np.int64)
+        ids = [own_ids[r] for r in rows.tolist()]
+        if any(a >= b for a, b in zip(ids, ids[1:])):
+            raise ProtocolError(f"intersection from {sender!r}: rows are not in the agreed order "
+                                f"(common IDs strictly increasing by code point)")
+        return rows, ids
+    return parse_message(psi_pb2.PsiIntersection, validate)
+
+
+def _wait(transport: Transport, timeout: float | None, n_items: int) -> float:
+    """``timeout`` if given, else the transport deadline stretched to cover ``n_items`` of peer work."""
+    return timeout if timeout is not None else max(transport.deadline, WAIT_S_PER_ID * n_items)
+
+
+def _abort_and_raise(transport: Transport, peers: list[str], exc: BaseException):
+    if not isinstance(exc, JobAborted):
+        transport.abort(f"PSI failed at {transport.party_id!r}: {exc}", peers)
+    raise exc
+
+
+# ------------------------------------------------------------------------------ roles
+def align_ids_guest(transport: Transport, ids: Sequence[str], hosts: Sequence[str], *, round_base: int = 0,
+                    workers: int | None = None, truncate_bytes: int = DEFAULT_TRUNCATE_BYTES,
+                    timeout: float | None = None) -> PsiResult:
+    """Run PSI as the guest with every host; return the IDs common to all parties.
+
+    Args:
+        transport: this party's transport.
+        ids: this party's ID column (str, unique), in row order.
+        hosts: party ids of the hosts (each runs :func:`align_ids_host` at the same time).
+        round_base: round id of every message of this run; use a larger one for each later PSI run
+            in the same job (rounds per (sender, tag) must increase).
+        workers: processes for the X25519 work (``None``: all CPUs; ``1``: in this process).
+        truncate_bytes: width of the doubly blinded values (12..32; collision bound in
+            :mod:`secureflhv.crypto.psi`).
+        timeout: seconds to wait for each peer message (default: the transport's deadline, stretched
+            by ``WAIT_S_PER_ID`` per ID of the sets involved, so large sets need no tuning).
+
+    Returns:
+        :class:`PsiResult` with ``rows`` into ``ids``; ``peer_sizes`` holds each host's set size.
+
+    Raises:
+        ValueError/TypeError: duplicate or non-str IDs (nothing is sent; hosts are told to abort).
+        ProtocolError: a host sent a low-order point (after the message was accepted).
+        PeerTimeout, JobAborted: from the transport.
+    """
+    hosts = list(hosts)
+    me = transport.party_id
+    if not hosts or len(set(hosts)) != len(hosts) or me in hosts:
+        raise ValueError(f"hosts must be distinct party ids other than the guest {me!r}, got {hosts}")
+    if not MIN_TRUNCATE_BYTES <= truncate_bytes <= POINT_BYTES:
+        raise ValueError(f"truncate_bytes must be in [{MIN_TRUNCATE_BYTES}, {POINT_BYTES}], got {truncate_bytes}")
+    clock = _Clock()
+    try:
+        ids = _check_ids(ids, me)
+        n = len(ids)
+        with PsiEngine(workers) as engine:
+            if n >= engine.min_parallel:
+                engine.start()
+            salt = os.urandom(SALT_BYTES)
+            hello = psi_pb2.PsiHello(version=PROTOCOL_VERSION, salt=salt, set_size=n, truncate_bytes=truncate_bytes)
+            for h in hosts:
+                transport.send(h, TAG_HELLO, hello, round=round_base, timeout=timeout)
+            scalar = new_scalar()
+            context = hash_context(transport.job_id, salt)
+            mine = engine.hash_and_blind(ids, context, scalar)
+            clock.lap("hash_blind")
+            msg = psi_pb2.PsiPoints(item_bytes=POINT_BYTES, count=n, items=mine).SerializeToString()
+            del mine
+            for h in hosts:
+                transport.send(h, TAG_POINTS, msg, round=round_base, timeout=timeout)
+            del msg
+            clock.lap("send")
+
+            in_host: dict[str, np.ndarray] = {}  # guest row -> row in host's list, -1 if absent
+            sizes: dict[str, int] = {}
+            for h in hosts:
+                theirs = transport.recv(h, TAG_POINTS, round=round_base, timeout=_wait(transport, timeout, n),
+                                        parse=_points_parser(h, POINT_BYTES, None, points=True))
+                sizes[h] = len(theirs) // POINT_BYTES
+                clock.lap("wait")
+                try:
+                    theirs = engine.blind(theirs, scalar, truncate_bytes)
+                except LowOrderPointError as exc:
+                    raise ProtocolError(f"host {h!r} sent a low-order point at item {exc.index}") from None
+                clock.lap("blind_peer")
+                doubled = transport.recv(h, TAG_DOUBLE, round=round_base,
+                                         timeout=_wait(transport, timeout, n + sizes[h]),
+                                         parse=_points_parser(h, truncate_bytes, n, points=False))
+                clock.lap("wait")
+                try:
+                    i_g, i_h = match_positions(doubled, theirs, truncate_bytes)
+                except ValueError as exc:
+                    raise ProtocolError(f"PSI with host {h!r}: {exc}") from None
+                pos = np.full(n, -1, dtype=np.int64)
+                pos[i_g] = i_h
+                in_host[h] = pos
+                del theirs, doubled
+                clock.lap("match")
+                log.info("%s: PSI with %s: |guest|=%d |host|=%d |pairwise intersection|=%d",
+                         me, h, n, sizes[h], i_g.size)
+
+        common = np.ones(n, dtype=bool)
+        for pos in in_host.values():
+            common &= pos >= 0
+        rows = np.array(sorted(np.flatnonzero(common).tolist(), key=ids.__getitem__), dtype=np.int64)
+        for h in hosts:
+            their_rows = in_host[h][rows].astype("<u8").tobytes()
+            transport.send(h, TAG_INTERSECTION, psi_pb2.PsiIntersection(count=rows.size, rows=their_rows),
+                           round=round_base, timeout=timeout)
+        clock.lap("match")
+    except Exception as exc:  # noqa: BLE001 - tell the hosts, then re-raise
+        _abort_and_raise(transport, hosts, exc)
+    log.info("%s: PSI done: %d common IDs with %d host(s) in %.1fs", me, rows.size, len(hosts),
+             time.perf_counter() - clock.start)
+    return PsiResult(ids=[ids[r] for r in rows.tolist()], rows=rows, peer_sizes=sizes, timings=clock.done())
+
+
+def align_ids_host(transport: Transport, ids: Sequence[str], guest: str, *, round_base: int = 0,
+                   workers: int | None = None, timeout: float | None = None) -> PsiResult:
+    """Run PSI as a host with the guest; return the IDs common to all parties and this host's rows.
+
+    Args:
+        transport: this party's transport.
+        ids: this party's ID column (str, unique), in row order.
+        guest: the guest's party id (it runs :func:`align_ids_guest`).
+        round_base, workers, timeout: as in :func:`align_ids_guest` (same ``round_base`` on all parties).
+
+    Returns:
+        :class:`PsiResult` with ``rows`` into ``ids``; ``peer_sizes`` holds the guest's set size.
+
+    Raises:
+        ValueError/TypeError: duplicate or non-str IDs (the guest is told to abort).
+        ProtocolError: the guest sent a low-order point (after the message was accepted).
+        PeerTimeout, JobAborted: from the transport.
+    """
+    me = transport.party_id
+    clock = _Clock()
+    try:
+        ids = _check_ids(ids, me)
+        with PsiEngine(workers) as engine:
+            if len(ids) >= engine.min_parallel:
+                engine.start()  # spawn the workers while waiting for the guest
+            hello = transport.recv(guest, TAG_HELLO, round=round_base, timeout=timeout, parse=_hello_parser(guest))
+            clock.lap("wait")
+            scalar = new_scalar()
+            mine = engine.hash_and_blind(ids, hash_context(transport.job_id, hello.salt), scalar)
+            clock.lap("hash_blind")
+            transport.send(guest, TAG_POINTS, psi_pb2.PsiPoints(item_bytes=POINT_BYTES, count=len(ids), items=mine),
+                           round=round_base, timeout=timeout)
+            del mine
+            clock.lap("send")
+            n_all = len(ids) + hello.set_size
+            theirs = transport.recv(guest, TAG_POINTS, round=round_base, timeout=_wait(transport, timeout, n_all),
+                                    parse=_points_parser(guest, POINT_BYTES, hello.set_size, points=True))
+            clock.lap("wait")
+            try:
+                doubled = engine.blind(theirs, scalar, hello.truncate_bytes)
+            except LowOrderPointError as exc:
+                raise ProtocolError(f"guest {guest!r} sent a low-order point at item {exc.index}") from None
+            del theirs
+            clock.lap("blind_peer")
+            transport.send(guest, TAG_DOUBLE, psi_pb2.PsiPoints(item_bytes=hello.truncate_bytes,
+                                                                count=hello.set_size, items=doubled),
+                           round=round_base, timeout=timeout)
+            del doubled
+            clock.lap("send")
+        rows, common = transport.recv(guest, TAG_INTERSECTION, round=round_base,
+                                      timeout=_wait(transport, timeout, n_all),
+                                      parse=_intersection_parser(guest, ids))
+        clock.lap("wait")
+    except Exception as exc:  # noqa: BLE001 - tell the guest, then re-raise
+        _abort_and_raise(transport, [guest], exc)
+    log.info("%s: PSI done: %d common IDs (guest has %d) in %.1fs", me, len(common), hello.set_size,
+             time.perf_counter() - clock.start)
+    return PsiResult(ids=common, rows=rows, peer_sizes={guest: int(hello.set_size)}, timings=clock.done())
