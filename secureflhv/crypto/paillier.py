@@ -556,14 +556,24 @@ def encrypt_packed(key, values, spec: PackingSpec) -> EncryptedArray:
     return EncryptedArray(pub, _obj(cts, packed.shape), spec.exponent, spec, 1)
 
 
+def decrypt_raw(priv: PrivateKey, enc: EncryptedArray) -> list[int]:
+    """Plaintext residues in [0, n) of every ciphertext of ``enc`` (C order), undecoded.
+
+    For protocols whose plaintexts are masked with a uniform element of Z_n (the key holder must not
+    decode them). Parallel over the worker pool like :func:`decrypt`.
+    Raises CiphertextError if enc is under another key.
+    """
+    if enc.public_key != priv.public_key:
+        raise CiphertextError("EncryptedArray was made under a different public key than this private key")
+    return [int(m) for m in _decrypt_ints(priv, enc._c.reshape(-1).tolist())]
+
+
 def decrypt(priv: PrivateKey, enc: EncryptedArray) -> np.ndarray:
     """Decrypt to float64 of enc.shape (packed: enc.shape + (slots,)).
 
     Raises CiphertextError if enc is under another key; OverflowError if a result overflowed.
     """
-    if enc.public_key != priv.public_key:
-        raise CiphertextError("EncryptedArray was made under a different public key than this private key")
-    raw = _decrypt_ints(priv, enc._c.reshape(-1).tolist())
+    raw = decrypt_raw(priv, enc)
     if enc.packing is None:
         return decode_residues(raw, enc.exponent, priv.public_key.n).reshape(enc.shape)
     n = priv.public_key.n

@@ -88,3 +88,37 @@ def write_vertical_lr_job(work: Path, guest_csv: Path, host_csvs: list[Path], pa
     path = work / "job.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False), encoding="utf-8")
     return path
+
+
+def write_vertical_nn_job(work: Path, guest_csv: Path, host_csvs: list[Path], params: dict, *,
+                          job_id: str = "vertical-nn-demo", dataset=None, n_hosts: int | None = None,
+                          seed: int = 0, scheme: str = "even", host_overlap: float = 0.92,
+                          guest_missing: float = 0.05, id_column: str = "id", label_column: str = "label",
+                          deadline_s: float = 600, tls: bool = True, insecure_test_keys: bool = False) -> Path:
+    """A split-NN (``algorithm: vertical_nn``) job in ``work``: guest + hosts, no server.
+
+    With ``dataset`` (a :class:`secureflhv.data.Dataset`) and ``n_hosts``, first writes its vertical party
+    CSVs into ``work/data`` (columns split by ``scheme``, each host holding ``host_overlap`` of the ids,
+    the guest losing ``guest_missing`` of its rows, so PSI has work) and ignores ``guest_csv``/``host_csvs``.
+    Certificates (if ``tls``) and ``job.yaml`` as in :func:`write_vertical_lr_job`; returns the job path.
+    """
+    import pandas as pd
+
+    from ..data import vertical_split, write_vertical_csvs
+
+    work = Path(work)
+    if dataset is not None:
+        vp = vertical_split(dataset, int(n_hosts or 1), scheme, seed, sample_overlap=host_overlap)
+        paths = write_vertical_csvs(dataset, vp, work / "data", id_column=id_column, label_column=label_column)
+        guest = pd.read_csv(paths["guest"], dtype={id_column: str})
+        keep = np.random.default_rng([seed, 1]).random(len(guest)) >= guest_missing
+        guest[keep].to_csv(paths["guest"], index=False, float_format="%.17g")
+        guest_csv, host_csvs = paths["guest"], [paths[f"host_{i}"] for i in range(1, int(n_hosts or 1) + 1)]
+    path = write_vertical_lr_job(work, guest_csv, host_csvs, {}, job_id=job_id, mode="two_party",
+                                 id_column=id_column, label_column=label_column, deadline_s=deadline_s, tls=tls,
+                                 insecure_test_keys=insecure_test_keys)
+    job = yaml.safe_load(path.read_text(encoding="utf-8"))
+    job["job"]["algorithm"] = "vertical_nn"
+    job["params"] = dict(params)
+    path.write_text(yaml.safe_dump(job, sort_keys=False), encoding="utf-8")
+    return path

@@ -128,18 +128,11 @@ class PaillierBackend:
 
     def decrypt_masked(self, priv, enc) -> vlr_pb2.MaskedValues:
         """Key holder: decrypt masked ciphertexts to raw plaintexts (m + r) mod n, uniform in Z_n."""
-        phe_priv = priv.to_phe()
-        msg = enc.to_proto()
-        width = msg.byte_width
-        n = priv.public_key.n
-        out_width = (n.bit_length() + 7) // 8
-        count = int(np.prod(_shape(msg), dtype=np.int64))
-        out = bytearray()
-        for i in range(count):
-            c = int.from_bytes(msg.ciphertexts[i * width:(i + 1) * width], "big")
-            out += int(phe_priv.raw_decrypt(c)).to_bytes(out_width, "big")
-        return vlr_pb2.MaskedValues(key_fingerprint=priv.public_key.fingerprint, shape=list(msg.shape),
-                                    byte_width=out_width, values=bytes(out), exponent=msg.exponent)
+        out_width = (priv.public_key.n.bit_length() + 7) // 8
+        raw = self._p.decrypt_raw(priv, enc)  # parallel CRT decryption, never decoded
+        out = b"".join(m.to_bytes(out_width, "big") for m in raw)
+        return vlr_pb2.MaskedValues(key_fingerprint=priv.public_key.fingerprint, shape=list(enc.shape),
+                                    byte_width=out_width, values=out, exponent=enc.exponent)
 
     def check_masked(self, msg: vlr_pb2.MaskedValues, pub, expected_shape, what: str) -> vlr_pb2.MaskedValues:
         if msg.key_fingerprint != pub.fingerprint:

@@ -1,0 +1,832 @@
+"""Vertical split neural network with a Paillier-protected interactive layer (hetero NN).
+
+After Zhang et al., "Additively Homomorphic Encryption based Deep Neural Network for Asymmetrically
+Collaborative Machine Learning" (arXiv 2007.06849, sections 3-4), as FATE's Hetero-NN v1 implements
+it (``InteractiveGuestDenseLayer`` / ``InteractiveHostDenseLayer``). Rows are aligned beforehand (PSI).
+
+Architecture (every width is in :class:`SplitNNConfig`)::
+
+    host h : alpha_h = bottom_h(X_h)              torch MLP, output width k_h = host_bottom[-1]
+    guest  : alpha_g = bottom_g(X_g)              (guest_bottom = []: alpha_g = X_g)
+    guest  : z = alpha_g W_g + sum_h alpha_h W_h + c     interactive layer, o = interactive_units
+             a = act(z); logits = top(a); loss = BCE-with-logits (2 classes) | cross-entropy (C > 2)
+
+The true host weights are **shared**: W_h = V_h + E_h, the guest holds V_h and host h holds its
+accumulated noise E_h (zero at start, as in FATE), so neither side holds W_h once training started.
+
+One mini-batch, for each host h ([[.]]_h = Paillier under host h's OWN key; r = fresh masks uniform in
+Z_n, each multiplied in as a fresh encryption so the ciphertext is also re-randomised)::
+
+    forward
+    h -> g : [[A]]_h                         A = alpha_h (b, k_h) of the batch rows
+    g -> h : [[A V_h + r1]]_h                (b, o)
+    h -> g : A V_h + r1 + A E_h  mod n       h decrypts and adds its term (exact, in Z_n)
+    g      : z_h = (that - r1) = A (V_h + E_h) = A W_h       r1 cancels exactly
+    backward (g runs autograd through top, act and its own bottom: delta = dL/dz (b, o))
+    g -> h : [[A^T delta + r2]]_h            (k_h, o) the interactive weight gradient, masked
+    h -> g : A^T delta + r2 + eps/lr_i  mod n;   [[E_h]]_h  (the old E_h, encrypted)
+    h      : E_h += eps                      eps fresh, uniform(-weight_noise, weight_noise) (k_h, o)
+    g      : gW = that - r2 = A^T delta + eps/lr_i;   [[G]]_h = delta' V_h^T + delta' [[E_h]]^T  (b, k_h)
+    g -> h : [[G]]_h;  g updates V_h -= lr_i gW   (so V_h + E_h moves by exactly -lr_i A^T delta)
+    h      : G = decrypt(..) = delta' W_h^T = dL/dalpha_h;  alpha_h.backward(G); optimiser step
+
+``delta' = delta`` unless the label-leakage mitigation is on (``host_grad_noise > 0``, below).
+The guest's own interactive weights W_g and the bias c are plain guest parameters. The whole
+interactive layer (V_h, W_g, c) is updated with plain SGD at ``interactive_lr`` -- the noise trick
+needs an update that is linear in the gradient; bottom and top models use the torch optimiser
+named by ``optimizer`` (sgd | adam) at ``learning_rate``.
+
+Batches: per epoch, ``numpy.random.default_rng([seed, epoch]).permutation(n)`` cut into chunks of
+``batch_size`` rows, computed identically at every party.
+
+What each party learns (semi-honest, non-colluding):
+
+* **guest**: labels, its own model, V_h; per batch ``z_h = A W_h`` (the host's contribution to the
+  interactive pre-activation, (b, o) with o < k_h typically -- a linear image, not alpha_h itself) and
+  the noisy gradient ``A^T delta + eps/lr_i``. It never sees A = alpha_h in plaintext, nor W_h = V_h + E_h
+  after the first update (it knows the initial W_h, a data-independent random init).
+  With o >= k_h and W_h invertible the guest could solve z_h = A W_h for A if it knew W_h; it does not.
+* **host h**: its own bottom model, E_h, and per batch only values masked with uniform Z_n masks,
+  *except* its plaintext bottom-output gradient ``G = dL/dalpha_h`` (b, k_h): that is inherent to split
+  learning and is the **known limit** (FATE issue 2915): per-sample gradients leak label information,
+  e.g. for binary tasks the gradient norm or direction separates positives from negatives
+  ("norm/direction attacks", Li et al., "Label Leakage and Protection in Two-party Split Learning",
+  ICLR 2022). It learns nothing about the guest's features or other hosts (hosts never talk).
+* **mitigation switch** ``host_grad_noise = s > 0``: the guest perturbs the per-sample output gradient
+  before it reaches the host, ``delta' = delta + N(0, (s * rms(delta))^2)`` (rms over the batch); the host
+  trains on G computed from delta'. Larger s hides more label information and costs accuracy (measured
+  in ``examples/vertical_nn.py`` and ``benchmarks/split_nn.py``). Equivalence with the centralised
+  model holds only for s = 0.
+* prediction: the guest learns z_h for the rows it asks about; the host learns which rows are scored.
+
+Messages are protobuf (``messages.proto`` Bundle/EncryptedTensor/PaillierPublicKey/Control/Tensor,
+``vnn.proto`` ZnValues/RowsRequest). Every payload is checked in the ``parse`` callback of
+:meth:`~secureflhv.transport.Transport.recv` (shape, key fingerprint, range), so a wrong-shape or
+wrong-key message is rejected and logged while training continues. Round ids
+``epoch * 10 * MAX_BATCHES + batch * 10 + step``. On any failure a role tells its peers and re-raises;
+a dead peer surfaces as :class:`~secureflhv.transport.PeerTimeout` naming it.
+
+Cost per mini-batch of b rows and host h (k = k_h, o = interactive_units): host h encrypts b*k + k*o
+values and decrypts b*o + k*o + b*k; the guest computes three plaintext-ciphertext products of b*k*o
+exponentiations in all (multi-exponentiation, :class:`~secureflhv.vertical.interactive_layer.PaillierOps`)
+and b*o + k*o fresh encryptions for the masks. Decryption dominates: keep k and o small (4-8).
+Not done yet: packing several masked values into one plaintext before decryption (would cut the
+host's decryptions ~15x with 2048-bit keys at the price of statistical instead of perfect masking).
+
+Checkpoints (``checkpoint_dir``): after every epoch each party writes ``<party>-epoch<NNN>.npz``
+(numpy arrays only, loaded with ``allow_pickle=False``) and a JSON sidecar; never torch.load.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..proto import messages_pb2, vnn_pb2
+from ..transport import ProtocolError, Transport, parse_message
+from .interactive_layer import IdentityOps, PaillierOps  # noqa: F401 (re-exported)
+
+log = logging.getLogger("secureflhv.vertical.split_nn")
+
+MAX_BATCHES = 1_000_000
+DTYPE = torch.float64
+
+TAG_SETUP = "vnn.setup"
+TAG_HELLO = "vnn.hello"
+TAG_FWD = "vnn.fwd"
+TAG_FWD_MASKED = "vnn.fwd_masked"
+TAG_FWD_DEC = "vnn.fwd_dec"
+TAG_GW = "vnn.gw"
+TAG_GW_DEC = "vnn.gw_dec"
+TAG_ACC = "vnn.acc"
+TAG_GIN = "vnn.gin"
+TAG_CTL = "vnn.ctl"
+TAG_PRED_REQ = "vnn.pred_req"
+TAG_PRED_FWD = "vnn.pred_fwd"
+TAG_PRED_MASKED = "vnn.pred_masked"
+TAG_PRED_DEC = "vnn.pred_dec"
+
+S_FWD, S_FWD_MASKED, S_FWD_DEC, S_GW, S_GW_DEC, S_GIN = 1, 2, 3, 4, 5, 6
+
+
+def round_id(epoch: int, batch: int, step: int) -> int:
+    """Round id of ``step`` (1..9) of ``batch`` in ``epoch``; strictly increasing in (epoch, batch, step)."""
+    return epoch * 10 * MAX_BATCHES + batch * 10 + step
+
+
+# --------------------------------------------------------------------------- configuration
+class SplitNNConfig(BaseModel):
+    """Hyperparameters of the split NN; every party of a job uses the same values (checked at setup)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host_bottom: list[int] = Field(default=[16, 8], min_length=1,
+                                   description="widths of each host's bottom MLP; the last is its output width")
+    guest_bottom: list[int] = Field(default=[16, 8], description="guest bottom widths; [] = raw guest features")
+    interactive_units: int = Field(default=8, ge=1, le=256, description="output width o of the interactive layer")
+    interactive_activation: Literal["relu", "tanh", "sigmoid", "identity"] = "relu"
+    top_hidden: list[int] = Field(default=[], description="hidden widths of the guest's top model")
+    activation: Literal["relu", "tanh", "sigmoid"] = "relu"
+    n_classes: int | None = Field(default=None, ge=2, description="None: inferred from the guest's labels")
+    epochs: int = Field(default=10, ge=1)
+    batch_size: int = Field(default=64, ge=1)
+    learning_rate: float = Field(default=0.01, gt=0, description="bottom and top models")
+    optimizer: Literal["sgd", "adam"] = "adam"
+    interactive_lr: float = Field(default=0.1, gt=0, description="plain SGD step of the interactive layer")
+    weight_noise: float = Field(default=1.0, ge=0, description="host noise per step: uniform(-s, s) added to E_h")
+    host_grad_noise: float = Field(default=0.0, ge=0,
+                                   description="label-leakage mitigation: N(0,(s*rms)^2) on the host's gradient")
+    seed: int = Field(default=0, ge=0, description="mini-batch shuffle (and mitigation noise) seed")
+    init_seed: int = Field(default=0, ge=0, description="model initialisation seed")
+    key_bits: int = Field(default=2048, ge=256, description="Paillier modulus size of every host key")
+    insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
+    precision_bits: int = Field(default=40, ge=16, le=64, description="fraction bits of encrypted values")
+    dot_precision_bits: int = Field(default=32, ge=8, le=48, description="fraction bits of plaintext multipliers")
+    predict_batch_size: int = Field(default=512, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.key_bits < 2048 and not self.insecure_test_key:
+            raise ValueError(f"key_bits: {self.key_bits} < 2048 needs insecure_test_key=True (tests only)")
+        for name in ("host_bottom", "guest_bottom", "top_hidden"):
+            if any(w < 1 or w > 4096 for w in getattr(self, name)):
+                raise ValueError(f"{name}: widths must be in [1, 4096]")
+        return self
+
+    def protocol_fields(self) -> dict:
+        """The fields every party must agree on (all of them)."""
+        return self.model_dump(mode="json")
+
+
+def batch_plan(n_rows: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """Row indices of each mini-batch of ``epoch`` (same at every party)."""
+    perm = np.random.default_rng([seed, epoch]).permutation(n_rows)
+    return [perm[i:i + batch_size] for i in range(0, n_rows, batch_size)]
+
+
+def _act(name: str) -> torch.nn.Module:
+    return {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoid,
+            "identity": torch.nn.Identity}[name]()
+
+
+def build_mlp(in_dim: int, widths: Sequence[int], activation: str, seed: int, *,
+              last_activation: bool = True, out_dim: int | None = None) -> torch.nn.Sequential:
+    """float64 MLP: Linear(+activation) per width (activation after the last too if ``last_activation``),
+    then an optional plain Linear to ``out_dim``. Weights ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from ``seed``."""
+    g = torch.Generator().manual_seed(int(seed))
+    layers: list[torch.nn.Module] = []
+    d = in_dim
+    for i, w in enumerate(widths):
+        layers.append(torch.nn.Linear(d, w, dtype=DTYPE))
+        if last_activation or i < len(widths) - 1 or out_dim is not None:
+            layers.append(_act(activation))
+        d = w
+    if out_dim is not None:
+        layers.append(torch.nn.Linear(d, out_dim, dtype=DTYPE))
+    with torch.no_grad():
+        for m in layers:
+            if isinstance(m, torch.nn.Linear):
+                bound = 1.0 / math.sqrt(m.in_features)
+                m.weight.uniform_(-bound, bound, generator=g)
+                m.bias.uniform_(-bound, bound, generator=g)
+    return torch.nn.Sequential(*layers)
+
+
+def _optimizer(cfg: SplitNNConfig, params) -> torch.optim.Optimizer | None:
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        return None
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.learning_rate)
+    return torch.optim.SGD(params, lr=cfg.learning_rate)
+
+
+def _check_matrix(X, name: str) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D (rows, features) array, got shape {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError(f"{name}: contains NaN or infinite values")
+    return X
+
+
+def _tensor_msg(a: np.ndarray) -> messages_pb2.Tensor:
+    a = np.ascontiguousarray(a, dtype="<f8")
+    return messages_pb2.Tensor(dtype="<f8", shape=list(a.shape), data=a.tobytes())
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns: per-epoch mean loss and per-batch losses (guest only), wall time per epoch."""
+
+    losses: list[float] = field(default_factory=list)
+    batch_losses: list[float] = field(default_factory=list)
+    epoch_seconds: list[float] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
+
+    @property
+    def epochs(self) -> int:
+        return len(self.epoch_seconds)
+
+
+def save_checkpoint(directory: Path | str, party_id: str, epoch: int, arrays: dict[str, np.ndarray],
+                    meta: dict) -> Path:
+    """Write ``<party>-epoch<NNN>.npz`` (arrays only) and a ``.json`` sidecar; return the npz path."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{party_id}-epoch{epoch:03d}.npz"
+    np.savez(path, **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
+    path.with_suffix(".json").write_text(json.dumps({"party": party_id, "epoch": epoch, **meta}, indent=2))
+    return path
+
+
+def load_checkpoint(path: Path | str) -> dict[str, np.ndarray]:
+    """Read a checkpoint written by :func:`save_checkpoint` (``allow_pickle=False``: data only)."""
+    with np.load(Path(path), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _module_arrays(prefix: str, module: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {f"{prefix}.{k}": v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def _load_module(prefix: str, module: torch.nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    state = {}
+    for k, v in module.state_dict().items():
+        key = f"{prefix}.{k}"
+        if key not in arrays or tuple(arrays[key].shape) != tuple(v.shape):
+            raise ValueError(f"checkpoint: missing or mis-shaped array {key!r}")
+        state[k] = torch.as_tensor(arrays[key], dtype=v.dtype)
+    module.load_state_dict(state)
+
+
+class _Role:
+    def __init__(self, transport: Transport, config, ops):
+        self.t = transport
+        self.party_id = transport.party_id
+        self.config = config if isinstance(config, SplitNNConfig) else SplitNNConfig(**config)
+        self.ops = ops if ops is not None else PaillierOps(self.config.precision_bits,
+                                                           self.config.dot_precision_bits)
+
+    def _peers(self) -> list[str]:
+        raise NotImplementedError
+
+    def _guarded(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            log.error("%s: split NN failed: %s", self.party_id, exc)
+            self.t.abort(f"{self.party_id}: {type(exc).__name__}: {exc}", self._peers())
+            raise
+
+    def _enc_parser(self, pub, shape, what):
+        return parse_message(messages_pb2.EncryptedTensor, lambda m: self.ops.from_proto(m, pub, shape, what))
+
+    def _zn_parser(self, pub, shape, what):
+        return parse_message(vnn_pb2.ZnValues, lambda m: self.ops.check_zn(m, pub, shape, what))
+
+
+def _control_parser(epoch: int):
+    def validate(m: messages_pb2.Control):
+        if m.command not in ("continue", "stop") or m.epoch != epoch:
+            raise ProtocolError(f"control {m.command!r} for epoch {m.epoch}, expected continue/stop for {epoch}")
+        return m
+    return parse_message(messages_pb2.Control, validate)
+
+
+# --------------------------------------------------------------------------- guest
+class SplitNNGuest(_Role):
+    """The label holder: guest bottom, the guest's shares V_h of the interactive weights, top model, loss.
+
+    Args:
+        transport: this party's transport.
+        host_ids: the hosts, same order at every party.
+        X: float64 (n, d_g) guest features (d_g may be 0 only with ``guest_bottom=[]``), rows aligned.
+        y: (n,) integer labels 0..C-1.
+        config: :class:`SplitNNConfig` or a dict of its fields.
+        ops: crypto backend (default :class:`PaillierOps`; :class:`IdentityOps` for benchmarks only).
+        checkpoint_dir: write a checkpoint after every epoch there (optional).
+
+    After ``fit``: ``bottom`` (torch, or None), ``W_g`` (d_alpha_g, o), ``bias`` (o,), ``V`` {host: (k_h, o)},
+    ``top`` (torch). See the module docstring for what the guest learns.
+    """
+
+    def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, config, *, ops=None,
+                 checkpoint_dir: str | Path | None = None):
+        super().__init__(transport, config, ops)
+        cfg = self.config
+        self.host_ids = list(host_ids)
+        if not self.host_ids:
+            raise ValueError("host_ids: the split NN needs at least one host")
+        self.X = _check_matrix(X, "X")
+        y = np.asarray(y).ravel()
+        if y.shape[0] != self.X.shape[0]:
+            raise ValueError(f"y: {y.shape[0]} labels for {self.X.shape[0]} rows")
+        if not np.all(np.equal(np.mod(y, 1), 0)) or y.min() < 0:
+            raise ValueError("y: labels must be integers 0..C-1")
+        self.y = y.astype(np.int64)
+        self.n_classes = cfg.n_classes or max(2, int(self.y.max()) + 1)
+        if self.y.max() >= self.n_classes:
+            raise ValueError(f"y: label {int(self.y.max())} >= n_classes {self.n_classes}")
+        self.out_dim = 1 if self.n_classes == 2 else self.n_classes
+        d_g = self.X.shape[1]
+        if d_g == 0 and cfg.guest_bottom:
+            raise ValueError("X: the guest has no features; set guest_bottom=[]")
+        self.bottom = build_mlp(d_g, cfg.guest_bottom, cfg.activation, cfg.init_seed * 1000 + 1) \
+            if cfg.guest_bottom else None
+        k_g = cfg.guest_bottom[-1] if cfg.guest_bottom else d_g
+        o = cfg.interactive_units
+        k_hosts = cfg.host_bottom[-1]
+        fan_in = k_g + k_hosts * len(self.host_ids)
+        lim = math.sqrt(6.0 / (fan_in + o))  # Xavier over the concatenated input of the interactive layer
+        rng = np.random.default_rng([cfg.init_seed, 7])
+        self.W_g = rng.uniform(-lim, lim, size=(k_g, o))
+        self.V = {h: rng.uniform(-lim, lim, size=(k_hosts, o)) for h in self.host_ids}
+        self.bias = np.zeros(o)
+        self.top = build_mlp(o, cfg.top_hidden, cfg.activation, cfg.init_seed * 1000 + 2, out_dim=self.out_dim)
+        self.checkpoint_dir = checkpoint_dir
+        self._keys: dict[str, object] = {}
+        self._pred_round = 0
+        self._noise_rng = np.random.default_rng([cfg.seed, 99])
+        self.result: FitResult | None = None
+
+    def _peers(self):
+        return list(self.host_ids)
+
+    # ---- model pieces -------------------------------------------------------
+    def _alpha_g(self, Xb: np.ndarray) -> torch.Tensor:
+        x = torch.as_tensor(Xb, dtype=DTYPE)
+        return self.bottom(x) if self.bottom is not None else x
+
+    def _head(self, z_hosts: torch.Tensor, alpha_g: torch.Tensor, W_g: torch.Tensor, c: torch.Tensor):
+        z = z_hosts + alpha_g @ W_g + c
+        return self.top(_act(self.config.interactive_activation)(z))
+
+    def _loss(self, logits: torch.Tensor, yb: np.ndarray) -> torch.Tensor:
+        yt = torch.as_tensor(yb)
+        if self.out_dim == 1:
+            return torch.nn.functional.binary_cross_entropy_with_logits(logits[:, 0], yt.to(DTYPE))
+        return torch.nn.functional.cross_entropy(logits, yt)
+
+    def _proba(self, logits: torch.Tensor) -> np.ndarray:
+        if self.out_dim == 1:
+            return torch.sigmoid(logits[:, 0]).detach().numpy()
+        return torch.softmax(logits, dim=1).detach().numpy()
+
+    # ---- training ----------------------------------------------------------------
+    def fit(self) -> FitResult:
+        """Train with the hosts; returns the guest's :class:`FitResult`."""
+        self.result = self._guarded(self._fit)
+        return self.result
+
+    def _setup(self) -> None:
+        cfg, t = self.config, self.t
+        setup = messages_pb2.Bundle(scalars={"n_rows": float(self.X.shape[0])},
+                                    text={"config": json.dumps(cfg.protocol_fields(), sort_keys=True),
+                                          "hosts": ",".join(self.host_ids)})
+        for h in self.host_ids:
+            t.send(h, TAG_SETUP, setup, round=0)
+
+        for h in self.host_ids:
+            self._keys[h] = t.recv(h, TAG_HELLO, parse=parse_message(
+                messages_pb2.PaillierPublicKey,
+                lambda m, h=h: self.ops.public_key_from_proto(m, cfg.insecure_test_key, f"{TAG_HELLO} from {h}")))
+
+    def _fit(self) -> FitResult:
+        cfg = self.config
+        n = self.X.shape[0]
+        if -(-n // cfg.batch_size) >= MAX_BATCHES:
+            raise ValueError(f"batch_size: {cfg.batch_size} gives too many batches for {n} rows")
+        self._setup()
+        params = list(self.top.parameters()) + (list(self.bottom.parameters()) if self.bottom is not None else [])
+        opt = _optimizer(cfg, params)
+        res = FitResult()
+        for epoch in range(cfg.epochs):
+            t0 = time.perf_counter()
+            losses = []
+            for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
+                losses.append(self._train_batch(opt, idx, round_id(epoch, b, 0)))
+            res.batch_losses.extend(losses)
+            res.losses.append(float(np.mean(losses)))
+            ctl = messages_pb2.Control(command="continue" if epoch + 1 < cfg.epochs else "stop", epoch=epoch)
+            for h in self.host_ids:
+                self.t.send(h, TAG_CTL, ctl, round=epoch + 1)
+            if self.checkpoint_dir is not None:
+                res.checkpoints.append(str(save_checkpoint(self.checkpoint_dir, self.party_id, epoch,
+                                                           self.state_arrays(), {"loss": res.losses[-1]})))
+            res.epoch_seconds.append(time.perf_counter() - t0)
+            log.info("%s: epoch %d/%d loss %.6f %.2fs", self.party_id, epoch + 1, cfg.epochs, res.losses[-1],
+                     res.epoch_seconds[-1])
+            cb = getattr(self, "on_epoch", None)
+            if cb is not None:
+                cb(epoch, res.losses[-1])
+        return res
+
+    def _host_forward(self, rnd: int, nb: int, tags=(TAG_FWD, TAG_FWD_MASKED, TAG_FWD_DEC)) -> np.ndarray:
+        """Run the forward exchange with every host; return sum_h z_h (nb, o) and keep [[A]]_h."""
+        ops, t, cfg = self.ops, self.t, self.config
+        k, o = cfg.host_bottom[-1], cfg.interactive_units
+        tf, tm, td = tags
+        enc_A, masks = {}, {}
+        for h in self.host_ids:
+            enc_A[h] = t.recv(h, tf, round=rnd + S_FWD, parse=self._enc_parser(self._keys[h], (nb, k), f"{tf} from {h}"))
+            masked, masks[h] = ops.mask(self._keys[h], ops.matmul(enc_A[h], self.V[h]))
+            t.send(h, tm, ops.to_proto(masked), round=rnd + S_FWD_MASKED)
+        z = np.zeros((nb, o))
+        for h in self.host_ids:
+            msg = t.recv(h, td, round=rnd + S_FWD_DEC, parse=self._zn_parser(self._keys[h], (nb, o), f"{td} from {h}"))
+            z += ops.unmask(self._keys[h], msg, masks[h])
+        self._enc_A = enc_A
+        return z
+
+    def _train_batch(self, opt, idx: np.ndarray, rnd: int) -> float:
+        cfg, ops, t = self.config, self.ops, self.t
+        nb = len(idx)
+        k, o = cfg.host_bottom[-1], cfg.interactive_units
+        z_hosts = torch.as_tensor(self._host_forward(rnd, nb), dtype=DTYPE).requires_grad_(True)
+        W_g = torch.as_tensor(self.W_g, dtype=DTYPE).requires_grad_(True)
+        c = torch.as_tensor(self.bias, dtype=DTYPE).requires_grad_(True)
+        if opt is not None:
+            opt.zero_grad()
+        alpha_g = self._alpha_g(self.X[idx])
+        loss = self._loss(self._head(z_hosts, alpha_g, W_g, c), self.y[idx])
+        loss.backward()
+        delta = z_hosts.grad.numpy().copy()  # dL/dz (nb, o), the same for every host's term
+        # interactive weight gradients of the hosts' shares, masked, and the hosts' old noise E_h
+        masks = {}
+        for h in self.host_ids:
+            masked, masks[h] = ops.mask(self._keys[h], ops.t_matmul(self._enc_A[h], delta))
+            t.send(h, TAG_GW, ops.to_proto(masked), round=rnd + S_GW)
+        delta_h = delta
+        if cfg.host_grad_noise > 0:  # mitigation of label leakage through the host's gradient
+            rms = float(np.sqrt(np.mean(delta * delta)))
+            delta_h = delta + self._noise_rng.normal(0.0, cfg.host_grad_noise * rms, size=delta.shape)
+        grads_V = {}
+        for h in self.host_ids:
+            pub = self._keys[h]
+            msg = t.recv(h, TAG_GW_DEC, round=rnd + S_GW_DEC, parse=self._zn_parser(pub, (k, o), f"{TAG_GW_DEC} from {h}"))
+            grads_V[h] = ops.unmask(pub, msg, masks[h])
+            enc_E = t.recv(h, TAG_ACC, round=rnd + S_GW_DEC, parse=self._enc_parser(pub, (k, o), f"{TAG_ACC} from {h}"))
+            # [[G]] = delta' (V_h + [[E_h]])^T : the host's bottom-output gradient, under its own key
+            enc_G = ops.add(ops.matmul_t(delta_h, enc_E), delta_h @ self.V[h].T)
+            t.send(h, TAG_GIN, ops.to_proto(enc_G), round=rnd + S_GIN)
+        lr_i = cfg.interactive_lr
+        for h in self.host_ids:
+            self.V[h] = self.V[h] - lr_i * grads_V[h]
+        self.W_g = self.W_g - lr_i * W_g.grad.numpy()
+        self.bias = self.bias - lr_i * c.grad.numpy()
+        if opt is not None:
+            opt.step()
+        self._enc_A = {}
+        return float(loss.detach())
+
+    # ---- state ----------------------------------------------------------------------
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The guest's parameters as named float64 arrays (what a checkpoint holds)."""
+        out = {"interactive.W_g": self.W_g, "interactive.bias": self.bias}
+        out.update({f"interactive.V.{h}": v for h, v in self.V.items()})
+        out.update(_module_arrays("top", self.top))
+        if self.bottom is not None:
+            out.update(_module_arrays("bottom", self.bottom))
+        return out
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Restore parameters from :func:`load_checkpoint` output (shapes checked, ValueError)."""
+        def get(key, shape):
+            if key not in arrays or tuple(arrays[key].shape) != tuple(shape):
+                raise ValueError(f"checkpoint: missing or mis-shaped array {key!r}")
+            return np.array(arrays[key], dtype=np.float64)
+        self.W_g = get("interactive.W_g", self.W_g.shape)
+        self.bias = get("interactive.bias", self.bias.shape)
+        self.V = {h: get(f"interactive.V.{h}", v.shape) for h, v in self.V.items()}
+        _load_module("top", self.top, arrays)
+        if self.bottom is not None:
+            _load_module("bottom", self.bottom, arrays)
+
+    # ---- prediction ----------------------------------------------------------------
+    def predict_proba(self, X, rows: Sequence[int] | None = None) -> np.ndarray:
+        """Federated prediction: P(y=1) (m,) for 2 classes, else class probabilities (m, C).
+
+        Args:
+            X: guest features of the prediction set (m, d_g), rows aligned with every host's set.
+            rows: row indices into that set (default all). Hosts must be in :meth:`SplitNNHost.serve_predictions`.
+        Raises PeerTimeout if a host does not answer.
+        """
+        return self._guarded(self._predict, X, rows)
+
+    def _predict(self, X, rows):
+        X = _check_matrix(X, "X")
+        if X.shape[1] != self.X.shape[1]:
+            raise ValueError(f"X: {X.shape[1]} features, the model has {self.X.shape[1]}")
+        if not self._keys:
+            raise RuntimeError("predict_proba: call fit() first (the hosts' keys come with training)")
+        m = X.shape[0]
+        sel = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
+        if sel.size and (sel.min() < 0 or sel.max() >= m):
+            raise ValueError(f"rows: indices must be in [0, {m})")
+        out = []
+        step = self.config.predict_batch_size
+        for s in range(0, len(sel), step):
+            chunk = sel[s:s + step]
+            self._pred_round += 1
+            rnd = self._pred_round * 10
+            req = vnn_pb2.RowsRequest(n_rows=m, rows=chunk.tolist())
+            for h in self.host_ids:
+                self.t.send(h, TAG_PRED_REQ, req, round=self._pred_round)
+            z = self._host_forward(rnd, len(chunk), (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
+            with torch.no_grad():
+                logits = self._head(torch.as_tensor(z, dtype=DTYPE), self._alpha_g(X[chunk]),
+                                    torch.as_tensor(self.W_g, dtype=DTYPE), torch.as_tensor(self.bias, dtype=DTYPE))
+            out.append(self._proba(logits))
+        self._enc_A = {}
+        if not out:
+            return np.zeros((0,) if self.out_dim == 1 else (0, self.n_classes))
+        return np.concatenate(out, axis=0)
+
+    def end_prediction(self) -> None:
+        """Tell the hosts to leave :meth:`SplitNNHost.serve_predictions`."""
+        self._pred_round += 1
+        for h in self.host_ids:
+            self.t.send(h, TAG_PRED_REQ, vnn_pb2.RowsRequest(stop=True), round=self._pred_round)
+
+
+# --------------------------------------------------------------------------- host
+class SplitNNHost(_Role):
+    """A feature holder: its bottom model, its Paillier key pair and its noise share E_h.
+
+    Args:
+        transport, config, ops, checkpoint_dir: as for :class:`SplitNNGuest`.
+        guest_id: the guest's party id.
+        host_ids: every host in the guest's order (this party included).
+        X: float64 (n, d_h) features aligned with the guest's rows.
+        keypair: (public, private) Paillier key (default: generated with ``config.key_bits``).
+        record_gradients: keep the per-row norm of the plaintext gradient received in the last epoch
+            (``gradient_norms``: (n,) array) -- what an honest-but-curious host can look at; used to
+            measure label leakage.
+
+    After ``fit``: ``bottom`` (torch), ``E`` (k_h, o) the accumulated noise. See the module docstring
+    for what the host learns.
+    """
+
+    def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], X, config, *, ops=None,
+                 keypair=None, checkpoint_dir: str | Path | None = None, record_gradients: bool = False):
+        super().__init__(transport, config, ops)
+        cfg = self.config
+        self.guest_id = guest_id
+        self.host_ids = list(host_ids)
+        if self.party_id not in self.host_ids:
+            raise ValueError(f"host_ids: {self.party_id!r} is not listed in {self.host_ids}")
+        self.index = self.host_ids.index(self.party_id)
+        self.X = _check_matrix(X, "X")
+        if self.X.shape[1] == 0:
+            raise ValueError("X: a host needs at least one feature")
+        self.bottom = build_mlp(self.X.shape[1], cfg.host_bottom, cfg.activation, cfg.init_seed * 1000 + 10 + self.index)
+        self.E = np.zeros((cfg.host_bottom[-1], cfg.interactive_units))
+        self._keypair = keypair
+        self.public_key = None
+        self.checkpoint_dir = checkpoint_dir
+        self.record_gradients = record_gradients
+        self.gradient_norms = np.full(self.X.shape[0], np.nan)
+        self._noise_rng = np.random.default_rng()  # secret: never derived from a shared seed
+        self._pred_round = 0
+        self.result: FitResult | None = None
+
+    def _peers(self):
+        return [self.guest_id]
+
+    def _recv(self, tag: str, round: int = 0, parse=None):
+        # A host waits twice the deadline for the guest: when another host dies, the guest's own
+        # (shorter) wait expires first and its error names the dead host.
+        return self.t.recv(self.guest_id, tag, round=round, timeout=2 * self.t.deadline, parse=parse)
+
+    def fit(self) -> FitResult:
+        """Train with the guest; returns this host's :class:`FitResult` (times only)."""
+        self.result = self._guarded(self._fit)
+        return self.result
+
+    def _check_setup(self, msg: messages_pb2.Bundle) -> None:
+        theirs = json.loads(msg.text.get("config", "{}"))
+        ours = self.config.protocol_fields()
+        diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+        if diff:
+            k = diff[0]
+            raise ValueError(f"{self.party_id}: config field {k!r} is {ours.get(k)!r} here but "
+                             f"{theirs.get(k)!r} at the guest" + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""))
+        if msg.text.get("hosts") != ",".join(self.host_ids):
+            raise ValueError(f"{self.party_id}: host list {self.host_ids} differs from the guest's "
+                             f"{msg.text.get('hosts')!r}")
+        rows = int(msg.scalars.get("n_rows", -1))
+        if rows != self.X.shape[0]:
+            raise ValueError(f"{self.party_id}: {self.X.shape[0]} aligned rows here but {rows} at the guest "
+                             "(run PSI first)")
+
+    def _fit(self) -> FitResult:
+        cfg, ops, t = self.config, self.ops, self.t
+        self._check_setup(self._recv(TAG_SETUP, parse=parse_message(messages_pb2.Bundle)))
+        pub, priv = self._keypair or ops.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+        self.public_key, self._priv = pub, priv
+        t.send(self.guest_id, TAG_HELLO, ops.public_key_to_proto(pub), round=0)
+        opt = _optimizer(cfg, self.bottom.parameters())
+        n = self.X.shape[0]
+        res = FitResult()
+        for epoch in range(cfg.epochs):
+            t0 = time.perf_counter()
+            for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
+                self._train_batch(opt, idx, round_id(epoch, b, 0))
+            ctl = self._recv(TAG_CTL, round=epoch + 1, parse=_control_parser(epoch))
+            if self.checkpoint_dir is not None:
+                res.checkpoints.append(str(save_checkpoint(self.checkpoint_dir, self.party_id, epoch,
+                                                           self.state_arrays(), {})))
+            res.epoch_seconds.append(time.perf_counter() - t0)
+            log.info("%s: epoch %d/%d done in %.2fs", self.party_id, epoch + 1, cfg.epochs, res.epoch_seconds[-1])
+            if ctl.command == "stop":
+                break
+        return res
+
+    def _forward(self, Xb: np.ndarray, rnd: int, tags=(TAG_FWD, TAG_FWD_MASKED, TAG_FWD_DEC)):
+        ops, t, cfg = self.ops, self.t, self.config
+        tf, tm, td = tags
+        nb = Xb.shape[0]
+        alpha = self.bottom(torch.as_tensor(Xb, dtype=DTYPE))
+        A = alpha.detach().numpy().astype(np.float64)
+        t.send(self.guest_id, tf, ops.to_proto(ops.encrypt(self._priv, A)), round=rnd + S_FWD)
+        enc = self._recv(tm, round=rnd + S_FWD_MASKED,
+                     parse=self._enc_parser(self.public_key, (nb, cfg.interactive_units), f"{tm} from {self.guest_id}"))
+        t.send(self.guest_id, td, ops.decrypt_masked(self._priv, enc, A @ self.E), round=rnd + S_FWD_DEC)
+        return alpha, A
+
+    def _train_batch(self, opt, idx: np.ndarray, rnd: int) -> None:
+        cfg, ops, t = self.config, self.ops, self.t
+        pub, priv = self.public_key, self._priv
+        nb = len(idx)
+        k, o = cfg.host_bottom[-1], cfg.interactive_units
+        if opt is not None:
+            opt.zero_grad()
+        alpha, A = self._forward(self.X[idx], rnd)
+        enc = self._recv(TAG_GW, round=rnd + S_GW,
+                     parse=self._enc_parser(pub, (k, o), f"{TAG_GW} from {self.guest_id}"))
+        w = cfg.weight_noise
+        eps = self._noise_rng.uniform(-w, w, size=(k, o)) if w > 0 else np.zeros((k, o))
+        t.send(self.guest_id, TAG_GW_DEC, ops.decrypt_masked(priv, enc, eps / cfg.interactive_lr), round=rnd + S_GW_DEC)
+        t.send(self.guest_id, TAG_ACC, ops.to_proto(ops.encrypt(priv, self.E)), round=rnd + S_GW_DEC)
+        self.E = self.E + eps
+        enc_G = self._recv(TAG_GIN, round=rnd + S_GIN,
+                       parse=self._enc_parser(pub, (nb, k), f"{TAG_GIN} from {self.guest_id}"))
+        G = ops.decrypt(priv, enc_G)
+        if self.record_gradients:
+            self.gradient_norms[idx] = np.linalg.norm(G, axis=1)
+        alpha.backward(torch.as_tensor(G, dtype=DTYPE))
+        if opt is not None:
+            opt.step()
+
+    # ---- state ------------------------------------------------------------------------
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        out = {"interactive.E": self.E}
+        out.update(_module_arrays("bottom", self.bottom))
+        return out
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        if "interactive.E" not in arrays or arrays["interactive.E"].shape != self.E.shape:
+            raise ValueError("checkpoint: missing or mis-shaped array 'interactive.E'")
+        self.E = np.array(arrays["interactive.E"], dtype=np.float64)
+        _load_module("bottom", self.bottom, arrays)
+
+    # ---- prediction ------------------------------------------------------------------------
+    def serve_predictions(self, X, max_requests: int | None = None) -> int:
+        """Answer the guest's prediction requests until it ends prediction.
+
+        Args:
+            X: float64 (m, d_h) features of the prediction set, aligned with the guest's.
+            max_requests: return after this many requests (default: until ``end_prediction``).
+        Returns: number of requests answered. Raises PeerTimeout when the guest goes silent.
+        """
+        return self._guarded(self._serve, X, max_requests)
+
+    def _serve(self, X, max_requests):
+        X = _check_matrix(X, "X")
+        if X.shape[1] != self.X.shape[1]:
+            raise ValueError(f"X: {X.shape[1]} features, the model has {self.X.shape[1]}")
+        if self.public_key is None:
+            raise RuntimeError("serve_predictions: call fit() first")
+        m = X.shape[0]
+        cap = self.config.predict_batch_size
+
+        def validate(req: vnn_pb2.RowsRequest):
+            if req.stop:
+                return req
+            if req.n_rows != m:
+                raise ProtocolError(f"prediction request for {req.n_rows} rows, this host holds {m}")
+            if not 0 < len(req.rows) <= cap or any(r >= m for r in req.rows):
+                raise ProtocolError(f"prediction request: need 1..{cap} row indices in [0, {m})")
+            return req
+
+        served = 0
+        while max_requests is None or served < max_requests:
+            self._pred_round += 1
+            req = self._recv(TAG_PRED_REQ, round=self._pred_round,
+                              parse=parse_message(vnn_pb2.RowsRequest, validate))
+            if req.stop:
+                break
+            rows = np.asarray(req.rows, dtype=np.int64)
+            with torch.no_grad():
+                self._forward(X[rows], self._pred_round * 10, (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
+            served += 1
+        return served
+
+
+# --------------------------------------------------------------------------- centralised reference
+class CentralisedSplitNN:
+    """The same split architecture trained in one place with plain torch (reference and baseline).
+
+    Same pieces, same update rules: bottom/top with the configured optimiser, the interactive layer
+    (W_g, W_h, c) with plain SGD at ``interactive_lr``; same batch plan. Build it from the initial
+    federated roles (:meth:`from_roles`, test use: it reads the host's E_h) or fresh (:meth:`create`).
+    """
+
+    def __init__(self, config: SplitNNConfig, guest_bottom, host_bottoms: list, W_g, W_hosts: list, bias, top,
+                 n_classes: int):
+        self.config = config
+        self.guest_bottom = guest_bottom
+        self.host_bottoms = host_bottoms
+        self.W_g = torch.as_tensor(np.array(W_g), dtype=DTYPE).requires_grad_(True)
+        self.W_hosts = [torch.as_tensor(np.array(W), dtype=DTYPE).requires_grad_(True) for W in W_hosts]
+        self.bias = torch.as_tensor(np.array(bias), dtype=DTYPE).requires_grad_(True)
+        self.top = top
+        self.n_classes = n_classes
+        self.out_dim = 1 if n_classes == 2 else n_classes
+        mods = [m for m in [guest_bottom, *host_bottoms, top] if m is not None]
+        self.opt = _optimizer(config, [p for m in mods for p in m.parameters()])
+
+    @classmethod
+    def from_roles(cls, guest: SplitNNGuest, hosts: Sequence[SplitNNHost]) -> "CentralisedSplitNN":
+        import copy
+
+        return cls(guest.config, copy.deepcopy(guest.bottom), [copy.deepcopy(h.bottom) for h in hosts],
+                   guest.W_g, [guest.V[h.party_id] + h.E for h in hosts], guest.bias, copy.deepcopy(guest.top),
+                   guest.n_classes)
+
+    @classmethod
+    def create(cls, config: SplitNNConfig, d_guest: int, d_hosts: Sequence[int], n_classes: int,
+               seed: int = 0) -> "CentralisedSplitNN":
+        cfg = config
+        gb = build_mlp(d_guest, cfg.guest_bottom, cfg.activation, seed * 1000 + 1) if cfg.guest_bottom else None
+        hbs = [build_mlp(d, cfg.host_bottom, cfg.activation, seed * 1000 + 10 + i) for i, d in enumerate(d_hosts)]
+        k_g = cfg.guest_bottom[-1] if cfg.guest_bottom else d_guest
+        o = cfg.interactive_units
+        lim = math.sqrt(6.0 / (k_g + cfg.host_bottom[-1] * len(d_hosts) + o))
+        rng = np.random.default_rng([seed, 7])
+        W_g = rng.uniform(-lim, lim, size=(k_g, o))
+        W_h = [rng.uniform(-lim, lim, size=(cfg.host_bottom[-1], o)) for _ in d_hosts]
+        out = 1 if n_classes == 2 else n_classes
+        top = build_mlp(o, cfg.top_hidden, cfg.activation, seed * 1000 + 2, out_dim=out)
+        return cls(cfg, gb, hbs, W_g, W_h, np.zeros(o), top, n_classes)
+
+    def logits(self, Xg: np.ndarray, Xhs: Sequence[np.ndarray]) -> torch.Tensor:
+        xg = torch.as_tensor(Xg, dtype=DTYPE)
+        ag = self.guest_bottom(xg) if self.guest_bottom is not None else xg
+        z = ag @ self.W_g + self.bias
+        for bottom, W, Xh in zip(self.host_bottoms, self.W_hosts, Xhs):
+            z = z + bottom(torch.as_tensor(Xh, dtype=DTYPE)) @ W
+        return self.top(_act(self.config.interactive_activation)(z))
+
+    def _loss(self, logits, yb):
+        yt = torch.as_tensor(np.asarray(yb, dtype=np.int64))
+        if self.out_dim == 1:
+            return torch.nn.functional.binary_cross_entropy_with_logits(logits[:, 0], yt.to(DTYPE))
+        return torch.nn.functional.cross_entropy(logits, yt)
+
+    def fit(self, Xg, Xhs, y, epochs: int | None = None) -> list[float]:
+        """Train; returns the per-batch losses."""
+        cfg = self.config
+        n = len(y)
+        out = []
+        for epoch in range(cfg.epochs if epochs is None else epochs):
+            for idx in batch_plan(n, cfg.batch_size, cfg.seed, epoch):
+                if self.opt is not None:
+                    self.opt.zero_grad()
+                for p in [self.W_g, self.bias, *self.W_hosts]:
+                    p.grad = None
+                loss = self._loss(self.logits(Xg[idx], [X[idx] for X in Xhs]), np.asarray(y)[idx])
+                loss.backward()
+                with torch.no_grad():
+                    for p in [self.W_g, self.bias, *self.W_hosts]:
+                        p -= cfg.interactive_lr * p.grad
+                if self.opt is not None:
+                    self.opt.step()
+                out.append(float(loss.detach()))
+        return out
+
+    def predict_proba(self, Xg, Xhs) -> np.ndarray:
+        with torch.no_grad():
+            logits = self.logits(Xg, Xhs)
+        if self.out_dim == 1:
+            return torch.sigmoid(logits[:, 0]).numpy()
+        return torch.softmax(logits, dim=1).numpy()

@@ -1,0 +1,136 @@
+"""Split NN: bad messages rejected and logged while training goes on; a dead host named; the mitigation."""
+import logging
+import time
+
+import numpy as np
+import pytest
+
+from secureflhv.crypto import paillier
+from secureflhv.proto import messages_pb2
+from secureflhv.transport import InProcessTransport, Message, PeerTimeout, PeerUnavailable, TransportError
+from secureflhv.vertical import split_nn as snn
+from secureflhv.vertical.split_nn import CentralisedSplitNN, SplitNNConfig
+from snn_harness import make_roles, run_roles, toy
+
+CFG = dict(key_bits=512, insecure_test_key=True, host_bottom=[4, 3], guest_bottom=[3], interactive_units=2,
+           batch_size=10, learning_rate=0.05, optimizer="sgd", interactive_lr=0.2, seed=2, init_seed=3)
+
+
+class _TamperingHost(InProcessTransport):
+    """Before chosen messages, first delivers a bad one with the same (tag, round) and waits until the
+    guest has rejected it."""
+
+    def __init__(self, net, pid, plan, log):
+        super().__init__(net, pid)
+        self.plan, self.log = plan, log
+        self._other_pub, _ = paillier.generate_keypair(512, insecure_test_key=True)
+
+    def _deliver_bad(self, receiver, tag, rnd, payload: bytes):
+        box = self.network.mailbox(receiver)
+        before = len(box.rejected)
+        self.network.inject(Message(self.job_id, rnd, self.party_id, receiver, tag, payload))
+        deadline = time.monotonic() + 10
+        while len(box.rejected) == before:
+            assert time.monotonic() < deadline, "the bad message was never consumed"
+            time.sleep(0.005)
+        self.log.append((tag, rnd, box.rejected[-1][1]))
+
+    def send(self, receiver, tag, payload, round=0, timeout=None):
+        kind = self.plan.get((tag, round))
+        if kind == "wrong_shape":
+            good = messages_pb2.EncryptedTensor.FromString(payload.SerializeToString())
+            bad = messages_pb2.EncryptedTensor()
+            bad.CopyFrom(good)
+            bad.shape[0] = good.shape[0] - 1  # valid ciphertexts, one row short
+            bad.ciphertexts = good.ciphertexts[:good.byte_width * (good.shape[0] - 1) * good.shape[1]]
+            self._deliver_bad(receiver, tag, round, bad.SerializeToString())
+        elif kind == "other_key":
+            bad = paillier.encrypt(self._other_pub, np.zeros(tuple(payload.shape))).to_proto()
+            self._deliver_bad(receiver, tag, round, bad.SerializeToString())
+        super().send(receiver, tag, payload, round, timeout)
+
+
+def test_wrong_shape_and_wrong_key_rejected_logged_training_unchanged(caplog):
+    X, y = toy(n=30, d=6, seed=3)
+    Xg, Xh = X[:, :2], X[:, 2:]
+    cfg = SplitNNConfig(**CFG, epochs=2)
+    plan = {(snn.TAG_FWD, snn.round_id(0, 1, snn.S_FWD)): "wrong_shape",
+            (snn.TAG_ACC, snn.round_id(1, 0, snn.S_GW_DEC)): "other_key",
+            (snn.TAG_FWD, snn.round_id(1, 2, snn.S_FWD)): "other_key"}
+    events = []
+    with caplog.at_level(logging.WARNING, logger="secureflhv.transport"):
+        net, guest, hosts = make_roles(Xg, y, [Xh], cfg, deadline=20,
+                                       transports={"host-1": lambda net, pid: _TamperingHost(net, pid, plan, events)})
+        central = CentralisedSplitNN.from_roles(guest, hosts)
+        results, errors = run_roles(guest, hosts)
+    assert not errors, errors
+    reasons = [r for _, _, r in events]
+    assert len(reasons) == 3, reasons
+    assert "shape" in reasons[0]
+    assert all("fingerprint" in r or "key" in r for r in reasons[1:])
+    assert len(net.mailbox("guest").rejected) == 3
+    assert sum("rejected" in rec.getMessage() for rec in caplog.records) >= 3
+    ref = central.fit(Xg, [Xh], y)
+    np.testing.assert_allclose(results["guest"].batch_losses, ref, rtol=1e-8)
+    np.testing.assert_allclose(guest.V["host-1"] + hosts[0].E, central.W_hosts[0].detach().numpy(), atol=1e-8)
+
+
+class _DyingHost(InProcessTransport):
+    """Dies (mailbox closed, nothing more leaves it) when about to send its forward message of epoch 1, batch 1."""
+
+    dead = False
+
+    def send(self, receiver, tag, payload, round=0, timeout=None):
+        if self.dead:  # a killed process sends nothing, not even an abort
+            raise PeerUnavailable(f"{self.party_id} is dead")
+        if tag == snn.TAG_FWD and round >= snn.round_id(1, 1, 0):
+            self.dead = True
+            self.network.take_down(self.party_id)
+            raise PeerUnavailable(f"{self.party_id} is dead")
+        super().send(receiver, tag, payload, round, timeout)
+
+
+def test_host_taken_down_mid_epoch_guest_fails_naming_it():
+    X, y = toy(n=40, d=6, seed=5)
+    cfg = SplitNNConfig(**CFG, epochs=4)
+    net, guest, hosts = make_roles(X[:, :2], y, [X[:, 2:4], X[:, 4:]], cfg, deadline=3.0,
+                                   transports={"host-1": _DyingHost})
+    t0 = time.monotonic()
+    results, errors = run_roles(guest, hosts)
+    assert time.monotonic() - t0 < 3.0 + 6.0
+    assert isinstance(errors.get("guest"), PeerTimeout), errors
+    assert "host-1" in str(errors["guest"])
+    assert isinstance(errors.get("host-1"), TransportError)
+    assert "guest" not in results
+
+
+def test_config_mismatch_named_and_guest_stops():
+    X, y = toy(n=20, d=4, seed=1)
+    cfg = SplitNNConfig(**CFG, epochs=1)
+    net, guest, hosts = make_roles(X[:, :2], y, [X[:, 2:]], cfg, deadline=5)
+    hosts[0].config = cfg.model_copy(update={"batch_size": 7})
+    results, errors = run_roles(guest, hosts)
+    assert "batch_size" in str(errors["host-1"])
+    assert isinstance(errors.get("guest"), TransportError) and "host-1" in str(errors["guest"])
+
+
+def test_gradient_noise_mitigation_only_touches_the_hosts_gradient():
+    """host_grad_noise perturbs what the host receives (its bottom model changes) while the guest's own
+    updates of this step are those of the exact protocol."""
+    X, y = toy(n=10, d=5, seed=7)
+    outs = {}
+    for s in (0.0, 1.0):
+        cfg = SplitNNConfig(**CFG, epochs=1, host_grad_noise=s)
+        _, guest, hosts = make_roles(X[:, :2], y, [X[:, 2:]], cfg, host_kwargs={"record_gradients": True})
+        results, errors = run_roles(guest, hosts)
+        assert not errors, errors
+        outs[s] = (guest.state_arrays(), hosts[0].state_arrays(), hosts[0].gradient_norms.copy(),
+                   results["guest"].batch_losses)
+    g0, h0, n0, l0 = outs[0.0]
+    g1, h1, n1, l1 = outs[1.0]
+    assert l0 == pytest.approx(l1, rel=1e-9)
+    for k in ("interactive.W_g", "interactive.bias", "top.0.weight", "bottom.0.weight"):
+        np.testing.assert_allclose(g0[k], g1[k], rtol=1e-9, err_msg=k)
+    assert np.all(np.isfinite(n0)) and np.all(np.isfinite(n1))
+    assert np.max(np.abs(n0 - n1)) > 1e-3  # the host saw different gradients...
+    assert np.max(np.abs(h0["bottom.0.weight"] - h1["bottom.0.weight"])) > 1e-6  # ...and trained on them
