@@ -14,7 +14,6 @@ import os
 import time
 
 import numpy as np
-from phe import paillier as phe_paillier
 
 from secureflhv.crypto import paillier as P
 

@@ -62,7 +62,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from numbers import Integral, Real
 
 import gmpy2
 import numpy as np
@@ -81,7 +80,6 @@ from secureflhv.crypto.paillier_encoding import (
     pack,
     slots_per_plaintext,
     unpack,
-    unpack_ints,
 )
 from secureflhv.crypto.paillier_parallel import get_workers, set_workers
 from secureflhv.crypto.paillier_parallel import shutdown as shutdown_workers

@@ -48,7 +48,6 @@ Parameters: t defaults to ceil(2n/3); field p = 2^521 − 1 (> 2^256, holds ever
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Sequence

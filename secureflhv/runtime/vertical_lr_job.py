@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 import numpy as np
 from pydantic import ConfigDict, Field, ValidationError

@@ -366,7 +366,7 @@ class GrpcTransport(Transport):
             return pb.Ack(accepted=False, error=ref.reason)
         except grpc.RpcError as err:  # the sender went away mid-stream; nothing was queued
             log.warning("%s: stream from %s broke before the message was complete: %s", self.party_id, peer,
-                        getattr(err, "details", lambda: err)())
+                        err.details() if hasattr(err, "details") else err)
             return pb.Ack(accepted=False, error="stream broken")
         except Exception as exc:  # noqa: BLE001 - bad input must never take the party down
             log.exception("%s: error while receiving from %s", self.party_id, peer)

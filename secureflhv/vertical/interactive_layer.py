@@ -34,7 +34,6 @@ under another key, of the wrong shape or outside Z*_{n^2} / Z_n.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import secrets
@@ -45,26 +44,10 @@ import numpy as np
 from ..crypto.paillier import decrypt_raw
 from ..proto import messages_pb2, vnn_pb2
 from ..transport import ProtocolError
+from ..transport.codec import check_shape, shape_of
+from .common import IdentityKey, ldexp_int
 
 log = logging.getLogger("secureflhv.vertical.split_nn")
-
-
-def _shape(msg) -> tuple[int, ...]:
-    return tuple(int(s) for s in msg.shape)
-
-
-def _check_shape(what: str, got, expected) -> None:
-    if expected is not None and tuple(got) != tuple(expected):
-        raise ProtocolError(f"{what}: shape {tuple(got)}, expected {tuple(expected)}")
-
-
-def _ldexp_int(m: int, exponent: int) -> float:
-    """Exactly rounded float of ``m * 2**exponent`` for a Python int of any size."""
-    extra = m.bit_length() - 1000
-    if extra > 0:
-        m >>= extra
-        exponent += extra
-    return math.ldexp(float(m), exponent)
 
 
 @dataclass(frozen=True)
@@ -194,8 +177,8 @@ class PaillierOps:
         if bytes(msg.key_fingerprint) != pub.fingerprint:
             raise ProtocolError(f"{what}: values for key {bytes(msg.key_fingerprint).hex()[:16]}, "
                                 f"expected key {pub.fingerprint.hex()[:16]}")
-        _check_shape(what, _shape(msg), expected_shape)
-        count = math.prod(_shape(msg))
+        check_shape(what, shape_of(msg), expected_shape)
+        count = math.prod(shape_of(msg))
         w = msg.byte_width
         if w == 0 or w > (pub.n.bit_length() + 7) // 8 or len(msg.values) != count * w:
             raise ProtocolError(f"{what}: {len(msg.values)} bytes for {count} values of width {w}")
@@ -219,7 +202,7 @@ class PaillierOps:
                 m -= n
             if abs(m) > limit:
                 raise ProtocolError("unmasked value overflowed the fixed-point range (a peer added garbage?)")
-            out[i] = _ldexp_int(m, msg.exponent)
+            out[i] = ldexp_int(m, msg.exponent)
         return out.reshape(mask.shape)
 
 
@@ -254,18 +237,6 @@ def _parallel_dots(ops: PaillierOps, Xs: list, vecs: list) -> list:
 
 
 # --------------------------------------------------------------------------- identity (benchmarks only)
-@dataclass(frozen=True)
-class IdentityKey:
-    """Stand-in key of :class:`IdentityOps`: no secret, a fixed fingerprint."""
-
-    n_bits: int = 0
-    fingerprint: bytes = hashlib.sha256(b"secureflhv split-NN identity backend: NO ENCRYPTION").digest()
-
-    @property
-    def public_key(self) -> "IdentityKey":
-        return self
-
-
 class IdentityOps:
     """Encryption replaced by identity: "ciphertexts" are float64 arrays. NO SECURITY — benchmarks only.
 
@@ -298,10 +269,10 @@ class IdentityOps:
     def from_proto(self, msg, pub, expected_shape, what: str):
         if bytes(msg.key_fingerprint) != pub.fingerprint:
             raise ProtocolError(f"{what}: wrong key fingerprint")
-        _check_shape(what, _shape(msg), expected_shape)
-        if msg.byte_width != 8 or len(msg.ciphertexts) != 8 * math.prod(_shape(msg)):
+        check_shape(what, shape_of(msg), expected_shape)
+        if msg.byte_width != 8 or len(msg.ciphertexts) != 8 * math.prod(shape_of(msg)):
             raise ProtocolError(f"{what}: payload size does not match the shape")
-        return np.frombuffer(msg.ciphertexts, dtype="<f8").reshape(_shape(msg)).astype(np.float64)
+        return np.frombuffer(msg.ciphertexts, dtype="<f8").reshape(shape_of(msg)).astype(np.float64)
 
     def encrypt(self, key, x):
         return np.array(x, dtype=np.float64)
@@ -333,8 +304,8 @@ class IdentityOps:
     def check_zn(self, msg, pub, expected_shape, what: str):
         if bytes(msg.key_fingerprint) != pub.fingerprint:
             raise ProtocolError(f"{what}: wrong key fingerprint")
-        _check_shape(what, _shape(msg), expected_shape)
-        if msg.byte_width != 8 or len(msg.values) != 8 * math.prod(_shape(msg)):
+        check_shape(what, shape_of(msg), expected_shape)
+        if msg.byte_width != 8 or len(msg.values) != 8 * math.prod(shape_of(msg)):
             raise ProtocolError(f"{what}: payload size does not match the shape")
         return msg
 

@@ -77,6 +77,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..proto import messages_pb2, vlr_pb2
 from ..transport import ProtocolError, Transport, parse_message
+from ..transport.codec import tensor_from_proto, tensor_to_proto
+from .common import check_matrix, control_parser
 from .lr_crypto import IdentityBackend, PaillierBackend  # noqa: F401 (re-exported)
 
 log = logging.getLogger("secureflhv.vertical.lr")
@@ -190,32 +192,6 @@ class FitResult:
 
 
 # --------------------------------------------------------------------------- wire helpers
-def _tensor(a: np.ndarray) -> messages_pb2.Tensor:
-    a = np.ascontiguousarray(a, dtype="<f8")
-    return messages_pb2.Tensor(dtype="<f8", shape=list(a.shape), data=a.tobytes())
-
-
-def _from_tensor(msg: messages_pb2.Tensor, shape: tuple[int, ...], what: str) -> np.ndarray:
-    got = tuple(int(s) for s in msg.shape)
-    if got != tuple(shape):
-        raise ProtocolError(f"{what}: shape {got}, expected {tuple(shape)}")
-    if msg.dtype != "<f8" or len(msg.data) != 8 * int(np.prod(shape, dtype=np.int64)):
-        raise ProtocolError(f"{what}: expected {int(np.prod(shape))} little-endian float64 values")
-    a = np.frombuffer(msg.data, dtype="<f8").reshape(shape).astype(np.float64)
-    if not np.all(np.isfinite(a)):
-        raise ProtocolError(f"{what}: non-finite values")
-    return a
-
-
-def _check_matrix(X, name: str) -> np.ndarray:
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D (rows, features) array, got shape {X.shape}")
-    if not np.all(np.isfinite(X)):
-        raise ValueError(f"{name}: contains NaN or infinite values")
-    return X
-
-
 class _Role(ABC):
     """Shared plumbing of the three roles."""
 
@@ -303,14 +279,6 @@ def _scalars_parser(keys: Sequence[str]):
     return parse_message(messages_pb2.Scalars, validate)
 
 
-def _control_parser(epoch: int):
-    def validate(m: messages_pb2.Control):
-        if m.command not in ("continue", "stop") or m.epoch != epoch:
-            raise ProtocolError(f"control {m.command!r} for epoch {m.epoch}, expected continue/stop for {epoch}")
-        return m
-    return parse_message(messages_pb2.Control, validate)
-
-
 # --------------------------------------------------------------------------- guest
 class VerticalLRGuest(_Role):
     """The label holder (active party); drives training, decides early stopping, predicts.
@@ -348,7 +316,7 @@ class VerticalLRGuest(_Role):
             raise ValueError("arbiter_id: mode 'arbiter' needs the arbiter's party id")
         if self.config.mode == "two_party" and arbiter_id is not None:
             raise ValueError("arbiter_id: mode 'two_party' has no arbiter")
-        self.X = _check_matrix(X, "X")
+        self.X = check_matrix(X, "X")
         y = np.asarray(y).ravel()
         if y.shape[0] != self.X.shape[0]:
             raise ValueError(f"y: {y.shape[0]} labels for {self.X.shape[0]} rows")
@@ -493,7 +461,7 @@ class VerticalLRGuest(_Role):
             def validate(m: messages_pb2.Bundle):
                 if "u" not in m.tensors or "reg" not in m.scalars:
                     raise ProtocolError(f"{TAG_FWD} from {h}: needs tensor 'u' and scalar 'reg'")
-                return _from_tensor(m.tensors["u"], (nb,), f"{TAG_FWD}.u from {h}"), float(m.scalars["reg"])
+                return tensor_from_proto(m.tensors["u"], shape=(nb,), what=f"{TAG_FWD}.u from {h}"), float(m.scalars["reg"])
             return parse_message(messages_pb2.Bundle, validate)
 
         fwds = [t.recv(h, TAG_FWD, round=rnd + S_FWD, parse=fwd_parser(h)) for h in self.host_ids]
@@ -520,7 +488,7 @@ class VerticalLRGuest(_Role):
         return self._guarded(self._predict, X, rows)
 
     def _predict(self, X, rows):
-        X = _check_matrix(X, "X")
+        X = check_matrix(X, "X")
         if X.shape[1] != self.weights.shape[0]:
             raise ValueError(f"X: {X.shape[1]} features, the model has {self.weights.shape[0]}")
         m = X.shape[0]
@@ -534,7 +502,7 @@ class VerticalLRGuest(_Role):
         score = X[sel] @ self.weights + (self.intercept or 0.0)
         for h in self.host_ids:
             score = score + self.t.recv(h, TAG_PRED, round=self._pred_round, parse=parse_message(
-                messages_pb2.Tensor, lambda msg, h=h: _from_tensor(msg, (len(sel),), f"{TAG_PRED} from {h}")))
+                messages_pb2.Tensor, lambda msg, h=h: tensor_from_proto(msg, shape=(len(sel),), what=f"{TAG_PRED} from {h}")))
         return 1.0 / (1.0 + np.exp(-score))
 
     def end_prediction(self) -> None:
@@ -573,7 +541,7 @@ class VerticalLRHost(_Role):
         self.arbiter_id = arbiter_id
         if (self.config.mode == "arbiter") != (arbiter_id is not None):
             raise ValueError(f"arbiter_id: mode {self.config.mode!r} and arbiter_id={arbiter_id!r} disagree")
-        self.X = _check_matrix(X, "X")
+        self.X = check_matrix(X, "X")
         self.weights = np.zeros(self.X.shape[1])
         self._pred_round = 0
         self.result: FitResult | None = None
@@ -616,7 +584,7 @@ class VerticalLRHost(_Role):
                     fwd.encrypted["reg"].CopyFrom(be.to_proto(be.encrypt(pub, np.array([reg]))))
                 else:
                     fwd = messages_pb2.Bundle(scalars={"reg": reg})
-                    fwd.tensors["u"].CopyFrom(_tensor(u))
+                    fwd.tensors["u"].CopyFrom(tensor_to_proto(u))
                 t.send(self.guest_id, TAG_FWD, fwd, round=rnd + S_FWD)
                 d_enc = t.recv(self.guest_id, TAG_D, round=rnd + S_D,
                                parse=self._enc_parser(pub, (nb,), f"{TAG_D} from {self.guest_id}"))
@@ -627,7 +595,7 @@ class VerticalLRHost(_Role):
                     t.send(self.guest_id, TAG_CROSS, be.to_proto(be.dot(u[:, None], S)), round=rnd + S_CROSS)
                 g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, (d_h,))
                 w = w - lr * (g_sum / nb + cfg.l2 * w)
-            ctl = t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=_control_parser(epoch))
+            ctl = t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=control_parser(epoch))
             seconds.append(time.perf_counter() - t0)
             log.info("%s: epoch %d/%d done in %.2fs", self.party_id, epoch + 1, cfg.epochs, seconds[-1])
             if ctl.command == "stop":
@@ -647,7 +615,7 @@ class VerticalLRHost(_Role):
         return self._guarded(self._serve, X, max_requests)
 
     def _serve(self, X, max_requests):
-        X = _check_matrix(X, "X")
+        X = check_matrix(X, "X")
         if X.shape[1] != self.weights.shape[0]:
             raise ValueError(f"X: {X.shape[1]} features, the model has {self.weights.shape[0]}")
         m = X.shape[0]
@@ -669,7 +637,7 @@ class VerticalLRHost(_Role):
             if req.stop:
                 break
             rows = np.asarray(req.rows, dtype=np.int64) if len(req.rows) else np.arange(m)
-            self.t.send(self.guest_id, TAG_PRED, _tensor(X[rows] @ self.weights), round=self._pred_round)
+            self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=self._pred_round)
             served += 1
         return served
 
@@ -725,7 +693,7 @@ class VerticalLRArbiter(_Role):
                 for p in self.host_ids + [self.guest_id]:
                     self._serve_decrypt(priv, pub, p, TAG_GRAD, TAG_GRAD_DEC, rnd, (dims[p],))
                 self._serve_decrypt(priv, pub, self.guest_id, TAG_LOSS, TAG_LOSS_DEC, rnd, (1,))
-            ctl = t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=_control_parser(epoch))
+            ctl = t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=control_parser(epoch))
             seconds.append(time.perf_counter() - t0)
             log.info("%s: epoch %d/%d served in %.2fs", self.party_id, epoch + 1, cfg.epochs, seconds[-1])
             if ctl.command == "stop":

@@ -22,9 +22,7 @@ under another key, of the wrong shape, or outside Z*_{n^2}.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
 import secrets
 from dataclasses import dataclass
 
@@ -32,17 +30,10 @@ import numpy as np
 
 from ..proto import messages_pb2, vlr_pb2
 from ..transport import ProtocolError
+from ..transport.codec import check_shape, shape_of
+from .common import IdentityKey, ldexp_int
 
 log = logging.getLogger("secureflhv.vertical.lr")
-
-
-def _shape(msg) -> tuple[int, ...]:
-    return tuple(int(s) for s in msg.shape)
-
-
-def _check_shape(what: str, got: tuple[int, ...], expected: tuple[int, ...] | None) -> None:
-    if expected is not None and tuple(got) != tuple(expected):
-        raise ProtocolError(f"{what}: shape {tuple(got)}, expected {tuple(expected)}")
 
 
 # --------------------------------------------------------------------------- Paillier
@@ -109,7 +100,7 @@ class PaillierBackend:
         width = msg.byte_width
         if msg.slot_bits:
             raise ValueError("masking packed ciphertexts is not supported")
-        count = int(np.prod(_shape(msg), dtype=np.int64))
+        count = int(np.prod(shape_of(msg), dtype=np.int64))
         raw = msg.ciphertexts
         r = [secrets.randbelow(n) for _ in range(count)]
         # Enc(m) * Enc(0) * (1 + r n) = Enc(m + r mod n) (g = n + 1). Enc(0) is a *fresh* encryption, so the
@@ -124,7 +115,7 @@ class PaillierBackend:
         masked = messages_pb2.EncryptedTensor()
         masked.CopyFrom(msg)
         masked.ciphertexts = bytes(out)
-        return self._p.EncryptedArray.from_proto(masked, pub, expected_shape=_shape(msg)), _Mask(r, msg.exponent)
+        return self._p.EncryptedArray.from_proto(masked, pub, expected_shape=shape_of(msg)), _Mask(r, msg.exponent)
 
     def decrypt_masked(self, priv, enc) -> vlr_pb2.MaskedValues:
         """Key holder: decrypt masked ciphertexts to raw plaintexts (m + r) mod n, uniform in Z_n."""
@@ -138,8 +129,8 @@ class PaillierBackend:
         if msg.key_fingerprint != pub.fingerprint:
             raise ProtocolError(f"{what}: values for key {msg.key_fingerprint.hex()[:16]}, "
                                 f"expected key {pub.fingerprint.hex()[:16]}")
-        _check_shape(what, _shape(msg), expected_shape)
-        count = int(np.prod(_shape(msg), dtype=np.int64))
+        check_shape(what, shape_of(msg), expected_shape)
+        count = int(np.prod(shape_of(msg), dtype=np.int64))
         if msg.byte_width == 0 or len(msg.values) != count * msg.byte_width:
             raise ProtocolError(f"{what}: {len(msg.values)} bytes for {count} values of width {msg.byte_width}")
         for i in range(count):
@@ -158,17 +149,8 @@ class PaillierBackend:
             m = (int.from_bytes(msg.values[i * w:(i + 1) * w], "big") - r) % n
             if m > n // 2:
                 m -= n
-            out[i] = _ldexp_int(m, msg.exponent)
-        return out.reshape(_shape(msg))
-
-
-def _ldexp_int(m: int, exponent: int) -> float:
-    """Exactly rounded ``m * 2**exponent`` for a Python int ``m`` of any size."""
-    extra = m.bit_length() - 1000
-    if extra > 0:  # keep float(m) finite; the discarded low bits are far below float64 precision
-        m >>= extra
-        exponent += extra
-    return math.ldexp(float(m), exponent)
+            out[i] = ldexp_int(m, msg.exponent)
+        return out.reshape(shape_of(msg))
 
 
 @dataclass(frozen=True)
@@ -178,18 +160,6 @@ class _Mask:
 
 
 # --------------------------------------------------------------------------- identity (benchmarks only)
-@dataclass(frozen=True)
-class IdentityKey:
-    """Stand-in key of :class:`IdentityBackend`: no secret, a fixed fingerprint."""
-
-    n_bits: int = 0
-    fingerprint: bytes = hashlib.sha256(b"secureflhv identity backend: NO ENCRYPTION").digest()
-
-    @property
-    def public_key(self) -> "IdentityKey":
-        return self
-
-
 class IdentityBackend:
     """Encryption replaced by identity: ciphertexts are float64 arrays. NO SECURITY — benchmarks only.
 
@@ -232,10 +202,10 @@ class IdentityBackend:
     def from_proto(self, msg, pub, expected_shape, what: str):
         if msg.key_fingerprint != pub.fingerprint:
             raise ProtocolError(f"{what}: wrong key fingerprint")
-        _check_shape(what, _shape(msg), expected_shape)
-        if msg.byte_width != 8 or len(msg.ciphertexts) != 8 * int(np.prod(_shape(msg), dtype=np.int64)):
+        check_shape(what, shape_of(msg), expected_shape)
+        if msg.byte_width != 8 or len(msg.ciphertexts) != 8 * int(np.prod(shape_of(msg), dtype=np.int64)):
             raise ProtocolError(f"{what}: payload size does not match the shape")
-        return np.frombuffer(msg.ciphertexts, dtype="<f8").reshape(_shape(msg)).astype(np.float64)
+        return np.frombuffer(msg.ciphertexts, dtype="<f8").reshape(shape_of(msg)).astype(np.float64)
 
     def mask(self, pub, enc):
         return np.array(enc, dtype=np.float64), _Mask([], 0)
@@ -248,10 +218,10 @@ class IdentityBackend:
     def check_masked(self, msg, pub, expected_shape, what: str):
         if msg.key_fingerprint != pub.fingerprint:
             raise ProtocolError(f"{what}: wrong key fingerprint")
-        _check_shape(what, _shape(msg), expected_shape)
-        if msg.byte_width != 8 or len(msg.values) != 8 * int(np.prod(_shape(msg), dtype=np.int64)):
+        check_shape(what, shape_of(msg), expected_shape)
+        if msg.byte_width != 8 or len(msg.values) != 8 * int(np.prod(shape_of(msg), dtype=np.int64)):
             raise ProtocolError(f"{what}: payload size does not match the shape")
         return msg
 
     def unmask(self, pub, msg, mask) -> np.ndarray:
-        return np.frombuffer(msg.values, dtype="<f8").reshape(_shape(msg)).astype(np.float64)
+        return np.frombuffer(msg.values, dtype="<f8").reshape(shape_of(msg)).astype(np.float64)

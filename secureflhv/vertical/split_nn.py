@@ -92,6 +92,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..proto import messages_pb2, vnn_pb2
 from ..transport import ProtocolError, Transport, parse_message
+from .common import check_matrix, control_parser
 from .interactive_layer import IdentityOps, PaillierOps  # noqa: F401 (re-exported)
 
 log = logging.getLogger("secureflhv.vertical.split_nn")
@@ -209,20 +210,6 @@ def _optimizer(cfg: SplitNNConfig, params) -> torch.optim.Optimizer | None:
     return torch.optim.SGD(params, lr=cfg.learning_rate)
 
 
-def _check_matrix(X, name: str) -> np.ndarray:
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D (rows, features) array, got shape {X.shape}")
-    if not np.all(np.isfinite(X)):
-        raise ValueError(f"{name}: contains NaN or infinite values")
-    return X
-
-
-def _tensor_msg(a: np.ndarray) -> messages_pb2.Tensor:
-    a = np.ascontiguousarray(a, dtype="<f8")
-    return messages_pb2.Tensor(dtype="<f8", shape=list(a.shape), data=a.tobytes())
-
-
 @dataclass
 class FitResult:
     """What ``fit`` returns: per-epoch mean loss and per-batch losses (guest only), wall time per epoch."""
@@ -294,14 +281,6 @@ class _Role:
         return parse_message(vnn_pb2.ZnValues, lambda m: self.ops.check_zn(m, pub, shape, what))
 
 
-def _control_parser(epoch: int):
-    def validate(m: messages_pb2.Control):
-        if m.command not in ("continue", "stop") or m.epoch != epoch:
-            raise ProtocolError(f"control {m.command!r} for epoch {m.epoch}, expected continue/stop for {epoch}")
-        return m
-    return parse_message(messages_pb2.Control, validate)
-
-
 # --------------------------------------------------------------------------- guest
 class SplitNNGuest(_Role):
     """The label holder: guest bottom, the guest's shares V_h of the interactive weights, top model, loss.
@@ -326,7 +305,7 @@ class SplitNNGuest(_Role):
         self.host_ids = list(host_ids)
         if not self.host_ids:
             raise ValueError("host_ids: the split NN needs at least one host")
-        self.X = _check_matrix(X, "X")
+        self.X = check_matrix(X, "X")
         y = np.asarray(y).ravel()
         if y.shape[0] != self.X.shape[0]:
             raise ValueError(f"y: {y.shape[0]} labels for {self.X.shape[0]} rows")
@@ -523,7 +502,7 @@ class SplitNNGuest(_Role):
         return self._guarded(self._predict, X, rows)
 
     def _predict(self, X, rows):
-        X = _check_matrix(X, "X")
+        X = check_matrix(X, "X")
         if X.shape[1] != self.X.shape[1]:
             raise ValueError(f"X: {X.shape[1]} features, the model has {self.X.shape[1]}")
         if not self._keys:
@@ -585,7 +564,7 @@ class SplitNNHost(_Role):
         if self.party_id not in self.host_ids:
             raise ValueError(f"host_ids: {self.party_id!r} is not listed in {self.host_ids}")
         self.index = self.host_ids.index(self.party_id)
-        self.X = _check_matrix(X, "X")
+        self.X = check_matrix(X, "X")
         if self.X.shape[1] == 0:
             raise ValueError("X: a host needs at least one feature")
         self.bottom = build_mlp(self.X.shape[1], cfg.host_bottom, cfg.activation, cfg.init_seed * 1000 + 10 + self.index)
@@ -641,7 +620,7 @@ class SplitNNHost(_Role):
             t0 = time.perf_counter()
             for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
                 self._train_batch(opt, idx, round_id(epoch, b, 0))
-            ctl = self._recv(TAG_CTL, round=epoch + 1, parse=_control_parser(epoch))
+            ctl = self._recv(TAG_CTL, round=epoch + 1, parse=control_parser(epoch))
             if self.checkpoint_dir is not None:
                 res.checkpoints.append(str(save_checkpoint(self.checkpoint_dir, self.party_id, epoch,
                                                            self.state_arrays(), {})))
@@ -711,7 +690,7 @@ class SplitNNHost(_Role):
         return self._guarded(self._serve, X, max_requests)
 
     def _serve(self, X, max_requests):
-        X = _check_matrix(X, "X")
+        X = check_matrix(X, "X")
         if X.shape[1] != self.X.shape[1]:
             raise ValueError(f"X: {X.shape[1]} features, the model has {self.X.shape[1]}")
         if self.public_key is None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import socket
 import time
 
-import numpy as np
 
 
 def free_ports(n: int) -> list[int]:

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from secureflhv.horizontal.aggregation import STAGES, AggregationError, tensor_to_proto
+from secureflhv.horizontal.aggregation import STAGES, tensor_to_proto
 from secureflhv.horizontal.secagg import STAGE_NAMES, TAG_ADVERTISE, SecAggClient
 from secureflhv.proto import secagg_pb2
 from secureflhv.transport.base import Message, MessageRejected

@@ -1,7 +1,6 @@
 """Secure aggregation with real party processes over gRPC + mutual TLS on loopback: one client is
 killed (SIGKILL) mid-round after key set-up, and the round still yields the exact sum of the others."""
 import multiprocessing as mp
-import queue as _queue
 
 import numpy as np
 import pytest

@@ -1,7 +1,6 @@
 """Split NN: equivalence with the centralised torch model, noise cancellation, multi-host, checkpoints."""
 import numpy as np
 import pytest
-import torch
 
 from secureflhv.vertical.split_nn import CentralisedSplitNN, SplitNNConfig, load_checkpoint
 from snn_harness import make_roles, run_roles, toy

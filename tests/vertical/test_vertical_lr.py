@@ -57,7 +57,7 @@ def test_key_holder_only_decrypts_uniformly_masked_values():
     """The arbiter (and the guest in two-party mode) only ever sees (m + r) mod n with r uniform in Z_n."""
     X, y = _toy()
     for mode, holder in (("arbiter", "server"), ("two_party", "guest")):
-        seen, true_mantissa_bits = [], []
+        seen = []
         orig = PaillierBackend.decrypt_masked
 
         def spy(self, priv, enc, _orig=orig):
