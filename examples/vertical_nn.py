@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def centralised_baseline(work: Path, job_params: dict, n_hosts: int) -> dict:
     """The same split architecture trained in one place with torch on the joined table, same split."""
-    from secureflhv.runtime.vertical_nn_job import classification_metrics
+    from secureflhv.runtime.vertical_common import classification_metrics
     from secureflhv.vertical.split_nn import CentralisedSplitNN, SplitNNConfig
 
     split = json.loads((work / "out" / "guest" / "split.json").read_text())
