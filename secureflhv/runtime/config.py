@@ -78,12 +78,13 @@ class PartySpec(_Strict):
 
 
 # algorithm -> data layout; each has a job module secureflhv.runtime.<algorithm>_job
-ALGORITHMS = {"vertical_lr": "vertical", "vertical_nn": "vertical", "horizontal": "horizontal"}
+ALGORITHMS = {"vertical_lr": "vertical", "vertical_nn": "vertical", "horizontal": "horizontal",
+              "secureboost_vertical": "vertical", "secureboost_horizontal": "horizontal"}
 
 
 class JobSection(_Strict):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    algorithm: Literal["vertical_lr", "vertical_nn", "horizontal"]
+    algorithm: Literal["vertical_lr", "vertical_nn", "horizontal", "secureboost_vertical", "secureboost_horizontal"]
     output_dir: Path = Path("out")
     deadline_s: float = Field(default=120.0, gt=0,
                               description="seconds a party waits for a peer before failing")
@@ -233,3 +234,33 @@ def dump_job(cfg: JobConfig, path: Path | str) -> None:
     """Write ``cfg`` as YAML (paths as given, relative to the file's folder)."""
     data = cfg.model_dump(mode="json", exclude_none=True, exclude={"base_dir"})
     Path(path).write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+
+
+def params_error(err: ValidationError) -> JobConfigError:
+    """A pydantic error on ``params`` as a JobConfigError naming ``params.<field>`` for each problem."""
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown parameter (check its spelling)"
+        if not where and ":" in msg:  # model-level check: the message starts with the field name
+            where, msg = (part.strip() for part in msg.split(":", 1))
+        lines.append(f"params.{where}: {msg}" if where else f"params: {msg}")
+    return JobConfigError("; ".join(lines))
+
+
+def validate_params(model: type[BaseModel], cfg: JobConfig, *, paillier: bool = True):
+    """Validate ``cfg.params`` with ``model``; ``insecure_test_key`` follows ``security.insecure_test_keys``.
+
+    Raises JobConfigError naming each bad field.
+    """
+    raw = dict(cfg.params)
+    if paillier:
+        if "insecure_test_key" in raw:
+            raise JobConfigError("params.insecure_test_key: set security.insecure_test_keys instead")
+        raw["insecure_test_key"] = cfg.security.insecure_test_keys
+    try:
+        return model(**raw)
+    except ValidationError as err:
+        raise params_error(err) from None

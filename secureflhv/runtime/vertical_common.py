@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from ..data import load_table
 from ..transport import Transport
 from ..vertical.psi import align_ids_guest, align_ids_host
 from .artifacts import plot_curves, write_json
-from .config import JobConfig, JobConfigError, PartySpec
+from .config import JobConfig, JobConfigError, PartySpec, validate_params  # noqa: F401 (re-exported)
 
 log = logging.getLogger("secureflhv.job")
 
@@ -38,36 +38,6 @@ class SplitParams(BaseModel):
 
 
 SPLIT_FIELDS = frozenset(SplitParams.model_fields)
-
-
-def params_error(err: ValidationError) -> JobConfigError:
-    """A pydantic error on ``params`` as a JobConfigError naming ``params.<field>`` for each problem."""
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown parameter (check its spelling)"
-        if not where and ":" in msg:  # model-level check: the message starts with the field name
-            where, msg = (part.strip() for part in msg.split(":", 1))
-        lines.append(f"params.{where}: {msg}" if where else f"params: {msg}")
-    return JobConfigError("; ".join(lines))
-
-
-def validate_params(model: type[BaseModel], cfg: JobConfig, *, paillier: bool = True):
-    """Validate ``cfg.params`` with ``model``; ``insecure_test_key`` follows ``security.insecure_test_keys``.
-
-    Raises JobConfigError naming each bad field.
-    """
-    raw = dict(cfg.params)
-    if paillier:
-        if "insecure_test_key" in raw:
-            raise JobConfigError("params.insecure_test_key: set security.insecure_test_keys instead")
-        raw["insecure_test_key"] = cfg.security.insecure_test_keys
-    try:
-        return model(**raw)
-    except ValidationError as err:
-        raise params_error(err) from None
 
 
 @dataclass

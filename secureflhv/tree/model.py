@@ -1,0 +1,149 @@
+"""Tree and boosted-model containers shared by the centralised twin and the federated roles.
+
+Nodes are numbered heap-style: root 0, children of i are 2i + 1 (left) and 2i + 2 (right).
+A split sends a row left when its bin is <= ``bin`` (equivalently ``x < threshold`` in float32).
+
+In a vertical model the guest's copy of a host-owned split has ``owner`` = the host id and
+``record`` = the host's private lookup-table id; ``feature``/``bin``/``threshold`` are then unknown
+(-1 / NaN) at the guest and live only in that host's table (:attr:`SecureBoostHost.records`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .params import SecureBoostParams, transform
+
+
+def plan_children(split_now: list[int], n_rows: dict[int, int]) -> list[tuple[int, bool]]:
+    """Histogram subtraction plan of one level: (node, derived) in build order.
+
+    Of two siblings the one with fewer rows (then the lower id) is built from its rows; the other, if it
+    is to be split, is derived as parent - sibling. A node to split whose smaller sibling is a leaf
+    still gets that sibling built (send nothing for it) so that it can be derived.
+    """
+    todo = set(split_now)
+    direct, derived = set(), set()
+    for nid in split_now:
+        if nid == 0:
+            direct.add(0)
+            continue
+        sib = nid + 1 if nid % 2 == 1 else nid - 1
+        small = min((n_rows[nid], nid), (n_rows[sib], sib))[1]
+        if nid == small:
+            direct.add(nid)
+        else:
+            derived.add(nid)
+            direct.add(sib)
+    assert todo <= direct | derived
+    return [(n, False) for n in sorted(direct)] + [(n, True) for n in sorted(derived)]
+
+
+@dataclass
+class Node:
+    id: int
+    leaf: bool = True
+    value: float = 0.0            # leaf weight, learning rate included
+    feature: int = -1             # feature index (the owner's local index in vertical models)
+    bin: int = -1
+    threshold: float = math.nan
+    owner: str = ""               # vertical: party holding the split
+    record: int = -1              # vertical: host lookup-table id
+    gain: float = 0.0
+    sum_hess: float = 0.0
+    n_rows: int = 0
+
+    @property
+    def left(self) -> int:
+        return 2 * self.id + 1
+
+    @property
+    def right(self) -> int:
+        return 2 * self.id + 2
+
+
+@dataclass
+class Tree:
+    """One regression tree; ``output`` is the class it adds to (0 unless multiclass)."""
+
+    nodes: dict[int, Node] = field(default_factory=dict)
+    output: int = 0
+
+    def leaves(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.leaf]
+
+    def depth(self) -> int:
+        return max(int(math.log2(i + 1)) for i in self.nodes)
+
+    def predict_bins(self, bins: np.ndarray) -> np.ndarray:
+        """Leaf values (n,) for binned rows (n, d) (features indexed as in this tree)."""
+        out = np.zeros(bins.shape[0])
+        pos = np.zeros(bins.shape[0], dtype=np.int64)
+        for _ in range(len(self.nodes)):
+            done = True
+            for nid in np.unique(pos):
+                node = self.nodes[int(nid)]
+                if node.leaf:
+                    continue
+                done = False
+                at = pos == nid
+                left = bins[at, node.feature] <= node.bin
+                pos[np.flatnonzero(at)] = np.where(left, node.left, node.right)
+            if done:
+                break
+        for nid in np.unique(pos):
+            out[pos == nid] = self.nodes[int(nid)].value
+        return out
+
+    def structure(self) -> list[tuple]:
+        """Comparable summary: (id, leaf, feature, bin) per node, sorted by id."""
+        return [(n.id, n.leaf, n.feature, n.bin) for _, n in sorted(self.nodes.items())]
+
+
+@dataclass
+class BoostedModel:
+    """Base margin plus trees in boosting order (round r, class k at index r * trees_per_round + k)."""
+
+    params: SecureBoostParams
+    base_margin: np.ndarray
+    trees: list[Tree] = field(default_factory=list)
+    cuts: list[np.ndarray] | None = None   # when every feature is known (centralised / horizontal)
+    val_losses: list[float] = field(default_factory=list)
+    best_round: int | None = None
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.base_margin)
+
+    def predict_margin_bins(self, bins: np.ndarray) -> np.ndarray:
+        m = np.tile(self.base_margin, (bins.shape[0], 1)).astype(np.float64)
+        for t in self.trees:
+            m[:, t.output] += t.predict_bins(bins)
+        return m
+
+    def predict_margin(self, X) -> np.ndarray:
+        from .binning import apply_bins
+
+        if self.cuts is None:
+            raise ValueError("this model has no cuts (vertical model): use the federated prediction")
+        return self.predict_margin_bins(apply_bins(X, self.cuts))
+
+    def predict(self, X) -> np.ndarray:
+        """P(y=1) (n,), class probabilities (n, K) or values (n,)."""
+        return transform(self.predict_margin(X), self.params)
+
+
+def model_to_dict(model: BoostedModel) -> dict:
+    """JSON-friendly form of a model (host splits appear as owner + record id only)."""
+    return {
+        "params": model.params.model_dump(mode="json"),
+        "base_margin": [float(v) for v in model.base_margin],
+        "cuts": None if model.cuts is None else [[float(v) for v in c] for c in model.cuts],
+        "val_losses": list(model.val_losses),
+        "best_round": model.best_round,
+        "trees": [{"output": t.output,
+                   "nodes": [{k: v for k, v in vars(n).items() if not (isinstance(v, float) and math.isnan(v))}
+                             for _, n in sorted(t.nodes.items())]} for t in model.trees],
+    }

@@ -1,0 +1,803 @@
+"""Vertical SecureBoost: the guest holds labels (and some columns), hosts hold the other columns.
+
+After Cheng et al., "SecureBoost: A Lossless Federated Learning Framework" (arXiv 1901.08755, Alg. 1-3)
+with the SecureBoost+ engineering (Chen et al., arXiv 2110.10927: GH packing, histogram subtraction,
+cipher compression). Rows are already aligned (PSI, :mod:`secureflhv.vertical.psi`).
+
+One tree (``[[.]]`` = Paillier under the guest's key; round ids ``tree * 64 + depth + 1``)::
+
+    guest        g, h from the labels and current margins; quantised to integers at p fraction bits
+                 (params.precision_bits_for); [[pack(g_i, h_i)]] per row (2 slots, one ciphertext)
+    guest->hosts SbTreeStart: the n ciphertexts, p, the power-of-two bound of |g|, |h|
+    for depth = 0 .. max_depth:
+      guest->hosts SbLevelPlan: the row partitions of the splits of the previous level; the nodes to
+                   split now; for each pair of children which one is built and which derived
+      host         encrypted histograms of the nodes (smaller child built row by row, sibling =
+                   parent - child), cumulative over bins, candidates = (feature, bin) with rows in the
+                   bin and rows right of it, identical partitions dropped (first in (feature, bin)
+                   order kept), shuffled, compressed ~18 per ciphertext -> SbHistograms
+      guest        decrypts, gain per candidate (its own in plaintext), best per node: the first maximum
+                   in the order guest columns, host 1, host 2, ... (within a host: its shuffle order)
+      guest->host  SbDecision: only that host's winning candidate ids (plus any candidates with exactly
+                   the same gain: the host takes the first in its (feature, bin) order, so ties are
+                   broken as in the centralised model; the host learns that these candidates tie)
+      host->guest  SbSplitResults: per won node a record id of its private lookup table
+                   (feature, bin, threshold) and the left/right partition of the node's rows;
+                   the guest checks that the partition's hessian sum equals the decrypted one
+    leaves: weight -lr G/(H + lambda), known to the guest only
+
+Prediction (:meth:`SecureBoostGuest.predict`): level by level over all trees at once, the guest asks
+each host which way the rows sitting at its nodes go (SbRouteRequest/Reply): at most ``max_depth``
+rounds per host. Early stopping uses the same routing on the validation rows after every round.
+
+What each role learns (semi-honest; SecureBoost's known leakage is stated, not removed):
+
+* guest: labels and its columns (its own); the decrypted cumulative (G_L, H_L) of every host candidate
+  of every node (hence the hosts' per-node bin histograms up to shuffling, SecureBoost's design);
+  the row partition of every split, including host splits (Cheng et al. sec. 5, "the active party
+  learns the instance space"); never a host's feature id or threshold (record ids are opaque).
+* host: every node's row set (the partitions are broadcast so hosts can build histograms, as in
+  SecureBoost), the number of rows, p and the power-of-two bound of |g| (regression: the scale of the
+  residuals), its own won splits; nothing about g, h or labels (IND-CPA Paillier), nothing about the
+  guest's or other hosts' features or thresholds, nor leaf weights.
+* prediction: a host learns which of the queried rows reach its nodes and answers only for those.
+
+Errors: a histogram under another key, of the wrong shape or packing, a bad partition mask, an unknown
+candidate or record id is rejected (ProtocolError in the parse callback, logged; the wait goes on).
+A silent or dead host ends the job with :class:`SecureBoostError` naming the host, tree and depth; the
+role tells its peers (Transport.abort) before raising.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..crypto import paillier as pl
+from ..proto import messages_pb2, tree_pb2
+from ..transport import ProtocolError, Transport, TransportError, parse_message
+from . import vertical_hist as vh
+from .binning import apply_bins, fit_cuts, goes_left
+from .model import BoostedModel, Node, Tree, plan_children
+from .params import (SecureBoostParams, base_margin, bound_log2, check_labels, dequantise, gradients, loss,
+                     precision_bits_for, quantise, transform)
+
+log = logging.getLogger("secureflhv.tree.vertical")
+
+TAG_SETUP, TAG_HELLO, TAG_START = "sb.setup", "sb.hello", "sb.start"
+TAG_PLAN, TAG_HIST, TAG_DECIDE, TAG_SPLIT = "sb.plan", "sb.hist", "sb.decide", "sb.split"
+TAG_ROUTE, TAG_ROUTED = "sb.route", "sb.routed"
+DEPTH_SLOTS = 64
+
+
+class SecureBoostError(RuntimeError):
+    """The federated training or prediction cannot go on (a peer failed, went silent or misbehaved)."""
+
+
+def _rnd(tree: int, depth: int) -> int:
+    return tree * DEPTH_SLOTS + depth + 1
+
+
+# --------------------------------------------------------------------------------- wire helpers
+def pack_mask(mask: np.ndarray) -> bytes:
+    return np.packbits(np.asarray(mask, dtype=bool)).tobytes()
+
+
+def unpack_mask(data: bytes, n: int, what: str) -> np.ndarray:
+    if len(data) != (n + 7) // 8:
+        raise ProtocolError(f"{what}: mask of {len(data)} bytes for {n} rows (expected {(n + 7) // 8})")
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8))
+    if bits[n:].any():
+        raise ProtocolError(f"{what}: mask has bits set beyond row {n}")
+    return bits[:n].astype(bool)
+
+
+def _tensor(a: np.ndarray) -> messages_pb2.Tensor:
+    a = np.ascontiguousarray(a)
+    return messages_pb2.Tensor(dtype=a.dtype.str, shape=list(a.shape), data=a.tobytes())
+
+
+def _from_tensor(t: messages_pb2.Tensor, dtype: str, shape: tuple, what: str) -> np.ndarray:
+    if t.dtype != dtype or tuple(int(s) for s in t.shape) != tuple(shape):
+        raise ProtocolError(f"{what}: tensor {t.dtype} {tuple(t.shape)}, expected {dtype} {tuple(shape)}")
+    a = np.frombuffer(t.data, dtype=dtype)
+    if a.size != int(np.prod(shape)):
+        raise ProtocolError(f"{what}: {len(t.data)} data bytes for shape {tuple(shape)}")
+    return a.reshape(shape)
+
+
+def _gains(GL, HL, G, H, lam):
+    GR, HR = G - GL, H - HL
+    return 0.5 * (GL * GL / (HL + lam) + GR * GR / (HR + lam) - G * G / (H + lam))
+
+
+def _check_matrix(X, name: str) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"{name}: expected (rows, features), got shape {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError(f"{name}: NaN or infinite values (missing values are not supported)")
+    return X
+
+
+def gh_packing(key_bits: int, precision_bits: int, log2_bound: int, n_rows: int) -> pl.PackingSpec:
+    """(g, h) in two slots of one plaintext, sized so that n_rows values summed cannot overflow."""
+    return pl.PackingSpec.create(key_bits, precision_bits=precision_bits, value_bound=float(2 ** log2_bound),
+                                 n_summands=max(1, n_rows), slots=2)
+
+
+def compressed_packing(spec: pl.PackingSpec, key_bits: int) -> tuple[pl.PackingSpec, int]:
+    """Spec of a compressed ciphertext (2k slots) and k = candidates per ciphertext."""
+    k = max(1, (key_bits - 2) // (2 * spec.slot_bits))
+    return pl.PackingSpec(2 * k, spec.slot_bits, spec.precision_bits, spec.slot_bound), k
+
+
+@dataclass
+class TrainResult:
+    """Guest: the model (host splits by record id), validation losses, seconds per tree."""
+
+    model: BoostedModel
+    tree_seconds: list[float] = field(default_factory=list)
+    stopped_early: bool = False
+
+
+class _Role(ABC):
+    def __init__(self, transport: Transport, params):
+        self.t = transport
+        self.party_id = transport.party_id
+        self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
+
+    @abstractmethod
+    def _peers(self) -> list[str]:
+        """Every other party this role talks to (told when this role fails)."""
+
+    def _guarded(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            log.error("%s: SecureBoost failed: %s", self.party_id, exc)
+            self.t.abort(f"{self.party_id}: {type(exc).__name__}: {exc}", self._peers())
+            raise
+
+
+# ============================================================================================ guest
+class SecureBoostGuest(_Role):
+    """The label holder: drives training, decrypts histograms, owns the tree structure and leaves.
+
+    Args:
+        transport: this party's transport.
+        host_ids: hosts in a fixed order (the tie-break order of equal gains).
+        X: float (n, d_g) guest columns (rows aligned with every host); y: labels (n,).
+        params: :class:`SecureBoostParams` (or dict).
+        X_val, y_val: optional validation rows (aligned with the hosts' validation rows).
+        cuts: guest bin cuts (default: :func:`~secureflhv.tree.binning.fit_cuts` of X).
+        keypair: Paillier (public, private) (default: generated with ``params.key_bits``).
+        backend: "paillier" (default) or "identity" (NO encryption: the plaintext baseline of
+            ``benchmarks/secureboost.py``; never use it with real data).
+    """
+
+    def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, params, *, X_val=None, y_val=None,
+                 cuts=None, keypair=None, backend: str = "paillier"):
+        super().__init__(transport, params)
+        self.host_ids = list(host_ids)
+        if not self.host_ids:
+            raise ValueError("host_ids: vertical SecureBoost needs at least one host")
+        self.X = _check_matrix(X, "X")
+        self.y = check_labels(y, self.params)
+        if len(self.y) != self.X.shape[0]:
+            raise ValueError(f"y: {len(self.y)} labels for {self.X.shape[0]} rows")
+        self.cuts = fit_cuts(self.X, self.params.max_bin) if cuts is None else [np.asarray(c) for c in cuts]
+        self.bins = apply_bins(self.X, self.cuts)
+        self.n_bins = [len(c) + 1 for c in self.cuts]
+        self.X_val = None if X_val is None else _check_matrix(X_val, "X_val")
+        self.y_val = None if y_val is None else check_labels(y_val, self.params)
+        if backend not in ("paillier", "identity"):
+            raise ValueError(f"backend: 'paillier' or 'identity', got {backend!r}")
+        self.backend = backend
+        self._keypair = keypair
+        self.model: BoostedModel | None = None
+        self._route_round = {h: 0 for h in self.host_ids}
+        self.timings: dict[str, float] = {}
+
+    def _peers(self):
+        return self.host_ids
+
+    # ------------------------------------------------------------------------------- training
+    def fit(self) -> TrainResult:
+        """Train with the hosts; returns :class:`TrainResult`. Raises SecureBoostError naming a failed host."""
+        return self._guarded(self._fit)
+
+    def _fit(self) -> TrainResult:
+        prm, t = self.params, self.t
+        n = len(self.y)
+        t0 = time.perf_counter()
+        if self.backend == "paillier":
+            self.pub, self.priv = self._keypair or pl.generate_keypair(prm.key_bits,
+                                                                       insecure_test_key=prm.insecure_test_key)
+        self.timings["keygen"] = time.perf_counter() - t0
+        setup = tree_pb2.SbSetup(n_rows=n, n_val_rows=0 if self.X_val is None else len(self.X_val),
+                                 objective=prm.objective, n_classes=prm.n_classes, max_depth=prm.max_depth,
+                                 n_trees=prm.n_trees, hosts=self.host_ids, max_bin=prm.max_bin)
+        if self.backend == "paillier":
+            setup.public_key.CopyFrom(self.pub.to_proto())
+        for h in self.host_ids:
+            t.send(h, TAG_SETUP, setup)
+        self.host_features = {}
+        for h in self.host_ids:
+            msg = self._recv(h, TAG_HELLO, 0, parse_message(tree_pb2.SbHello), "setup")
+            self.host_features[h] = int(msg.n_features)
+        bm = base_margin(self.y, prm)
+        model = BoostedModel(prm, bm)
+        margin = np.tile(bm, (n, 1)).astype(np.float64)
+        vmargin = None if self.X_val is None else np.tile(bm, (len(self.X_val), 1)).astype(np.float64)
+        result = TrainResult(model)
+        best, since, seq = np.inf, 0, 0
+        for r in range(prm.n_trees):
+            g, h = gradients(margin, self.y, prm)
+            for k in range(prm.trees_per_round):
+                ts = time.perf_counter()
+                tree, leaf_rows = self._grow(seq, g[:, k], h[:, k])
+                tree.output = k
+                model.trees.append(tree)
+                for nid, rows in leaf_rows.items():
+                    margin[rows, k] += tree.nodes[nid].value
+                if vmargin is not None:
+                    vmargin[:, k] += self._route([tree], "val", len(self.X_val), self.X_val)[0]
+                    self.end_prediction()
+                seq += 1
+                result.tree_seconds.append(time.perf_counter() - ts)
+                log.info("%s: tree %d (round %d, output %d) in %.2fs", self.party_id, seq, r + 1, k,
+                         result.tree_seconds[-1])
+            if vmargin is not None:
+                vl = loss(vmargin, self.y_val, prm)
+                model.val_losses.append(vl)
+                if vl < best:
+                    best, since, model.best_round = vl, 0, r
+                else:
+                    since += 1
+                if prm.early_stopping_rounds and since >= prm.early_stopping_rounds:
+                    model.trees = model.trees[:(model.best_round + 1) * prm.trees_per_round]
+                    result.stopped_early = True
+                    break
+        for h_id in self.host_ids:
+            t.send(h_id, TAG_START, tree_pb2.SbTreeStart(tree=seq, stop=True, keep_trees=len(model.trees)),
+                   round=seq + 1)
+        self.model = model
+        return result
+
+    def _recv(self, host: str, tag: str, rnd: int, parse, where: str):
+        try:
+            return self.t.recv(host, tag, round=rnd, parse=parse)
+        except TransportError as exc:
+            raise SecureBoostError(f"host {host!r} failed or went silent ({where}, waiting for {tag!r}): {exc}") \
+                from exc
+
+    def _send(self, host: str, tag: str, msg, rnd: int, where: str):
+        try:
+            self.t.send(host, tag, msg, round=rnd)
+        except TransportError as exc:
+            raise SecureBoostError(f"host {host!r} unreachable ({where}, sending {tag!r}): {exc}") from exc
+
+    def _grow(self, seq: int, g: np.ndarray, h: np.ndarray) -> tuple[Tree, dict[int, np.ndarray]]:
+        prm = self.params
+        n = len(g)
+        e = bound_log2(g, h)
+        p = precision_bits_for(n, e)
+        gq, hq = quantise(g, p), quantise(h, p)
+        self._cur_p = p
+        start = tree_pb2.SbTreeStart(tree=seq, precision_bits=p, log2_bound=e)
+        te = time.perf_counter()
+        if self.backend == "paillier":
+            spec = gh_packing(self.pub.n_bits, p, e, n)
+            cspec, per = compressed_packing(spec, self.pub.n_bits)
+            enc = pl.encrypt_packed(self.priv, np.stack([dequantise(gq, p), dequantise(hq, p)], axis=1), spec)
+            start.gh.CopyFrom(enc.to_proto())
+        else:
+            cspec, per = None, 1
+            start.g.CopyFrom(_tensor(gq))
+            start.h.CopyFrom(_tensor(hq))
+        self.timings["encrypt"] = self.timings.get("encrypt", 0.0) + time.perf_counter() - te
+        for host in self.host_ids:
+            self._send(host, TAG_START, start, seq + 1, f"tree {seq}")
+        lam, lr, mcw = prm.reg_lambda, prm.learning_rate, prm.min_child_weight
+        tree = Tree()
+        rows_of = {0: np.arange(n)}
+        leaf_rows: dict[int, np.ndarray] = {}
+        level = [0]
+        partitions: list[tuple[int, np.ndarray]] = []
+        for depth in range(prm.max_depth + 1):
+            rnd = _rnd(seq, depth)
+            split_now = []
+            for nid in level:
+                rows = rows_of[nid]
+                G, H = float(dequantise(gq[rows].sum(), p)), float(dequantise(hq[rows].sum(), p))
+                tree.nodes[nid] = Node(nid, sum_hess=H, n_rows=len(rows))
+                if depth < prm.max_depth and len(rows) >= 2:
+                    split_now.append(nid)
+                else:
+                    tree.nodes[nid].value = -lr * G / (H + lam)
+                    leaf_rows[nid] = rows
+            plan = tree_pb2.SbLevelPlan(depth=depth, done=not split_now)
+            for nid, mask in partitions:
+                plan.partitions.add(node=nid, left_mask=pack_mask(mask))
+            for nid, derived in plan_children(split_now, {k: len(v) for k, v in rows_of.items()}):
+                plan.nodes.add(node=nid, derived=derived, send=nid in split_now)
+            for host in self.host_ids:
+                self._send(host, TAG_PLAN, plan, rnd, f"tree {seq} depth {depth}")
+            if not split_now:
+                break
+            where = f"tree {seq} depth {depth}"
+            # own candidates first (plaintext), then each host's (decrypted)
+            best = {nid: (-np.inf, None) for nid in split_now}
+            totals = {}
+            for nid in split_now:
+                rows = rows_of[nid]
+                G, H = float(dequantise(gq[rows].sum(), p)), float(dequantise(hq[rows].sum(), p))
+                totals[nid] = (G, H)
+                for j in range(self.bins.shape[1]):
+                    b_j = self.bins[rows, j]
+                    cnt = np.bincount(b_j, minlength=self.n_bins[j])
+                    GL = dequantise(np.cumsum(np.bincount(b_j, gq[rows].astype(np.float64), self.n_bins[j]))[:-1], p)
+                    HL = dequantise(np.cumsum(np.bincount(b_j, hq[rows].astype(np.float64), self.n_bins[j]))[:-1], p)
+                    ok = (cnt[:-1] > 0) & (np.cumsum(cnt)[:-1] < len(rows)) & (HL >= mcw) & (H - HL >= mcw)
+                    if ok.any():
+                        gain = np.where(ok, _gains(GL, HL, G, H, lam), -np.inf)
+                        b = int(np.argmax(gain))
+                        if gain[b] > best[nid][0]:
+                            best[nid] = (float(gain[b]), ("guest", j, b, None))
+            for host in self.host_ids:
+                cands = self._recv(host, TAG_HIST, rnd, self._hist_parser(host, split_now, cspec, per), where)
+                for nid, (GL, HL) in cands.items():
+                    G, H = totals[nid]
+                    ok = (HL >= mcw) & (H - HL >= mcw)
+                    if not ok.any():
+                        continue
+                    gain = np.where(ok, _gains(GL, HL, G, H, lam), -np.inf)
+                    c = int(np.argmax(gain))
+                    if gain[c] > best[nid][0]:
+                        tied = np.flatnonzero(gain == gain[c])
+                        best[nid] = (float(gain[c]), (host, c, tied, {float(v) for v in HL[tied]}))
+            decisions = {host: tree_pb2.SbDecision() for host in self.host_ids}
+            chosen = {}
+            for nid in split_now:
+                gain, who = best[nid]
+                node = tree.nodes[nid]
+                if who is None or not gain - prm.gamma > 0:
+                    G, H = totals[nid]
+                    node.value = -lr * G / (H + lam)
+                    leaf_rows[nid] = rows_of[nid]
+                    continue
+                node.leaf, node.gain, node.owner = False, gain, who[0]
+                chosen[nid] = who
+                if who[0] == "guest":
+                    node.feature, node.bin, node.threshold = who[1], who[2], float(self.cuts[who[1]][who[2]])
+                else:
+                    decisions[who[0]].choices.add(node=nid, candidate=who[1],
+                                                  tied=[int(c) for c in who[2] if c != who[1]])
+            for host in self.host_ids:
+                self._send(host, TAG_DECIDE, decisions[host], rnd, where)
+            host_masks = {}
+            for host in self.host_ids:
+                res = self._recv(host, TAG_SPLIT, rnd, self._split_parser(host, decisions[host], rows_of), where)
+                for nid, (record, mask) in res.items():
+                    tree.nodes[nid].record = record
+                    host_masks[nid] = mask
+            partitions, level = [], []
+            for nid in sorted(chosen):
+                rows = rows_of[nid]
+                who = chosen[nid]
+                if who[0] == "guest":
+                    mask = self.bins[rows, who[1]] <= who[2]
+                else:
+                    mask = host_masks[nid]
+                    hl = float(dequantise(hq[rows[mask]].sum(), p))  # a tied candidate has the same sum
+                    if hl not in who[3]:
+                        raise SecureBoostError(f"host {who[0]!r} returned a partition for node {nid} whose hessian "
+                                               f"sum {hl} differs from its histogram's {sorted(who[3])} ({where})")
+                node = tree.nodes[nid]
+                rows_of[node.left], rows_of[node.right] = rows[mask], rows[~mask]
+                partitions.append((nid, mask))
+                level += [node.left, node.right]
+        return tree, leaf_rows
+
+    def _hist_parser(self, host: str, nodes: list[int], cspec, per: int):
+        max_cands = self.host_features[host] * (self.params.max_bin - 1)
+
+        def validate(msg: tree_pb2.SbHistograms):
+            got = [int(x.node) for x in msg.nodes]
+            if got != list(nodes):
+                raise ProtocolError(f"histograms from {host} for nodes {got}, expected {list(nodes)}")
+            counts = [int(x.n_candidates) for x in msg.nodes]
+            if any(c > max_cands for c in counts):
+                raise ProtocolError(f"histograms from {host}: more candidates than {max_cands}")
+            if self.backend == "identity":
+                vals = _from_tensor(msg.plain, "<i8", (sum(counts), 2), f"histograms from {host}")
+                flat = dequantise(vals, self._p)
+            else:
+                n_ct = sum(-(-c // per) for c in counts)
+                try:
+                    enc = pl.EncryptedArray.from_proto(msg.sums, self.pub, expected_shape=(n_ct,))
+                except pl.CiphertextError as exc:
+                    raise ProtocolError(f"histograms from {host}: {exc}") from exc
+                if enc.packing != cspec:
+                    raise ProtocolError(f"histograms from {host}: packing {enc.packing} differs from {cspec}")
+                td = time.perf_counter()
+                dec = pl.decrypt(self.priv, enc).reshape(n_ct * per, 2) if n_ct else np.zeros((0, 2))
+                self.timings["decrypt"] = self.timings.get("decrypt", 0.0) + time.perf_counter() - td
+                parts, off = [], 0
+                for c in counts:
+                    parts.append(dec[off:off + c])
+                    off += -(-c // per) * per
+                flat = np.concatenate(parts) if parts else np.zeros((0, 2))
+            out, off = {}, 0
+            for nid, c in zip(nodes, counts):
+                out[nid] = (flat[off:off + c, 0], flat[off:off + c, 1])
+                off += c
+            return out
+
+        return parse_message(tree_pb2.SbHistograms, validate)
+
+    def _split_parser(self, host: str, decision, rows_of):
+        wanted = [int(c.node) for c in decision.choices]
+
+        def validate(msg: tree_pb2.SbSplitResults):
+            got = [int(r.node) for r in msg.results]
+            if got != wanted:
+                raise ProtocolError(f"split results from {host} for nodes {got}, expected {wanted}")
+            return {int(r.node): (int(r.record), unpack_mask(r.left_mask, len(rows_of[int(r.node)]),
+                                                              f"partition of node {r.node} from {host}"))
+                    for r in msg.results}
+
+        return parse_message(tree_pb2.SbSplitResults, validate)
+
+    @property
+    def _p(self):
+        return self._cur_p
+
+    # ----------------------------------------------------------------------------- prediction
+    def _route(self, trees: list[Tree], dataset: str, n_rows: int, X: np.ndarray) -> list[np.ndarray]:
+        """Leaf value per row for each tree, asking hosts level by level (<= max_depth rounds)."""
+        pos = [np.zeros(n_rows, dtype=np.int64) for _ in trees]
+        for _ in range(self.params.max_depth):
+            queries = {h: [] for h in self.host_ids}   # (tree index, node, rows)
+            active = False
+            for ti, tree in enumerate(trees):
+                for nid in np.unique(pos[ti]).tolist():
+                    node = tree.nodes[nid]
+                    if node.leaf:
+                        continue
+                    active = True
+                    rows = np.flatnonzero(pos[ti] == nid)
+                    if node.owner == "guest":
+                        left = goes_left(X[rows, node.feature], node.threshold)
+                        pos[ti][rows] = np.where(left, node.left, node.right)
+                    else:
+                        queries[node.owner].append((ti, nid, rows))
+            if not active:
+                break
+            for h, qs in queries.items():
+                if not qs:
+                    continue
+                self._route_round[h] += 1
+                req = tree_pb2.SbRouteRequest(dataset=dataset, n_rows=n_rows)
+                for ti, nid, rows in qs:
+                    req.queries.add(record=trees[ti].nodes[nid].record, rows=rows.tolist())
+                self._send(h, TAG_ROUTE, req, self._route_round[h], f"prediction ({dataset})")
+            for h, qs in queries.items():
+                if not qs:
+                    continue
+                lens = [len(q[2]) for q in qs]
+
+                def validate(m: tree_pb2.SbRouteReply, lens=lens, h=h):
+                    if len(m.left_masks) != len(lens):
+                        raise ProtocolError(f"route reply from {h}: {len(m.left_masks)} masks for {len(lens)} queries")
+                    return [unpack_mask(b, k, f"route reply from {h}") for b, k in zip(m.left_masks, lens)]
+
+                masks = self._recv(h, TAG_ROUTED, self._route_round[h],
+                                   parse_message(tree_pb2.SbRouteReply, validate), f"prediction ({dataset})")
+                for (ti, nid, rows), left in zip(qs, masks):
+                    node = trees[ti].nodes[nid]
+                    pos[ti][rows] = np.where(left, node.left, node.right)
+        out = []
+        for ti, tree in enumerate(trees):
+            vals = np.zeros(n_rows)
+            for nid in np.unique(pos[ti]).tolist():
+                vals[pos[ti] == nid] = tree.nodes[nid].value
+            out.append(vals)
+        return out
+
+    def predict_margin(self, X, dataset: str = "predict") -> np.ndarray:
+        """Federated margins (n, outputs) for guest rows X aligned with the hosts' ``dataset`` rows."""
+        return self._guarded(self._predict_margin, X, dataset)
+
+    def _predict_margin(self, X, dataset):
+        if self.model is None:
+            raise RuntimeError("predict before fit")
+        X = _check_matrix(X, "X")
+        m = np.tile(self.model.base_margin, (X.shape[0], 1)).astype(np.float64)
+        for tree, vals in zip(self.model.trees, self._route(self.model.trees, dataset, X.shape[0], X)):
+            m[:, tree.output] += vals
+        return m
+
+    def predict(self, X, dataset: str = "predict") -> np.ndarray:
+        """P(y=1) (n,), class probabilities (n, K) or values (n,), federated."""
+        return transform(self.predict_margin(X, dataset), self.params)
+
+    def end_prediction(self) -> None:
+        """Release the hosts from :meth:`SecureBoostHost.serve_predictions`."""
+        for h in self.host_ids:
+            self._route_round[h] += 1
+            self.t.send(h, TAG_ROUTE, tree_pb2.SbRouteRequest(stop=True), round=self._route_round[h])
+
+
+# ============================================================================================ host
+class SecureBoostHost(_Role):
+    """A feature holder without labels.
+
+    Args:
+        transport, params: as for the guest.
+        guest_id: the guest's party id.
+        X: float (n, d_h) host columns aligned with the guest's rows.
+        X_val: validation rows aligned with the guest's (needed when the guest validates).
+        cuts: bin cuts (default: quantile cuts of X, computed here and never sent).
+        backend: must match the guest's ("identity" only for the plaintext benchmark baseline).
+
+    ``records`` is the host's private lookup table: record id -> (feature, bin, threshold).
+    """
+
+    def __init__(self, transport: Transport, guest_id: str, X, params, *, X_val=None, cuts=None,
+                 backend: str = "paillier"):
+        super().__init__(transport, params)
+        self.guest_id = guest_id
+        self.X = _check_matrix(X, "X")
+        self.cuts = fit_cuts(self.X, self.params.max_bin) if cuts is None else [np.asarray(c) for c in cuts]
+        self.bins = apply_bins(self.X, self.cuts)
+        self.n_bins = [len(c) + 1 for c in self.cuts]
+        self.datasets = {"train": self.X}
+        if X_val is not None:
+            self.datasets["val"] = _check_matrix(X_val, "X_val")
+        self.backend = backend
+        self.records: list[tuple[int, int, float]] = []
+        self.keep_trees = 0
+        self._route_round = 0
+        self.timings: dict[str, float] = {"histograms": 0.0, "compress": 0.0}
+        rng = np.random.default_rng()
+        self._row_hash = rng.integers(0, 1 << 32, size=(2, self.X.shape[0])).astype(np.float64)
+
+    def _peers(self):
+        return [self.guest_id]
+
+    def fit(self) -> None:
+        """Serve the guest's training until it stops (raises SecureBoostError if the guest fails)."""
+        self._guarded(self._fit)
+
+    def _fit(self):
+        t, prm = self.t, self.params
+        setup = t.recv(self.guest_id, TAG_SETUP, parse=parse_message(tree_pb2.SbSetup, self._check_setup))
+        self.pub = None
+        if self.backend == "paillier":
+            try:
+                self.pub = pl.PublicKey.from_proto(setup.public_key, insecure_test_key=prm.insecure_test_key)
+            except (ValueError, pl.CiphertextError) as exc:
+                raise SecureBoostError(f"{self.party_id}: the guest's public key is unacceptable: {exc}") from exc
+        self._seed = self.params.shuffle_seed  # the host's own: a shuffle known to the guest would hide nothing
+        self._validating = setup.n_val_rows > 0
+        t.send(self.guest_id, TAG_HELLO, tree_pb2.SbHello(n_features=self.X.shape[1]))
+        seq = 0
+        while True:
+            start = t.recv(self.guest_id, TAG_START, round=seq + 1,
+                           parse=parse_message(tree_pb2.SbTreeStart, lambda m: self._parse_start(m, seq)))
+            if start[0] is None:
+                self.keep_trees = start[1]
+                return
+            self._tree(seq, *start)
+            seq += 1
+            if self._validating:
+                self._serve(None)  # the guest routes its validation rows through the new tree
+
+    def _check_setup(self, m: tree_pb2.SbSetup):
+        prm = self.params
+        if m.n_rows != self.X.shape[0]:
+            raise ProtocolError(f"guest has {m.n_rows} rows, {self.party_id} has {self.X.shape[0]} (run PSI first)")
+        if m.n_val_rows and m.n_val_rows != len(self.datasets.get("val", ())):
+            raise ProtocolError(f"guest validates on {m.n_val_rows} rows; give this host X_val of that many rows")
+        for name in ("objective", "max_depth", "max_bin", "n_trees"):
+            if getattr(m, name) != getattr(prm, name):
+                raise ProtocolError(f"params.{name}: {getattr(prm, name)!r} here, {getattr(m, name)!r} at the guest")
+        if self.party_id not in m.hosts:
+            raise ProtocolError(f"{self.party_id} is not in the guest's host list {list(m.hosts)}")
+        return m
+
+    def _parse_start(self, m: tree_pb2.SbTreeStart, seq: int):
+        if m.tree != seq:
+            raise ProtocolError(f"tree {m.tree}, expected {seq}")
+        if m.stop:
+            return None, int(m.keep_trees)
+        n = self.X.shape[0]
+        p, e = int(m.precision_bits), int(m.log2_bound)
+        if self.backend == "identity":
+            return (_from_tensor(m.g, "<i8", (n,), "g"), _from_tensor(m.h, "<i8", (n,), "h")), p, e
+        spec = gh_packing(self.pub.n_bits, p, e, n)
+        try:
+            enc = pl.EncryptedArray.from_proto(m.gh, self.pub, expected_shape=(n,))
+        except pl.CiphertextError as exc:
+            raise ProtocolError(f"encrypted gradients: {exc}") from exc
+        if enc.packing != spec:
+            raise ProtocolError(f"encrypted gradients packed as {enc.packing}, expected {spec}")
+        return enc.ciphertexts.tolist(), p, e
+
+    def _tree(self, seq: int, data, p: int, e: int):
+        t = self.t
+        n = self.X.shape[0]
+        if self.backend == "paillier":
+            spec = gh_packing(self.pub.n_bits, p, e, n)
+            cspec, per = compressed_packing(spec, self.pub.n_bits)
+            n2 = self.pub.nsquare
+        rows_of = {0: np.arange(n)}
+        hists: dict[int, object] = {}
+        for depth in range(self.params.max_depth + 1):
+            rnd = _rnd(seq, depth)
+            plan = t.recv(self.guest_id, TAG_PLAN, round=rnd,
+                          parse=parse_message(tree_pb2.SbLevelPlan, lambda m: self._check_plan(m, depth, rows_of)))
+            for part in plan.partitions:
+                nid = int(part.node)
+                rows = rows_of[nid]
+                left = unpack_mask(part.left_mask, len(rows), "partition")
+                rows_of[2 * nid + 1], rows_of[2 * nid + 2] = rows[left], rows[~left]
+            if plan.done:
+                return
+            th = time.perf_counter()
+            new_hists = {}
+            for np_ in plan.nodes:
+                nid = int(np_.node)
+                if nid not in rows_of or (np_.derived and ((nid - 1) // 2 not in hists or nid == 0)):
+                    raise SecureBoostError(f"{self.party_id}: the guest's plan names node {nid}, unknown here")
+                if np_.derived:
+                    parent, sib = (nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1
+                    if self.backend == "paillier":
+                        new_hists[nid] = vh.subtract(hists[parent], new_hists[sib], n2)
+                    else:
+                        new_hists[nid] = hists[parent] - new_hists[sib]
+                elif self.backend == "paillier":
+                    new_hists[nid] = vh.build_node(data, rows_of[nid], self.bins, self.n_bins, n2)
+                else:
+                    new_hists[nid] = self._plain_hist(data, rows_of[nid])
+            self.timings["histograms"] += time.perf_counter() - th
+            msg = tree_pb2.SbHistograms()
+            sums = []
+            send_nodes = sorted(int(x.node) for x in plan.nodes if x.send)
+            rng = self._rng(seq, depth)
+            tables = {}
+            for nid in send_nodes:
+                cands = self._candidates(rows_of[nid])
+                order = rng.permutation(len(cands))
+                cands = [cands[i] for i in order]
+                tables[nid] = cands
+                msg.nodes.add(node=nid, n_candidates=len(cands))
+                if self.backend == "paillier":
+                    cum = vh.cumulative(new_hists[nid], n2)
+                    cts = [cum[j][b] for j, b in cands]
+                    tc = time.perf_counter()
+                    sums.extend(vh.compress(cts, per, 2 * spec.slot_bits, n2))
+                    self.timings["compress"] += time.perf_counter() - tc
+                else:
+                    cum = np.cumsum(new_hists[nid], axis=2)
+                    sums.extend(cum[:, j, b].tolist() for j, b in cands)
+            if self.backend == "paillier":
+                arr = np.empty(len(sums), dtype=object)
+                arr[:] = sums
+                msg.sums.CopyFrom(pl.EncryptedArray(self.pub, arr, cspec.exponent, cspec, n).to_proto())
+            else:
+                msg.plain.CopyFrom(_tensor(np.asarray(sums, dtype=np.int64).reshape(-1, 2)))
+            t.send(self.guest_id, TAG_HIST, msg, round=rnd)
+            hists = new_hists
+            decision = t.recv(self.guest_id, TAG_DECIDE, round=rnd,
+                              parse=parse_message(tree_pb2.SbDecision, lambda m: self._check_decision(m, tables)))
+            out = tree_pb2.SbSplitResults()
+            for ch in decision.choices:
+                nid = int(ch.node)
+                # exact ties (rows with equal g, h make them common): the first in (feature, bin) order
+                j, b = min(tables[nid][int(c)] for c in [ch.candidate, *ch.tied])
+                rows = rows_of[nid]
+                self.records.append((j, b, float(self.cuts[j][b])))
+                out.results.add(node=nid, record=len(self.records) - 1, left_mask=pack_mask(self.bins[rows, j] <= b))
+            t.send(self.guest_id, TAG_SPLIT, out, round=rnd)
+
+    def _rng(self, seq: int, depth: int) -> np.random.Generator:
+        if self._seed:
+            tag = int.from_bytes(self.party_id.encode()[:8].ljust(8, b"\0"), "little")
+            return np.random.default_rng([self._seed, tag, seq, depth])
+        return np.random.default_rng(secrets.randbits(128))
+
+    def _plain_hist(self, gh, rows) -> np.ndarray:
+        """Identity backend: int64 (2, d, max bins) sums of g and h mantissas."""
+        g, h = gh
+        B = max(self.n_bins)
+        out = np.zeros((2, self.bins.shape[1], B), dtype=np.int64)
+        for j in range(self.bins.shape[1]):
+            b = self.bins[rows, j]
+            out[0, j] = np.bincount(b, g[rows].astype(np.float64), B).astype(np.int64)
+            out[1, j] = np.bincount(b, h[rows].astype(np.float64), B).astype(np.int64)
+        return out
+
+    def _candidates(self, rows: np.ndarray) -> list[tuple[int, int]]:
+        """Valid (feature, bin) of a node, identical partitions removed (first in order kept)."""
+        keys, cands = [], []
+        m = len(rows)
+        for j in range(self.bins.shape[1]):
+            b_j = self.bins[rows, j]
+            nb = self.n_bins[j]
+            cnt = np.bincount(b_j, minlength=nb)
+            cum = np.cumsum(cnt)[:-1]
+            h1 = np.cumsum(np.bincount(b_j, self._row_hash[0, rows], nb))[:-1]
+            h2 = np.cumsum(np.bincount(b_j, self._row_hash[1, rows], nb))[:-1]
+            for b in np.flatnonzero((cnt[:-1] > 0) & (cum < m)).tolist():
+                keys.append((int(cum[b]), h1[b], h2[b]))
+                cands.append((j, b))
+        seen, out = set(), []
+        for k, c in zip(keys, cands):
+            if k not in seen:
+                seen.add(k)
+                out.append(c)
+        return out
+
+    def _check_plan(self, m: tree_pb2.SbLevelPlan, depth: int, rows_of: dict):
+        if m.depth != depth:
+            raise ProtocolError(f"level plan for depth {m.depth}, expected {depth}")
+        for part in m.partitions:
+            if int(part.node) not in rows_of:
+                raise ProtocolError(f"partition of unknown node {part.node}")
+        return m
+
+    def _check_decision(self, m: tree_pb2.SbDecision, tables: dict):
+        for ch in m.choices:
+            if int(ch.node) not in tables or not all(0 <= int(c) < len(tables[int(ch.node)])
+                                                         for c in [ch.candidate, *ch.tied]):
+                raise ProtocolError(f"decision for unknown candidate {ch.candidate} of node {ch.node}")
+        return m
+
+    # ----------------------------------------------------------------------------- prediction
+    def serve_predictions(self, X=None, max_requests: int | None = None) -> int:
+        """Answer the guest's routing requests on ``X`` (dataset "predict") until it ends prediction."""
+        if X is not None:
+            self.datasets["predict"] = _check_matrix(X, "X")
+        return self._guarded(self._serve, max_requests)
+
+    def _serve(self, max_requests):
+        served = 0
+        while max_requests is None or served < max_requests:
+            self._route_round += 1
+            req = self.t.recv(self.guest_id, TAG_ROUTE, round=self._route_round,
+                              parse=parse_message(tree_pb2.SbRouteRequest, self._check_route))
+            if req.stop:
+                break
+            X = self.datasets[req.dataset]
+            reply = tree_pb2.SbRouteReply()
+            for q in req.queries:
+                j, _, thr = self.records[int(q.record)]
+                rows = np.asarray(q.rows, dtype=np.int64)
+                reply.left_masks.append(pack_mask(goes_left(X[rows, j], thr)))
+            self.t.send(self.guest_id, TAG_ROUTED, reply, round=self._route_round)
+            served += 1
+        return served
+
+    def _check_route(self, m: tree_pb2.SbRouteRequest):
+        if m.stop:
+            return m
+        if m.dataset not in self.datasets:
+            raise ProtocolError(f"route request for dataset {m.dataset!r}; this host has {sorted(self.datasets)}")
+        n = len(self.datasets[m.dataset])
+        if m.n_rows != n:
+            raise ProtocolError(f"route request for {m.n_rows} rows of {m.dataset!r}; this host holds {n}")
+        for q in m.queries:
+            if not 0 <= q.record < len(self.records):
+                raise ProtocolError(f"route request for unknown record {q.record}")
+            if len(q.rows) and max(q.rows) >= n:
+                raise ProtocolError("route request: row index out of range")
+        return m

@@ -1,0 +1,106 @@
+"""Helpers of the SecureBoost tests: run the roles as threads over the in-process transport."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from secureflhv.transport import InProcessNetwork
+from secureflhv.tree.horizontal import HorizontalSecureBoostClient, HorizontalSecureBoostServer, tree_aggregation_config
+from secureflhv.tree.vertical import SecureBoostGuest, SecureBoostHost
+
+
+def run_threads(targets: dict, timeout: float = 120.0) -> tuple[dict, dict]:
+    """Run name -> callable in threads; return (results, exceptions)."""
+    results, errors = {}, {}
+
+    def wrap(name, fn):
+        try:
+            results[name] = fn()
+        except BaseException as exc:  # noqa: BLE001 - collected for the test to assert on
+            errors[name] = exc
+
+    threads = [threading.Thread(target=wrap, args=(k, v), daemon=True) for k, v in targets.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a party thread hung"
+    return results, errors
+
+
+def vertical_run(X, y, col_groups, params, *, X_val=None, y_val=None, X_pred=None, deadline=60.0, backend="paillier",
+                 host_wrappers=None, keypair=None):
+    """Train vertical SecureBoost with guest = col_groups[0], hosts = the rest.
+
+    Returns dict(guest, hosts, result, pred (margins of X_pred or None), net, errors).
+    """
+    host_ids = [f"host-{i}" for i in range(1, len(col_groups))]
+    net = InProcessNetwork("sb-test", ["guest", *host_ids], deadline=deadline)
+    sel = lambda A, c: None if A is None else A[:, c]  # noqa: E731
+    guest = SecureBoostGuest(net.transport("guest"), host_ids, X[:, col_groups[0]], y, params,
+                             X_val=sel(X_val, col_groups[0]), y_val=y_val, backend=backend, keypair=keypair)
+    hosts = []
+    for hid, cols in zip(host_ids, col_groups[1:]):
+        tr = net.transport(hid)
+        if host_wrappers and hid in host_wrappers:
+            tr = host_wrappers[hid](tr, net)
+        hosts.append(SecureBoostHost(tr, "guest", X[:, cols], params, X_val=sel(X_val, cols), backend=backend))
+
+    def host_job(h, cols):
+        h.fit()
+        if X_pred is not None:
+            h.serve_predictions(X_pred[:, cols])
+        return h
+
+    def guest_job():
+        res = guest.fit()
+        pred = None
+        if X_pred is not None:
+            pred = guest.predict_margin(X_pred[:, col_groups[0]])
+            guest.end_prediction()
+        return res, pred
+
+    targets = {"guest": guest_job}
+    for h, cols in zip(hosts, col_groups[1:]):
+        targets[h.party_id] = (lambda h=h, cols=cols: host_job(h, cols))
+    results, errors = run_threads(targets, timeout=deadline * 4)
+    out = dict(guest=guest, hosts=hosts, net=net, errors=errors)
+    if "guest" in results:
+        out["result"], out["pred"] = results["guest"]
+    return out
+
+
+def vertical_structure(guest, hosts, tree, col_groups) -> list[tuple]:
+    """The federated tree in the reference's terms: (id, leaf, global feature, bin) per node."""
+    offsets = np.cumsum([0] + [len(c) for c in col_groups])
+    ids = [h.party_id for h in hosts]
+    out = []
+    for nid, n in sorted(tree.nodes.items()):
+        if n.leaf:
+            out.append((nid, True, -1, -1))
+        elif n.owner == "guest":
+            out.append((nid, False, n.feature, n.bin))
+        else:
+            i = ids.index(n.owner)
+            j, b, _ = hosts[i].records[n.record]
+            out.append((nid, False, int(offsets[i + 1] + j), b))
+    return out
+
+
+def horizontal_run(parts, params, *, kind="plain_quantised", deadline=60.0, val_parts=None, feature_ranges=None):
+    """parts: list of (X_i, y_i). Returns dict(server_model, client_models, errors, net)."""
+    ids = [f"client-{i}" for i in range(len(parts))]
+    net = InProcessNetwork("hsb-test", ["server", *ids], deadline=deadline)
+    cfg = tree_aggregation_config(kind, seed=7, stage_timeout_s=deadline, input_timeout_s=deadline)
+    server = HorizontalSecureBoostServer(net.transport("server"), ids, params, aggregation=cfg,
+                                         feature_ranges=feature_ranges)
+    clients = []
+    for i, (cid, (Xi, yi)) in enumerate(zip(ids, parts)):
+        vx, vy = (None, None) if val_parts is None else val_parts[i]
+        clients.append(HorizontalSecureBoostClient(net.transport(cid), "server", ids, Xi, yi, params, X_val=vx,
+                                                   y_val=vy, aggregation=cfg, send_ranges=feature_ranges is None))
+    targets = {"server": server.fit, **{c.party_id: c.fit for c in clients}}
+    results, errors = run_threads(targets, timeout=deadline * 4)
+    return dict(server_model=results.get("server"), client_models=[results.get(c) for c in ids], errors=errors,
+                net=net, server=server, clients=clients)

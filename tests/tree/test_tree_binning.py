@@ -1,0 +1,72 @@
+"""Binning rules and the host's encrypted-histogram kernels (checked against plaintext on real keys)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from secureflhv.crypto import paillier as pl
+from secureflhv.tree import vertical_hist as vh
+from secureflhv.tree.binning import apply_bins, cuts_from_grid_counts, fit_cuts, goes_left, grid, grid_counts, quantile_cuts
+from secureflhv.tree.params import precision_bits_for, quantise
+from secureflhv.tree.vertical import compressed_packing, gh_packing
+
+
+def test_quantile_cuts_and_bin_rule():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=5000)
+    cuts = quantile_cuts(x, 32)
+    assert len(cuts) == 31 and np.all(np.diff(cuts) > 0)
+    b = apply_bins(x[:, None], [cuts])[:, 0]
+    counts = np.bincount(b, minlength=32)
+    assert counts.min() > 0.8 * 5000 / 32 and counts.max() < 1.2 * 5000 / 32  # quantiles: near-equal bins
+    for k in (0, 10, 30):  # "bin <= k" is exactly "x < cuts[k]" (float32), the XGBoost split rule
+        np.testing.assert_array_equal(b <= k, goes_left(x, cuts[k]))
+    few = np.array([3.0, 1.0, 2.0, 2.0, 1.0])
+    np.testing.assert_array_equal(quantile_cuts(few, 32), [2.0, 3.0])  # one bin per distinct value
+    assert len(quantile_cuts(np.ones(10), 8)) == 0
+    with pytest.raises(ValueError, match="NaN"):
+        fit_cuts(np.array([[1.0], [np.nan]]), 8)
+
+
+def test_grid_cuts_are_additive_over_clients():
+    rng = np.random.default_rng(1)
+    parts = [rng.exponential(size=n) for n in (300, 1000, 50)]
+    lo, hi = min(p.min() for p in parts), max(p.max() for p in parts)
+    g = grid(lo, hi, 512)
+    summed = sum(grid_counts(p, g) for p in parts)
+    pooled = np.concatenate(parts)
+    np.testing.assert_array_equal(summed, grid_counts(pooled, g))
+    cuts = cuts_from_grid_counts(summed, g, 16)
+    assert 8 <= len(cuts) <= 15 and np.all(np.diff(cuts) > 0)
+    frac = np.array([np.mean(pooled < c) for c in cuts])
+    assert np.all(np.diff(frac) > 0) and frac[0] < 0.15 and frac[-1] > 0.85
+
+
+def test_encrypted_histograms_subtraction_cumulative_and_compression_on_real_keys():
+    pub, priv = pl.generate_keypair(512, insecure_test_key=True)
+    rng = np.random.default_rng(2)
+    n, d, nb = 60, 3, 5
+    g, h = rng.uniform(-1, 1, n), rng.uniform(0, 0.25, n)
+    g[:3] = [-1.0, 1.0, 0.0]  # edge values
+    p = precision_bits_for(n, 0)
+    gq, hq = quantise(g, p), quantise(h, p)
+    spec = gh_packing(pub.n_bits, p, 0, n)
+    enc = pl.encrypt_packed(pub, np.stack([gq * 2.0 ** -p, hq * 2.0 ** -p], axis=1), spec)
+    cts = enc.ciphertexts.tolist()
+    bins = rng.integers(0, nb, size=(n, d)).astype(np.uint8)
+    rows_parent, rows_child = np.arange(n), np.sort(rng.choice(n, 20, replace=False))
+    parent = vh.build_node(cts, rows_parent, bins, [nb] * d, pub.nsquare)
+    child = vh.build_node(cts, rows_child, bins, [nb] * d, pub.nsquare)
+    sibling = vh.subtract(parent, child, pub.nsquare)
+    cum = vh.cumulative(sibling, pub.nsquare)
+    rows_sib = np.setdiff1d(rows_parent, rows_child)
+    cands = [(j, b) for j in range(d) for b in range(nb - 1) if cum[j][b] is not None]
+    cspec, per = compressed_packing(spec, pub.n_bits)
+    assert per >= 2
+    packed = vh.compress([cum[j][b] for j, b in cands], per, 2 * spec.slot_bits, pub.nsquare)
+    arr = np.empty(len(packed), dtype=object)
+    arr[:] = packed
+    dec = pl.decrypt(priv, pl.EncryptedArray(pub, arr, cspec.exponent, cspec, n)).reshape(-1, 2)[:len(cands)]
+    for (j, b), (gl, hl) in zip(cands, dec):
+        sel = rows_sib[bins[rows_sib, j] <= b]
+        assert gl == gq[sel].sum() * 2.0 ** -p and hl == hq[sel].sum() * 2.0 ** -p
