@@ -47,8 +47,8 @@ from ..transport.base import PeerTimeout, PeerUnavailable, ProtocolError, Transp
 
 log = logging.getLogger("secureflhv.horizontal.aggregation")
 
-Kind = Literal["secagg", "secagg_plus", "plain", "plain_quantised"]
-KINDS = ("secagg", "secagg_plus", "plain", "plain_quantised")
+Kind = Literal["secagg", "plain", "plain_quantised"]
+KINDS = ("secagg", "plain", "plain_quantised")
 STAGES = 16  # envelope round = round_id * STAGES + stage
 
 TAG_PLAIN = "agg.plain"
@@ -97,7 +97,7 @@ class AggregationConfig:
     """Settings of the aggregation layer (identical at the server and every client).
 
     Attributes:
-        kind: "secagg" | "secagg_plus" | "plain" | "plain_quantised".
+        kind: "secagg" | "plain" | "plain_quantised".
         threshold: t as an int, or a fraction in (0, 1] of the selected clients; None = ceil(2n/3).
         clip: clip range c of each coordinate of x (before weighting).
         precision_bits: scale = 2**precision_bits.
@@ -105,7 +105,6 @@ class AggregationConfig:
         consistency_check: Bonawitz's ConsistencyCheck round (Ed25519 signatures of the survivor set).
         stage_timeout_s: server wait per stage after the first.
         input_timeout_s: server wait for each client's first message (covers local training).
-        neighbours: secagg_plus graph degree (None: O(log n) as in Bell et al.).
         seed: seed of stochastic rounding (None: OS randomness); same seed => same rounding.
     """
 
@@ -117,7 +116,6 @@ class AggregationConfig:
     consistency_check: bool = False
     stage_timeout_s: float = 30.0
     input_timeout_s: float = 600.0
-    neighbours: int | None = None
     seed: int | None = None
 
     def __post_init__(self):
@@ -334,8 +332,6 @@ def make_aggregation(config: AggregationConfig) -> tuple[type[AggregationClient]
     """(client class, server class) for ``config.kind``; both take the constructor arguments above."""
     if config.kind in ("plain", "plain_quantised"):
         return PlainClient, PlainServer
-    if config.kind == "secagg_plus":
-        raise NotImplementedError("kind 'secagg_plus' (Bell et al. CCS 2020) is not implemented yet; use 'secagg'")
     from .secagg import SecAggClient, SecAggServer  # noqa: PLC0415 - avoids a cycle
     return SecAggClient, SecAggServer
 

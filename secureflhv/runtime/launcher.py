@@ -4,7 +4,8 @@ Each party runs exactly what a real deployment runs on its organisation's machin
 (``secureflhv party JOB --party ID``); this launcher only starts them, prefixes their log lines
 with the party id, turns their progress events into a progress bar, and cleans up: when one
 party fails, the others are stopped, the launcher exits non-zero naming the party, and no
-process (nor a worker pool of one) is left behind.
+process (nor a worker pool of one) is left behind. In a horizontal job a failing client is a dropout:
+the others go on (secure aggregation survives it), and the exit code is still non-zero.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from rich.console import Console
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .config import JobConfig
+from .config import ALGORITHMS, JobConfig
 
 PROGRESS_PREFIX = "@progress "
 _COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
@@ -60,6 +61,8 @@ class Launcher:
         self.grace_s = grace_s
         self.extra_args = extra_args or []
         self.children: list[_Child] = []
+        # parties whose failure does not stop the job: the clients of a horizontal job (dropouts)
+        self.tolerated = {p.id for p in cfg.clients} if ALGORITHMS[cfg.job.algorithm] == "horizontal" else set()
         self._progress: Progress | None = None
         self._tasks: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
@@ -131,8 +134,11 @@ class Launcher:
                 rc = c.proc.returncode
                 if rc not in (None, 0) and c.party_id not in failed:
                     failed.append(c.party_id)
-                    self.console.print(f"party {c.party_id!r} exited with code {rc}", style="bold red")
-            if failed or not running:
+                    tolerated = c.party_id in self.tolerated
+                    self.console.print(f"party {c.party_id!r} exited with code {rc}"
+                                       + ("; the job goes on without it (client dropout)" if tolerated else ""),
+                                       style="bold red")
+            if any(p not in self.tolerated for p in failed) or not running:
                 break
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 self.console.print(f"job did not finish within {timeout_s:.0f}s; stopping every party",
@@ -140,6 +146,9 @@ class Launcher:
                 failed.append("(timeout)")
                 break
             time.sleep(0.2)
+        if failed and not running:  # only tolerated dropouts failed; everyone else finished
+            self.console.print(f"job {self.cfg.job.id!r} finished without: {', '.join(failed)}", style="bold red")
+            return 1
         if failed:
             # let the others notice the failure themselves first (their messages name the culprit)
             end = time.monotonic() + min(self.grace_s, 5.0)

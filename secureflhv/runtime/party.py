@@ -3,7 +3,8 @@
 The runner validates the job, opens the party's gRPC endpoint (mutual TLS unless ``--insecure``),
 runs the algorithm's role for this party, and saves its artifacts. Any failure is logged with the
 party id and the step, announced to the other parties (so they stop now rather than at their
-deadline), and turned into a non-zero exit code.
+deadline), and turned into a non-zero exit code. Exception: a failing client of a horizontal job
+tells nobody: it is a dropout, which secure aggregation survives while t clients remain.
 """
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     peers = [p.id for p in cfg.parties if p.id != party_id]
+    # A horizontal client that fails is a dropout the protocol survives: it must not stop the others.
+    told_on_failure = [] if ALGORITHMS[cfg.job.algorithm] == "horizontal" and spec.role != "server" else peers
     started = time.monotonic()
     transport = None
     try:
@@ -87,19 +90,19 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
         return EXIT_OK
     except JobConfigError as exc:
         log.error("%s: %s", party_id, exc)
-        _tell_peers(transport, f"{party_id}: bad configuration: {exc}", peers)
+        _tell_peers(transport, f"{party_id}: bad configuration: {exc}", told_on_failure)
         return EXIT_CONFIG
     except TransportError as exc:
         log.error("%s stopped: %s", party_id, exc)
-        _tell_peers(transport, f"{party_id} stopped: {exc}", peers)
+        _tell_peers(transport, f"{party_id} stopped: {exc}", told_on_failure)
         return EXIT_FAILED
     except SystemExit as exc:
         log.error("%s was terminated (signal %s)", party_id, (exc.code or 0) - 128)
-        _tell_peers(transport, f"{party_id} was terminated", peers)
+        _tell_peers(transport, f"{party_id} was terminated", told_on_failure)
         return EXIT_FAILED
     except Exception as exc:  # noqa: BLE001 - any failure must reach the peers and the exit code
         log.exception("%s failed: %s", party_id, exc)
-        _tell_peers(transport, f"{party_id} failed: {type(exc).__name__}: {exc}", peers)
+        _tell_peers(transport, f"{party_id} failed: {type(exc).__name__}: {exc}", told_on_failure)
         return EXIT_FAILED
     finally:
         if transport is not None:

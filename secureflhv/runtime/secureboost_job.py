@@ -42,7 +42,7 @@ class SecureBoostJobParams(SecureBoostParams):
     split_seed: int = Field(default=0, ge=0)
     validation_fraction: float = Field(default=0.0, ge=0, lt=1,
                                        description="share of training rows held out for early stopping")
-    aggregation: Literal["secagg", "secagg_plus", "plain_quantised", "plain"] = "secagg"
+    aggregation: Literal["secagg", "plain_quantised", "plain"] = "secagg"
     feature_ranges: list[tuple[float, float]] | None = None
 
 

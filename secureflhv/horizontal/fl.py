@@ -1,0 +1,415 @@
+"""Horizontal FL roles over the transport: :class:`HorizontalServer` and :class:`HorizontalClient`.
+
+One job = one server (no data) and N clients (same features, different rows). Per round ``r``
+(1-based), with message tags ``fl.*`` and transport round ``r``:
+
+1. the server samples ``max(1, int(fraction · |alive|))`` of the clients still alive with
+   ``np.random.default_rng([seed, r])`` (NIID-Bench: ``int(n_parties · sample)``), and sends every
+   alive client ``fl.round`` — a ``Bundle`` with ``text.command`` (``train`` or ``skip``),
+   ``text.participants`` (the selected ids, comma-separated) and, for the selected, the global model
+   (one float32 ``Tensor`` per parameter, ``model/<name>``) plus the strategy's broadcast arrays
+   (SCAFFOLD: ``extra/control``);
+2. each selected client trains locally (:mod:`.strategies`) and submits each aggregated part through
+   :class:`~secureflhv.horizontal.aggregation.AggregationClient` (aggregation round id
+   ``r · 8 + part index``); the server's :class:`~secureflhv.horizontal.aggregation.AggregationServer`
+   returns the weighted sum over the survivors — a client that fails or goes silent is dropped from
+   the round by the aggregation layer and the round continues while at least ``t`` survive;
+3. the server applies the strategy's server half and sends the new global model (``fl.eval``) to
+   every alive client; each evaluates it on its local test split and answers ``fl.metrics``
+   (``Scalars``: test correct / n / loss sum; if it trained: train loss, samples, steps);
+4. the server logs the round (accuracy = Σ correct / Σ n over the reporting clients).
+
+After the last round the server sends ``fl.round`` with ``text.command = stop``. A client whose
+message cannot be delivered, or that misses ``fl.metrics``, is marked dead and not selected again.
+
+Wire: every payload is protobuf (``messages_pb2.Bundle`` / ``Scalars``); tensors are dtype + shape +
+little-endian bytes and are checked against the model's parameter names and shapes (float32,
+finite) — a bad payload is rejected by the transport and the wait goes on.
+
+What each role learns: the server learns the selected/surviving ids, what the aggregation kind
+reveals of the updates (secure aggregation: only the weighted sums and total weights), and each
+client's local test counts (correct, n, loss) and training statistics (loss, samples, steps). A client
+learns the global models it receives and this round's participant list.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..proto import messages_pb2
+from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
+from .aggregation import AggregateResult, AggregationConfig, AggregationError, make_aggregation
+from .models import ModelSpec, build_model, evaluate, get_flat, param_shapes, set_flat
+from .strategies import LocalTrainConfig, Strategy, batch_rng
+
+log = logging.getLogger("secureflhv.horizontal.fl")
+
+TAG_ROUND = "fl.round"
+TAG_EVAL = "fl.eval"
+TAG_METRICS = "fl.metrics"
+PARTS_PER_ROUND = 8  # aggregation round id = fl round * 8 + part index
+DEFAULT_PART_CLIPS = {"control": 10.0, "nova": 1e5}
+
+
+@dataclass(frozen=True)
+class FLConfig:
+    """Settings shared by the server and every client.
+
+    Attributes:
+        rounds: communication rounds.
+        fraction: share of (alive) clients selected per round, in (0, 1].
+        seed: seeds client sampling, the initial model and every client's batch order.
+        local: local training settings.
+        aggregation: the aggregation layer's settings (kind, clip, threshold, timeouts).
+        part_clips: clip range per aggregated part other than ``model`` (which uses
+            ``aggregation.clip``): SCAFFOLD's ``control`` and FedNova's ``nova`` (= a_i, a step count).
+        round_timeout_s: how long a client waits for the server's next message (covers the other
+            clients' training and the aggregation), and the server for ``fl.metrics``.
+        send_timeout_s: how long the server keeps trying to deliver one message to a client.
+    """
+
+    rounds: int = 10
+    fraction: float = 1.0
+    seed: int = 0
+    local: LocalTrainConfig = LocalTrainConfig()
+    aggregation: AggregationConfig = AggregationConfig()
+    part_clips: dict = field(default_factory=lambda: dict(DEFAULT_PART_CLIPS))
+    round_timeout_s: float = 600.0
+    send_timeout_s: float = 30.0
+
+    def __post_init__(self):
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+
+    def part_config(self, part: str) -> AggregationConfig:
+        if part == "model":
+            return self.aggregation
+        clip = self.part_clips.get(part, DEFAULT_PART_CLIPS.get(part, self.aggregation.clip))
+        return dataclasses.replace(self.aggregation, clip=float(clip))
+
+
+@dataclass
+class RoundRecord:
+    """What the server logs for one round."""
+
+    round: int
+    selected: list[str]
+    survivors: list[str]
+    dropped: list[str]
+    test_accuracy: float
+    test_loss: float
+    test_n: int
+    train_loss: float
+    seconds: float
+    aggregation: dict = field(default_factory=dict)  # part -> {clip, scale, k_bits, n_clipped, weight}
+    dead: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------ wire helpers
+def tensor_proto(a: np.ndarray) -> messages_pb2.Tensor:
+    a = np.ascontiguousarray(a, dtype="<f4")
+    return messages_pb2.Tensor(dtype="<f4", shape=list(a.shape), data=a.tobytes())
+
+
+def tensor_array(t: messages_pb2.Tensor, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """Decode a float32 tensor and check its shape and values; raises ProtocolError."""
+    if t.dtype != "<f4":
+        raise ProtocolError(f"{what}: dtype {t.dtype!r}, expected '<f4'")
+    if tuple(t.shape) != tuple(shape):
+        raise ProtocolError(f"{what}: shape {list(t.shape)}, expected {list(shape)}")
+    n = int(np.prod(shape))
+    if len(t.data) != 4 * n:
+        raise ProtocolError(f"{what}: {len(t.data)} data bytes, expected {4 * n}")
+    a = np.frombuffer(t.data, dtype="<f4").reshape(shape)
+    if not np.all(np.isfinite(a)):
+        raise ProtocolError(f"{what}: non-finite values")
+    return a
+
+
+def model_bundle(shapes: dict[str, tuple[int, ...]], vector: np.ndarray, **text) -> messages_pb2.Bundle:
+    b = messages_pb2.Bundle(text={k: str(v) for k, v in text.items()})
+    offset = 0
+    for name, shape in shapes.items():
+        n = int(np.prod(shape))
+        b.tensors[f"model/{name}"].CopyFrom(tensor_proto(vector[offset:offset + n].reshape(shape)))
+        offset += n
+    return b
+
+
+def read_model(b: messages_pb2.Bundle, shapes: dict[str, tuple[int, ...]]) -> np.ndarray:
+    """The flat float32 model in a bundle; raises ProtocolError naming a missing/bad parameter."""
+    names = {k[len("model/"):] for k in b.tensors if k.startswith("model/")}
+    if names != set(shapes):
+        raise ProtocolError(f"model parameters {sorted(names)} do not match {sorted(shapes)}")
+    return np.concatenate([tensor_array(b.tensors[f"model/{n}"], s, f"model/{n}").reshape(-1)
+                           for n, s in shapes.items()]).astype(np.float32)
+
+
+def _parallel(fn, items) -> list:
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+# ------------------------------------------------------------------------------------ server
+class HorizontalServer:
+    """The aggregator: samples clients, broadcasts the global model, aggregates, applies the strategy.
+
+    Args:
+        transport: the server's transport.
+        clients: client party ids (in the job's order).
+        spec: model architecture.
+        strategy: the server's strategy instance.
+        config: shared settings.
+        on_round: optional callback ``(record, global_vector float32)`` after each round.
+
+    Raises (from :meth:`run`): AggregationError when a round keeps fewer than t clients;
+    TransportError when no client is left.
+    """
+
+    def __init__(self, transport, clients: Sequence[str], spec: ModelSpec, strategy: Strategy, config: FLConfig,
+                 on_round: Callable[[RoundRecord, np.ndarray], None] | None = None):
+        self.transport = transport
+        self.clients = list(clients)
+        if len(set(self.clients)) != len(self.clients) or len(self.clients) < 1:
+            raise ValueError(f"clients must be distinct and non-empty, got {self.clients}")
+        self.spec = spec
+        self.strategy = strategy
+        self.config = config
+        self.on_round = on_round
+        model = build_model(spec, seed=config.seed)
+        self.shapes = param_shapes(model)
+        self.global_vec = get_flat(model)
+        self.dim = self.global_vec.size
+        self.part_dims = strategy.part_dims(self.dim)
+        self.agg_servers = {p: make_aggregation(config.part_config(p))[1](transport, config.part_config(p))
+                            for p in strategy.parts}
+        self.dead: set[str] = set()
+        self.history: list[RoundRecord] = []
+
+    def _sample(self, round_id: int) -> list[str]:
+        alive = [c for c in self.clients if c not in self.dead]
+        if not alive:
+            raise TransportError("no client is left alive")
+        m = max(1, int(len(alive) * self.config.fraction))
+        rng = np.random.default_rng([self.config.seed, round_id])
+        pick = set(rng.choice(len(alive), size=m, replace=False).tolist())
+        return [c for i, c in enumerate(alive) if i in pick]
+
+    def _send_all(self, receivers: Sequence[str], tag: str, round_id: int, payload_of) -> None:
+        def send(c):
+            try:
+                self.transport.send(c, tag, payload_of(c), round=round_id, timeout=self.config.send_timeout_s)
+            except TransportError as exc:
+                log.warning("server: cannot reach client %s (%s, round %d): %s; marking it dead", c, tag,
+                            round_id, exc)
+                self.dead.add(c)
+        _parallel(send, receivers)
+
+    def _collect_metrics(self, round_id: int, clients: Sequence[str]) -> dict[str, dict]:
+        def validate(msg):
+            vals = dict(msg.values)
+            for k in ("test_correct", "test_n"):
+                if k not in vals or not math.isfinite(vals[k]) or vals[k] < 0:
+                    raise ProtocolError(f"metrics: {k!r} missing or invalid")
+            return vals
+
+        deadline = time.monotonic() + self.config.round_timeout_s
+        out = {}
+        for c in clients:
+            try:
+                out[c] = self.transport.recv(c, TAG_METRICS, round_id, timeout=max(deadline - time.monotonic(), 0.01),
+                                             parse=parse_message(messages_pb2.Scalars, validate))
+            except PeerTimeout as exc:
+                log.warning("server: no metrics from %s in round %d (%s); marking it dead", c, round_id, exc)
+                self.dead.add(c)
+        return out
+
+    def run(self) -> list[RoundRecord]:
+        """Run every round; return the per-round records (also in :attr:`history`)."""
+        self.strategy.server_init(self.dim)
+        cfg = self.config
+        log.info("server: %s, %d clients, %d rounds, fraction %g, %d parameters, aggregation %s",
+                 self.strategy.name, len(self.clients), cfg.rounds, cfg.fraction, self.dim, cfg.aggregation.kind)
+        for r in range(1, cfg.rounds + 1):
+            t0 = time.monotonic()
+            selected = self._sample(r)
+            alive = [c for c in self.clients if c not in self.dead]
+            extras = self.strategy.broadcast()
+            participants = ",".join(selected)
+
+            def round_msg(c):
+                if c not in selected:
+                    return messages_pb2.Bundle(text={"command": "skip", "participants": participants})
+                b = model_bundle(self.shapes, self.global_vec, command="train", participants=participants)
+                for k, v in extras.items():
+                    b.tensors[f"extra/{k}"].CopyFrom(tensor_proto(v))
+                return b
+
+            self._send_all(alive, TAG_ROUND, r, round_msg)
+            results: dict[str, AggregateResult] = {}
+            for i, part in enumerate(self.strategy.parts):
+                try:
+                    results[part] = self.agg_servers[part].aggregate(r * PARTS_PER_ROUND + i, selected,
+                                                                     self.part_dims[part])
+                except AggregationError as exc:
+                    raise AggregationError(f"round {r}, part {part!r}: {exc}") from None
+            self.global_vec = self.strategy.server_update(self.global_vec, results)
+            if not np.all(np.isfinite(self.global_vec)):
+                raise FloatingPointError(f"round {r}: the global model became non-finite (lower lr?)")
+
+            alive = [c for c in self.clients if c not in self.dead]
+            self._send_all(alive, TAG_EVAL, r, lambda c: model_bundle(self.shapes, self.global_vec, command="eval"))
+            alive = [c for c in self.clients if c not in self.dead]
+            metrics = self._collect_metrics(r, alive)
+            record = self._record(r, selected, results, metrics, time.monotonic() - t0)
+            self.history.append(record)
+            log.info("round %d/%d: %d selected, %d survived%s; test accuracy %.4f (n=%d), train loss %.4f, %.1fs",
+                     r, cfg.rounds, len(selected), len(record.survivors),
+                     f" (dropped {', '.join(record.dropped)})" if record.dropped else "", record.test_accuracy,
+                     record.test_n, record.train_loss, record.seconds)
+            if self.on_round is not None:
+                self.on_round(record, self.global_vec)
+        alive = [c for c in self.clients if c not in self.dead]
+        self._send_all(alive, TAG_ROUND, cfg.rounds + 1, lambda c: messages_pb2.Bundle(text={"command": "stop"}))
+        return self.history
+
+    def _record(self, r, selected, results, metrics, seconds) -> RoundRecord:
+        survivors = sorted(set.intersection(*(set(res.survivors) for res in results.values())))
+        dropped = sorted(set(selected) - set(survivors))
+        correct = sum(m["test_correct"] for m in metrics.values())
+        n_test = sum(m["test_n"] for m in metrics.values())
+        loss_sum = sum(m.get("test_loss_sum", 0.0) for m in metrics.values())
+        trained = [m for m in metrics.values() if m.get("trained", 0) > 0]
+        n_train = sum(m["train_n"] for m in trained)
+        train_loss = sum(m["train_loss"] * m["train_n"] for m in trained) / n_train if n_train else float("nan")
+        agg = {p: {"clip": res.clip, "scale": res.scale, "k_bits": res.k_bits, "n_clipped": res.n_clipped,
+                   "weight": res.weight, "survivors": len(res.survivors)} for p, res in results.items()}
+        return RoundRecord(r, list(selected), survivors, dropped,
+                           correct / n_test if n_test else float("nan"),
+                           loss_sum / n_test if n_test else float("nan"), int(n_test), train_loss, seconds, agg,
+                           sorted(self.dead))
+
+
+# ------------------------------------------------------------------------------------ client
+class HorizontalClient:
+    """A data holder: trains the global model on its rows and submits its update through aggregation.
+
+    Args:
+        transport: this client's transport.
+        server_id: the server's party id.
+        X_train, y_train: local training rows (n, n_features) float32 and int labels in [0, n_classes).
+        X_test, y_test: local test rows for the per-round metrics (may be empty).
+        spec, strategy, config: as at the server (the client owns its strategy instance).
+
+    Raises ValueError for data that does not fit ``spec`` (names the mismatch).
+    """
+
+    def __init__(self, transport, server_id: str, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
+                 y_test: np.ndarray, spec: ModelSpec, strategy: Strategy, config: FLConfig):
+        self.transport = transport
+        self.server_id = server_id
+        self.id = transport.party_id
+        for what, X, y in (("training", X_train, y_train), ("test", X_test, y_test)):
+            if X.ndim != 2 or X.shape[1] != spec.n_features:
+                raise ValueError(f"{self.id}: {what} data has shape {X.shape}, the model expects "
+                                 f"(rows, {spec.n_features}) (model.n_features)")
+            if len(y) != len(X):
+                raise ValueError(f"{self.id}: {what} data has {len(X)} rows but {len(y)} labels")
+            if len(y) and (y.min() < 0 or y.max() >= spec.n_classes):
+                raise ValueError(f"{self.id}: {what} labels must be integers in [0, {spec.n_classes}) "
+                                 f"(model.n_classes), found {y.min()}..{y.max()}")
+        if len(y_train) == 0:
+            raise ValueError(f"{self.id}: no training rows")
+        self.X_train, self.y_train = np.asarray(X_train, np.float32), np.asarray(y_train, np.int64)
+        self.X_test, self.y_test = np.asarray(X_test, np.float32), np.asarray(y_test, np.int64)
+        self.spec = spec
+        self.strategy = strategy
+        self.config = config
+        self.model = build_model(spec)
+        self.shapes = param_shapes(self.model)
+        self.dim = sum(int(np.prod(s)) for s in self.shapes.values())
+        self.part_dims = strategy.part_dims(self.dim)
+        self.agg_clients = {p: make_aggregation(config.part_config(p))[0](transport, server_id,
+                                                                          config.part_config(p))
+                            for p in strategy.parts}
+        self.history: list[dict] = []
+        self.global_vec: np.ndarray | None = None
+
+    def _parse_round(self, payload: bytes) -> messages_pb2.Bundle:
+        b = messages_pb2.Bundle.FromString(payload)
+        cmd = b.text.get("command")
+        if cmd not in ("train", "skip", "stop", "eval"):
+            raise ProtocolError(f"unknown command {cmd!r}")
+        if cmd in ("train", "eval"):
+            read_model(b, self.shapes)  # validate now, so a bad model is rejected and we keep waiting
+        if cmd == "train":
+            for k in b.tensors:
+                if k.startswith("extra/"):
+                    tensor_array(b.tensors[k], (self.dim,), k)
+        return b
+
+    def train_round(self, round_id: int, bundle: messages_pb2.Bundle) -> dict:
+        """Local training and aggregation of one round (called for ``command == train``)."""
+        participants = [p for p in bundle.text["participants"].split(",") if p]
+        global_vec = read_model(bundle, self.shapes)
+        extras = {k[len("extra/"):]: tensor_array(t, (self.dim,), k) for k, t in bundle.tensors.items()
+                  if k.startswith("extra/")}
+        rng = batch_rng(self.config.seed, round_id, self.id)
+        upd = self.strategy.client_update(self.model, global_vec, self.X_train, self.y_train, self.config.local,
+                                          rng, extras)
+        for part in self.strategy.parts:
+            vec, _ = upd.parts[part]
+            if vec.shape != (self.part_dims[part],):
+                raise ValueError(f"{self.id}: part {part!r} has shape {vec.shape}, expected ({self.part_dims[part]},)")
+            if not np.all(np.isfinite(vec)):
+                # nothing sensible to aggregate: this client drops out of the round (lower lr?)
+                raise FloatingPointError(f"{self.id}: local training diverged in round {round_id} (non-finite "
+                                         f"{part!r} update); lower the learning rate")
+        for i, part in enumerate(self.strategy.parts):
+            vec, weight = upd.parts[part]
+            self.agg_clients[part].submit(round_id * PARTS_PER_ROUND + i, participants, vec, weight)
+        return {"trained": 1.0, "train_loss": upd.loss, "train_n": float(upd.n_samples), "steps": float(upd.steps)}
+
+    def run(self) -> list[dict]:
+        """Serve rounds until the server says stop; return this client's per-round metrics."""
+        timeout = self.config.round_timeout_s
+        r = 1
+        while True:
+            bundle = self.transport.recv(self.server_id, TAG_ROUND, r, timeout=timeout, parse=self._parse_round)
+            cmd = bundle.text["command"]
+            if cmd == "stop":
+                log.info("%s: server finished after %d rounds", self.id, r - 1)
+                return self.history
+            stats = {"trained": 0.0}
+            if cmd == "train":
+                stats = self.train_round(r, bundle)
+            ev = self.transport.recv(self.server_id, TAG_EVAL, r, timeout=timeout, parse=self._parse_round)
+            self.global_vec = read_model(ev, self.shapes)
+            metrics = self.evaluate(self.global_vec)
+            stats.update(test_correct=metrics["correct"], test_n=metrics["n"],
+                         test_loss_sum=metrics["loss"] * metrics["n"] if metrics["n"] else 0.0)
+            self.transport.send(self.server_id, TAG_METRICS, messages_pb2.Scalars(values=stats), round=r,
+                                timeout=timeout)
+            self.history.append({"round": r, **stats, "test_accuracy": metrics["accuracy"]})
+            log.info("%s: round %d %s; local test accuracy %.4f (n=%d)", self.id, r,
+                     f"trained {int(stats['steps'])} steps, loss {stats['train_loss']:.4f}" if cmd == "train"
+                     else "not selected", metrics["accuracy"], metrics["n"])
+            r += 1
+
+    def evaluate(self, vector: np.ndarray) -> dict[str, float]:
+        set_flat(self.model, vector)
+        if len(self.y_test) == 0:
+            return {"accuracy": float("nan"), "loss": float("nan"), "correct": 0.0, "n": 0.0}
+        return evaluate(self.model, self.X_test, self.y_test)

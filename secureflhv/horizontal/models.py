@@ -1,0 +1,215 @@
+"""Models of horizontal FL (torch), and their flat-vector view used by strategies and aggregation.
+
+* :class:`SimpleCNN` — NIID-Bench's "simple-cnn" (Li et al., ICDE 2022, section V-A; ``SimpleCNNMNIST``
+  for 28×28 inputs, ``SimpleCNN`` for 32×32): conv 5×5 → 6 channels, ReLU, 2×2 max-pool, conv 5×5 →
+  16 channels, ReLU, 2×2 max-pool, FC 120, ReLU, FC 84, ReLU, FC n_classes. For Fashion-MNIST
+  (1×28×28) it has 44,426 float32 parameters.
+* :class:`MLP` — NIID-Bench's tabular ``FcNet``: hidden layers 32-16-8 with ReLU, then n_classes.
+
+Both take flat feature rows ``(batch, n_features)`` float32 (the layout of every
+:class:`secureflhv.data.Dataset`); the CNN reshapes them to ``image_shape``.
+
+Flat view: :func:`get_flat` / :func:`set_flat` map the parameters, in ``named_parameters()`` order,
+to one float32 vector of length :func:`n_params`; :func:`named_arrays` gives the same parameters as
+named float32 arrays (the ``.npz`` artifact and the wire format of the global model). Neither
+model has buffers, so parameters are the whole state.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal, Sequence
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+
+class ModelSpec(BaseModel):
+    """Architecture of the global model, identical at the server and every client.
+
+    Attributes:
+        name: ``cnn`` (NIID-Bench simple CNN, images) or ``mlp`` (tables).
+        n_features: length of a feature row (784 for Fashion-MNIST).
+        n_classes: number of classes (every client uses the same, even if it holds fewer labels).
+        image_shape: (channels, height, width) for ``cnn``; default: 1×s×s when n_features = s², else
+            3×s×s when n_features = 3s².
+        hidden: hidden layer widths of ``mlp`` (NIID-Bench: 32, 16, 8); ``[]`` gives softmax regression.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["cnn", "mlp"] = "cnn"
+    n_features: int = Field(gt=0)
+    n_classes: int = Field(ge=2)
+    image_shape: tuple[int, int, int] | None = None
+    hidden: tuple[int, ...] = (32, 16, 8)
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ModelSpec":
+        if self.name == "cnn":
+            c, h, w = self.resolved_image_shape()
+            if c * h * w != self.n_features:
+                raise ValueError(f"image_shape {[c, h, w]} has {c * h * w} values, n_features is {self.n_features}")
+            if (h - 4) // 2 - 4 < 2 or (w - 4) // 2 - 4 < 2:
+                raise ValueError(f"image_shape {[c, h, w]}: images must be at least 16×16 for two 5×5 convolutions")
+        if any(width < 1 for width in self.hidden):
+            raise ValueError(f"hidden: layer widths must be >= 1, got {list(self.hidden)}")
+        return self
+
+    def resolved_image_shape(self) -> tuple[int, int, int]:
+        if self.image_shape is not None:
+            return tuple(self.image_shape)
+        for c in (1, 3):
+            s = math.isqrt(self.n_features // c)
+            if c * s * s == self.n_features:
+                return (c, s, s)
+        raise ValueError(f"image_shape: n_features={self.n_features} is not c*s*s for c in (1, 3); give image_shape")
+
+
+class SimpleCNN(nn.Module):
+    """NIID-Bench simple CNN (see module docstring). Input (batch, c*h*w) float32; output logits (batch, K)."""
+
+    def __init__(self, image_shape: Sequence[int] = (1, 28, 28), n_classes: int = 10):
+        super().__init__()
+        c, h, w = image_shape
+        self.image_shape = (c, h, w)
+        self.conv1 = nn.Conv2d(c, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        flat = 16 * (((h - 4) // 2 - 4) // 2) * (((w - 4) // 2 - 4) // 2)  # 16*4*4 for 28x28, 16*5*5 for 32x32
+        self.fc1 = nn.Linear(flat, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(x.shape[0], *self.image_shape)
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        x = x.flatten(1)
+        x = torch.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class MLP(nn.Module):
+    """Fully connected net ``n_features → hidden... → n_classes`` with ReLU (NIID-Bench FcNet, no dropout)."""
+
+    def __init__(self, n_features: int, hidden: Sequence[int] = (32, 16, 8), n_classes: int = 2):
+        super().__init__()
+        widths = [n_features, *hidden, n_classes]
+        layers: list[nn.Module] = []
+        for i in range(len(widths) - 1):
+            layers.append(nn.Linear(widths[i], widths[i + 1]))
+            if i < len(widths) - 2:
+                layers.append(nn.ReLU())
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
+    """A fresh model of ``spec``; with ``seed``, its initial weights depend only on the seed."""
+    gen_state = None
+    if seed is not None:
+        gen_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+    try:
+        if spec.name == "cnn":
+            return SimpleCNN(spec.resolved_image_shape(), spec.n_classes)
+        return MLP(spec.n_features, spec.hidden, spec.n_classes)
+    finally:
+        if gen_state is not None:
+            torch.random.set_rng_state(gen_state)
+
+
+def param_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Parameter name → shape, in the flat-vector order."""
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def get_flat(model: nn.Module) -> np.ndarray:
+    """All parameters as one float32 vector (a copy), in ``named_parameters()`` order."""
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().astype(np.float32, copy=True)
+
+
+def set_flat(model: nn.Module, vector: np.ndarray) -> None:
+    """Load a flat vector (any float dtype; cast to float32) into the parameters.
+
+    Raises ValueError when the length differs from :func:`n_params`.
+    """
+    vector = np.asarray(vector)
+    total = n_params(model)
+    if vector.shape != (total,):
+        raise ValueError(f"flat parameter vector has shape {vector.shape}, the model has {total} parameters")
+    flat = torch.from_numpy(vector.astype(np.float32, copy=True))
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(flat[offset:offset + n].reshape(p.shape))
+            offset += n
+
+
+def named_arrays(model: nn.Module, vector: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Parameters as ``{name: float32 array}`` (from ``vector`` if given, else from the model)."""
+    flat = get_flat(model) if vector is None else np.asarray(vector, dtype=np.float32)
+    out, offset = {}, 0
+    for name, shape in param_shapes(model).items():
+        n = int(np.prod(shape))
+        out[name] = flat[offset:offset + n].reshape(shape).copy()
+        offset += n
+    if offset != flat.size:
+        raise ValueError(f"vector has {flat.size} values, the model has {offset} parameters")
+    return out
+
+
+def flatten_named(model: nn.Module, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """Inverse of :func:`named_arrays`: check names/shapes against ``model`` and concatenate (float32).
+
+    Raises ValueError naming a missing, unexpected or mis-shaped parameter.
+    """
+    shapes = param_shapes(model)
+    extra = sorted(set(arrays) - set(shapes))
+    missing = [n for n in shapes if n not in arrays]
+    if extra or missing:
+        raise ValueError(f"parameters do not match the model: missing {missing}, unexpected {extra}")
+    parts = []
+    for name, shape in shapes.items():
+        a = np.asarray(arrays[name])
+        if a.shape != shape:
+            raise ValueError(f"parameter {name!r} has shape {a.shape}, the model expects {shape}")
+        parts.append(a.astype(np.float32, copy=False).reshape(-1))
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, X: np.ndarray, batch_size: int = 1024) -> np.ndarray:
+    """Class predictions (int64, (n,)) for feature rows ``X`` (n, n_features)."""
+    model.eval()
+    out = []
+    for start in range(0, len(X), batch_size):
+        xb = torch.from_numpy(np.asarray(X[start:start + batch_size], dtype=np.float32))
+        out.append(model(xb).argmax(1).numpy())
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, X: np.ndarray, y: np.ndarray, batch_size: int = 1024) -> dict[str, float]:
+    """Accuracy, mean cross-entropy, correct count and n of ``model`` on (X, y)."""
+    model.eval()
+    n, correct, loss_sum = len(y), 0, 0.0
+    for start in range(0, n, batch_size):
+        xb = torch.from_numpy(np.asarray(X[start:start + batch_size], dtype=np.float32))
+        yb = torch.from_numpy(np.asarray(y[start:start + batch_size], dtype=np.int64))
+        logits = model(xb)
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(1) == yb).sum())
+    return {"accuracy": correct / n if n else float("nan"), "loss": loss_sum / n if n else float("nan"),
+            "correct": float(correct), "n": float(n)}

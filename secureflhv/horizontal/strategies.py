@@ -1,0 +1,306 @@
+"""FedAvg-family strategies: the client half (local training → update vectors) and the server half.
+
+Every strategy follows NIID-Bench's update rules (Li, Diao, Chen, He, "Federated Learning on
+Non-IID Data Silos: An Experimental Study", ICDE 2022, Algorithms 1–2, and its ``experiments.py``):
+
+* local training is SGD with momentum ``rho`` and weight decay ``reg`` on cross-entropy, a fresh
+  optimizer every round, mini-batches of a per-epoch random permutation (last batch may be short);
+* **FedAvg** (McMahan et al., AISTATS 2017): ``w ← Σ_i p_i w_i`` with ``p_i = n_i / Σ n_j`` over the
+  clients of the round. Each client sends ``Δ_i = w_i − w`` with weight ``n_i`` and the server adds
+  the weighted mean — the same model, but deltas are small, so they fit the aggregation clip;
+* **FedProx** (Li et al., MLSys 2020): FedAvg with ``(mu/2)·||w_i − w||²`` added to every batch loss;
+* **SCAFFOLD** (Karimireddy et al., ICML 2020, option II): after every optimizer step
+  ``w_i ← w_i − lr·(c − c_i)``; after ``K`` steps ``c_i⁺ = c_i − c + (w − w_i)/(K·lr)``; the client
+  sends ``Δ_i`` (weight ``n_i``) and ``Δc_i = c_i⁺ − c_i`` (weight 1); the server sets
+  ``w ← w + Σ p_i Δ_i`` and ``c ← c + mean_i Δc_i`` (NIID-Bench divides by the number of clients of
+  the round, not by the total N of the paper). Both are aggregated through (secure) aggregation;
+* **FedNova** (Wang et al., NeurIPS 2020): with ``tau_i`` local steps and momentum ``rho``,
+  ``a_i = (tau_i − rho(1 − rho^tau_i)/(1 − rho)) / (1 − rho)`` (``= tau_i`` without momentum) and
+  ``d_i = (w − w_i)/a_i``; the server sets ``w ← w − (Σ p_i a_i)·(Σ p_i d_i)``. The client sends
+  ``d_i`` and ``[a_i]``, both with weight ``n_i``. NIID-Bench's code weights by the number of
+  *batches*; we weight by samples, as its Algorithm 2 and the FedNova paper write ``p_i``.
+
+Aggregated *parts*: a strategy lists named parts (``"model"``, ``"control"``, ``"nova"``); each is one
+aggregation call (so each has its own weight and clip: a control variate or a step count does not
+fit the model delta's clip range). What the server learns per part is what the aggregation kind
+reveals (for secure aggregation: the weighted sum and the total weight over survivors).
+
+Flat vectors are float64 for aggregation; the global model itself is float32 (what is sent).
+"""
+from __future__ import annotations
+
+import hashlib
+from abc import ABC
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from .models import get_flat, set_flat
+
+StrategyName = Literal["fedavg", "fedprox", "scaffold", "fednova"]
+STRATEGIES = ("fedavg", "fedprox", "scaffold", "fednova")
+
+
+@dataclass(frozen=True)
+class LocalTrainConfig:
+    """Local training settings (NIID-Bench's names in brackets).
+
+    Attributes:
+        epochs: local epochs per round [epochs].
+        batch_size: mini-batch size [batch-size].
+        lr: SGD learning rate [lr].
+        momentum: SGD momentum [rho], in [0, 1).
+        weight_decay: L2 weight decay of SGD [reg].
+    """
+
+    epochs: int = 1
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 1e-5
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError(f"epochs and batch_size must be >= 1, got {self.epochs}, {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclass
+class ClientUpdate:
+    """What local training produces: per part ``(vector float64 (d_part,), weight)`` plus statistics."""
+
+    parts: dict[str, tuple[np.ndarray, float]]
+    n_samples: int
+    steps: int
+    loss: float
+
+
+def batch_rng(seed: int, round_id: int, client_id: str) -> np.random.Generator:
+    """The mini-batch order generator of one client in one round (same seed → same batches)."""
+    cid = int.from_bytes(hashlib.sha256(client_id.encode()).digest()[:8], "little")
+    return np.random.default_rng([int(seed), int(round_id), cid])
+
+
+def local_sgd(model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainConfig, rng: np.random.Generator, *,
+              extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+              after_step: Callable[[nn.Module], None] | None = None) -> tuple[int, float]:
+    """Train ``model`` in place; return (number of optimizer steps, mean batch loss).
+
+    X: (n, n_features) float32; y: (n,) int labels. Each epoch draws a permutation from ``rng`` and
+    walks it in batches of ``cfg.batch_size`` (the last one may be short), as a shuffling DataLoader.
+    """
+    n = len(y)
+    if n == 0:
+        raise ValueError("local training needs at least one sample")
+    Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32))
+    yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    model.train()
+    steps, loss_sum = 0, 0.0
+    for _ in range(cfg.epochs):
+        perm = torch.from_numpy(rng.permutation(n))
+        for start in range(0, n, cfg.batch_size):
+            idx = perm[start:start + cfg.batch_size]
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(Xt[idx]), yt[idx])
+            if extra_loss is not None:
+                loss = loss + extra_loss(model)
+            loss.backward()
+            opt.step()
+            if after_step is not None:
+                after_step(model)
+            steps += 1
+            loss_sum += float(loss.detach())
+    return steps, loss_sum / steps
+
+
+def _split_like(model: nn.Module, flat: np.ndarray) -> list[torch.Tensor]:
+    """A flat vector as one float32 tensor per parameter (shapes of ``model``)."""
+    out, offset = [], 0
+    t = torch.from_numpy(np.asarray(flat, dtype=np.float32).copy())
+    for p in model.parameters():
+        out.append(t[offset:offset + p.numel()].reshape(p.shape))
+        offset += p.numel()
+    return out
+
+
+class Strategy(ABC):
+    """A federated optimisation rule with a client half and a server half.
+
+    Client half: :meth:`client_update` trains a model from the global vector and returns the parts
+    to aggregate; per-client state (SCAFFOLD's ``c_i``) lives in the instance, so each client owns
+    its own instance. Server half: :meth:`broadcast` (extra arrays sent with the global model) and
+    :meth:`server_update` (new global vector from the aggregated parts).
+
+    Attributes:
+        name: strategy name.
+        parts: names of the aggregated parts, in aggregation order.
+    """
+
+    name: str = ""
+    parts: tuple[str, ...] = ("model",)
+
+    # ---------------------------------------------------------------- shared
+    def part_dims(self, dim: int) -> dict[str, int]:
+        """Length of each part's vector for a model of ``dim`` parameters."""
+        return {"model": dim}
+
+    def hyperparameters(self) -> dict:
+        return {}
+
+    # ---------------------------------------------------------------- server half
+    def server_init(self, dim: int) -> None:
+        """Prepare server state for a model of ``dim`` parameters."""
+
+    def broadcast(self) -> dict[str, np.ndarray]:
+        """Arrays (float32, 1-D) sent to the selected clients with the global model."""
+        return {}
+
+    def server_update(self, global_vec: np.ndarray, results: dict) -> np.ndarray:
+        """New global float32 vector from ``results`` (part → AggregateResult)."""
+        new = np.asarray(global_vec, dtype=np.float64) + results["model"].mean
+        return new.astype(np.float32)
+
+    # ---------------------------------------------------------------- client half
+    def client_update(self, model: nn.Module, global_vec: np.ndarray, X: np.ndarray, y: np.ndarray,
+                      cfg: LocalTrainConfig, rng: np.random.Generator,
+                      extras: dict[str, np.ndarray] | None = None) -> ClientUpdate:
+        """Load ``global_vec`` into ``model``, train on (X, y), return the parts to aggregate."""
+        set_flat(model, global_vec)
+        steps, loss = local_sgd(model, X, y, cfg, rng, extra_loss=self._extra_loss(model, global_vec))
+        delta = get_flat(model).astype(np.float64) - np.asarray(global_vec, dtype=np.float32).astype(np.float64)
+        return ClientUpdate({"model": (delta, float(len(y)))}, len(y), steps, loss)
+
+    def _extra_loss(self, model: nn.Module, global_vec: np.ndarray):
+        return None
+
+
+class FedAvg(Strategy):
+    """FedAvg (McMahan et al. 2017) as in NIID-Bench: sample-weighted average of the local models."""
+
+    name = "fedavg"
+
+
+class FedProx(Strategy):
+    """FedProx (Li et al. 2020): FedAvg plus ``(mu/2)||w_i − w||²`` in every local batch loss."""
+
+    name = "fedprox"
+
+    def __init__(self, mu: float = 0.01):
+        if not mu >= 0:
+            raise ValueError(f"mu must be >= 0, got {mu}")
+        self.mu = float(mu)
+
+    def hyperparameters(self) -> dict:
+        return {"mu": self.mu}
+
+    def _extra_loss(self, model, global_vec):
+        anchors = [t.detach() for t in _split_like(model, global_vec)]
+        mu = self.mu
+
+        def prox(m: nn.Module) -> torch.Tensor:
+            return (mu / 2) * sum(torch.sum((p - a) ** 2) for p, a in zip(m.parameters(), anchors))
+
+        return prox
+
+
+class Scaffold(Strategy):
+    """SCAFFOLD (Karimireddy et al. 2020) with NIID-Bench's update of the control variates."""
+
+    name = "scaffold"
+    parts = ("model", "control")
+
+    def __init__(self):
+        self.c_global: np.ndarray | None = None  # server: c
+        self.c_local: np.ndarray | None = None   # client: c_i
+
+    def part_dims(self, dim):
+        return {"model": dim, "control": dim}
+
+    def server_init(self, dim):
+        self.c_global = np.zeros(dim, dtype=np.float32)
+
+    def broadcast(self):
+        return {"control": self.c_global}
+
+    def server_update(self, global_vec, results):
+        new = super().server_update(global_vec, results)
+        ctrl = results["control"]
+        self.c_global = (self.c_global.astype(np.float64) + ctrl.total / ctrl.weight).astype(np.float32)
+        return new
+
+    def client_update(self, model, global_vec, X, y, cfg, rng, extras=None):
+        if extras is None or "control" not in extras:
+            raise ValueError("SCAFFOLD needs the server's control variate ('control') with the global model")
+        c = np.asarray(extras["control"], dtype=np.float32)
+        if self.c_local is None:
+            self.c_local = np.zeros_like(c)
+        set_flat(model, global_vec)
+        corr = [t.detach() for t in _split_like(model, c.astype(np.float64) - self.c_local.astype(np.float64))]
+        lr = cfg.lr
+
+        def correct(m: nn.Module) -> None:  # w_i <- w_i - lr (c - c_i), after every optimizer step
+            with torch.no_grad():
+                for p, d in zip(m.parameters(), corr):
+                    p.sub_(lr * d)
+
+        steps, loss = local_sgd(model, X, y, cfg, rng, after_step=correct)
+        w_i = get_flat(model).astype(np.float64)
+        w = np.asarray(global_vec, dtype=np.float32).astype(np.float64)
+        c_new = self.c_local.astype(np.float64) - c + (w - w_i) / (steps * lr)
+        delta_c = c_new - self.c_local.astype(np.float64)
+        self.c_local = c_new.astype(np.float32)
+        return ClientUpdate({"model": (w_i - w, float(len(y))), "control": (delta_c, 1.0)}, len(y), steps, loss)
+
+
+def fednova_a(tau: int, rho: float) -> float:
+    """FedNova's normaliser a_i for ``tau`` SGD steps with momentum ``rho`` (``tau`` when rho = 0)."""
+    if rho == 0:
+        return float(tau)
+    return (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
+
+
+class FedNova(Strategy):
+    """FedNova (Wang et al. 2020) with NIID-Bench's normalised update."""
+
+    name = "fednova"
+    parts = ("model", "nova")
+
+    def part_dims(self, dim):
+        return {"model": dim, "nova": 1}
+
+    def server_update(self, global_vec, results):
+        d = results["model"].mean                 # Σ p_i d_i
+        coeff = float(results["nova"].mean[0])    # Σ p_i a_i
+        new = np.asarray(global_vec, dtype=np.float64) - coeff * d
+        return new.astype(np.float32)
+
+    def client_update(self, model, global_vec, X, y, cfg, rng, extras=None):
+        set_flat(model, global_vec)
+        steps, loss = local_sgd(model, X, y, cfg, rng)
+        a = fednova_a(steps, cfg.momentum)
+        w = np.asarray(global_vec, dtype=np.float32).astype(np.float64)
+        d = (w - get_flat(model).astype(np.float64)) / a
+        n = float(len(y))
+        return ClientUpdate({"model": (d, n), "nova": (np.array([a]), n)}, len(y), steps, loss)
+
+
+def make_strategy(name: str, *, mu: float = 0.01) -> Strategy:
+    """A fresh strategy instance by name (``mu`` is used by FedProx only). Raises ValueError."""
+    if name == "fedavg":
+        return FedAvg()
+    if name == "fedprox":
+        return FedProx(mu)
+    if name == "scaffold":
+        return Scaffold()
+    if name == "fednova":
+        return FedNova()
+    raise ValueError(f"strategy {name!r} unknown; choose one of {', '.join(STRATEGIES)}")

@@ -1,0 +1,86 @@
+"""Shared helpers of the horizontal FL tests: run a server and clients as threads over InProcessNetwork."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from secureflhv.horizontal.aggregation import AggregationConfig
+from secureflhv.horizontal.fl import FLConfig, HorizontalClient, HorizontalServer
+from secureflhv.horizontal.models import ModelSpec
+from secureflhv.horizontal.strategies import LocalTrainConfig, make_strategy
+from secureflhv.transport.inprocess import InProcessNetwork
+
+
+def run_fl(shards, test, spec: ModelSpec, strategy="fedavg", kind="plain", rounds=2, fraction=1.0, seed=0,
+           local=None, agg_kw=None, fail=None, mu=0.01, deadline=60.0, on_round=None):
+    """Run FL over threads; ``shards`` = [(X, y)] per client, ``test`` = (X, y) local test rows for each.
+
+    ``fail``: {client index: round} makes that client raise inside local training of that round (and
+    its party goes down), to simulate a client dropping mid-training.
+    Returns (server, clients, errors by party id).
+    """
+    ids = [f"c{i}" for i in range(len(shards))]
+    net = InProcessNetwork("fl-test", ["server", *ids], deadline=deadline)
+    agg = AggregationConfig(kind=kind, seed=seed, **(agg_kw or {}))
+    cfg = FLConfig(rounds=rounds, fraction=fraction, seed=seed, local=local or LocalTrainConfig(batch_size=16, lr=0.05),
+                   aggregation=agg, round_timeout_s=deadline)
+    server = HorizontalServer(net.transport("server"), ids, spec, make_strategy(strategy, mu=mu), cfg,
+                              on_round=on_round)
+    clients = []
+    for i, (X, y) in enumerate(shards):
+        Xt, yt = test if test is not None else (X[:0], y[:0])
+        c = HorizontalClient(net.transport(ids[i]), "server", X, y, Xt, yt, spec, make_strategy(strategy, mu=mu), cfg)
+        if fail and i in fail:
+            _inject_failure(c, fail[i])
+        clients.append(c)
+    errors: dict[str, BaseException] = {}
+
+    def run(pid, fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors[pid] = exc
+            if pid != "server":
+                net.take_down(pid)
+
+    threads = [threading.Thread(target=run, args=(ids[i], c.run)) for i, c in enumerate(clients)]
+    threads.append(threading.Thread(target=run, args=("server", server.run)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=deadline * 4)
+    assert not any(t.is_alive() for t in threads), "FL threads hung"
+    return server, clients, errors
+
+
+def _inject_failure(client, at_round):
+    original = client.strategy.client_update
+    state = {"round": 0}
+
+    def failing(*a, **kw):
+        state["round"] += 1
+        if state["round"] >= at_round:
+            raise RuntimeError(f"{client.id}: simulated crash during local training")
+        return original(*a, **kw)
+
+    client.strategy.client_update = failing
+
+
+def blobs(n_per_client, n_clients, n_features=6, n_classes=3, seed=0, skew=False):
+    """Separable Gaussian blobs split among clients (label-skewed when ``skew``)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 2.0, (n_classes, n_features))
+    shards = []
+    for i in range(n_clients):
+        if skew:
+            p = np.full(n_classes, 0.1)
+            p[i % n_classes] = 1.0
+            y = rng.choice(n_classes, n_per_client, p=p / p.sum())
+        else:
+            y = rng.integers(0, n_classes, n_per_client)
+        X = (centres[y] + rng.normal(0, 1.0, (n_per_client, n_features))).astype(np.float32)
+        shards.append((X, y))
+    y = rng.integers(0, n_classes, 200)
+    test = ((centres[y] + rng.normal(0, 1.0, (200, n_features))).astype(np.float32), y)
+    return shards, test

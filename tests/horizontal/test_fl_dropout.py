@@ -1,0 +1,52 @@
+"""A client that crashes mid-training is dropped from the round by the aggregation layer, the round
+completes with the survivors (the same sum as plain_quantised aggregation of the survivors), and the
+server stops selecting it; too many crashes fail the round with a clear error."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fl_harness import blobs, run_fl  # noqa: E402
+
+from secureflhv.horizontal.aggregation import AggregationError  # noqa: E402
+from secureflhv.horizontal.models import ModelSpec  # noqa: E402
+
+SPEC = ModelSpec(name="mlp", n_features=6, n_classes=3)
+FAST = {"input_timeout_s": 3.0, "stage_timeout_s": 3.0}
+
+
+def test_round_completes_with_survivors_after_a_crash():
+    shards, test = blobs(60, 4, seed=4)
+    runs = {}
+    for kind in ("secagg", "plain_quantised"):
+        server, clients, errors = run_fl(shards, test, SPEC, "scaffold", kind, rounds=3, seed=2, agg_kw=FAST,
+                                         fail={3: 2})
+        assert set(errors) == {"c3"} and "simulated crash" in str(errors["c3"])
+        runs[kind] = server
+    server = runs["secagg"]
+    assert [r.round for r in server.history] == [1, 2, 3]
+    r1, r2, r3 = server.history
+    assert r1.survivors == ["c0", "c1", "c2", "c3"] and r1.dropped == []
+    assert r2.selected == ["c0", "c1", "c2", "c3"]
+    assert r2.survivors == ["c0", "c1", "c2"] and r2.dropped == ["c3"]
+    assert r2.aggregation["model"]["weight"] == 180.0  # 3 survivors x 60 samples
+    assert r2.aggregation["control"]["weight"] == 3.0
+    assert "c3" in r2.dead and r3.selected == ["c0", "c1", "c2"]
+    assert r3.survivors == ["c0", "c1", "c2"]
+    assert np.isfinite(r3.test_accuracy) and r3.test_n == 3 * len(test[1])
+    # secure aggregation of the survivors == plain sum of the survivors' quantised updates
+    assert np.array_equal(server.global_vec, runs["plain_quantised"].global_vec)
+
+
+def test_fewer_than_threshold_fails_clearly():
+    shards, test = blobs(40, 4, seed=5)
+    server, _, errors = run_fl(shards, test, SPEC, "fedavg", "secagg", rounds=2, seed=1, agg_kw=FAST,
+                               fail={2: 1, 3: 1})
+    assert {"server", "c2", "c3"} <= set(errors)  # c0 and c1 then fail too: their server gave up
+    assert isinstance(errors["server"], AggregationError)
+    msg = str(errors["server"])
+    assert "round 1" in msg and "c2" in msg and "c3" in msg and "t=3" in msg
+    assert server.history == []

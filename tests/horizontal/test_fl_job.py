@@ -1,0 +1,226 @@
+"""The horizontal job module: params validation (errors name ``params.<field>``), client data loading
+(npz shards from ``write_shards`` and CSV via ``load_table``), artifacts; and (slow) a real run of a
+server and 3 clients as processes over gRPC with mutual TLS through the runtime."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from secureflhv.data import Dataset, partition, write_shards
+from secureflhv.horizontal.models import ModelSpec, build_model, evaluate, flatten_named, set_flat
+from secureflhv.runtime import horizontal_job as hj
+from secureflhv.runtime.artifacts import load_model
+from secureflhv.runtime.config import JobConfigError, parse_job
+from secureflhv.transport.inprocess import InProcessNetwork
+
+MODEL = {"name": "mlp", "n_features": 16, "n_classes": 10}
+PARAMS = {"strategy": "fedprox", "mu": 0.01, "model": MODEL, "rounds": 2, "local_epochs": 4, "batch_size": 16,
+          "lr": 0.1, "momentum": 0.9, "seed": 3, "test_fraction": 0.25,
+          "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 20}}
+
+
+def blobs() -> Dataset:
+    """10 well-separated Gaussian classes in 16 dimensions (600 rows)."""
+    rng = np.random.default_rng(0)
+    centres = rng.normal(0, 1.5, (10, 16))
+    y = rng.integers(0, 10, 600)
+    return Dataset((centres[y] + rng.normal(0, 0.7, (600, 16))).astype(np.float32), y, name="blobs")
+
+
+def shards(tmp_path: Path, n_clients: int):
+    ds = blobs()
+    part = partition("label_dirichlet", ds, n_clients, seed=1, beta=0.5)
+    npz = write_shards(ds, part, tmp_path / "npz", fmt="npz")
+    csv = write_shards(ds, part, tmp_path / "csv", fmt="csv")
+    return npz, csv
+
+
+def job_dict(data_paths, params=PARAMS, *, tls=False, ports=None, certs=None):
+    ids = ["server"] + [f"client-{i}" for i in range(1, len(data_paths) + 1)]
+    ports = ports or list(range(50700, 50700 + len(ids)))
+    parties = []
+    for i, (pid, port) in enumerate(zip(ids, ports)):
+        p = {"id": pid, "role": "server" if i == 0 else ("guest" if i == 1 else "host"),
+             "address": f"127.0.0.1:{port}"}
+        if tls:
+            p.update(cert=f"{certs}/{pid}.pem", key=f"{certs}/{pid}.key")
+        if i:
+            p["data"] = {"path": str(data_paths[i - 1]), "label_column": "y"}
+        parties.append(p)
+    return {"job": {"id": "hfl-test", "algorithm": "horizontal", "output_dir": "out", "deadline_s": 60},
+            "security": {"ca": f"{certs}/ca.pem"} if tls else {"insecure": True},
+            "parties": parties, "params": params}
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"rounds": 0}, "params.rounds"),
+    ({"strategy": "fedsgd"}, "params.strategy"),
+    ({"fraction": 1.5}, "params.fraction"),
+    ({"momentum": 1.0}, "params.momentum"),
+    ({"learning_rate": 0.1}, "params.learning_rate: unknown parameter"),
+    ({"model": {"name": "cnn", "n_features": 100, "n_classes": 10}}, "params.model"),
+    ({"model": {"name": "mlp", "n_classes": 10}}, "params.model.n_features"),
+    ({"aggregation": {"kind": "paillier"}}, "params.aggregation.kind"),
+    ({"aggregation": {"clip": -1}}, "params.aggregation.clip"),
+    ({"aggregation": {"threshold": 5}}, "params.aggregation.threshold"),
+    ({"fraction": 0.3}, "params.fraction"),
+    ({"part_clips": {"weights": 3.0}}, "params.part_clips"),
+])
+def test_bad_params_are_named(tmp_path, change, field):
+    cfg = parse_job(job_dict([tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.npz"], {**PARAMS, **change}),
+                    tmp_path)
+    with pytest.raises(JobConfigError) as exc:
+        hj.job_params(cfg)
+    assert field in str(exc.value)
+
+
+def test_model_is_required(tmp_path):
+    params = {k: v for k, v in PARAMS.items() if k != "model"}
+    cfg = parse_job(job_dict([tmp_path / "a.npz", tmp_path / "b.npz"], params), tmp_path)
+    with pytest.raises(JobConfigError, match=r"params\.model: Field required"):
+        hj.job_params(cfg)
+
+
+def test_client_data_mismatch_names_the_party(tmp_path):
+    npz, _ = shards(tmp_path, 2)
+    bad = {**PARAMS, "model": {"name": "mlp", "n_features": 15, "n_classes": 10}}
+    cfg = parse_job(job_dict(npz, bad), tmp_path)
+    with pytest.raises(JobConfigError, match=r"parties\[1\]\.data: .* 16 feature columns, params\.model\.n_features"):
+        hj.load_client_data(cfg, cfg.parties[1], hj.job_params(cfg))
+    few = {**PARAMS, "model": {"name": "mlp", "n_features": 16, "n_classes": 5}}
+    cfg = parse_job(job_dict(npz, few), tmp_path)
+    with pytest.raises(JobConfigError, match=r"parties\[2\]\.data: labels .* \(params\.model\.n_classes\)"):
+        hj.load_client_data(cfg, cfg.parties[2], hj.job_params(cfg))
+    cfg = parse_job(job_dict([tmp_path / "missing.npz", npz[1]]), tmp_path)
+    with pytest.raises(JobConfigError, match=r"parties\[1\]\.data: .*missing\.npz"):
+        hj.load_client_data(cfg, cfg.parties[1], hj.job_params(cfg))
+
+
+def check_artifacts(cfg, out: Path, rounds: int):
+    """The saved global model reproduces the final accuracy the clients reported."""
+    doc = load_model(out / "server" / "model.json")
+    assert doc["algorithm"] == "horizontal" and doc["role"] == "server"
+    npz = out / "server" / doc["model"]["file"]
+    assert hashlib.sha256(npz.read_bytes()).hexdigest() == doc["model"]["sha256"]
+    net = build_model(ModelSpec(**doc["architecture"]))
+    with np.load(npz, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    assert all(a.dtype == np.float32 for a in arrays.values())
+    set_flat(net, flatten_named(net, arrays))
+    metrics = json.loads((out / "server" / "metrics.json").read_text())
+    assert [r["round"] for r in metrics["rounds"]] == list(range(1, rounds + 1))
+    assert (out / "server" / "accuracy.png").stat().st_size > 0
+    params = hj.job_params(cfg)
+    correct = n = 0
+    for spec in cfg.clients:
+        X, y = hj.load_client_data(cfg, spec, params)
+        _, test = hj.local_split(len(y), params.test_fraction, params.seed, spec.id)
+        ev = evaluate(net, X[test], y[test])
+        correct, n = correct + ev["correct"], n + ev["n"]
+        client = json.loads((out / spec.id / "metrics.json").read_text())
+        assert len(client["rounds"]) == rounds and client["n_test"] == len(test)
+    final = metrics["final"]
+    assert final["test_n"] == n
+    assert final["test_accuracy"] == pytest.approx(correct / n, abs=1e-12)
+    assert final["test_accuracy"] > 0.3  # clearly above chance (0.1) after 2 short rounds
+    return metrics
+
+
+def test_run_job_in_process_npz_and_csv(tmp_path):
+    npz, csv = shards(tmp_path, 3)
+    paths = [npz[0], csv[1], npz[2]]  # one client reads CSV (id column excluded from the features)
+    cfg = parse_job(job_dict(paths), tmp_path)
+    ids = [p.id for p in cfg.parties]
+    net = InProcessNetwork(cfg.job.id, ids, deadline=60)
+    errors = {}
+
+    def run(spec):
+        try:
+            hj.run_job(cfg, spec, net.transport(spec.id))
+        except BaseException as exc:  # noqa: BLE001
+            errors[spec.id] = exc
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not errors, errors
+    check_artifacts(cfg, tmp_path / "out", 2)
+
+
+@pytest.mark.slow
+def test_multiprocess_grpc_tls_run(tmp_path):
+    from secureflhv.runtime.demo import free_ports
+    from secureflhv.transport.certs import generate_certificates
+
+    npz, _ = shards(tmp_path, 3)
+    ids = ["server", "client-1", "client-2", "client-3"]
+    generate_certificates(tmp_path / "certs", ids, overwrite=True)
+    job = job_dict(npz, PARAMS, tls=True, ports=free_ports(4), certs="certs")
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(path), "--timeout", "240"],
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "[server]" in out and "[client-3]" in out and "round 2/2" in out
+    metrics = check_artifacts(parse_job(job, tmp_path), tmp_path / "out", 2)
+    assert all(r["survivors"] == ["client-1", "client-2", "client-3"] for r in metrics["rounds"])
+    assert all(r["aggregation"]["model"]["k_bits"] > 0 for r in metrics["rounds"])  # quantised secure aggregation
+
+
+@pytest.mark.slow
+def test_killed_client_is_a_dropout_the_job_survives(tmp_path):
+    """A client killed (SIGKILL) after round 1: the launcher keeps the others running, later rounds
+    complete through secure aggregation with the 3 survivors, the server saves its model, and the
+    launcher's exit code still reports the failure."""
+    import os
+    import signal
+    import time
+
+    from secureflhv.runtime.config import load_job
+    from secureflhv.runtime.demo import free_ports
+    from secureflhv.runtime.launcher import Launcher
+    from secureflhv.transport.certs import generate_certificates
+
+    npz, _ = shards(tmp_path, 4)
+    ids = ["server"] + [f"client-{i}" for i in range(1, 5)]
+    generate_certificates(tmp_path / "certs", ids, overwrite=True)
+    params = {**PARAMS, "rounds": 3, "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 8,
+                                                       "input_timeout_s": 20}}
+    job = job_dict(npz, params, tls=True, ports=free_ports(5), certs="certs")
+    job["job"]["deadline_s"] = 20  # how long the server keeps trying to reach the dead client
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    launcher = Launcher(path, load_job(path), grace_s=5)
+    killed = threading.Event()
+
+    def kill_after_round_1():
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and not killed.is_set():
+            victim = next((c for c in launcher.children if c.party_id == "client-4"), None)
+            if victim is not None and any("round 1" in line for line in victim.lines):
+                os.killpg(victim.proc.pid, signal.SIGKILL)
+                killed.set()
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_after_round_1, daemon=True)
+    watcher.start()
+    rc = launcher.run(timeout_s=240)
+    assert killed.is_set()
+    assert rc == 1  # the dropout is reported ...
+    server = next(c for c in launcher.children if c.party_id == "server")
+    assert server.proc.returncode == 0, server.lines[-20:]  # ... but the job went on without it
+    metrics = json.loads((tmp_path / "out" / "server" / "metrics.json").read_text())
+    assert [r["round"] for r in metrics["rounds"]] == [1, 2, 3]
+    assert metrics["rounds"][-1]["survivors"] == ["client-1", "client-2", "client-3"]
+    assert all(c.proc.poll() is not None for c in launcher.children)
