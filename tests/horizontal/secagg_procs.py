@@ -16,6 +16,11 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def _log_to_stderr(pid):
+    import logging
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {pid} %(name)s: %(message)s")
+
+
 def _transport(pid, addrs, cert_dir):
     from secureflhv.transport.certs import load_party_credentials
     from secureflhv.transport.grpc_transport import GrpcTransport
@@ -25,6 +30,7 @@ def _transport(pid, addrs, cert_dir):
 
 def client_main(pid, addrs, cert_dir, cfg_kw, round_id, participants, x, w, stall_stage, queue):
     from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    _log_to_stderr(pid)
     cfg = AggregationConfig(**cfg_kw)
     tr = _transport(pid, addrs, cert_dir)
     base = make_aggregation(cfg)[0]
@@ -46,6 +52,7 @@ def client_main(pid, addrs, cert_dir, cfg_kw, round_id, participants, x, w, stal
 
 def server_main(addrs, cert_dir, cfg_kw, round_ids, participants, dim, queue):
     from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    _log_to_stderr("server")
     cfg = AggregationConfig(**cfg_kw)
     try:
         tr = _transport("server", addrs, cert_dir)

@@ -1,6 +1,8 @@
 """Secure aggregation with real party processes over gRPC + mutual TLS on loopback: one client is
 killed (SIGKILL) mid-round after key set-up, and the round still yields the exact sum of the others."""
 import multiprocessing as mp
+import queue
+import time
 
 import numpy as np
 import pytest
@@ -26,22 +28,34 @@ def test_secagg_processes_tls_client_killed_mid_round(tmp_path):
     victim = ids[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
+    # The victim reports on a queue of its own: killing a process can leave a multiprocessing queue's
+    # shared write lock held, which would silence everyone else on a shared queue.
+    victim_q = ctx.Queue()
     server = ctx.Process(target=server_main, args=(addrs, str(tmp_path), cfg_kw, [rid], ids, d, q))
     clients = {c: ctx.Process(target=client_main, args=(c, addrs, str(tmp_path), cfg_kw, rid, ids, xs[c], ws[c],
-                                                         2 if c == victim else None, q)) for c in ids}
+                                                         2 if c == victim else None,
+                                                         victim_q if c == victim else q)) for c in ids}
     server.start()
     for p in clients.values():
         p.start()
     events = []
     try:
         result = None
-        while result is None:
-            ev = q.get(timeout=120)
+        deadline = time.monotonic() + 120
+        while result is None and time.monotonic() < deadline:
+            try:
+                events.append(victim_q.get_nowait())
+                clients[victim].kill()  # after AdvertiseKeys and ShareKeys, before its masked input
+            except queue.Empty:
+                pass
+            try:
+                ev = q.get(timeout=0.2)
+            except queue.Empty:
+                continue
             events.append(ev)
-            if ev[0] == "stalled":
-                clients[ev[1]].kill()  # after AdvertiseKeys and ShareKeys, before its masked input
-            elif ev[0] in ("result", "server_error"):
+            if ev[0] in ("result", "server_error"):
                 result = ev
+        assert result is not None, f"no result within 120 s; events: {events}"
         assert result[0] == "result", result
         _, _, secs, total, weight, survivors, _ = result
         cfg = AggregationConfig(**cfg_kw)
