@@ -1,19 +1,8 @@
 """Party processes for the multi-process secure-aggregation test (spawn start method; not a test module)."""
 from __future__ import annotations
 
-import socket
 import time
 
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _log_to_stderr(pid):

@@ -11,7 +11,9 @@ from secureflhv.crypto.quantise import EXTRA_COORDS, dequantise, quantise, round
 from secureflhv.horizontal.aggregation import AggregationConfig
 from secureflhv.transport.certs import generate_certificates
 
-from secagg_procs import client_main, free_ports, server_main
+from secureflhv.runtime.demo import free_ports
+
+from secagg_procs import client_main, server_main
 
 
 @pytest.mark.slow
