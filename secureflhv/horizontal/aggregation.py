@@ -42,8 +42,9 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 
 from ..crypto.quantise import EXTRA_COORDS, QuantParams, choose_k_bits, dequantise, quantise, rounding_rng
-from ..proto import messages_pb2, secagg_pb2
+from ..proto import secagg_pb2
 from ..transport.base import PeerTimeout, PeerUnavailable, ProtocolError, TransportError, parse_message
+from ..transport.codec import tensor_from_proto, tensor_to_proto
 
 log = logging.getLogger("secureflhv.horizontal.aggregation")
 
@@ -157,24 +158,6 @@ class AggregationConfig:
 
 
 # ---------------------------------------------------------------------------------- helpers
-def tensor_to_proto(a: np.ndarray) -> messages_pb2.Tensor:
-    a = np.ascontiguousarray(a)
-    dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
-    return messages_pb2.Tensor(dtype=dt.str, shape=list(a.shape), data=a.astype(dt, copy=False).tobytes())
-
-
-def tensor_from_proto(t: messages_pb2.Tensor, dtypes: Sequence[str], length: int, what: str) -> np.ndarray:
-    """Decode a 1-D tensor, checking dtype and length; raises ProtocolError."""
-    if t.dtype not in dtypes:
-        raise ProtocolError(f"{what}: dtype {t.dtype!r}, expected one of {list(dtypes)}")
-    if list(t.shape) != [length]:
-        raise ProtocolError(f"{what}: shape {list(t.shape)}, expected [{length}]")
-    itemsize = np.dtype(t.dtype).itemsize
-    if len(t.data) != length * itemsize:
-        raise ProtocolError(f"{what}: {len(t.data)} data bytes, expected {length * itemsize}")
-    return np.frombuffer(t.data, dtype=t.dtype)
-
-
 def check_participants(participants: Sequence[str], me: str | None = None) -> list[str]:
     parts = [str(p) for p in participants]
     if len(set(parts)) != len(parts):
@@ -296,10 +279,10 @@ class PlainServer(AggregationServer):
             if quantised:
                 if msg.k_bits != qp.k_bits:
                     raise ProtocolError(f"k_bits {msg.k_bits}, expected {qp.k_bits}")
-                return tensor_from_proto(msg.vector, [qp.word_dtype.str], dim + EXTRA_COORDS, "quantised input")
+                return tensor_from_proto(msg.vector, dtype=qp.word_dtype.str, shape=(dim + EXTRA_COORDS,), what="quantised input")
             if not (msg.weight > 0 and math.isfinite(msg.weight)):
                 raise ProtocolError(f"weight {msg.weight} not positive and finite")
-            v = tensor_from_proto(msg.vector, ["<f8"], dim, "plain input")
+            v = tensor_from_proto(msg.vector, dtype="<f8", shape=(dim,), what="plain input")
             if not np.all(np.isfinite(v)):
                 raise ProtocolError("plain input has non-finite values")
             return v, msg.weight

@@ -61,9 +61,10 @@ from ..crypto.secagg_primitives import (InvalidTag, KeyPair, SigningKey, agree, 
                                         verify_signature)
 from ..proto import secagg_pb2 as pb
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
+from ..transport.codec import tensor_from_proto, tensor_to_proto
 from .aggregation import (STAGES, TAG_SERVER, AggregateResult, AggregationClient, AggregationConfig,
                           AggregationError, AggregationServer, _round_check, check_participants, collect,
-                          fail_message, send_all, tensor_from_proto, tensor_to_proto)
+                          fail_message, send_all)
 
 log = logging.getLogger("secureflhv.horizontal.secagg")
 
@@ -224,17 +225,20 @@ class SecAggClient(AggregationClient):
                                 f"({type(exc).__name__}); it is ignored, others' shares suffice to recover {v!r}")
         if len(u2) < t:
             raise AggregationError(f"{me}: only {len(u2)} clients shared keys (U2), fewer than t={t}")
-        y = words.copy()
-        y += prg(b_seed, y.size)
+        # Arithmetic in machine words of qp.word_dtype: mod 2^32 (or 2^64) is mod 2^k once masked, and
+        # 32-bit words halve the PRG output and memory traffic. Client and server expand the PRG alike.
+        wd = qp.word_dtype
+        y = words.astype(wd)
+        y += prg(b_seed, y.size, wd)
         for v in sorted(u2 - {me}):
-            p = prg(_mask_seed(sk.private, keys[v].s_pk, job, round_id, me, v), y.size)
+            p = prg(_mask_seed(sk.private, keys[v].s_pk, job, round_id, me, v), y.size, wd)
             if me < v:
                 y += p
             else:
                 y -= p
-        y &= qp.modulus_mask
+        y &= wd.type(qp.modulus_mask)
         self._send(round_id, 2, TAG_MASKED, pb.MaskedInput(round_id=round_id, k_bits=qp.k_bits,
-                                                           y=tensor_to_proto(y.astype(qp.word_dtype))))
+                                                           y=tensor_to_proto(y)))
         del y, words
 
         # Stage 3: ConsistencyCheck (optional)
@@ -383,10 +387,11 @@ class SecAggServer(AggregationServer):
             _round_check(m, round_id, "MaskedInput")
             if m.k_bits != qp.k_bits:
                 raise ProtocolError(f"k_bits {m.k_bits}, expected {qp.k_bits}")
-            return tensor_from_proto(m.y, [qp.word_dtype.str], dim + EXTRA_COORDS, "masked input")
+            return tensor_from_proto(m.y, dtype=qp.word_dtype.str, shape=(dim + EXTRA_COORDS,), what="masked input")
         masked = collect(tr, u2_live, TAG_MASKED, base + 2, cfg.stage_timeout_s, parse_message(pb.MaskedInput, v_masked))
         u3 = survive(u2, masked, 2)
-        acc = np.zeros(dim + EXTRA_COORDS, dtype=np.uint64)
+        wd = qp.word_dtype  # the clients' word size (see the client's MaskedInputCollection)
+        acc = np.zeros(dim + EXTRA_COORDS, dtype=wd)
         for c in u3:
             acc += masked[c]
         del masked
@@ -471,7 +476,7 @@ class SecAggServer(AggregationServer):
 
     def _unmask(self, acc, resp, u3, dropped, adv, pts, t, job, round_id, qp: QuantParams) -> None:
         """Remove self masks of U3 and pairwise masks of dropped clients from ``acc`` (in place)."""
-        d = acc.size
+        d, wd = acc.size, acc.dtype
 
         def shares_of(owner, which):
             return {pts[c]: resp[c][which][owner] for c in resp if owner in resp[c][which]}
@@ -483,7 +488,7 @@ class SecAggServer(AggregationServer):
             b = shamir.reconstruct(sh, t)
             if b >= 1 << 256:
                 raise AggregationError(f"reconstructed self-mask seed of {v!r} is out of range (bad shares)")
-            acc -= prg(b.to_bytes(32, "big"), d)
+            acc -= prg(b.to_bytes(32, "big"), d, wd)
         for v in dropped:
             sh = shares_of(v, 1)
             if len(sh) < t:
@@ -495,9 +500,9 @@ class SecAggServer(AggregationServer):
             if s_v.public_key().public_bytes_raw() != adv[v].s_pk:
                 raise AggregationError(f"reconstructed mask key of dropped {v!r} does not match its public key")
             for u in u3:
-                p = prg(_mask_seed(s_v, adv[u].s_pk, job, round_id, u, v), d)
+                p = prg(_mask_seed(s_v, adv[u].s_pk, job, round_id, u, v), d, wd)
                 if u < v:  # u added +PRG(s_uv)
                     acc -= p
                 else:
                     acc += p
-        acc &= qp.modulus_mask
+        acc &= wd.type(qp.modulus_mask)
