@@ -178,6 +178,11 @@ def label_dirichlet(labels, n_parties: int, beta: float = 0.5, seed=0, *, min_si
     else:
         raise ValueError(f"label_dirichlet: no draw gave every party >= min_size={min_size} rows in "
                          f"max_draws={max_draws} attempts; raise beta, lower min_size or use fewer parties")
+    return _shuffled_shards(shards, rng)
+
+
+def _shuffled_shards(shards: list[list[np.ndarray]], rng) -> list[np.ndarray]:
+    """Each party's collected pieces joined and shuffled (the last step of NIID-Bench's Dirichlet loops)."""
     out = []
     for parts in shards:
         a = _concat(parts)
@@ -451,12 +456,7 @@ def label_quantity_dirichlet(labels, n_parties: int, beta: float = 0.5, beta_qua
     else:
         raise ValueError(f"label_dirichlet+quantity_dirichlet: no draw gave every party >= "
                          f"min_size={min_size} rows in max_draws={max_draws}; raise beta or lower min_size")
-    out = []
-    for parts in shards:
-        a = _concat(parts)
-        rng.shuffle(a)
-        out.append(a)
-    return out
+    return _shuffled_shards(shards, rng)
 
 
 def label_dirichlet_feature_noise(labels, n_parties: int, beta: float = 0.5, sigma: float = 0.1, seed=0,

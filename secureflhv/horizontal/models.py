@@ -192,7 +192,7 @@ def flatten_named(model: nn.Module, arrays: dict[str, np.ndarray]) -> np.ndarray
 @torch.no_grad()
 def predict(model: nn.Module, X: np.ndarray, batch_size: int = 1024) -> np.ndarray:
     """Class predictions (int64, (n,)) for feature rows ``X`` (n, n_features)."""
-    model.eval()
+    model.train(False)  # inference mode
     out = []
     for start in range(0, len(X), batch_size):
         xb = torch.from_numpy(np.asarray(X[start:start + batch_size], dtype=np.float32))
@@ -203,7 +203,7 @@ def predict(model: nn.Module, X: np.ndarray, batch_size: int = 1024) -> np.ndarr
 @torch.no_grad()
 def evaluate(model: nn.Module, X: np.ndarray, y: np.ndarray, batch_size: int = 1024) -> dict[str, float]:
     """Accuracy, mean cross-entropy, correct count and n of ``model`` on (X, y)."""
-    model.eval()
+    model.train(False)  # inference mode
     n, correct, loss_sum = len(y), 0, 0.0
     for start in range(0, n, batch_size):
         xb = torch.from_numpy(np.asarray(X[start:start + batch_size], dtype=np.float32))

@@ -78,6 +78,8 @@ Checkpoints (``checkpoint_dir``): after every epoch each party writes ``<party>-
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import json
 import logging
 import math
@@ -255,7 +257,7 @@ def _load_module(prefix: str, module: torch.nn.Module, arrays: dict[str, np.ndar
     module.load_state_dict(state)
 
 
-class _Role:
+class _Role(ABC):
     def __init__(self, transport: Transport, config, ops):
         self.t = transport
         self.party_id = transport.party_id
@@ -263,8 +265,9 @@ class _Role:
         self.ops = ops if ops is not None else PaillierOps(self.config.precision_bits,
                                                            self.config.dot_precision_bits)
 
+    @abstractmethod
     def _peers(self) -> list[str]:
-        raise NotImplementedError
+        """Every other party this role talks to (told when this role fails)."""
 
     def _guarded(self, fn, *args, **kwargs):
         try:
