@@ -49,6 +49,8 @@ from .aggregation import AggregateResult, AggregationConfig, AggregationError, m
 from .models import ModelSpec, build_model, evaluate, get_flat, param_shapes, set_flat
 from .strategies import LocalTrainConfig, Strategy, batch_rng
 
+SUSPECT_SEND_TIMEOUT_S = 2.0  # delivery window for a client the last aggregation lost
+
 log = logging.getLogger("secureflhv.horizontal.fl")
 
 TAG_ROUND = "fl.round"
@@ -196,6 +198,7 @@ class HorizontalServer:
         self.agg_servers = {p: make_aggregation(config.part_config(p))[1](transport, config.part_config(p))
                             for p in strategy.parts}
         self.dead: set[str] = set()
+        self.suspect: set[str] = set()  # lost by the last aggregation; maybe dead
         self.history: list[RoundRecord] = []
 
     def _sample(self, round_id: int) -> list[str]:
@@ -209,8 +212,13 @@ class HorizontalServer:
 
     def _send_all(self, receivers: Sequence[str], tag: str, round_id: int, payload_of) -> None:
         def send(c):
+            # A client the aggregation just lost gets a short delivery window: waiting the full window for
+            # a dead client would hold back the next round past the live clients' own deadline.
+            timeout = min(SUSPECT_SEND_TIMEOUT_S, self.config.send_timeout_s) if c in self.suspect \
+                else self.config.send_timeout_s
             try:
-                self.transport.send(c, tag, payload_of(c), round=round_id, timeout=self.config.send_timeout_s)
+                self.transport.send(c, tag, payload_of(c), round=round_id, timeout=timeout)
+                self.suspect.discard(c)
             except TransportError as exc:
                 log.warning("server: cannot reach client %s (%s, round %d): %s; marking it dead", c, tag,
                             round_id, exc)
@@ -265,6 +273,7 @@ class HorizontalServer:
                                                                      self.part_dims[part])
                 except AggregationError as exc:
                     raise AggregationError(f"round {r}, part {part!r}: {exc}") from None
+            self.suspect.update(set(selected) - set.intersection(*(set(res.survivors) for res in results.values())))
             self.global_vec = self.strategy.server_update(self.global_vec, results)
             if not np.all(np.isfinite(self.global_vec)):
                 raise FloatingPointError(f"round {r}: the global model became non-finite (lower lr?)")

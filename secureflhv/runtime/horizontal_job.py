@@ -146,7 +146,9 @@ def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
     timeout = params.round_timeout_s or cfg.job.deadline_s
     return FLConfig(rounds=params.rounds, fraction=params.fraction, seed=params.seed, local=local,
                     aggregation=_aggregation(cfg, params), part_clips={**DEFAULT_PART_CLIPS, **params.part_clips},
-                    round_timeout_s=timeout, send_timeout_s=min(30.0, timeout))
+                    # a send may retry for a quarter of a client's wait, so a slow delivery to one
+                    # client never makes the others give up on the server
+                    round_timeout_s=timeout, send_timeout_s=min(30.0, timeout / 4))
 
 
 def _columns(path: Path) -> list[str]:
