@@ -49,7 +49,6 @@ role tells its peers (Transport.abort) before raising.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 
 import logging
 import secrets
@@ -61,6 +60,7 @@ import numpy as np
 
 from ..crypto import paillier as pl
 from ..proto import messages_pb2, tree_pb2
+from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, TransportError, parse_message
 from . import vertical_hist as vh
 from .binning import apply_bins, fit_cuts, goes_left
@@ -147,23 +147,12 @@ class TrainResult:
     stopped_early: bool = False
 
 
-class _Role(ABC):
+class _Role(ProtocolRole):
+    protocol = "SecureBoost"
+
     def __init__(self, transport: Transport, params):
-        self.t = transport
-        self.party_id = transport.party_id
+        super().__init__(transport)
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
-
-    @abstractmethod
-    def _peers(self) -> list[str]:
-        """Every other party this role talks to (told when this role fails)."""
-
-    def _guarded(self, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as exc:
-            log.error("%s: SecureBoost failed: %s", self.party_id, exc)
-            self.t.abort(f"{self.party_id}: {type(exc).__name__}: {exc}", self._peers())
-            raise
 
 
 # ============================================================================================ guest

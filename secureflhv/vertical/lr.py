@@ -63,7 +63,6 @@ Progress is logged per epoch on logger ``secureflhv.vertical.lr``.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 
 import logging
 import math
@@ -76,6 +75,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..proto import messages_pb2, vlr_pb2
+from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
 from .common import check_matrix, control_parser
@@ -192,29 +192,18 @@ class FitResult:
 
 
 # --------------------------------------------------------------------------- wire helpers
-class _Role(ABC):
+class _Role(ProtocolRole):
     """Shared plumbing of the three roles."""
 
+    protocol = "vertical LR"
+
     def __init__(self, transport: Transport, config: VerticalLRConfig | dict, backend):
-        self.t = transport
-        self.party_id = transport.party_id
+        super().__init__(transport)
         self.config = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
         if backend is None:
             backend = PaillierBackend(self.config.precision_bits, self.config.dot_precision_bits)
         self.backend = backend
 
-    @abstractmethod
-    def _peers(self) -> list[str]:
-        """Every other party of the job that this role talks to."""
-
-    def _guarded(self, fn, *args, **kwargs):
-        """Run ``fn``; on failure tell the peers (so they stop now, not at their deadline) and re-raise."""
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as exc:
-            log.error("%s: vertical LR failed: %s", self.party_id, exc)
-            self.t.abort(f"{self.party_id}: {type(exc).__name__}: {exc}", self._peers())
-            raise
 
     # parse callbacks ------------------------------------------------------
     def _enc_parser(self, pub, shape, what):

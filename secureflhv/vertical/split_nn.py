@@ -78,7 +78,6 @@ Checkpoints (``checkpoint_dir``): after every epoch each party writes ``<party>-
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 
 import json
 import logging
@@ -93,6 +92,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..proto import messages_pb2, vnn_pb2
+from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, parse_message
 from .common import check_matrix, control_parser
 from .interactive_layer import IdentityOps, PaillierOps  # noqa: F401 (re-exported)
@@ -257,25 +257,14 @@ def _load_module(prefix: str, module: torch.nn.Module, arrays: dict[str, np.ndar
     module.load_state_dict(state)
 
 
-class _Role(ABC):
+class _Role(ProtocolRole):
+    protocol = "split NN"
+
     def __init__(self, transport: Transport, config, ops):
-        self.t = transport
-        self.party_id = transport.party_id
+        super().__init__(transport)
         self.config = config if isinstance(config, SplitNNConfig) else SplitNNConfig(**config)
         self.ops = ops if ops is not None else PaillierOps(self.config.precision_bits,
                                                            self.config.dot_precision_bits)
-
-    @abstractmethod
-    def _peers(self) -> list[str]:
-        """Every other party this role talks to (told when this role fails)."""
-
-    def _guarded(self, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as exc:
-            log.error("%s: split NN failed: %s", self.party_id, exc)
-            self.t.abort(f"{self.party_id}: {type(exc).__name__}: {exc}", self._peers())
-            raise
 
     def _enc_parser(self, pub, shape, what):
         return parse_message(messages_pb2.EncryptedTensor, lambda m: self.ops.from_proto(m, pub, shape, what))
