@@ -45,7 +45,7 @@ from ..horizontal.models import ModelSpec, build_model, named_arrays
 from ..horizontal.strategies import LocalTrainConfig, make_strategy
 from ..transport import Transport
 from .artifacts import plot_curves, save_model, write_json
-from .config import JobConfig, JobConfigError, PartySpec
+from .config import JobConfig, JobConfigError, PartySpec, params_error
 from .launcher import emit_progress
 
 log = logging.getLogger("secureflhv.job")
@@ -94,23 +94,12 @@ class HorizontalJobParams(BaseModel):
     round_timeout_s: float | None = Field(default=None, gt=0, description="default: job.deadline_s")
 
 
-def _format(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown parameter (check its spelling)"
-        lines.append(f"params.{where}: {msg}" if where else f"params: {msg}")
-    return "; ".join(lines)
-
-
 def job_params(cfg: JobConfig) -> HorizontalJobParams:
     """Validate ``params`` of a horizontal job. Raises JobConfigError naming ``params.<field>``."""
     try:
         params = HorizontalJobParams(**cfg.params)
     except ValidationError as err:
-        raise JobConfigError(_format(err)) from None
+        raise params_error(err) from None
     except TypeError as exc:
         raise JobConfigError(f"params: {exc}") from None
     try:

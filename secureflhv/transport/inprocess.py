@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import threading
+import time
 
 from .base import DEFAULT_DEADLINE_S, Mailbox, Message, PeerUnavailable, Transport, _as_bytes
 
@@ -40,6 +41,22 @@ class InProcessNetwork:
     def inject(self, msg: Message) -> None:
         """Deliver a raw message as if it came over the wire (tests of rejection paths)."""
         self._mailboxes[msg.receiver].deliver(msg)
+
+    def inject_until_rejected(self, msg: Message, timeout: float = 10.0) -> str:
+        """Deliver a bad message, wait until its receiver has consumed and rejected it; return the reason.
+
+        For tests of "rejected and logged while the protocol goes on". Raises TimeoutError if the
+        receiver never got to it within ``timeout`` seconds.
+        """
+        box = self._mailboxes[msg.receiver]
+        before = len(box.rejected)
+        self.inject(msg)
+        deadline = time.monotonic() + timeout
+        while len(box.rejected) == before:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{msg.receiver} never consumed the bad {msg.tag!r} (round {msg.round})")
+            time.sleep(0.005)
+        return box.rejected[-1][1]
 
     def mailbox(self, party_id: str) -> Mailbox:
         return self._mailboxes[party_id]

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..proto import messages_pb2
 from ..transport import ProtocolError, parse_message
+from ..transport.codec import check_shape, shape_of
 
 
 def check_matrix(X, name: str) -> np.ndarray:
@@ -49,3 +50,40 @@ class IdentityKey:
     @property
     def public_key(self) -> "IdentityKey":
         return self
+
+
+class IdentityCrypto:
+    """Keys and "ciphertexts" of the identity benchmark backends: float64 arrays, NO SECURITY.
+
+    Shared by :class:`~secureflhv.vertical.lr_crypto.IdentityBackend` and
+    :class:`~secureflhv.vertical.interactive_layer.IdentityOps`, so a protocol runs unchanged with
+    encryption replaced by identity and a benchmark measures what Paillier costs.
+    """
+
+    name = "identity"
+
+    def generate_keypair(self, n_bits: int, insecure_test_key: bool):
+        key = IdentityKey()
+        return key, key
+
+    def public_key_to_proto(self, pub):
+        return messages_pb2.PaillierPublicKey(n=b"\x01", fingerprint=pub.fingerprint)
+
+    def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
+        if bytes(msg.fingerprint) != IdentityKey().fingerprint:
+            raise ProtocolError(f"{what}: not the identity backend's key")
+        return IdentityKey()
+
+    def to_proto(self, enc) -> messages_pb2.EncryptedTensor:
+        a = np.ascontiguousarray(enc, dtype="<f8")
+        return messages_pb2.EncryptedTensor(key_fingerprint=IdentityKey().fingerprint, shape=list(a.shape),
+                                            byte_width=8, ciphertexts=a.tobytes(), exponent=0, slots=1)
+
+    def from_proto(self, msg, pub, expected_shape, what: str) -> np.ndarray:
+        """float64 array of ``msg``; ProtocolError for another key, a wrong shape or size."""
+        if bytes(msg.key_fingerprint) != pub.fingerprint:
+            raise ProtocolError(f"{what}: wrong key fingerprint")
+        check_shape(what, shape_of(msg), expected_shape)
+        if msg.byte_width != 8 or len(msg.ciphertexts) != 8 * math.prod(shape_of(msg)):
+            raise ProtocolError(f"{what}: payload size does not match the shape")
+        return np.frombuffer(msg.ciphertexts, dtype="<f8").reshape(shape_of(msg)).astype(np.float64)

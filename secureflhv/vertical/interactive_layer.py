@@ -42,10 +42,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..crypto.paillier import decrypt_raw
-from ..proto import messages_pb2, vnn_pb2
+from ..proto import messages_pb2
 from ..transport import ProtocolError
 from ..transport.codec import check_shape, shape_of
-from .common import IdentityKey, ldexp_int
+from .common import IdentityCrypto, ldexp_int
 
 log = logging.getLogger("secureflhv.vertical.split_nn")
 
@@ -157,7 +157,7 @@ class PaillierOps:
         masked = self._p.EncryptedArray(pub, out.reshape(enc.shape), enc.exponent)
         return masked, Mask(r, enc.exponent, tuple(enc.shape))
 
-    def decrypt_masked(self, priv, enc, add: np.ndarray | None = None) -> vnn_pb2.ZnValues:
+    def decrypt_masked(self, priv, enc, add: np.ndarray | None = None) -> messages_pb2.MaskedValues:
         """Key holder: raw (m + r + t) mod n with ``t = add`` encoded at enc's exponent (``add`` has enc's shape)."""
         from ..crypto.paillier_encoding import encode_mantissas
 
@@ -170,10 +170,10 @@ class PaillierOps:
             t = encode_mantissas(add, -enc.exponent, n)
             raw = [(a + b) % n for a, b in zip(raw, t)]
         w = (n.bit_length() + 7) // 8
-        return vnn_pb2.ZnValues(key_fingerprint=priv.public_key.fingerprint, shape=list(enc.shape), byte_width=w,
+        return messages_pb2.MaskedValues(key_fingerprint=priv.public_key.fingerprint, shape=list(enc.shape), byte_width=w,
                                 values=b"".join(int(v).to_bytes(w, "big") for v in raw), exponent=enc.exponent)
 
-    def check_zn(self, msg: vnn_pb2.ZnValues, pub, expected_shape, what: str) -> vnn_pb2.ZnValues:
+    def check_zn(self, msg: messages_pb2.MaskedValues, pub, expected_shape, what: str) -> messages_pb2.MaskedValues:
         if bytes(msg.key_fingerprint) != pub.fingerprint:
             raise ProtocolError(f"{what}: values for key {bytes(msg.key_fingerprint).hex()[:16]}, "
                                 f"expected key {pub.fingerprint.hex()[:16]}")
@@ -188,7 +188,7 @@ class PaillierOps:
                 raise ProtocolError(f"{what}: value {i} is not in Z_n")
         return msg
 
-    def unmask(self, pub, msg: vnn_pb2.ZnValues, mask: Mask) -> np.ndarray:
+    def unmask(self, pub, msg: messages_pb2.MaskedValues, mask: Mask) -> np.ndarray:
         """Subtract the mask mod n, take the signed residue, decode -> float64 of the mask's shape."""
         n = pub.n
         w = msg.byte_width
@@ -237,42 +237,15 @@ def _parallel_dots(ops: PaillierOps, Xs: list, vecs: list) -> list:
 
 
 # --------------------------------------------------------------------------- identity (benchmarks only)
-class IdentityOps:
+class IdentityOps(IdentityCrypto):
     """Encryption replaced by identity: "ciphertexts" are float64 arrays. NO SECURITY — benchmarks only.
 
     Same interface as :class:`PaillierOps`; masks are real (uniform float noise) so the protocol's
     arithmetic is unchanged, only the Paillier cost disappears.
     """
 
-    name = "identity"
-
     def __init__(self):
         log.warning("IdentityOps: encryption replaced by identity, no security (benchmark baseline only)")
-
-    def generate_keypair(self, n_bits: int, insecure_test_key: bool):
-        key = IdentityKey()
-        return key, key
-
-    def public_key_to_proto(self, pub):
-        return messages_pb2.PaillierPublicKey(n=b"\x01", fingerprint=pub.fingerprint)
-
-    def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
-        if bytes(msg.fingerprint) != IdentityKey().fingerprint:
-            raise ProtocolError(f"{what}: not the identity backend's key")
-        return IdentityKey()
-
-    def to_proto(self, enc) -> messages_pb2.EncryptedTensor:
-        a = np.ascontiguousarray(enc, dtype="<f8")
-        return messages_pb2.EncryptedTensor(key_fingerprint=IdentityKey().fingerprint, shape=list(a.shape),
-                                            byte_width=8, ciphertexts=a.tobytes(), exponent=0)
-
-    def from_proto(self, msg, pub, expected_shape, what: str):
-        if bytes(msg.key_fingerprint) != pub.fingerprint:
-            raise ProtocolError(f"{what}: wrong key fingerprint")
-        check_shape(what, shape_of(msg), expected_shape)
-        if msg.byte_width != 8 or len(msg.ciphertexts) != 8 * math.prod(shape_of(msg)):
-            raise ProtocolError(f"{what}: payload size does not match the shape")
-        return np.frombuffer(msg.ciphertexts, dtype="<f8").reshape(shape_of(msg)).astype(np.float64)
 
     def encrypt(self, key, x):
         return np.array(x, dtype=np.float64)
@@ -298,7 +271,7 @@ class IdentityOps:
 
     def decrypt_masked(self, priv, enc, add=None):
         a = np.ascontiguousarray(enc if add is None else enc + add, dtype="<f8")
-        return vnn_pb2.ZnValues(key_fingerprint=priv.fingerprint, shape=list(a.shape), byte_width=8,
+        return messages_pb2.MaskedValues(key_fingerprint=priv.fingerprint, shape=list(a.shape), byte_width=8,
                                 values=a.tobytes(), exponent=0)
 
     def check_zn(self, msg, pub, expected_shape, what: str):

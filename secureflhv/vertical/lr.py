@@ -51,8 +51,8 @@ Two-party mode, one batch ([[.]] under the guest's key)::
 A stronger two-party variant (Yang et al. 2019, both parties hold keys, u_h never in the clear) is not
 implemented.
 
-Messages are protobuf (``messages.proto`` Bundle/EncryptedTensor/Control/Scalars, ``vlr.proto``
-MaskedValues/ScoreRequest). Every received payload is checked by the ``parse`` callback of
+Messages are protobuf (``messages.proto`` Bundle/EncryptedTensor/Control/Scalars/MaskedValues/
+RowsRequest). Every received payload is checked by the ``parse`` callback of
 :meth:`~secureflhv.transport.Transport.recv` (shape, key fingerprint, range), so a wrong-shape,
 wrong-key or stale message is rejected and logged while training continues. Round ids:
 ``epoch * 10_000_000 + batch * 10 + step``. On any failure a role tells its peers
@@ -74,7 +74,7 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..proto import messages_pb2, vlr_pb2
+from ..proto import messages_pb2
 from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
@@ -211,7 +211,7 @@ class _Role(ProtocolRole):
                              lambda m: self.backend.from_proto(m, pub, shape, what))
 
     def _masked_parser(self, pub, shape, what):
-        return parse_message(vlr_pb2.MaskedValues,
+        return parse_message(messages_pb2.MaskedValues,
                              lambda m: self.backend.check_masked(m, pub, shape, what))
 
     def _pubkey_parser(self):
@@ -485,7 +485,7 @@ class VerticalLRGuest(_Role):
         if sel.size and (sel.min() < 0 or sel.max() >= m):
             raise ValueError(f"rows: indices must be in [0, {m})")
         self._pred_round += 1
-        req = vlr_pb2.ScoreRequest(n_rows=m, rows=[] if rows is None else sel.tolist())
+        req = messages_pb2.RowsRequest(n_rows=m, rows=[] if rows is None else sel.tolist())
         for h in self.host_ids:
             self.t.send(h, TAG_PRED_REQ, req, round=self._pred_round)
         score = X[sel] @ self.weights + (self.intercept or 0.0)
@@ -498,7 +498,7 @@ class VerticalLRGuest(_Role):
         """Tell the hosts to leave :meth:`VerticalLRHost.serve_predictions`."""
         self._pred_round += 1
         for h in self.host_ids:
-            self.t.send(h, TAG_PRED_REQ, vlr_pb2.ScoreRequest(stop=True), round=self._pred_round)
+            self.t.send(h, TAG_PRED_REQ, messages_pb2.RowsRequest(stop=True), round=self._pred_round)
 
 
 # --------------------------------------------------------------------------- host
@@ -609,7 +609,7 @@ class VerticalLRHost(_Role):
             raise ValueError(f"X: {X.shape[1]} features, the model has {self.weights.shape[0]}")
         m = X.shape[0]
 
-        def validate(req: vlr_pb2.ScoreRequest):
+        def validate(req: messages_pb2.RowsRequest):
             if req.stop:
                 return req
             if req.n_rows != m:
@@ -622,7 +622,7 @@ class VerticalLRHost(_Role):
         while max_requests is None or served < max_requests:
             self._pred_round += 1
             req = self.t.recv(self.guest_id, TAG_PRED_REQ, round=self._pred_round,
-                              parse=parse_message(vlr_pb2.ScoreRequest, validate))
+                              parse=parse_message(messages_pb2.RowsRequest, validate))
             if req.stop:
                 break
             rows = np.asarray(req.rows, dtype=np.int64) if len(req.rows) else np.arange(m)

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..proto import messages_pb2, vlr_pb2
+from ..proto import messages_pb2
 from ..transport import ProtocolError
 from ..transport.codec import check_shape, shape_of
-from .common import IdentityKey, ldexp_int
+from .common import IdentityCrypto, ldexp_int
 
 log = logging.getLogger("secureflhv.vertical.lr")
 
@@ -117,15 +117,15 @@ class PaillierBackend:
         masked.ciphertexts = bytes(out)
         return self._p.EncryptedArray.from_proto(masked, pub, expected_shape=shape_of(msg)), _Mask(r, msg.exponent)
 
-    def decrypt_masked(self, priv, enc) -> vlr_pb2.MaskedValues:
+    def decrypt_masked(self, priv, enc) -> messages_pb2.MaskedValues:
         """Key holder: decrypt masked ciphertexts to raw plaintexts (m + r) mod n, uniform in Z_n."""
         out_width = (priv.public_key.n.bit_length() + 7) // 8
         raw = self._p.decrypt_raw(priv, enc)  # parallel CRT decryption, never decoded
         out = b"".join(m.to_bytes(out_width, "big") for m in raw)
-        return vlr_pb2.MaskedValues(key_fingerprint=priv.public_key.fingerprint, shape=list(enc.shape),
+        return messages_pb2.MaskedValues(key_fingerprint=priv.public_key.fingerprint, shape=list(enc.shape),
                                     byte_width=out_width, values=out, exponent=enc.exponent)
 
-    def check_masked(self, msg: vlr_pb2.MaskedValues, pub, expected_shape, what: str) -> vlr_pb2.MaskedValues:
+    def check_masked(self, msg: messages_pb2.MaskedValues, pub, expected_shape, what: str) -> messages_pb2.MaskedValues:
         if msg.key_fingerprint != pub.fingerprint:
             raise ProtocolError(f"{what}: values for key {msg.key_fingerprint.hex()[:16]}, "
                                 f"expected key {pub.fingerprint.hex()[:16]}")
@@ -138,7 +138,7 @@ class PaillierBackend:
                 raise ProtocolError(f"{what}: value {i} is not in Z_n")
         return msg
 
-    def unmask(self, pub, msg: vlr_pb2.MaskedValues, mask: "_Mask") -> np.ndarray:
+    def unmask(self, pub, msg: messages_pb2.MaskedValues, mask: "_Mask") -> np.ndarray:
         """Remove the mask and decode the fixed-point values -> float64 array of ``msg.shape``."""
         n = pub.n
         if msg.exponent != mask.exponent or len(mask.r) * msg.byte_width != len(msg.values):
@@ -160,7 +160,7 @@ class _Mask:
 
 
 # --------------------------------------------------------------------------- identity (benchmarks only)
-class IdentityBackend:
+class IdentityBackend(IdentityCrypto):
     """Encryption replaced by identity: ciphertexts are float64 arrays. NO SECURITY — benchmarks only.
 
     Has the same interface as :class:`PaillierBackend`, so :mod:`secureflhv.vertical.lr` runs the
@@ -168,22 +168,8 @@ class IdentityBackend:
     time is the cost of Paillier.
     """
 
-    name = "identity"
-
     def __init__(self):
         log.warning("IdentityBackend: encryption replaced by identity, no security (benchmark baseline only)")
-
-    def generate_keypair(self, n_bits: int, insecure_test_key: bool):
-        key = IdentityKey()
-        return key, key
-
-    def public_key_to_proto(self, pub):
-        return messages_pb2.PaillierPublicKey(n=b"\x01", fingerprint=pub.fingerprint)
-
-    def public_key_from_proto(self, msg, insecure_test_key: bool):
-        if msg.fingerprint != IdentityKey().fingerprint:
-            raise ProtocolError("public key: not the identity backend's key")
-        return IdentityKey()
 
     def fingerprint(self, pub) -> bytes:
         return pub.fingerprint
@@ -194,26 +180,13 @@ class IdentityBackend:
     def dot(self, X: np.ndarray, enc):
         return np.asarray(X, dtype=np.float64).T @ enc
 
-    def to_proto(self, enc) -> messages_pb2.EncryptedTensor:
-        a = np.ascontiguousarray(enc, dtype="<f8")
-        return messages_pb2.EncryptedTensor(key_fingerprint=IdentityKey().fingerprint, shape=list(a.shape),
-                                            byte_width=8, ciphertexts=a.tobytes(), exponent=0, slots=1)
-
-    def from_proto(self, msg, pub, expected_shape, what: str):
-        if msg.key_fingerprint != pub.fingerprint:
-            raise ProtocolError(f"{what}: wrong key fingerprint")
-        check_shape(what, shape_of(msg), expected_shape)
-        if msg.byte_width != 8 or len(msg.ciphertexts) != 8 * int(np.prod(shape_of(msg), dtype=np.int64)):
-            raise ProtocolError(f"{what}: payload size does not match the shape")
-        return np.frombuffer(msg.ciphertexts, dtype="<f8").reshape(shape_of(msg)).astype(np.float64)
-
     def mask(self, pub, enc):
         return np.array(enc, dtype=np.float64), _Mask([], 0)
 
-    def decrypt_masked(self, priv, enc) -> vlr_pb2.MaskedValues:
+    def decrypt_masked(self, priv, enc) -> messages_pb2.MaskedValues:
         a = np.ascontiguousarray(enc, dtype="<f8")
-        return vlr_pb2.MaskedValues(key_fingerprint=priv.fingerprint, shape=list(a.shape), byte_width=8,
-                                    values=a.tobytes(), exponent=0)
+        return messages_pb2.MaskedValues(key_fingerprint=priv.fingerprint, shape=list(a.shape), byte_width=8,
+                                         values=a.tobytes(), exponent=0)
 
     def check_masked(self, msg, pub, expected_shape, what: str):
         if msg.key_fingerprint != pub.fingerprint:

@@ -60,7 +60,7 @@ What each party learns (semi-honest, non-colluding):
 * prediction: the guest learns z_h for the rows it asks about; the host learns which rows are scored.
 
 Messages are protobuf (``messages.proto`` Bundle/EncryptedTensor/PaillierPublicKey/Control/Tensor,
-``vnn.proto`` ZnValues/RowsRequest). Every payload is checked in the ``parse`` callback of
+MaskedValues/RowsRequest). Every payload is checked in the ``parse`` callback of
 :meth:`~secureflhv.transport.Transport.recv` (shape, key fingerprint, range), so a wrong-shape or
 wrong-key message is rejected and logged while training continues. Round ids
 ``epoch * 10 * MAX_BATCHES + batch * 10 + step``. On any failure a role tells its peers and re-raises;
@@ -91,7 +91,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..proto import messages_pb2, vnn_pb2
+from ..proto import messages_pb2
 from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, parse_message
 from .common import check_matrix, control_parser
@@ -270,7 +270,7 @@ class _Role(ProtocolRole):
         return parse_message(messages_pb2.EncryptedTensor, lambda m: self.ops.from_proto(m, pub, shape, what))
 
     def _zn_parser(self, pub, shape, what):
-        return parse_message(vnn_pb2.ZnValues, lambda m: self.ops.check_zn(m, pub, shape, what))
+        return parse_message(messages_pb2.MaskedValues, lambda m: self.ops.check_zn(m, pub, shape, what))
 
 
 # --------------------------------------------------------------------------- guest
@@ -509,7 +509,7 @@ class SplitNNGuest(_Role):
             chunk = sel[s:s + step]
             self._pred_round += 1
             rnd = self._pred_round * 10
-            req = vnn_pb2.RowsRequest(n_rows=m, rows=chunk.tolist())
+            req = messages_pb2.RowsRequest(n_rows=m, rows=chunk.tolist())
             for h in self.host_ids:
                 self.t.send(h, TAG_PRED_REQ, req, round=self._pred_round)
             z = self._host_forward(rnd, len(chunk), (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
@@ -526,7 +526,7 @@ class SplitNNGuest(_Role):
         """Tell the hosts to leave :meth:`SplitNNHost.serve_predictions`."""
         self._pred_round += 1
         for h in self.host_ids:
-            self.t.send(h, TAG_PRED_REQ, vnn_pb2.RowsRequest(stop=True), round=self._pred_round)
+            self.t.send(h, TAG_PRED_REQ, messages_pb2.RowsRequest(stop=True), round=self._pred_round)
 
 
 # --------------------------------------------------------------------------- host
@@ -690,7 +690,7 @@ class SplitNNHost(_Role):
         m = X.shape[0]
         cap = self.config.predict_batch_size
 
-        def validate(req: vnn_pb2.RowsRequest):
+        def validate(req: messages_pb2.RowsRequest):
             if req.stop:
                 return req
             if req.n_rows != m:
@@ -703,7 +703,7 @@ class SplitNNHost(_Role):
         while max_requests is None or served < max_requests:
             self._pred_round += 1
             req = self._recv(TAG_PRED_REQ, round=self._pred_round,
-                              parse=parse_message(vnn_pb2.RowsRequest, validate))
+                              parse=parse_message(messages_pb2.RowsRequest, validate))
             if req.stop:
                 break
             rows = np.asarray(req.rows, dtype=np.int64)
