@@ -124,6 +124,7 @@ def save_guest_reports(out_dir: Path, cfg: JobConfig, data: AlignedData, metrics
 
 
 def log_summary(party_id: str, metrics: dict, losses: list[float], plot: Path) -> None:
+    """Log the guest's closing line: epochs, final loss, held-out (else training) accuracy and AUC."""
     which = "test" if "test" in metrics else "train"
     s = metrics[which]
     log.info("%s: done: %d epochs, final loss %.5f, %s accuracy %.4f AUC %s; loss curve %s", party_id,

@@ -206,7 +206,7 @@ class HorizontalSecureBoostServer:
         n_bins = [len(c) + 1 for c in cuts]
         model = BoostedModel(prm, bm, [], cuts)
         self.model = model
-        best, since, seq = math.inf, 0, 0
+        seq = 0
         validating = None
         for r in range(prm.n_trees):
             for k in range(prm.trees_per_round):
@@ -228,14 +228,7 @@ class HorizontalSecureBoostServer:
                 validating = n_val > 0
             if n_val:
                 s = v[0] * LOSS_SCALE / 2.0 ** AGG_SCALE_BITS
-                vl = math.sqrt(s / n_val) if prm.objective == "regression" else s / n_val
-                model.val_losses.append(vl)
-                if vl < best:
-                    best, since, model.best_round = vl, 0, r
-                else:
-                    since += 1
-                if prm.early_stopping_rounds and since >= prm.early_stopping_rounds:
-                    model.trees = model.trees[:(model.best_round + 1) * prm.trees_per_round]
+                if model.record_validation(r, math.sqrt(s / n_val) if prm.objective == "regression" else s / n_val):
                     break
         self._send_all(TAG_TREE, tree_pb2.HsbLevel(tree=seq, stop=True, keep_trees=len(model.trees)), seq + 1, "stop")
         return model

@@ -113,6 +113,21 @@ class BoostedModel:
     val_losses: list[float] = field(default_factory=list)
     best_round: int | None = None
 
+    def record_validation(self, round_index: int, loss: float) -> bool:
+        """Add boosting round ``round_index``'s validation loss (called every round).
+
+        Returns True when early stopping fires: no improvement for ``params.early_stopping_rounds``
+        rounds; the trees after the best round are then dropped.
+        """
+        if loss < min(self.val_losses, default=float("inf")):
+            self.best_round = round_index
+        self.val_losses.append(loss)
+        rounds = self.params.early_stopping_rounds
+        if rounds and round_index - self.best_round >= rounds:
+            self.trees = self.trees[:(self.best_round + 1) * self.params.trees_per_round]
+            return True
+        return False
+
     @property
     def n_outputs(self) -> int:
         return len(self.base_margin)

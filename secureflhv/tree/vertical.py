@@ -226,7 +226,7 @@ class SecureBoostGuest(_Role):
         margin = np.tile(bm, (n, 1)).astype(np.float64)
         vmargin = None if self.X_val is None else np.tile(bm, (len(self.X_val), 1)).astype(np.float64)
         result = TrainResult(model)
-        best, since, seq = np.inf, 0, 0
+        seq = 0
         for r in range(prm.n_trees):
             g, h = gradients(margin, self.y, prm)
             for k in range(prm.trees_per_round):
@@ -244,14 +244,7 @@ class SecureBoostGuest(_Role):
                 log.info("%s: tree %d (round %d, output %d) in %.2fs", self.party_id, seq, r + 1, k,
                          result.tree_seconds[-1])
             if vmargin is not None:
-                vl = loss(vmargin, self.y_val, prm)
-                model.val_losses.append(vl)
-                if vl < best:
-                    best, since, model.best_round = vl, 0, r
-                else:
-                    since += 1
-                if prm.early_stopping_rounds and since >= prm.early_stopping_rounds:
-                    model.trees = model.trees[:(model.best_round + 1) * prm.trees_per_round]
+                if model.record_validation(r, loss(vmargin, self.y_val, prm)):
                     result.stopped_early = True
                     break
         for h_id in self.host_ids:
