@@ -74,7 +74,9 @@ def load_and_align(cfg: JobConfig, spec: PartySpec, transport: Transport, params
     log.info("%s: PSI found %d common ids (own %d) in %.2fs", spec.id, len(psi), table.n_rows,
              time.monotonic() - t0)
     if len(psi) < 2:
-        raise ValueError(f"PSI left {len(psi)} common ids: the parties' id columns hardly overlap")
+        raise ValueError(f"PSI left {len(psi)} common ids (this party has {table.n_rows}, peers "
+                         f"{psi.peer_sizes}): check that every party's data.id_column names the same ids, "
+                         f"written the same way (e.g. no leading zeros lost, same prefix)")
     X = table.X[psi.rows]
     perm = np.random.default_rng(params.split_seed).permutation(len(psi))
     n_test = int(round(params.test_fraction * len(psi)))
