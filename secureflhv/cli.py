@@ -46,12 +46,11 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from .runtime.config import load_job
-
-    from .runtime.party import job_module
+    from .runtime.registry import job_spec
 
     cfg = load_job(args.job)
-    job_module(cfg.job.algorithm).job_params(cfg)
-    print(f"job {cfg.job.id!r}: algorithm {cfg.job.algorithm}, {len(cfg.parties)} parties, "
+    spec = job_spec(cfg.job.algorithm)
+    print(f"job {cfg.job.id!r}: algorithm {spec.name} ({spec.family}: {spec.summary}), {len(cfg.parties)} parties, "
           f"{'PLAINTEXT (insecure)' if cfg.security.insecure else 'mutual TLS'}")
     for p in cfg.parties:
         data = f" data={cfg.resolve(p.data.path)}" if p.data else ""

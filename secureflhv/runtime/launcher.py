@@ -23,15 +23,11 @@ from rich.console import Console
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .config import ALGORITHMS, JobConfig
+from .job_file import JobConfig
+from .progress import PROGRESS_PREFIX
+from .registry import job_spec
 
-PROGRESS_PREFIX = "@progress "
 _COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
-
-
-def emit_progress(task: str, done: int, total: int, info: str = "") -> None:
-    """Print one progress event on stdout for the launcher (a party calls this; harmless standalone)."""
-    print(PROGRESS_PREFIX + json.dumps({"task": task, "done": done, "total": total, "info": info}), flush=True)
 
 
 @dataclass
@@ -62,7 +58,7 @@ class Launcher:
         self.extra_args = extra_args or []
         self.children: list[_Child] = []
         # parties whose failure does not stop the job: the clients of a horizontal job (dropouts)
-        self.tolerated = {p.id for p in cfg.clients} if ALGORITHMS[cfg.job.algorithm] == "horizontal" else set()
+        self.tolerated = {p.id for p in cfg.clients} if job_spec(cfg.job.algorithm).family == "horizontal" else set()
         self._progress: Progress | None = None
         self._tasks: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()

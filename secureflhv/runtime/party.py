@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from ..transport import Transport, TransportError
-from .config import ALGORITHMS, JobConfig, JobConfigError, PartySpec, load_job
+from .config import JobConfig, JobConfigError, PartySpec, load_job
+from .registry import job_spec
 
 log = logging.getLogger("secureflhv.party")
 
@@ -41,19 +42,6 @@ def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transpor
                          insecure=insecure, deadline=cfg.job.deadline_s)
 
 
-def job_module(algorithm: str):
-    """The job module of an algorithm: ``secureflhv.runtime.<algorithm>_job``.
-
-    Each exposes ``job_params(cfg)`` (validates ``params``, raising JobConfigError naming the field)
-    and ``run_job(cfg, spec, transport)`` (runs one party's role).
-    """
-    import importlib
-
-    if algorithm not in ALGORITHMS:
-        raise JobConfigError(f"job.algorithm: unknown algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
-    return importlib.import_module(f"{__package__}.{algorithm}_job")
-
-
 def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     """Run party ``party_id`` of the job in ``job_path``; return the process exit code.
 
@@ -65,9 +53,8 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
         if cfg.security.insecure and not insecure:
             raise JobConfigError("security.insecure is true in the job file: pass --insecure to confirm "
                                  "that this party may talk plaintext")
-        module = job_module(cfg.job.algorithm)
-        module.job_params(cfg)  # bad params fail here, before any network traffic
-        run = module.run_job
+        job = job_spec(cfg.job.algorithm)
+        params = job.validate(cfg)  # bad params fail here, before any network traffic
     except JobConfigError as exc:
         print(f"secureflhv party {party_id}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -78,14 +65,14 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     signal.signal(signal.SIGTERM, terminate)
     peers = [p.id for p in cfg.parties if p.id != party_id]
     # A horizontal client that fails is a dropout the protocol survives: it must not stop the others.
-    told_on_failure = [] if ALGORITHMS[cfg.job.algorithm] == "horizontal" and spec.role != "server" else peers
+    told_on_failure = [] if job.family == "horizontal" and spec.role != "server" else peers
     started = time.monotonic()
     transport = None
     try:
         transport = build_transport(cfg, spec, insecure)
         log.info("%s (%s) of job %r listening on %s; peers: %s", party_id, spec.role, cfg.job.id, spec.address,
                  ", ".join(peers))
-        run(cfg, spec, transport)
+        job.run(cfg, spec, transport, params)
         log.info("%s finished in %.1fs", party_id, time.monotonic() - started)
         return EXIT_OK
     except JobConfigError as exc:

@@ -6,7 +6,7 @@ import yaml
 
 from secureflhv.cli import main
 from secureflhv.runtime.config import JobConfigError, load_job
-from secureflhv.runtime.vertical_lr_job import job_params
+from secureflhv.runtime.registry import job_params
 
 
 def good_job() -> dict:
@@ -80,10 +80,10 @@ def test_bad_field_is_named(tmp_path, change, expected):
     ({"test_fraction": 1.5}, "params.test_fraction"),
 ])
 def test_bad_params_are_named(tmp_path, params, expected):
-    cfg = load_job(write(tmp_path, mutate("params", params)))
     with pytest.raises(JobConfigError) as err:
-        job_params(cfg)
+        load_job(write(tmp_path, mutate("params", params)))
     assert expected in str(err.value)
+    assert str(tmp_path / "job.yaml") in str(err.value)
 
 
 def test_small_keys_only_through_the_explicit_test_setting(tmp_path):
@@ -117,3 +117,35 @@ def test_cli_party_unknown_id_and_insecure_confirmation(tmp_path, capsys):
     path = write(tmp_path, doc)
     assert main(["party", str(path), "--party", "guest"]) == 2
     assert "pass --insecure" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algorithm, roles, expected", [
+    ("vertical_lr", ["server", "guest", "guest"], "exactly one guest"),
+    ("vertical_lr", ["server", "guest"], "at least one host"),
+    ("horizontal", ["guest", "host", "host"], "exactly one server"),
+    ("horizontal", ["server", "host"], "at least two clients"),
+])
+def test_family_role_rules_come_from_the_registry(tmp_path, algorithm, roles, expected):
+    doc = good_job()
+    doc["job"]["algorithm"] = algorithm
+    doc["params"] = {}
+    parties = []
+    for i, role in enumerate(roles):
+        party = {"id": f"p{i}", "role": role, "address": f"127.0.0.1:{5100 + i}", "cert": "c", "key": "k"}
+        if role != "server":
+            party["data"] = {"path": f"p{i}.csv", "label_column": "y"}
+        parties.append(party)
+    doc["parties"] = parties
+    with pytest.raises(JobConfigError, match=expected):
+        load_job(write(tmp_path, doc))
+
+
+def test_every_registered_algorithm_is_known_to_validation_and_documented():
+    from secureflhv.runtime.registry import JOBS, job_spec
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    for name, spec in JOBS.items():
+        assert job_spec(name) is spec and spec.family in ("vertical", "horizontal")
+        assert f"`{name}`" in docs, f"docs/architecture.md does not list algorithm {name}"
+    with pytest.raises(JobConfigError, match="choose one of"):
+        job_spec("fedavg_typo")

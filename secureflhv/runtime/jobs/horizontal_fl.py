@@ -32,21 +32,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..data import load_table
-from ..horizontal.aggregation import AggregationConfig
-from ..horizontal.fl import FLConfig, HorizontalClient, HorizontalServer, RoundRecord
-from ..horizontal.models import ModelSpec, build_model, named_arrays
-from ..horizontal.strategies import LocalTrainConfig, make_strategy
-from ..transport import Transport
-from .artifacts import plot_curves, save_model, write_json
-from .config import JobConfig, JobConfigError, PartySpec, params_error
-from .launcher import emit_progress
+from ...horizontal.aggregation import AggregationConfig
+from ...horizontal.fl import DEFAULT_PART_CLIPS, FLConfig, HorizontalClient, HorizontalServer, RoundRecord
+from ...horizontal.models import ModelSpec, build_model, named_arrays
+from ...horizontal.strategies import LocalTrainConfig, make_strategy
+from ...transport import Transport
+from ..artifacts import plot_curves, save_model, write_json
+from ..data_prep import load_party_table, local_split
+from ..job_file import JobConfig, JobConfigError, PartySpec
+from ..progress import emit_progress
 
 log = logging.getLogger("secureflhv.job")
 
@@ -94,14 +93,9 @@ class HorizontalJobParams(BaseModel):
     round_timeout_s: float | None = Field(default=None, gt=0, description="default: job.deadline_s")
 
 
-def job_params(cfg: JobConfig) -> HorizontalJobParams:
-    """Validate ``params`` of a horizontal job. Raises JobConfigError naming ``params.<field>``."""
-    try:
-        params = HorizontalJobParams(**cfg.params)
-    except ValidationError as err:
-        raise params_error(err) from None
-    except TypeError as exc:
-        raise JobConfigError(f"params: {exc}") from None
+def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
+    """The aggregation settings fit the job: a valid threshold for the clients sampled per round, and
+    never a secure aggregate of one client (it would reveal that client's update)."""
     try:
         fl_config(cfg, params)
     except ValueError as exc:
@@ -117,7 +111,6 @@ def job_params(cfg: JobConfig) -> HorizontalJobParams:
     if m < 2 and agg.kind == "secagg":
         raise JobConfigError(f"params.fraction: selects {m} client per round; secure aggregation of one client "
                              f"would reveal its update (select at least 2)")
-    return params
 
 
 def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConfig:
@@ -130,8 +123,6 @@ def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConf
 def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
     local = LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.lr,
                              momentum=params.momentum, weight_decay=params.weight_decay)
-    from ..horizontal.fl import DEFAULT_PART_CLIPS
-
     timeout = params.round_timeout_s or cfg.job.deadline_s
     return FLConfig(rounds=params.rounds, fraction=params.fraction, seed=params.seed, local=local,
                     aggregation=_aggregation(cfg, params), part_clips={**DEFAULT_PART_CLIPS, **params.part_clips},
@@ -140,34 +131,11 @@ def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
                     round_timeout_s=timeout, send_timeout_s=min(30.0, timeout / 4))
 
 
-def _columns(path: Path) -> list[str]:
-    if path.suffix.lower() == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            return list(z.files)
-    if path.suffix.lower() in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
-
-        return list(pq.read_schema(path).names)
-    import pandas as pd
-
-    return list(pd.read_csv(path, nrows=0).columns)
-
-
-def load_client_data(cfg: JobConfig, spec: PartySpec, params: HorizontalJobParams) -> tuple[np.ndarray, np.ndarray]:
+def load_client_data(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams) -> tuple[np.ndarray, np.ndarray]:
     """(X float32 (n, n_features), y int64 (n,)) of a client; JobConfigError naming the party's data."""
-    index = cfg.parties.index(spec)
-    where = f"parties[{index}].data"
-    data = spec.data
-    path = cfg.resolve(data.path)
-    label = data.label_column or params.label_column
-    try:
-        cols = _columns(path)
-        id_col = data.id_column if data.id_column in cols else None
-        table = load_table(path, label_column=label, id_column=id_col, feature_columns=data.feature_columns)
-    except (OSError, ValueError) as exc:
-        raise JobConfigError(f"{where}: {exc}") from None
-    if table.y is None:
-        raise JobConfigError(f"{where}: no label column {label!r} in {path}")
+    table = load_party_table(cfg, party, label_column=party.data.label_column or params.label_column,
+                             require_label=True, id_required=False)
+    where, path = cfg.where(party, "data"), cfg.resolve(party.data.path)
     y = np.asarray(table.y)
     if not np.issubdtype(y.dtype, np.number) or not np.all(np.asarray(y, float) == np.round(np.asarray(y, float))):
         raise JobConfigError(f"{where}: labels in {path} must be integer class ids 0..n_classes-1")
@@ -179,16 +147,6 @@ def load_client_data(cfg: JobConfig, spec: PartySpec, params: HorizontalJobParam
         raise JobConfigError(f"{where}: labels in {path} range {y.min()}..{y.max()}, outside 0.."
                              f"{params.model.n_classes - 1} (params.model.n_classes)")
     return np.asarray(table.X, dtype=np.float32), y
-
-
-def local_split(n: int, fraction: float, seed: int, party_id: str) -> tuple[np.ndarray, np.ndarray]:
-    """(train rows, test rows) of a client's table; depends only on (n, fraction, seed, party id)."""
-    cid = int.from_bytes(hashlib.sha256(party_id.encode()).digest()[:8], "little")
-    perm = np.random.default_rng([seed, cid, 7]).permutation(n)
-    n_test = int(round(fraction * n))
-    if n - n_test < 1:
-        n_test = n - 1
-    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
 def _finite(obj):
@@ -206,64 +164,69 @@ def _record_json(rec: RoundRecord) -> dict:
     return _finite(dict(vars(rec)))
 
 
-def run_job(cfg: JobConfig, spec: PartySpec, transport: Transport) -> dict:
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams) -> dict:
     """Run this party's role of a horizontal job; return a summary (also saved as artifacts).
 
-    Raises JobConfigError for bad params or data, TransportError when the server or too many clients
-    fail, AggregationError when a round keeps fewer than t clients.
+    Raises JobConfigError for bad data, TransportError when the server or too many clients fail,
+    AggregationError when a round keeps fewer than t clients.
     """
-    params = job_params(cfg)
     config = fl_config(cfg, params)
-    out_dir = cfg.output_dir(spec.id)
-    clients = [p.id for p in cfg.clients]
     strategy = make_strategy(params.strategy, mu=params.mu)
     if config.aggregation.kind in ("plain", "plain_quantised"):
-        log.warning("%s: aggregation kind %r: the server sees every client's update", spec.id,
+        log.warning("%s: aggregation kind %r: the server sees every client's update", party.id,
                     config.aggregation.kind)
+    if party.role == "server":
+        return _run_server(cfg, party, transport, params, config, strategy)
+    return _run_client(cfg, party, transport, params, config, strategy)
 
-    if spec.role == "server":
-        def on_round(rec: RoundRecord, _vec) -> None:
-            emit_progress("rounds", rec.round, params.rounds,
-                          f"accuracy {rec.test_accuracy:.4f}" if rec.test_n else f"loss {rec.train_loss:.4f}")
 
-        server = HorizontalServer(transport, clients, params.model, strategy, config, on_round=on_round)
-        history = server.run()
-        model = build_model(params.model)
-        arrays = named_arrays(model, server.global_vec)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        npz = out_dir / "global_model.npz"
-        np.savez(npz, **arrays)
-        digest = hashlib.sha256(npz.read_bytes()).hexdigest()
-        final = _record_json(history[-1]) if history else {}
-        rounds = [_record_json(r) for r in history]
-        write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "strategy": params.strategy, "rounds": rounds,
-                                              "final": final})
-        acc = [r.test_accuracy for r in history]
-        plot = None
-        if any(math.isfinite(a) for a in acc):
-            plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc},
-                               title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="accuracy")
-        save_model(out_dir, job_id=cfg.job.id, party_id=spec.id, role="server", algorithm="horizontal",
-                   model={"file": npz.name, "sha256": digest, "format": "npz (named float32 arrays)",
-                          "parameters": {k: list(v.shape) for k, v in arrays.items()}},
-                   metadata={"architecture": params.model.model_dump(mode="json"),
-                             "params": params.model_dump(mode="json"), "clients": clients,
-                             "final_metrics": final})
-        log.info("%s: done: %d rounds, final accuracy %.4f; model %s; plot %s", spec.id, len(history),
-                 history[-1].test_accuracy if history else float("nan"), npz, plot)
-        return final
+def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
+                config: FLConfig, strategy) -> dict:
+    def on_round(rec: RoundRecord, _vec) -> None:
+        emit_progress("rounds", rec.round, params.rounds,
+                      f"accuracy {rec.test_accuracy:.4f}" if rec.test_n else f"loss {rec.train_loss:.4f}")
 
-    X, y = load_client_data(cfg, spec, params)
-    train, test = local_split(len(y), params.test_fraction, params.seed, spec.id)
-    log.info("%s: %d rows (%d train, %d local test) x %d features from %s", spec.id, len(y), len(train), len(test),
-             X.shape[1], cfg.resolve(spec.data.path))
-    server_id = cfg.server.id
+    clients = [p.id for p in cfg.clients]
+    server = HorizontalServer(transport, clients, params.model, strategy, config, on_round=on_round)
+    history = server.run()
+    out_dir = cfg.output_dir(party.id)
+    arrays = named_arrays(build_model(params.model), server.global_vec)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    npz = out_dir / "global_model.npz"
+    np.savez(npz, **arrays)
+    final = _record_json(history[-1]) if history else {}
+    write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "strategy": params.strategy,
+                                          "rounds": [_record_json(r) for r in history], "final": final})
+    acc = [r.test_accuracy for r in history]
+    plot = None
+    if any(math.isfinite(a) for a in acc):
+        plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc},
+                           title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="accuracy")
+    save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm="horizontal",
+               model={"file": npz.name, "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
+                      "format": "npz (named float32 arrays)",
+                      "parameters": {k: list(v.shape) for k, v in arrays.items()}},
+               metadata={"architecture": params.model.model_dump(mode="json"),
+                         "params": params.model_dump(mode="json"), "clients": clients, "final_metrics": final})
+    log.info("%s: done: %d rounds, final accuracy %.4f; model %s; plot %s", party.id, len(history),
+             history[-1].test_accuracy if history else float("nan"), npz, plot)
+    return final
+
+
+def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
+                config: FLConfig, strategy) -> dict:
+    X, y = load_client_data(cfg, party, params)
+    split = local_split(len(y), params.test_fraction, params.seed, party.id)
+    train, test = split.train, split.test
+    log.info("%s: %d rows (%d train, %d local test) x %d features from %s", party.id, len(y), len(train), len(test),
+             X.shape[1], cfg.resolve(party.data.path))
     try:
-        client = HorizontalClient(transport, server_id, X[train], y[train], X[test], y[test], params.model, strategy,
-                                  config)
+        client = HorizontalClient(transport, cfg.server.id, X[train], y[train], X[test], y[test], params.model,
+                                  strategy, config)
     except ValueError as exc:
-        raise JobConfigError(f"parties[{cfg.parties.index(spec)}].data: {exc}") from None
+        raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     history = client.run()
-    write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "party_id": spec.id, "n_train": len(train),
-                                          "n_test": len(test), "rounds": _finite(history)})
+    write_json(cfg.output_dir(party.id) / "metrics.json",
+               {"job_id": cfg.job.id, "party_id": party.id, "n_train": len(train), "n_test": len(test),
+                "rounds": _finite(history)})
     return history[-1] if history else {}

@@ -1,0 +1,193 @@
+"""One data-preparation path for every job: load a party's table, align ids by PSI, split, standardise.
+
+Every job calls these in the same order at every data party, so each PSI message has its partner and
+every party holds the same train/validation/test rows. Errors about a party's data are JobConfigErrors
+phrased one way, ``parties[i].data... (party 'ID'): what is wrong``, whichever job raises them.
+
+What each role learns: PSI (:mod:`secureflhv.vertical.psi`) tells guest and hosts the ids common to all
+of them and the set sizes (guest: every host's; host: the guest's); nothing else leaves a party here.
+Standardisation uses only the party's own training rows (vertical: its own columns; nothing is sent).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from ..data import Dataset, load_table
+from ..transport import Transport
+from ..vertical.psi import align_ids_guest, align_ids_host
+from .job_file import JobConfig, JobConfigError, PartySpec
+
+log = logging.getLogger("secureflhv.job")
+
+
+class SplitParams(BaseModel):
+    """Job-level parameters of the held-out split (mixed into a job's params model)."""
+
+    test_fraction: float = Field(default=0.3, ge=0, lt=1, description="share of aligned rows held out")
+    split_seed: int = Field(default=0, ge=0, description="seed of the train/test split of aligned rows")
+
+
+class StandardisedSplitParams(SplitParams):
+    """The split plus per-party standardisation (vertical LR and split NN)."""
+
+    standardize: bool = Field(default=True, description="each party standardises its own columns")
+
+
+class ValidationSplitParams(SplitParams):
+    """The split plus a validation part for early stopping (SecureBoost)."""
+
+    validation_fraction: float = Field(default=0.0, ge=0, lt=1,
+                                       description="share of training rows held out for early stopping")
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """Row indices (sorted int64 arrays) of the training, validation and test parts."""
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+
+
+@dataclass
+class PartyData:
+    """One data party's rows after preparation: ``X[k]`` (and ``y[k]``) belong to id ``ids[k]``.
+
+    ``split`` indexes the rows; ``meta`` (params, feature names, PSI sizes, standardisation state)
+    goes into the party's ``model.json``.
+    """
+
+    X: np.ndarray
+    y: np.ndarray | None
+    ids: np.ndarray
+    split: RowSplit
+    feature_names: list[str]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def train(self) -> np.ndarray:
+        return self.split.train
+
+    @property
+    def test(self) -> np.ndarray:
+        return self.split.test
+
+    @property
+    def val(self) -> np.ndarray:
+        return self.split.val
+
+
+def _columns(path: Path) -> list[str]:
+    if path.suffix.lower() == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            return list(z.files)
+    if path.suffix.lower() in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    import pandas as pd
+
+    return list(pd.read_csv(path, nrows=0).columns)
+
+
+def load_party_table(cfg: JobConfig, party: PartySpec, *, label_column: str | None = None,
+                     require_label: bool = False, id_required: bool = True) -> Dataset:
+    """Read ``parties[i].data`` of ``party`` (CSV / Parquet / NumPy / IDX, see :func:`secureflhv.data.load_table`).
+
+    Args:
+        label_column: overrides ``data.label_column`` (a job-level default, e.g. horizontal ``y``).
+        require_label: the table must have its label column.
+        id_required: the id column must exist (vertical jobs align on it); otherwise it is used only
+            when present (never as a feature).
+    Raises:
+        JobConfigError: unreadable file, missing or non-numeric column, missing label — naming the party.
+    """
+    spec = party.data
+    path = cfg.resolve(spec.path)
+    label = label_column or spec.label_column
+    try:
+        id_column = spec.id_column if id_required or spec.id_column in _columns(path) else None
+        table = load_table(path, id_column=id_column, label_column=label, feature_columns=spec.feature_columns)
+    except (OSError, ValueError) as exc:
+        raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
+    if require_label and table.y is None:
+        raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: no label column {label!r} in {path}")
+    log.info("%s: loaded %d rows x %d features from %s", party.id, table.n_rows, table.n_features, path)
+    return table
+
+
+def align_by_psi(cfg: JobConfig, party: PartySpec, transport: Transport, table: Dataset):
+    """Run PSI with the other data parties; returns the :class:`~secureflhv.vertical.psi.PsiResult`.
+
+    Raises ValueError when fewer than two ids are common (training on them would be meaningless).
+    """
+    t0 = time.monotonic()
+    if party.role == "guest":
+        psi = align_ids_guest(transport, list(table.ids), [h.id for h in cfg.hosts])
+    else:
+        psi = align_ids_host(transport, list(table.ids), cfg.guest.id)
+    log.info("%s: PSI found %d common ids (own %d) in %.2fs", party.id, len(psi), table.n_rows,
+             time.monotonic() - t0)
+    if len(psi) < 2:
+        raise ValueError(f"PSI left {len(psi)} common ids (this party has {table.n_rows}, peers "
+                         f"{psi.peer_sizes}): check that every party's data.id_column names the same ids, "
+                         f"written the same way (e.g. no leading zeros lost, same prefix)")
+    return psi
+
+
+def split_rows(n: int, test_fraction: float, seed: int, validation_fraction: float = 0.0) -> RowSplit:
+    """Seeded split of ``n`` rows: the same (n, fractions, seed) gives the same rows at every party.
+
+    ``test_fraction`` of the rows are held out; ``validation_fraction`` of the rest is kept for early
+    stopping.
+    """
+    perm = np.random.default_rng(seed).permutation(n)
+    n_test = int(round(test_fraction * n))
+    test, rest = np.sort(perm[:n_test]), perm[n_test:]
+    n_val = int(round(validation_fraction * len(rest)))
+    return RowSplit(train=np.sort(rest[n_val:]), val=np.sort(rest[:n_val]), test=test)
+
+
+def local_split(n: int, fraction: float, seed: int, party_id: str) -> RowSplit:
+    """A horizontal client's own train/test split; depends only on (n, fraction, seed, party id).
+
+    At least one training row is kept. ``val`` is empty.
+    """
+    cid = int.from_bytes(hashlib.sha256(party_id.encode()).digest()[:8], "little")
+    perm = np.random.default_rng([seed, cid, 7]).permutation(n)
+    n_test = min(int(round(fraction * n)), n - 1)
+    return RowSplit(train=np.sort(perm[n_test:]), val=np.sort(perm[:0]), test=np.sort(perm[:n_test]))
+
+
+def standardise(X: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, dict]:
+    """``(X - mean) / std`` with the statistics of ``rows`` (constant columns keep std 1); returns the state."""
+    mean, std = X[rows].mean(axis=0), X[rows].std(axis=0)
+    std[std == 0] = 1.0
+    return (X - mean) / std, {"mean": mean, "std": std}
+
+
+def prepare_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, params: BaseModel, *,
+                     validation_fraction: float = 0.0, standardize: bool = False) -> PartyData:
+    """Load, align by PSI, split (``params.test_fraction``, ``params.split_seed``) and optionally standardise.
+
+    For a vertical guest or host; ``y`` is set at the guest only.
+    """
+    table = load_party_table(cfg, party)
+    psi = align_by_psi(cfg, party, transport, table)
+    X = table.X[psi.rows]
+    split = split_rows(len(psi), params.test_fraction, params.split_seed, validation_fraction)
+    state = None
+    if standardize:
+        X, state = standardise(X, split.train)
+    meta = {"params": params.model_dump(mode="json"), "feature_names": list(table.feature_names),
+            "psi": {"common_ids": len(psi), "own_ids": table.n_rows, "peer_sizes": psi.peer_sizes},
+            "standardisation": state}
+    y = table.y[psi.rows] if party.role == "guest" else None
+    return PartyData(X, y, np.asarray(psi.ids), split, list(table.feature_names), meta)

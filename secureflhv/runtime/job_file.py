@@ -1,0 +1,251 @@
+"""The job file's schema: one YAML (or JSON) document that names the job, every party and the algorithm.
+
+This module checks the file's structure, whatever the algorithm; :mod:`secureflhv.runtime.config`
+adds the checks that depend on the algorithm (its family's roles, its ``params``) from the registry.
+Validated with pydantic; every error names the offending field as a dotted path
+(``parties[2].data.id_column``) and the file, so a user can fix it without reading code.
+Relative paths in the file are resolved against the job file's folder.
+
+Example (see ``examples/vertical_lr.py``, which writes one)::
+
+    job:
+      id: breast-vlr
+      algorithm: vertical_lr
+      output_dir: out            # each party writes out/<party id>/
+    security:
+      ca: certs/ca.pem           # omit only with insecure: true
+    parties:
+      - {id: server, role: server, address: "127.0.0.1:50551", cert: certs/server.pem, key: certs/server.key}
+      - id: guest
+        role: guest
+        address: "127.0.0.1:50552"
+        cert: certs/guest.pem
+        key: certs/guest.key
+        data: {path: data/guest.csv, id_column: id, label_column: label}
+      - id: host-1
+        role: host
+        address: "127.0.0.1:50553"
+        cert: certs/host-1.pem
+        key: certs/host-1.key
+        data: {path: data/host-1.csv, id_column: id}
+    params: {mode: arbiter, epochs: 30, batch_size: 64, learning_rate: 0.15, l2: 0.001}
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class JobConfigError(ValueError):
+    """The job file is missing, unreadable or invalid; the message names the file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataSpec(_Strict):
+    """One party's data: a CSV/Parquet/NumPy file with an id column (and the label at the guest)."""
+
+    path: Path
+    id_column: str = "id"
+    label_column: str | None = None
+    feature_columns: list[str] | None = Field(
+        default=None, description="columns used as features; default: all but id and label")
+
+
+class PartySpec(_Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    role: Literal["guest", "host", "server"]
+    address: str = Field(description="host:port where the other parties reach this party")
+    listen: str | None = Field(default=None, description="host:port to bind (default: address), "
+                                                         "e.g. 0.0.0.0:50051 behind NAT or in a container")
+    cert: Path | None = None
+    key: Path | None = None
+    data: DataSpec | None = None
+
+    @field_validator("address", "listen")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected host:port with a port in 1..65535, got {v!r}")
+        return v
+
+
+class JobSection(_Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    algorithm: str = Field(description="a name from the job registry (secureflhv.runtime.registry)")
+    output_dir: Path = Path("out")
+    deadline_s: float = Field(default=120.0, gt=0,
+                              description="seconds a party waits for a peer before failing")
+
+
+class SecuritySection(_Strict):
+    ca: Path | None = None
+    insecure: bool = Field(default=False, description="plaintext gRPC without TLS: testing only")
+    insecure_test_keys: bool = Field(
+        default=False, description="allow Paillier keys below 2048 bits (tests only)")
+
+
+class JobConfig(_Strict):
+    """A validated job file. ``base_dir`` is the folder relative paths are resolved against."""
+
+    job: JobSection
+    security: SecuritySection = SecuritySection()
+    parties: list[PartySpec]
+    params: dict = Field(default_factory=dict, description="algorithm hyperparameters")
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "JobConfig":
+        ids = [p.id for p in self.parties]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"parties: duplicate party id(s) {dup}")
+        if [p.role for p in self.parties].count("server") > 1:
+            raise ValueError("parties: at most one server")
+        for i, p in enumerate(self.parties):
+            if p.role in ("guest", "host") and p.data is None:
+                raise ValueError(f"parties[{i}].data: required for {p.role} {p.id!r}")
+            if p.role == "server" and p.data is not None:
+                raise ValueError(f"parties[{i}].data: the server holds no data")
+            if not self.security.insecure:
+                for fld in ("cert", "key"):
+                    if getattr(p, fld) is None:
+                        raise ValueError(f"parties[{i}].{fld}: required with TLS (or set security.insecure: true)")
+        if not self.security.insecure and self.security.ca is None:
+            raise ValueError("security.ca: required with TLS (or set security.insecure: true)")
+        addresses = [p.address for p in self.parties]
+        clash = sorted({a for a in addresses if addresses.count(a) > 1})
+        if clash:
+            raise ValueError(f"parties: two parties listen on {clash}")
+        return self
+
+    # ------------------------------------------------------------------ helpers
+    def resolve(self, path: Path | None) -> Path | None:
+        if path is None:
+            return None
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    def party(self, party_id: str) -> PartySpec:
+        for p in self.parties:
+            if p.id == party_id:
+                return p
+        raise JobConfigError(f"party {party_id!r} is not in job {self.job.id!r}; parties: {[p.id for p in self.parties]}")
+
+    def by_role(self, role: str) -> list[PartySpec]:
+        return [p for p in self.parties if p.role == role]
+
+    @property
+    def guest(self) -> PartySpec:
+        return self.by_role("guest")[0]
+
+    @property
+    def clients(self) -> list[PartySpec]:
+        """Horizontal jobs: every data party (the guest, if any, and the hosts), in file order."""
+        return [p for p in self.parties if p.role in ("guest", "host")]
+
+    @property
+    def hosts(self) -> list[PartySpec]:
+        return self.by_role("host")
+
+    @property
+    def server(self) -> PartySpec | None:
+        servers = self.by_role("server")
+        return servers[0] if servers else None
+
+    def where(self, party: PartySpec, field: str) -> str:
+        """The dotted path of ``field`` of ``party`` in the job file, with its id, for error messages.
+
+        E.g. ``parties[2].data.label_column (party 'host-1')``: every error about a party's settings or
+        data is phrased this way, whichever job raises it.
+        """
+        return f"parties[{self.parties.index(party)}].{field} (party {party.id!r})"
+
+    def output_dir(self, party_id: str) -> Path:
+        return self.resolve(self.job.output_dir) / party_id
+
+
+def _loc(loc) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid job file {source}:"]
+    for e in err.errors():
+        where = _loc(e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check its spelling)"
+        lines.append(f"  {where}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_job_file(data: dict, base_dir: Path | str = ".", source: str = "<job>") -> JobConfig:
+    """Validate a job given as a dict. Raises :class:`JobConfigError` naming each bad field."""
+    if not isinstance(data, dict):
+        raise JobConfigError(f"invalid job file {source}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        cfg = JobConfig.model_validate(data)
+    except ValidationError as err:
+        raise JobConfigError(format_validation_error(err, source)) from None
+    cfg.base_dir = Path(base_dir).resolve()
+    return cfg
+
+
+def read_job_file(path: Path | str) -> JobConfig:
+    """Read and validate a job file (YAML or JSON).
+
+    Raises:
+        JobConfigError: missing/unreadable file, bad YAML, or a bad field (named as a dotted path).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise JobConfigError(f"cannot read job file {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise JobConfigError(f"job file {path} is not valid YAML/JSON: {exc}") from None
+    return parse_job_file(data, path.parent, str(path))
+
+
+def params_error(err: ValidationError) -> JobConfigError:
+    """A pydantic error on ``params`` as a JobConfigError naming ``params.<field>`` for each problem."""
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown parameter (check its spelling)"
+        if not where and ":" in msg:  # model-level check: the message starts with the field name
+            where, msg = (part.strip() for part in msg.split(":", 1))
+        lines.append(f"params.{where}: {msg}" if where else f"params: {msg}")
+    return JobConfigError("; ".join(lines))
+
+
+def validate_params(model: type[BaseModel], cfg: JobConfig, *, paillier: bool = True):
+    """Validate ``cfg.params`` with ``model``; ``insecure_test_key`` follows ``security.insecure_test_keys``.
+
+    Raises JobConfigError naming each bad field.
+    """
+    raw = dict(cfg.params)
+    if paillier:
+        if "insecure_test_key" in raw:
+            raise JobConfigError("params.insecure_test_key: set security.insecure_test_keys instead")
+        raw["insecure_test_key"] = cfg.security.insecure_test_keys
+    try:
+        return model(**raw)
+    except ValidationError as err:
+        raise params_error(err) from None

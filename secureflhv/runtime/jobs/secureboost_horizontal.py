@@ -1,0 +1,69 @@
+"""Horizontal SecureBoost as a job (``algorithm: secureboost_horizontal``): server + clients.
+
+Each client loads its own rows (:func:`secureflhv.runtime.data_prep.load_party_table`) and splits them
+with the job's seed; histograms go through secure aggregation (:mod:`secureflhv.tree.horizontal`). The
+server writes ``model.json`` and ``model.xgboost.json`` (loadable by ``xgboost.Booster``); each client
+writes ``metrics.json`` on its own test rows.
+
+``params``: :class:`secureflhv.tree.params.SecureBoostParams` fields plus ``test_fraction``,
+``split_seed``, ``validation_fraction``, ``aggregation`` ("secagg" | "plain_quantised" | "plain") and
+``feature_ranges`` (public [lo, hi] per feature; then clients do not reveal their min/max).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import ConfigDict
+
+from ...transport import Transport
+from ...tree.horizontal import HorizontalSecureBoostClient, HorizontalSecureBoostServer, tree_aggregation_config
+from ...tree.model import model_to_dict
+from ...tree.xgb_export import save_xgboost_json
+from ..artifacts import save_model, write_json
+from ..data_prep import load_party_table, split_rows
+from ..job_file import JobConfig, PartySpec
+from ..reports import evaluate_split, objective_metrics
+from .secureboost_vertical import SecureBoostJobParams, tree_params
+
+
+class HorizontalSecureBoostJobParams(SecureBoostJobParams):
+    """Vertical SecureBoost's ``params`` plus how histograms are aggregated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    aggregation: Literal["secagg", "plain_quantised", "plain"] = "secagg"
+    feature_ranges: list[tuple[float, float]] | None = None
+
+
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalSecureBoostJobParams) -> dict:
+    """Run this party's role; returns a client's metrics (the server: ``{}``)."""
+    algo = tree_params(params)
+    agg = tree_aggregation_config(params.aggregation, stage_timeout_s=cfg.job.deadline_s,
+                                  input_timeout_s=cfg.job.deadline_s)
+    out_dir = cfg.output_dir(party.id)
+    client_ids = [c.id for c in cfg.clients]
+    meta = {"params": params.model_dump(mode="json")}
+    if party.role == "server":
+        server = HorizontalSecureBoostServer(transport, client_ids, algo, aggregation=agg,
+                                             feature_ranges=params.feature_ranges)
+        model = server.fit()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_xgboost_json(model, out_dir / "model.xgboost.json")
+        save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm=cfg.job.algorithm,
+                   model=model_to_dict(model), metadata={**meta, "tree_seconds": server.tree_seconds})
+        return {}
+    table = load_party_table(cfg, party, require_label=True)
+    X, y = table.X.astype(np.float64), table.y
+    split = split_rows(len(y), params.test_fraction, params.split_seed, params.validation_fraction)
+    has_val = len(split.val) > 0
+    client = HorizontalSecureBoostClient(transport, cfg.server.id, client_ids, X[split.train], y[split.train], algo,
+                                         X_val=X[split.val] if has_val else None, y_val=y[split.val] if has_val else None,
+                                         aggregation=agg, send_ranges=params.feature_ranges is None)
+    model = client.fit()
+    metrics, _ = evaluate_split(y, split, lambda rows: model.predict(X[rows]),
+                                lambda y_, p_: objective_metrics(y_, p_, algo.objective))
+    write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics})
+    save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="client", algorithm=cfg.job.algorithm,
+               model=model_to_dict(model), metadata={**meta, "metrics": metrics})
+    return metrics

@@ -1,0 +1,75 @@
+"""Vertical SecureBoost as a job (``algorithm: secureboost_vertical``): prepare data, train, predict, save.
+
+Guest and hosts run the shared preparation (:func:`secureflhv.runtime.data_prep.prepare_vertical`: load,
+PSI, the same seeded train/validation/test split at every party; no standardisation, trees do not need
+it), then training (:mod:`secureflhv.tree.vertical`; the guest holds the Paillier key, so a server in the
+job file takes no part) and federated prediction of all aligned rows. The guest writes ``metrics.json``
+(train/test AUC, accuracy or RMSE) and its ``model.json`` (host splits as record ids); each host writes
+its private split table.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from pydantic import ConfigDict
+
+from ...transport import Transport
+from ...tree.model import model_to_dict
+from ...tree.params import SecureBoostParams, transform
+from ...tree.vertical import SecureBoostGuest, SecureBoostHost
+from ..artifacts import save_model, write_json
+from ..data_prep import ValidationSplitParams, prepare_vertical
+from ..job_file import JobConfig, PartySpec
+from ..reports import evaluate_split, objective_metrics
+
+log = logging.getLogger("secureflhv.job")
+
+
+class SecureBoostJobParams(SecureBoostParams, ValidationSplitParams):
+    """``params``: :class:`secureflhv.tree.params.SecureBoostParams` plus the split (with validation rows).
+
+    ``insecure_test_key`` follows ``security.insecure_test_keys``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def tree_params(params: SecureBoostParams) -> SecureBoostParams:
+    """The algorithm's own parameters, without the job's split fields."""
+    return SecureBoostParams(**params.model_dump(include=set(SecureBoostParams.model_fields)))
+
+
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBoostJobParams) -> dict:
+    """Run this party's role; returns the guest's metrics (empty dict elsewhere)."""
+    if party.role == "server":
+        log.info("%s: vertical SecureBoost needs no server (the guest holds the key); nothing to do", party.id)
+        return {}
+    out_dir = cfg.output_dir(party.id)
+    algo = tree_params(params)
+    data = prepare_vertical(cfg, party, transport, params, validation_fraction=params.validation_fraction)
+    X = data.X.astype(np.float64)
+    X_val = X[data.val] if len(data.val) else None
+    if party.role == "host":
+        host = SecureBoostHost(transport, cfg.guest.id, X[data.train], algo, X_val=X_val)
+        host.fit()
+        host.serve_predictions(X)
+        table = [{"record": i, "feature": data.feature_names[j], "bin": b, "threshold": thr}
+                 for i, (j, b, thr) in enumerate(host.records)]
+        save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="host", algorithm=cfg.job.algorithm,
+                   model={"split_table": table}, metadata=data.meta)
+        return {}
+    y = data.y
+    guest = SecureBoostGuest(transport, [h.id for h in cfg.hosts], X[data.train], y[data.train], algo,
+                             X_val=X_val, y_val=y[data.val] if len(data.val) else None)
+    res = guest.fit()
+    pred = transform(guest.predict_margin(X), algo)
+    guest.end_prediction()
+    metrics, _ = evaluate_split(y, data.split, lambda rows: pred[rows],
+                                lambda y_, p_: objective_metrics(y_, p_, algo.objective))
+    write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics, "tree_seconds": res.tree_seconds,
+                                          "stopped_early": res.stopped_early, "val_losses": res.model.val_losses})
+    save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="guest", algorithm=cfg.job.algorithm,
+               model=model_to_dict(res.model), metadata={**data.meta, "metrics": metrics})
+    log.info("%s: %d trees, metrics %s", party.id, len(res.model.trees), metrics.get("test", metrics["train"]))
+    return metrics

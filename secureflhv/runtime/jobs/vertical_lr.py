@@ -1,0 +1,80 @@
+"""Vertical logistic regression as a job: prepare data, train, predict, save.
+
+Data parties first run the shared preparation (:func:`secureflhv.runtime.data_prep.prepare_vertical`:
+load, PSI, split, standardise); the server (arbiter mode's Paillier key holder) holds no data and takes
+part only in training. Then training (:mod:`secureflhv.vertical.lr`) and federated prediction of the
+training and test rows: the hosts send partial scores, the guest computes probabilities, AUC and accuracy.
+
+Artifacts (:mod:`secureflhv.runtime.artifacts`): every party's ``model.json``; at the guest also
+``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``.
+"""
+from __future__ import annotations
+
+from pydantic import ConfigDict
+
+from ...transport import Transport
+from ...vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
+from ..artifacts import save_model
+from ..data_prep import StandardisedSplitParams, prepare_vertical
+from ..job_file import JobConfig, JobConfigError, PartySpec
+from ..progress import emit_progress
+from ..reports import classification_metrics, evaluate_split, log_summary, save_guest_reports
+
+
+class VerticalLRJobParams(VerticalLRConfig, StandardisedSplitParams):
+    """The job file's ``params`` for ``algorithm: vertical_lr``: :class:`VerticalLRConfig` plus the split.
+
+    ``insecure_test_key`` is not set here: it follows ``security.insecure_test_keys``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def check(cfg: JobConfig, params: VerticalLRJobParams) -> None:
+    """Arbiter mode needs a server (the key holder); two-party mode must not have one."""
+    if params.mode == "arbiter" and cfg.server is None:
+        raise JobConfigError("params.mode: 'arbiter' needs a party with role: server (the key holder)")
+    if params.mode == "two_party" and cfg.server is not None:
+        raise JobConfigError("params.mode: 'two_party' runs without a server; remove it or use mode: arbiter")
+
+
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams) -> dict:
+    """Run this party's role of a vertical LR job; return the guest's metrics (others: ``{}``).
+
+    Raises JobConfigError for bad data, TransportError when a peer fails or goes silent.
+    """
+    out_dir = cfg.output_dir(party.id)
+    host_ids = [h.id for h in cfg.hosts]
+    arbiter_id = cfg.server.id if params.mode == "arbiter" else None
+    config = VerticalLRConfig(**params.model_dump(exclude=set(StandardisedSplitParams.model_fields)))
+
+    def save(model: dict, meta: dict) -> None:
+        save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role=party.role, algorithm="vertical_lr",
+                   model=model, metadata=meta)
+
+    if party.role == "server":
+        VerticalLRArbiter(transport, cfg.guest.id, host_ids, config).fit()
+        save({}, {"params": params.model_dump(mode="json")})
+        return {}
+
+    data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize)
+    X, train = data.X, data.train
+    if party.role == "host":
+        host = VerticalLRHost(transport, cfg.guest.id, host_ids, X[train], config, arbiter_id)
+        host.fit()
+        host.serve_predictions(X)  # the guest asks for training and test rows by index
+        save({"weights": dict(zip(data.feature_names, host.weights))}, data.meta)
+        return {}
+
+    guest = VerticalLRGuest(transport, host_ids, X[train], data.y[train], config, arbiter_id,
+                            on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs, f"loss {loss:.5f}"))
+    result = guest.fit()
+    metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
+                                     classification_metrics)
+    guest.end_prediction()
+    history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds, "stopped_early": result.stopped_early}
+    plot = save_guest_reports(out_dir, cfg, data, metrics, history, p_test, "vertical LR")
+    save({"weights": dict(zip(data.feature_names, guest.weights)), "intercept": guest.intercept},
+         {**data.meta, "metrics": metrics})
+    log_summary(party.id, metrics, result.losses, plot)
+    return metrics

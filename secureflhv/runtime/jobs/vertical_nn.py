@@ -1,0 +1,78 @@
+"""Vertical split neural network as a job: prepare data, train, predict, save.
+
+Guest and hosts (no server) first run the shared preparation
+(:func:`secureflhv.runtime.data_prep.prepare_vertical`: load, PSI, split, standardise), then training
+(:mod:`secureflhv.vertical.split_nn`) with a checkpoint per epoch in ``out/<party>/checkpoints/``, then
+federated prediction of the training and test rows. Artifacts: every party's ``model.json`` (and its
+last checkpoint); at the guest ``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``.
+
+Labels at the guest must be integers 0..C-1 (C = 2: binary with AUC; C > 2: multi-class accuracy).
+"""
+from __future__ import annotations
+
+import numpy as np
+from pydantic import ConfigDict
+
+from ...transport import Transport
+from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
+from ..artifacts import save_model
+from ..data_prep import StandardisedSplitParams, prepare_vertical
+from ..job_file import JobConfig, JobConfigError, PartySpec
+from ..progress import emit_progress
+from ..reports import classification_metrics, evaluate_split, log_summary, save_guest_reports
+
+
+class VerticalNNJobParams(SplitNNConfig, StandardisedSplitParams):
+    """The job file's ``params`` for ``algorithm: vertical_nn``: :class:`SplitNNConfig` plus the split.
+
+    ``insecure_test_key`` is not set here: it follows ``security.insecure_test_keys``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def check(cfg: JobConfig, params: VerticalNNJobParams) -> None:
+    """Split NN runs between guest and hosts only."""
+    if cfg.server is not None:
+        raise JobConfigError("parties: vertical_nn runs between guest and hosts only; remove the server party")
+
+
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalNNJobParams) -> dict:
+    """Run this party's role of a vertical NN job; return the guest's metrics (hosts: ``{}``).
+
+    Raises JobConfigError for bad data, TransportError when a peer fails or goes silent.
+    """
+    out_dir = cfg.output_dir(party.id)
+    host_ids = [h.id for h in cfg.hosts]
+    config = SplitNNConfig(**params.model_dump(exclude=set(StandardisedSplitParams.model_fields)))
+    data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize)
+    X, train = data.X, data.train
+    ckpt_dir = out_dir / "checkpoints"
+
+    def save(model: dict, meta: dict) -> None:
+        save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role=party.role, algorithm="vertical_nn",
+                   model=model, metadata=meta)
+
+    if party.role == "host":
+        host = SplitNNHost(transport, cfg.guest.id, host_ids, X[train], config, checkpoint_dir=ckpt_dir)
+        res = host.fit()
+        host.serve_predictions(X)
+        save({"state": host.state_arrays()}, {**data.meta, "checkpoints": res.checkpoints})
+        return {}
+
+    if not np.all(np.equal(np.mod(data.y, 1), 0)) or np.min(data.y) < 0:
+        raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: labels must be integers 0..C-1")
+    data.y = data.y.astype(np.int64)
+    guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config, checkpoint_dir=ckpt_dir)
+    guest.on_epoch = lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}")
+    result = guest.fit()
+    metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
+                                     classification_metrics)
+    guest.end_prediction()
+    history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds}
+    plot = save_guest_reports(out_dir, cfg, data, metrics, history, p_test, "vertical NN",
+                              n_classes=guest.n_classes)
+    save({"state": guest.state_arrays(), "n_classes": guest.n_classes},
+         {**data.meta, "metrics": metrics, "checkpoints": result.checkpoints})
+    log_summary(party.id, metrics, result.losses, plot)
+    return metrics

@@ -1,0 +1,86 @@
+"""What a job reports after training: quality metrics, and the guest's files and closing log line.
+
+Files (under ``<output_dir>/<party id>/``, see :mod:`secureflhv.runtime.artifacts`): ``metrics.json``,
+``predictions.csv`` (held-out rows), ``split.json`` (which ids were trained / held out), ``loss.png``.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from .artifacts import plot_curves, write_json
+from .data_prep import PartyData, RowSplit
+from .job_file import JobConfig
+
+log = logging.getLogger("secureflhv.job")
+
+
+def classification_metrics(y: np.ndarray, p: np.ndarray) -> dict:
+    """accuracy (+ AUC and log loss for binary ``p`` of shape (m,); multi-class ``p`` is (m, C))."""
+    from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
+
+    if p.ndim == 1:
+        out = {"accuracy": float(accuracy_score(y, p >= 0.5)), "n": int(len(y))}
+        if len(np.unique(y)) == 2:
+            out["auc"] = float(roc_auc_score(y, p))
+            out["log_loss"] = float(log_loss(y, np.clip(p, 1e-12, 1 - 1e-12), labels=[0, 1]))
+        return out
+    return {"accuracy": float(accuracy_score(y, p.argmax(axis=1))), "n": int(len(y))}
+
+
+def objective_metrics(y: np.ndarray, pred: np.ndarray, objective: str) -> dict:
+    """Tree metrics: RMSE (``regression``), accuracy and AUC (``binary``, ``pred`` = P(y=1)), accuracy (multi-class)."""
+    from sklearn.metrics import accuracy_score, roc_auc_score
+
+    out = {"n": int(len(y))}
+    if objective == "regression":
+        out["rmse"] = float(np.sqrt(np.mean((pred - y) ** 2)))
+    elif objective == "binary":
+        out["accuracy"] = float(accuracy_score(y, pred >= 0.5))
+        if len(np.unique(y)) == 2:
+            out["auc"] = float(roc_auc_score(y, pred))
+    else:
+        out["accuracy"] = float(accuracy_score(y, np.argmax(pred, axis=1)))
+    return out
+
+
+def evaluate_split(y: np.ndarray, split: RowSplit, predict, metric) -> tuple[dict, np.ndarray | None]:
+    """``({"train": ..., "test": ...}, test predictions)``: ``metric(y[rows], predict(rows))`` per part.
+
+    ``predict(rows)`` is called for the training rows first, then the test rows (federated prediction
+    sends these requests in this order at every party); no ``test`` entry when the split has none.
+    """
+    metrics = {"train": metric(y[split.train], predict(split.train))}
+    p_test = predict(split.test) if len(split.test) else None
+    if p_test is not None:
+        metrics["test"] = metric(y[split.test], p_test)
+    return metrics, p_test
+
+
+def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: dict, history: dict,
+                       p_test: np.ndarray | None, title: str, **extra) -> Path:
+    """Write ``metrics.json``, ``predictions.csv`` (test rows), ``split.json`` and ``loss.png``; return the plot."""
+    write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics, "history": history,
+                                          "psi_common_ids": len(data.ids), **extra})
+    if p_test is not None and len(data.test):
+        import pandas as pd
+
+        cols = {"id": data.ids[data.test], "label": data.y[data.test]}
+        if p_test.ndim == 1:
+            cols["probability"] = p_test
+        else:
+            cols.update({f"p{c}": p_test[:, c] for c in range(p_test.shape[1])})
+        pd.DataFrame(cols).to_csv(out_dir / "predictions.csv", index=False)
+    write_json(out_dir / "split.json", {"train": data.ids[data.train], "test": data.ids[data.test]})
+    return plot_curves(out_dir / "loss.png", {"training loss": history["loss"]}, title=f"{title}, job {cfg.job.id}")
+
+
+def log_summary(party_id: str, metrics: dict, losses: list[float], plot: Path) -> None:
+    """Log the guest's closing line: epochs, final loss, held-out (else training) accuracy and AUC."""
+    which = "test" if "test" in metrics else "train"
+    s = metrics[which]
+    log.info("%s: done: %d epochs, final loss %.5f, %s accuracy %.4f AUC %s; loss curve %s", party_id,
+             len(losses), losses[-1] if losses else float("nan"), which, s["accuracy"],
+             f"{s['auc']:.4f}" if "auc" in s else "n/a", plot)
