@@ -23,15 +23,12 @@ Examples::
 """
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import add_run_arguments, example_parser, launch, start
+
 PARTITIONS = ["iid", "label_quantity", "label_dirichlet", "quantity_dirichlet", "feature_noise", "label_noise"]
 
 
@@ -61,32 +58,18 @@ def prepare_data(args):
 
 
 def write_job(work: Path, shard_paths, params: dict, deadline_s: float) -> Path:
-    import yaml
+    """Certificates and ``job.yaml`` for ``server`` + ``client-1..N`` (one shard each)."""
+    from secureflhv.runtime.demo import write_job as write_demo_job
 
-    from secureflhv.runtime.demo import free_ports
-    from secureflhv.transport.certs import generate_certificates
-
-    ids = ["server"] + [f"client-{i}" for i in range(1, len(shard_paths) + 1)]
-    generate_certificates(work / "certs", ids, overwrite=True)
-    parties = []
-    for i, (pid, port) in enumerate(zip(ids, free_ports(len(ids)))):
-        party = {"id": pid, "role": "server" if i == 0 else "host", "address": f"127.0.0.1:{port}",
-                 "cert": f"certs/{pid}.pem", "key": f"certs/{pid}.key"}
-        if i:
-            party["data"] = {"path": str(Path(shard_paths[i - 1]).relative_to(work)), "label_column": "y"}
-        parties.append(party)
-    job = {"job": {"id": "horizontal-demo", "algorithm": "horizontal", "output_dir": "out", "deadline_s": deadline_s},
-           "security": {"ca": "certs/ca.pem"}, "parties": parties, "params": params}
-    path = work / "job.yaml"
-    path.write_text(yaml.safe_dump(job, sort_keys=False), encoding="utf-8")
-    return path
+    parties = [{"id": "server", "role": "server"}]
+    parties += [{"id": f"client-{i}", "role": "host",
+                 "data": {"path": str(Path(shard).relative_to(work)), "label_column": "y"}}
+                for i, shard in enumerate(shard_paths, 1)]
+    return write_demo_job(work, "horizontal-demo", "horizontal", parties, params, deadline_s=deadline_s)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for more.",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "horizontal_demo",
-                    help="folder for shards, certificates, job file and outputs (emptied first)")
+    ap = example_parser(__doc__, "horizontal_demo", "shards")
     ap.add_argument("--dataset", default="fmnist", choices=["fmnist", "digits", "breast_cancer", "wine"],
                     help="fmnist uses the CNN; the tables use the 32-16-8 MLP")
     ap.add_argument("--rows", type=int, default=10000, help="Fashion-MNIST training rows sampled")
@@ -106,25 +89,16 @@ def main(argv=None) -> int:
     ap.add_argument("--fraction", type=float, default=1.0, help="share of clients sampled per round")
     ap.add_argument("--aggregation", default="secagg", choices=["secagg", "plain", "plain_quantised"])
     ap.add_argument("--clip", type=float, default=1.0, help="secure aggregation clip range")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeout", type=float, default=1800, help="stop every party after this many seconds")
+    add_run_arguments(ap, timeout_s=1800)
     args = ap.parse_args(argv)
 
-    sys.path.insert(0, str(ROOT))
-    from rich.console import Console
     from rich.table import Table
 
     from secureflhv.data import partition, write_shards
     from secureflhv.horizontal.models import ModelSpec, build_model, evaluate, flatten_named, set_flat
     from secureflhv.runtime.artifacts import load_model
-    from secureflhv.runtime.config import load_job
-    from secureflhv.runtime.launcher import Launcher
 
-    console = Console(highlight=False)
-    work = args.work_dir.resolve()
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    console, work = start(args.work_dir)
     train, test, model = prepare_data(args)
     scheme_params = {"label_dirichlet": {"beta": args.beta}, "quantity_dirichlet": {"beta": args.beta},
                      "label_quantity": {"k": args.k}, "feature_noise": {"sigma": args.sigma}}.get(args.partition, {})
@@ -137,15 +111,13 @@ def main(argv=None) -> int:
               "lr": args.lr, "momentum": args.momentum, "seed": args.seed, "test_fraction": 0.2,
               "aggregation": {"kind": args.aggregation, "clip": args.clip}}
     job_path = write_job(work, shards, params, deadline_s=600)
-    console.print(f"job file {job_path}; certificates in {work / 'certs'}; server + {args.clients} clients over "
-                  f"gRPC with mutual TLS, aggregation {args.aggregation}")
-    rc = Launcher(job_path, load_job(job_path)).run(timeout_s=args.timeout)
+    rc, metrics = launch(job_path, work, console, party="server", timeout_s=args.timeout,
+                         parties=f"server + {args.clients} clients over gRPC with mutual TLS, "
+                                 f"aggregation {args.aggregation}")
     if rc != 0:
-        console.print("the federated job failed; see the party logs above", style="bold red")
         return rc
 
     out = work / "out" / "server"
-    metrics = json.loads((out / "metrics.json").read_text())
     table = Table(title=f"{args.strategy} on {args.dataset}, {args.partition}: per-round results")
     for col in ("round", "clients", "local test accuracy", "train loss", "clipped", "seconds"):
         table.add_column(col, justify="right")

@@ -8,7 +8,7 @@
 For real deployments run each party in its own process with ``secureflhv party`` (gRPC + mutual TLS);
 see ``secureflhv/runtime/secureboost_job.py``.
 
-    .venv/bin/python examples/secureboost.py [--out DIR]
+    .venv/bin/python examples/secureboost.py [--out DIR]     # default DIR: runs/secureboost_demo
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from sklearn.datasets import load_breast_cancer
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import train_test_split
 
+from _common import ROOT
 from secureflhv.data import partition
 from secureflhv.transport import InProcessNetwork
 from secureflhv.tree.horizontal import HorizontalSecureBoostClient, HorizontalSecureBoostServer, tree_aggregation_config
@@ -74,7 +75,8 @@ def horizontal(Xtr, ytr, Xte, yte, params, out: Path) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "secureboost_demo",
+                    help="folder for the exported XGBoost model (default: runs/secureboost_demo in the repository)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     X, y = load_breast_cancer(return_X_y=True)

@@ -21,15 +21,12 @@ Examples::
 """
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import add_run_arguments, example_parser, launch, start
 
 
 def centralised_baseline(work: Path, guest_csv: Path, host_csvs: list[Path], args, l2: float) -> dict:
@@ -54,10 +51,7 @@ def centralised_baseline(work: Path, guest_csv: Path, host_csvs: list[Path], arg
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for more.",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "vertical_lr_demo",
-                    help="folder for tables, certificates, job file and outputs (emptied first)")
+    ap = example_parser(__doc__, "vertical_lr_demo", "tables")
     ap.add_argument("--hosts", type=int, default=1, help="number of hosts (demo data only)")
     ap.add_argument("--mode", choices=["arbiter", "two_party"], default="arbiter",
                     help="arbiter: a server holds the Paillier key; two_party: the guest holds it")
@@ -66,29 +60,20 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--learning-rate", type=float, default=0.15)
     ap.add_argument("--l2", type=float, default=0.001, help="L2 penalty (on the mean loss)")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--guest-csv", type=Path, help="your guest table (id, features, label)")
     ap.add_argument("--host-csv", type=Path, action="append", help="a host table (id, features); repeatable")
     ap.add_argument("--id-column", default="id")
     ap.add_argument("--label-column", default="label")
-    ap.add_argument("--timeout", type=float, default=1800, help="stop every party after this many seconds")
+    add_run_arguments(ap, timeout_s=1800)
     args = ap.parse_args(argv)
     if bool(args.guest_csv) != bool(args.host_csv):
         ap.error("give both --guest-csv and at least one --host-csv, or neither (demo data)")
 
-    sys.path.insert(0, str(ROOT))
-    from rich.console import Console
     from rich.table import Table
 
-    from secureflhv.runtime.config import load_job
     from secureflhv.runtime.demo import breast_cancer_tables, write_vertical_lr_job
-    from secureflhv.runtime.launcher import Launcher
 
-    console = Console(highlight=False)
-    work = args.work_dir.resolve()
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    console, work = start(args.work_dir)
     if args.guest_csv:
         guest_csv, host_csvs = args.guest_csv, list(args.host_csv)
     else:
@@ -98,14 +83,10 @@ def main(argv=None) -> int:
               "seed": args.seed}
     job_path = write_vertical_lr_job(work, guest_csv, host_csvs, params, mode=args.mode, id_column=args.id_column,
                                      label_column=args.label_column, insecure_test_keys=args.key_bits < 2048)
-    console.print(f"job file {job_path}; certificates in {work / 'certs'}; "
-                  f"{1 + len(host_csvs) + (args.mode == 'arbiter')} parties over gRPC with mutual TLS")
-    rc = Launcher(job_path, load_job(job_path)).run(timeout_s=args.timeout)
+    rc, metrics = launch(job_path, work, console, party="guest", timeout_s=args.timeout,
+                         parties=f"{1 + len(host_csvs) + (args.mode == 'arbiter')} parties over gRPC with mutual TLS")
     if rc != 0:
-        console.print("the federated job failed; see the party logs above", style="bold red")
         return rc
-
-    metrics = json.loads((work / "out" / "guest" / "metrics.json").read_text())
     fed = metrics["metrics"]["test"]
     base = centralised_baseline(work, guest_csv, host_csvs, args, args.l2)
     table = Table(title=f"held-out results ({fed['n']} rows, PSI aligned {metrics['psi_common_ids']} ids)")

@@ -22,16 +22,13 @@ Examples::
 """
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import add_run_arguments, example_parser, launch, start
 
 
 def centralised_baseline(work: Path, job_params: dict, n_hosts: int) -> dict:
@@ -64,13 +61,10 @@ def centralised_baseline(work: Path, job_params: dict, n_hosts: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for more.",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = example_parser(__doc__, "vertical_nn_demo", "tables")
     ap.add_argument("--dataset", choices=["breast_cancer", "shuttle"], default="breast_cancer")
     ap.add_argument("--rows", type=int, default=None,
                     help="random subsample of the dataset (default: all of breast cancer, 3000 of shuttle)")
-    ap.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "vertical_nn_demo",
-                    help="folder for tables, certificates, job file and outputs (emptied first)")
     ap.add_argument("--hosts", type=int, default=1)
     ap.add_argument("--scheme", choices=["even", "random", "overlap"], default="even",
                     help="how columns are split (secureflhv.data.vertical_split)")
@@ -83,24 +77,15 @@ def main(argv=None) -> int:
     ap.add_argument("--units", type=int, default=4, help="interactive layer width")
     ap.add_argument("--host-grad-noise", type=float, default=0.0,
                     help="label-leakage mitigation: relative noise on the gradient returned to the hosts")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeout", type=float, default=3600, help="stop every party after this many seconds")
+    add_run_arguments(ap, timeout_s=3600)
     args = ap.parse_args(argv)
 
-    sys.path.insert(0, str(ROOT))
-    from rich.console import Console
     from rich.table import Table
 
     from secureflhv.data import load_shuttle, load_sklearn
-    from secureflhv.runtime.config import load_job
     from secureflhv.runtime.demo import write_vertical_nn_job
-    from secureflhv.runtime.launcher import Launcher
 
-    console = Console(highlight=False)
-    work = args.work_dir.resolve()
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    console, work = start(args.work_dir)
     ds = load_sklearn("breast_cancer") if args.dataset == "breast_cancer" else load_shuttle()
     rows = args.rows if args.rows is not None else (None if args.dataset == "breast_cancer" else 3000)
     if rows is not None and rows < len(ds.y):
@@ -116,14 +101,11 @@ def main(argv=None) -> int:
     job_path = write_vertical_nn_job(work, None, None, params, dataset=ds, n_hosts=args.hosts, seed=args.seed,
                                      scheme=args.scheme if not shared else "random",
                                      insecure_test_keys=args.key_bits < 2048)
-    console.print(f"{args.dataset}: {len(ds.y)} rows; job file {job_path}; certificates in {work / 'certs'}; "
-                  f"{1 + args.hosts} parties over gRPC with mutual TLS")
-    rc = Launcher(job_path, load_job(job_path)).run(timeout_s=args.timeout)
+    rc, metrics = launch(job_path, work, console, party="guest", timeout_s=args.timeout,
+                         intro=f"{args.dataset}: {len(ds.y)} rows; ",
+                         parties=f"{1 + args.hosts} parties over gRPC with mutual TLS")
     if rc != 0:
-        console.print("the federated job failed; see the party logs above", style="bold red")
         return rc
-
-    metrics = json.loads((work / "out" / "guest" / "metrics.json").read_text())
     fed = metrics["metrics"]["test"]
     base = centralised_baseline(work, params, args.hosts)
     table = Table(title=f"{args.dataset}: held-out results ({fed['n']} rows, PSI aligned "

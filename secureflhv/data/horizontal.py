@@ -510,11 +510,6 @@ class HorizontalPartition:
     def sizes(self) -> np.ndarray:
         return np.array([a.shape[0] for a in self.indices], dtype=np.int64)
 
-    def party_labels(self, y: np.ndarray, party: int) -> np.ndarray:
-        """Labels of a party's rows (the noisy labels under label_noise)."""
-        src = self.labels if self.labels is not None else np.asarray(y)
-        return src[self.indices[party]]
-
     def party_data(self, dataset: Dataset, party: int) -> Dataset:
         """The party's shard of ``dataset`` with its noise / noisy labels applied."""
         if not 0 <= party < self.n_parties:
@@ -629,23 +624,7 @@ def partition(scheme: str, data, n_parties: int, seed=0, *, niid_bench_compat: b
         accepted = ", ".join(spec.params) or "none"
         raise ValueError(f"parameter(s) {', '.join(unknown)} not accepted by scheme {spec.name!r} "
                          f"(accepted: {accepted})")
-    ds = data if isinstance(data, Dataset) else None
-    if spec.needs == "rows":
-        source = len(ds) if ds is not None else data
-    elif spec.needs == "labels":
-        source = ds.y if ds is not None else data
-        if source is None:
-            raise ValueError(f"scheme {spec.name!r} needs labels; the dataset has no label column")
-    elif spec.needs == "table":
-        source = ds.X if ds is not None else data
-    elif spec.needs == "groups":
-        source = groups if groups is not None else (ds.groups if ds is not None else None)
-        if source is None:
-            raise ValueError(f"scheme {spec.name!r} needs a groups column (e.g. --group-column / groups=...)")
-    else:
-        source = times if times is not None else (ds.times if ds is not None else None)
-        if source is None:
-            raise ValueError(f"scheme {spec.name!r} needs a times column (e.g. --time-column / times=...)")
+    source = _scheme_input(spec, data, groups, times)
     kwargs = dict(params)
     if spec.compat:
         kwargs["niid_bench_compat"] = niid_bench_compat
@@ -661,3 +640,26 @@ def partition(scheme: str, data, n_parties: int, seed=0, *, niid_bench_compat: b
         out.indices = result
     out.indices = [np.asarray(a, dtype=np.int64) for a in out.indices]
     return out
+
+
+def _scheme_input(spec: SchemeSpec, data, groups, times):
+    """The column ``spec`` partitions by (``spec.needs``), from a Dataset or the raw arguments."""
+    ds = data if isinstance(data, Dataset) else None
+    if spec.needs == "rows":
+        return len(ds) if ds is not None else data
+    if spec.needs == "table":
+        return ds.X if ds is not None else data
+    if spec.needs == "labels":
+        source = ds.y if ds is not None else data
+        if source is None:
+            raise ValueError(f"scheme {spec.name!r} needs labels; the dataset has no label column")
+        return source
+    if spec.needs == "groups":
+        source = groups if groups is not None else (ds.groups if ds is not None else None)
+        if source is None:
+            raise ValueError(f"scheme {spec.name!r} needs a groups column (e.g. --group-column / groups=...)")
+        return source
+    source = times if times is not None else (ds.times if ds is not None else None)
+    if source is None:
+        raise ValueError(f"scheme {spec.name!r} needs a times column (e.g. --time-column / times=...)")
+    return source

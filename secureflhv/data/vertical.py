@@ -119,14 +119,7 @@ def vertical_split(data, n_hosts: int, scheme: str = "even", seed: int = 0, *, c
     Raises: ValueError naming the parameter (n_hosts, scheme, columns, shared_fraction,
         sample_overlap) when out of range or when a party would get no column.
     """
-    if isinstance(data, Dataset):
-        X, names = data.X, list(data.feature_names)
-        ids = data.ids if ids is None else ids
-    else:
-        X = np.asarray(data)
-        if X.ndim != 2:
-            raise ValueError(f"data must be a Dataset or a 2-D array, got shape {X.shape}")
-        names = list(feature_names) if feature_names is not None else [f"x{i}" for i in range(X.shape[1])]
+    X, names, ids = _table(data, ids, feature_names)
     n, d = X.shape
     if isinstance(n_hosts, bool) or not isinstance(n_hosts, Integral) or n_hosts < 1:
         raise ValueError(f"n_hosts must be a positive int, got {n_hosts!r}")
@@ -139,34 +132,63 @@ def vertical_split(data, n_hosts: int, scheme: str = "even", seed: int = 0, *, c
         raise ValueError(f"columns is only used with scheme='explicit' (got scheme={scheme!r})")
     rng = np.random.default_rng(seed)
     parties = ["guest"] + [f"host_{i}" for i in range(1, P)]
-    shared = np.zeros(0, dtype=np.int64)
     if scheme == "explicit":
-        if columns is None or len(columns) != P:
-            raise ValueError(f"columns must give {P} column lists (guest + {P - 1} hosts), got "
-                             f"{None if columns is None else len(columns)}")
-        cols = [_resolve_columns(c, names, p) for c, p in zip(columns, parties)]
+        cols, shared = _explicit_columns(columns, names, parties), np.zeros(0, dtype=np.int64)
     else:
-        order = np.arange(d)
-        if scheme == "overlap":
-            if not (0 < float(shared_fraction) <= 1):
-                raise ValueError(f"shared_fraction must be in (0, 1] for scheme='overlap', got {shared_fraction!r}")
-            n_shared = max(1, int(round(shared_fraction * d)))
-            order = rng.permutation(d)
-            shared, order = np.sort(order[:n_shared]), order[n_shared:]
-            if n_shared < d and d - n_shared < P:
-                raise ValueError(f"n_hosts={P - 1}: {d - n_shared} unshared columns cannot give each of "
-                                 f"{P} parties one; lower shared_fraction or n_hosts")
-        else:
-            if shared_fraction:
-                raise ValueError(f"shared_fraction is only used with scheme='overlap' (got scheme={scheme!r})")
-            if d < P:
-                raise ValueError(f"n_hosts={P - 1}: {d} columns cannot give each of {P} parties one")
-            if scheme == "random":
-                order = rng.permutation(d)
-        cols = [np.sort(np.concatenate([shared, blk])).astype(np.int64) for blk in np.array_split(order, P)]
+        cols, shared = _scheme_columns(scheme, d, P, shared_fraction, rng)
     ids = default_ids(n) if ids is None else np.asarray(ids).astype(str)
     if ids.shape != (n,):
         raise ValueError(f"ids must have shape ({n},), got {ids.shape}")
+    rows = _party_rows(n, P, sample_overlap, shuffle_rows, rng)
+    return VerticalPartition(parties, cols, [[names[c] for c in cc] for cc in cols], rows,
+                             [ids[r] for r in rows], shared)
+
+
+def _table(data, ids, feature_names) -> tuple[np.ndarray, list[str], object]:
+    """(X, feature names, ids or None) of a :class:`Dataset` or a 2-D array."""
+    if isinstance(data, Dataset):
+        return data.X, list(data.feature_names), data.ids if ids is None else ids
+    X = np.asarray(data)
+    if X.ndim != 2:
+        raise ValueError(f"data must be a Dataset or a 2-D array, got shape {X.shape}")
+    names = list(feature_names) if feature_names is not None else [f"x{i}" for i in range(X.shape[1])]
+    return X, names, ids
+
+
+def _explicit_columns(columns, names: list[str], parties: list[str]) -> list[np.ndarray]:
+    P = len(parties)
+    if columns is None or len(columns) != P:
+        raise ValueError(f"columns must give {P} column lists (guest + {P - 1} hosts), got "
+                         f"{None if columns is None else len(columns)}")
+    return [_resolve_columns(c, names, p) for c, p in zip(columns, parties)]
+
+
+def _scheme_columns(scheme: str, d: int, P: int, shared_fraction: float, rng) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per-party columns and the shared ones for ``even`` / ``random`` / ``overlap`` (module docstring)."""
+    shared = np.zeros(0, dtype=np.int64)
+    order = np.arange(d)
+    if scheme == "overlap":
+        if not (0 < float(shared_fraction) <= 1):
+            raise ValueError(f"shared_fraction must be in (0, 1] for scheme='overlap', got {shared_fraction!r}")
+        n_shared = max(1, int(round(shared_fraction * d)))
+        order = rng.permutation(d)
+        shared, order = np.sort(order[:n_shared]), order[n_shared:]
+        if n_shared < d and d - n_shared < P:
+            raise ValueError(f"n_hosts={P - 1}: {d - n_shared} unshared columns cannot give each of "
+                             f"{P} parties one; lower shared_fraction or n_hosts")
+    else:
+        if shared_fraction:
+            raise ValueError(f"shared_fraction is only used with scheme='overlap' (got scheme={scheme!r})")
+        if d < P:
+            raise ValueError(f"n_hosts={P - 1}: {d} columns cannot give each of {P} parties one")
+        if scheme == "random":
+            order = rng.permutation(d)
+    cols = [np.sort(np.concatenate([shared, blk])).astype(np.int64) for blk in np.array_split(order, P)]
+    return cols, shared
+
+
+def _party_rows(n: int, P: int, sample_overlap: float, shuffle_rows: bool, rng) -> list[np.ndarray]:
+    """Guest: every row; each host: a random ``round(sample_overlap * n)`` of them; optionally shuffled."""
     rows = [np.arange(n, dtype=np.int64)]
     m = int(round(float(sample_overlap) * n))
     for _ in range(1, P):
@@ -174,8 +196,7 @@ def vertical_split(data, n_hosts: int, scheme: str = "even", seed: int = 0, *, c
                     else np.arange(n, dtype=np.int64))
     if shuffle_rows:
         rows = [r[rng.permutation(r.shape[0])] for r in rows]
-    return VerticalPartition(parties, cols, [[names[c] for c in cc] for cc in cols], rows,
-                             [ids[r] for r in rows], shared)
+    return rows
 
 
 def write_vertical_csvs(dataset: Dataset, vpart: VerticalPartition, out_dir, *, id_column: str = "id",

@@ -180,6 +180,25 @@ def generate_certificates(out_dir, party_ids: Iterable[str], *, days: int = 365,
         ValueError: invalid or duplicate party id, ``days < 1``.
         FileExistsError: a target file exists and ``overwrite`` is False (names the file).
     """
+    ids, extra = _check_request(party_ids, days, hostnames)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = _target_paths(out, ids, overwrite)
+    now = _now()
+    validity = (now - _CLOCK_SKEW, now + _dt.timedelta(days=int(days)))
+    ca_key, ca_cert = _issue_ca(validity)
+    paths["ca_cert"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(paths["ca_key"], _key_pem(ca_key))
+    for pid in ids:
+        key, cert = _issue_party(pid, extra[pid], ca_key, ca_cert, validity)
+        paths["parties"][pid]["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_private(paths["parties"][pid]["key"], _key_pem(key))
+    log.info("wrote a CA and certificates for %s to %s (valid %d days)", ", ".join(ids), out, days)
+    return paths
+
+
+def _check_request(party_ids, days, hostnames) -> tuple[list[str], dict[str, list[str]]]:
+    """Validated party ids and each party's extra SANs (see :func:`generate_certificates`)."""
     ids = [validate_party_id(p) for p in party_ids]
     if not ids:
         raise ValueError("party_ids is empty: give at least one party id")
@@ -192,13 +211,13 @@ def generate_certificates(out_dir, party_ids: Iterable[str], *, days: int = 365,
         unknown = sorted(set(hostnames) - set(ids))
         if unknown:
             raise ValueError(f"hostnames names parties that are not in party_ids: {unknown}")
-        extra = {p: list(hostnames.get(p, ())) for p in ids}
-    else:
-        common = list(hostnames)
-        extra = {p: common for p in ids}
+        return ids, {p: list(hostnames.get(p, ())) for p in ids}
+    common = list(hostnames)
+    return ids, {p: common for p in ids}
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+
+def _target_paths(out: Path, ids: list[str], overwrite: bool) -> dict:
+    """The files :func:`generate_certificates` writes; FileExistsError if one exists and not ``overwrite``."""
     paths = {"ca_cert": out / "ca.pem", "ca_key": out / "ca.key",
              "parties": {p: {"cert": out / f"{p}.pem", "key": out / f"{p}.key"} for p in ids}}
     if not overwrite:
@@ -206,59 +225,60 @@ def generate_certificates(out_dir, party_ids: Iterable[str], *, days: int = 365,
         for f in targets:
             if f.exists():
                 raise FileExistsError(f"{f} already exists (pass overwrite=True / --overwrite to replace it)")
+    return paths
 
-    now = _now()
-    not_before, not_after = now - _CLOCK_SKEW, now + _dt.timedelta(days=int(days))
 
+def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
+    """CA: keyCertSign + cRLSign only; party: digitalSignature only."""
+    return x509.KeyUsage(digital_signature=not signs_certificates, content_commitment=False,
+                         key_encipherment=False, data_encipherment=False, key_agreement=False,
+                         key_cert_sign=signs_certificates, crl_sign=signs_certificates, encipher_only=False,
+                         decipher_only=False)
+
+
+def _issue_ca(validity) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A fresh P-256 key and the self-signed job CA certificate (path length 0)."""
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "secureflhv"),
                          x509.NameAttribute(NameOID.COMMON_NAME, "secureflhv job CA")])
-    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
     ca_cert = (x509.CertificateBuilder()
                .subject_name(ca_name).issuer_name(ca_name)
                .public_key(ca_key.public_key())
                .serial_number(x509.random_serial_number())
-               .not_valid_before(not_before).not_valid_after(not_after)
+               .not_valid_before(validity[0]).not_valid_after(validity[1])
                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-               .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
-                                            key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                            key_cert_sign=True, crl_sign=True, encipher_only=False,
-                                            decipher_only=False), critical=True)
-               .add_extension(ca_ski, critical=False)
+               .add_extension(_key_usage(signs_certificates=True), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
                .sign(ca_key, hashes.SHA256()))
-    paths["ca_cert"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(paths["ca_key"], _key_pem(ca_key))
+    return ca_key, ca_cert
 
-    for pid in ids:
-        key = ec.generate_private_key(ec.SECP256R1())
-        sans, seen = [], set()
-        for name in [pid, *extra[pid]]:
-            if name not in seen:
-                seen.add(name)
-                sans.append(_san_entry(name))
-        cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "secureflhv"),
-                                         x509.NameAttribute(NameOID.COMMON_NAME, pid)]))
-                .issuer_name(ca_name)
-                .public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(not_before).not_valid_after(not_after)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False,
-                                             key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                             key_cert_sign=False, crl_sign=False, encipher_only=False,
-                                             decipher_only=False), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                      ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
-                               critical=False)
-                .sign(ca_key, hashes.SHA256()))
-        paths["parties"][pid]["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        _write_private(paths["parties"][pid]["key"], _key_pem(key))
-    log.info("wrote a CA and certificates for %s to %s (valid %d days)", ", ".join(ids), out, days)
-    return paths
+
+def _issue_party(pid: str, hostnames: list[str], ca_key, ca_cert: x509.Certificate,
+                 validity) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A fresh P-256 key and its certificate: CN = ``pid``, SANs ``pid`` + ``hostnames``, signed by the CA."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans, seen = [], set()
+    for name in [pid, *hostnames]:
+        if name not in seen:
+            seen.add(name)
+            sans.append(_san_entry(name))
+    ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "secureflhv"),
+                                     x509.NameAttribute(NameOID.COMMON_NAME, pid)]))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(validity[0]).not_valid_after(validity[1])
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_key_usage(signs_certificates=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return key, cert
 
 
 def load_party_credentials(cert_dir=None, party_id: str | None = None, *, ca_cert=None, cert=None,
@@ -278,6 +298,25 @@ def load_party_credentials(cert_dir=None, party_id: str | None = None, *, ca_cer
         CertificateError: malformed PEM, key/cert mismatch, wrong CA, expired, CN != party_id.
         ValueError: neither a directory nor the three paths were given.
     """
+    ca_cert, cert, key = _credential_paths(cert_dir, party_id, ca_cert, cert, key)
+    ca_pem, cert_pem, key_pem = _read(ca_cert, "CA certificate"), _read(cert, "certificate"), _read(key, "private key")
+    ca_obj = _load_cert(ca_pem, f"CA certificate {ca_cert}")
+    cert_obj = _load_cert(cert_pem, f"certificate {cert}")
+    try:
+        key_obj = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise CertificateError(f"private key {key} is not an unencrypted PEM private key: {exc}") from None
+    _check_key_matches(key_obj, cert_obj, key, cert)
+    _check_issued_by(cert_obj, ca_obj, cert, ca_cert)
+    _check_valid_now(((cert_obj, f"certificate {cert}"), (ca_obj, f"CA certificate {ca_cert}")))
+    identity = certificate_identity(cert_obj)
+    if party_id is not None and identity != party_id:
+        raise CertificateError(f"certificate {cert} is for party {identity!r} (CN), not {party_id!r}")
+    return TlsConfig(ca_cert=ca_pem, cert=cert_pem, key=key_pem, identity=identity)
+
+
+def _credential_paths(cert_dir, party_id, ca_cert, cert, key) -> tuple:
+    """(ca_cert, cert, key) paths: explicit ones, else derived from ``cert_dir`` + ``party_id``."""
     if cert_dir is not None:
         d = Path(cert_dir)
         if not d.is_dir():
@@ -291,31 +330,29 @@ def load_party_credentials(cert_dir=None, party_id: str | None = None, *, ca_cer
     if missing:
         raise ValueError(f"load_party_credentials: missing {', '.join(missing)} (give cert_dir + party_id "
                          f"or all of ca_cert, cert, key)")
+    return ca_cert, cert, key
 
-    ca_pem, cert_pem, key_pem = _read(ca_cert, "CA certificate"), _read(cert, "certificate"), _read(key, "private key")
-    ca_obj = _load_cert(ca_pem, f"CA certificate {ca_cert}")
-    cert_obj = _load_cert(cert_pem, f"certificate {cert}")
-    try:
-        key_obj = serialization.load_pem_private_key(key_pem, password=None)
-    except (ValueError, TypeError) as exc:
-        raise CertificateError(f"private key {key} is not an unencrypted PEM private key: {exc}") from None
 
+def _check_key_matches(key_obj, cert_obj: x509.Certificate, key, cert) -> None:
     pub = serialization.PublicFormat.SubjectPublicKeyInfo
     if (key_obj.public_key().public_bytes(serialization.Encoding.DER, pub)
             != cert_obj.public_key().public_bytes(serialization.Encoding.DER, pub)):
         raise CertificateError(f"private key {key} does not belong to certificate {cert}")
+
+
+def _check_issued_by(cert_obj: x509.Certificate, ca_obj: x509.Certificate, cert, ca_cert) -> None:
     try:
         cert_obj.verify_directly_issued_by(ca_obj)
     except (ValueError, TypeError, InvalidSignature) as exc:
         raise CertificateError(f"certificate {cert} is not signed by the CA in {ca_cert}: "
                                f"{str(exc) or 'bad signature'}") from None
+
+
+def _check_valid_now(certificates) -> None:
+    """CertificateError naming the first of ``(certificate, description)`` pairs not valid now."""
     now = _now()
-    for obj, where in ((cert_obj, f"certificate {cert}"), (ca_obj, f"CA certificate {ca_cert}")):
+    for obj, where in certificates:
         if now < obj.not_valid_before_utc or now > obj.not_valid_after_utc:
             raise CertificateError(f"{where} is not valid now ({now:%Y-%m-%d %H:%M} UTC): valid from "
                                    f"{obj.not_valid_before_utc:%Y-%m-%d %H:%M} to "
                                    f"{obj.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
-    identity = certificate_identity(cert_obj)
-    if party_id is not None and identity != party_id:
-        raise CertificateError(f"certificate {cert} is for party {identity!r} (CN), not {party_id!r}")
-    return TlsConfig(ca_cert=ca_pem, cert=cert_pem, key=key_pem, identity=identity)

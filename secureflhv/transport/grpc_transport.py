@@ -83,6 +83,21 @@ def _tls_refused(details: str | None) -> bool:
     return any(marker in text for marker in _TLS_FAILURES)
 
 
+def _check_security(party_id: str, tls: TlsConfig | None, insecure: bool) -> None:
+    """Exactly one of ``tls`` (for ``party_id``) and ``insecure`` (see :class:`GrpcTransport`)."""
+    if tls is None and not insecure:
+        raise ValueError(f"{party_id}: no TLS credentials; pass tls=load_party_credentials(...) or, for "
+                         f"local experiments only, insecure=True (plaintext, unauthenticated)")
+    if tls is not None and insecure:
+        raise ValueError(f"{party_id}: both tls and insecure=True given; choose one")
+    if tls is not None:
+        if not isinstance(tls, TlsConfig):
+            raise TypeError(f"tls must be a TlsConfig (see load_party_credentials), not {type(tls).__name__}")
+        if tls.identity != party_id:
+            raise ValueError(f"TLS certificate is for party {tls.identity!r} (CN) but this party is "
+                             f"{party_id!r}: give this party its own certificate")
+
+
 class _Progress:
     """Whether the chunk generator handed gRPC the whole message (then a failure is ambiguous)."""
 
@@ -142,17 +157,7 @@ class GrpcTransport(Transport):
                  deadline: float = DEFAULT_DEADLINE_S, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  retry_window: float | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
                  max_workers: int | None = None, close_grace: float = 2.0):
-        if tls is None and not insecure:
-            raise ValueError(f"{party_id}: no TLS credentials; pass tls=load_party_credentials(...) or, for "
-                             f"local experiments only, insecure=True (plaintext, unauthenticated)")
-        if tls is not None and insecure:
-            raise ValueError(f"{party_id}: both tls and insecure=True given; choose one")
-        if tls is not None:
-            if not isinstance(tls, TlsConfig):
-                raise TypeError(f"tls must be a TlsConfig (see load_party_credentials), not {type(tls).__name__}")
-            if tls.identity != party_id:
-                raise ValueError(f"TLS certificate is for party {tls.identity!r} (CN) but this party is "
-                                 f"{party_id!r}: give this party its own certificate")
+        _check_security(party_id, tls, insecure)
         if not MIN_CHUNK_SIZE <= int(chunk_size) <= MAX_CHUNK_SIZE:
             raise ValueError(f"chunk_size must be in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}] bytes, got {chunk_size}")
         if deadline <= 0:
@@ -179,8 +184,11 @@ class GrpcTransport(Transport):
         self._channels: dict[str, tuple[grpc.Channel, pb_grpc.PartyServiceStub]] = {}
         self._closing = threading.Event()
         self._closed = False
+        self._start_server(listen, max_workers or 2 * len(self._peers) + 2)
 
-        workers = max_workers or 2 * len(self._peers) + 2
+    def _start_server(self, listen: str, workers: int) -> None:
+        """Bind ``listen`` (TLS or plaintext), start serving :meth:`_handle_deliver`, log how."""
+        party_id, tls = self.party_id, self._tls
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"secureflhv-{party_id}-rx")
         self._server = grpc.server(self._executor, options=[
             ("grpc.max_receive_message_length", MAX_CHUNK_SIZE + _SLACK),
@@ -312,46 +320,56 @@ class GrpcTransport(Transport):
             try:
                 ack = stub.Deliver(self._chunks(header, data, progress), timeout=max(end - time.monotonic(), 0.001))
             except grpc.RpcError as err:
-                code, details = err.code(), err.details()
-                if self._closed:
-                    raise TransportError(f"{self.party_id}: transport closed while sending {what} to "
-                                         f"{receiver!r}") from None
-                now = time.monotonic()
-                if code == grpc.StatusCode.UNAVAILABLE and _tls_refused(details):
-                    # A certificate problem does not heal by retrying: fail now with the reason.
-                    raise PeerUnavailable(
-                        f"{self.party_id}: TLS handshake with {receiver!r} at {address} failed: {details}. "
-                        f"Both parties need certificates from the same CA, and the one at {address} must be "
-                        f"for {receiver!r}.") from None
-                if code == grpc.StatusCode.UNAVAILABLE and now < retry_end:
-                    # The stream never completed, or completed but the Ack was lost (ambiguous):
-                    # then a "duplicate"/"stale" refusal of the retry means the first try arrived.
-                    ambiguous = ambiguous or progress.all_pulled
-                    delay = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** attempt) * random.uniform(0.5, 1.5)
-                    delay = min(delay, max(retry_end - now, 0.0))
-                    log.debug("%s: %s unreachable at %s (%s), retry %d in %.2fs", self.party_id, receiver,
-                              address, details, attempt + 1, delay)
-                    if self._closing.wait(delay):
-                        raise TransportError(f"{self.party_id}: transport closed while sending {what} to "
-                                             f"{receiver!r}") from None
-                    continue
-                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise PeerUnavailable(
-                        f"{self.party_id}: could not deliver {what} to {receiver!r} at {address} within "
-                        f"{now - start:.1f}s ({attempt + 1} attempts; last error {code.name}: {details}). "
-                        f"Is {receiver!r} running at {address}? With TLS, its certificate must be for "
-                        f"{receiver!r} and signed by the same CA as ours.") from None
-                raise TransportError(f"{self.party_id}: sending {what} to {receiver!r} at {address} failed: "
-                                     f"{code.name}: {details}") from None
-            if ack.accepted:
-                with self._lock:
-                    self.sent_bytes += len(data)
-                return
-            if ambiguous and ("duplicate message" in ack.error or "stale or replayed" in ack.error):
-                log.info("%s: %s already had %s from an earlier attempt whose Ack was lost", self.party_id,
-                         receiver, what)
-                return
-            raise MessageRejected(f"{receiver!r} rejected {what} from {self.party_id!r}: {ack.error}")
+                # The stream never completed, or completed but the Ack was lost (ambiguous):
+                # then a "duplicate"/"stale" refusal of a retry means the first try arrived.
+                ambiguous = ambiguous or progress.all_pulled
+                self._back_off_or_raise(err, receiver, address, what, attempt, start, retry_end)
+                continue
+            return self._settle(ack, receiver, what, len(data), ambiguous)
+
+    def _back_off_or_raise(self, err: grpc.RpcError, receiver: str, address: str, what: str, attempt: int,
+                           start: float, retry_end: float) -> None:
+        """After a failed attempt: wait the backoff if ``receiver`` may still come up, else raise."""
+        code, details = err.code(), err.details()
+        if self._closed:
+            raise TransportError(f"{self.party_id}: transport closed while sending {what} to "
+                                 f"{receiver!r}") from None
+        now = time.monotonic()
+        if code == grpc.StatusCode.UNAVAILABLE and _tls_refused(details):
+            # A certificate problem does not heal by retrying: fail now with the reason.
+            raise PeerUnavailable(
+                f"{self.party_id}: TLS handshake with {receiver!r} at {address} failed: {details}. "
+                f"Both parties need certificates from the same CA, and the one at {address} must be "
+                f"for {receiver!r}.") from None
+        if code == grpc.StatusCode.UNAVAILABLE and now < retry_end:
+            delay = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** attempt) * random.uniform(0.5, 1.5)
+            delay = min(delay, max(retry_end - now, 0.0))
+            log.debug("%s: %s unreachable at %s (%s), retry %d in %.2fs", self.party_id, receiver,
+                      address, details, attempt + 1, delay)
+            if self._closing.wait(delay):
+                raise TransportError(f"{self.party_id}: transport closed while sending {what} to "
+                                     f"{receiver!r}") from None
+            return
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise PeerUnavailable(
+                f"{self.party_id}: could not deliver {what} to {receiver!r} at {address} within "
+                f"{now - start:.1f}s ({attempt + 1} attempts; last error {code.name}: {details}). "
+                f"Is {receiver!r} running at {address}? With TLS, its certificate must be for "
+                f"{receiver!r} and signed by the same CA as ours.") from None
+        raise TransportError(f"{self.party_id}: sending {what} to {receiver!r} at {address} failed: "
+                             f"{code.name}: {details}") from None
+
+    def _settle(self, ack: pb.Ack, receiver: str, what: str, size: int, ambiguous: bool) -> None:
+        """Count an accepted message; raise :class:`MessageRejected` for a refusal (unless a lost Ack)."""
+        if ack.accepted:
+            with self._lock:
+                self.sent_bytes += size
+            return
+        if ambiguous and ("duplicate message" in ack.error or "stale or replayed" in ack.error):
+            log.info("%s: %s already had %s from an earlier attempt whose Ack was lost", self.party_id,
+                     receiver, what)
+            return
+        raise MessageRejected(f"{receiver!r} rejected {what} from {self.party_id!r}: {ack.error}")
 
     # ------------------------------------------------------------------ receiving
     def _handle_deliver(self, request_iterator, context) -> pb.Ack:

@@ -65,10 +65,11 @@ from ..crypto.psi import (DEFAULT_TRUNCATE_BYTES, MIN_TRUNCATE_BYTES, POINT_BYTE
                           PsiEngine, check_points, find_duplicate, hash_context, match_positions, new_scalar)
 from ..proto import psi_pb2
 from ..transport import JobAborted, ProtocolError, Transport, parse_message
+from ..transport.role import ProtocolRole
 
 log = logging.getLogger("secureflhv.vertical.psi")
 
-__all__ = ["PsiResult", "align_ids_guest", "align_ids_host", "PROTOCOL_VERSION",
+__all__ = ["PsiResult", "PsiGuest", "PsiHost", "align_ids_guest", "align_ids_host", "PROTOCOL_VERSION",
            "TAG_HELLO", "TAG_POINTS", "TAG_DOUBLE", "TAG_INTERSECTION"]
 
 PROTOCOL_VERSION = 1
@@ -190,13 +191,214 @@ def _wait(transport: Transport, timeout: float | None, n_items: int) -> float:
     return timeout if timeout is not None else max(transport.deadline, WAIT_S_PER_ID * n_items)
 
 
-def _abort_and_raise(transport: Transport, peers: list[str], exc: BaseException):
-    if not isinstance(exc, JobAborted):
-        transport.abort(f"PSI failed at {transport.party_id!r}: {exc}", peers)
-    raise exc
-
-
 # ------------------------------------------------------------------------------ roles
+class _PsiRole(ProtocolRole):
+    """State shared by both roles: the ID column, the run's round, the X25519 engine and the clock."""
+
+    protocol = "PSI"
+
+    def __init__(self, transport: Transport, ids: Sequence[str], *, round_base: int, workers: int | None,
+                 timeout: float | None):
+        super().__init__(transport)
+        self.ids = ids
+        self.round_base = round_base
+        self.workers = workers
+        self.timeout = timeout
+        self.clock = _Clock()
+        self.engine: PsiEngine | None = None
+
+    def _guarded(self, fn, *args, **kwargs):
+        """Run ``fn``; on failure tell the peers ``PSI failed at <party>: <error>`` and re-raise.
+
+        An abort received from a peer (:class:`JobAborted`) is not echoed back.
+        """
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - tell the peers, then re-raise
+            if not isinstance(exc, JobAborted):
+                self.t.abort(f"PSI failed at {self.party_id!r}: {exc}", self._peers())
+            raise
+
+    def _start_engine(self, engine: PsiEngine) -> None:
+        """Check the IDs, then spawn the workers (for large sets) while the peers get going."""
+        self.ids = _check_ids(self.ids, self.party_id)
+        self.engine = engine
+        if len(self.ids) >= engine.min_parallel:
+            engine.start()
+
+    def _send(self, peer: str, tag: str, msg) -> None:
+        self.t.send(peer, tag, msg, round=self.round_base, timeout=self.timeout)
+
+    def _recv(self, peer: str, tag: str, n_items: int | None, parse):
+        """Wait for ``tag`` from ``peer``; ``n_items`` of peer work stretch the default wait (None: don't)."""
+        timeout = self.timeout if n_items is None else _wait(self.t, self.timeout, n_items)
+        return self.t.recv(peer, tag, round=self.round_base, timeout=timeout, parse=parse)
+
+    def blind_own_ids(self, salt: bytes, scalar: bytes) -> bytes:
+        """Step 2: H(x)^scalar for every own ID, in row order, as a serialised PsiPoints message."""
+        mine = self.engine.hash_and_blind(self.ids, hash_context(self.t.job_id, salt), scalar)
+        self.clock.lap("hash_blind")
+        return psi_pb2.PsiPoints(item_bytes=POINT_BYTES, count=len(self.ids), items=mine).SerializeToString()
+
+
+class PsiGuest(_PsiRole):
+    """The guest's side of ECDH-PSI with every host (module docstring: steps, what each role learns).
+
+    Stages: :meth:`hello` (step 1), :meth:`blind_own_ids` (step 2), :meth:`match_with_host` (step 3,
+    per host), :meth:`send_intersection` (step 4); :meth:`run` performs them in order.
+    Arguments and errors as in :func:`align_ids_guest`.
+    """
+
+    def __init__(self, transport: Transport, ids: Sequence[str], hosts: Sequence[str], *, round_base: int = 0,
+                 workers: int | None = None, truncate_bytes: int = DEFAULT_TRUNCATE_BYTES,
+                 timeout: float | None = None):
+        hosts = list(hosts)
+        me = transport.party_id
+        if not hosts or len(set(hosts)) != len(hosts) or me in hosts:
+            raise ValueError(f"hosts must be distinct party ids other than the guest {me!r}, got {hosts}")
+        if not MIN_TRUNCATE_BYTES <= truncate_bytes <= POINT_BYTES:
+            raise ValueError(f"truncate_bytes must be in [{MIN_TRUNCATE_BYTES}, {POINT_BYTES}], got {truncate_bytes}")
+        super().__init__(transport, ids, round_base=round_base, workers=workers, timeout=timeout)
+        self.hosts = hosts
+        self.truncate_bytes = truncate_bytes
+        self.sizes: dict[str, int] = {}
+
+    def _peers(self) -> list[str]:
+        return list(self.hosts)
+
+    def run(self) -> PsiResult:
+        """All four steps with every host; the :class:`PsiResult` of :func:`align_ids_guest`."""
+        rows = self._guarded(self._align)
+        log.info("%s: PSI done: %d common IDs with %d host(s) in %.1fs", self.party_id, rows.size, len(self.hosts),
+                 time.perf_counter() - self.clock.start)
+        return PsiResult(ids=[self.ids[r] for r in rows.tolist()], rows=rows, peer_sizes=self.sizes,
+                         timings=self.clock.done())
+
+    def _align(self) -> np.ndarray:
+        with PsiEngine(self.workers) as engine:
+            self._start_engine(engine)
+            salt = self.hello()
+            scalar = new_scalar()
+            msg = self.blind_own_ids(salt, scalar)
+            for h in self.hosts:
+                self._send(h, TAG_POINTS, msg)
+            del msg
+            self.clock.lap("send")
+            in_host = {h: self.match_with_host(h, scalar) for h in self.hosts}
+        return self.send_intersection(in_host)
+
+    def hello(self) -> bytes:
+        """Step 1: send every host a fresh salt, our set size and the truncation width; return the salt."""
+        salt = os.urandom(SALT_BYTES)
+        hello = psi_pb2.PsiHello(version=PROTOCOL_VERSION, salt=salt, set_size=len(self.ids),
+                                 truncate_bytes=self.truncate_bytes)
+        for h in self.hosts:
+            self._send(h, TAG_HELLO, hello)
+        return salt
+
+    def match_with_host(self, host: str, scalar: bytes) -> np.ndarray:
+        """Step 3 with ``host``: blind its points again, receive our doubly blinded points, match.
+
+        Returns int64 (|X|,): for each guest row its row in ``host``'s list, -1 if absent.
+        """
+        n, width = len(self.ids), self.truncate_bytes
+        theirs = self._recv(host, TAG_POINTS, n, _points_parser(host, POINT_BYTES, None, points=True))
+        self.sizes[host] = len(theirs) // POINT_BYTES
+        self.clock.lap("wait")
+        try:
+            theirs = self.engine.blind(theirs, scalar, width)
+        except LowOrderPointError as exc:
+            raise ProtocolError(f"host {host!r} sent a low-order point at item {exc.index}") from None
+        self.clock.lap("blind_peer")
+        doubled = self._recv(host, TAG_DOUBLE, n + self.sizes[host], _points_parser(host, width, n, points=False))
+        self.clock.lap("wait")
+        try:
+            i_g, i_h = match_positions(doubled, theirs, width)
+        except ValueError as exc:
+            raise ProtocolError(f"PSI with host {host!r}: {exc}") from None
+        pos = np.full(n, -1, dtype=np.int64)
+        pos[i_g] = i_h
+        self.clock.lap("match")
+        log.info("%s: PSI with %s: |guest|=%d |host|=%d |pairwise intersection|=%d",
+                 self.party_id, host, n, self.sizes[host], i_g.size)
+        return pos
+
+    def send_intersection(self, in_host: dict[str, np.ndarray]) -> np.ndarray:
+        """Step 4: tell each host the common IDs as its own rows, in the agreed order; return our rows."""
+        common = np.ones(len(self.ids), dtype=bool)
+        for pos in in_host.values():
+            common &= pos >= 0
+        rows = np.array(sorted(np.flatnonzero(common).tolist(), key=self.ids.__getitem__), dtype=np.int64)
+        for h in self.hosts:
+            their_rows = in_host[h][rows].astype("<u8").tobytes()
+            self._send(h, TAG_INTERSECTION, psi_pb2.PsiIntersection(count=rows.size, rows=their_rows))
+        self.clock.lap("match")
+        return rows
+
+
+class PsiHost(_PsiRole):
+    """A host's side of ECDH-PSI with the guest (module docstring: steps, what each role learns).
+
+    Stages: :meth:`receive_hello` (step 1), :meth:`blind_own_ids` (step 2), :meth:`double_blind`
+    (step 3), :meth:`receive_intersection` (step 4); :meth:`run` performs them in order.
+    Arguments and errors as in :func:`align_ids_host`.
+    """
+
+    def __init__(self, transport: Transport, ids: Sequence[str], guest: str, *, round_base: int = 0,
+                 workers: int | None = None, timeout: float | None = None):
+        super().__init__(transport, ids, round_base=round_base, workers=workers, timeout=timeout)
+        self.guest = guest
+
+    def _peers(self) -> list[str]:
+        return [self.guest]
+
+    def run(self) -> PsiResult:
+        """All four steps; the :class:`PsiResult` of :func:`align_ids_host`."""
+        hello, rows, common = self._guarded(self._align)
+        log.info("%s: PSI done: %d common IDs (guest has %d) in %.1fs", self.party_id, len(common), hello.set_size,
+                 time.perf_counter() - self.clock.start)
+        return PsiResult(ids=common, rows=rows, peer_sizes={self.guest: int(hello.set_size)},
+                         timings=self.clock.done())
+
+    def _align(self):
+        with PsiEngine(self.workers) as engine:
+            self._start_engine(engine)  # spawns the workers while waiting for the guest
+            hello = self.receive_hello()
+            scalar = new_scalar()
+            self._send(self.guest, TAG_POINTS, self.blind_own_ids(hello.salt, scalar))
+            self.clock.lap("send")
+            self.double_blind(hello, scalar)
+        return (hello, *self.receive_intersection(hello))
+
+    def receive_hello(self) -> psi_pb2.PsiHello:
+        """Step 1: the guest's salt, set size and truncation width."""
+        hello = self._recv(self.guest, TAG_HELLO, None, _hello_parser(self.guest))
+        self.clock.lap("wait")
+        return hello
+
+    def double_blind(self, hello: psi_pb2.PsiHello, scalar: bytes) -> None:
+        """Step 3: blind the guest's points with our scalar, truncate, return them in the guest's order."""
+        theirs = self._recv(self.guest, TAG_POINTS, len(self.ids) + hello.set_size,
+                            _points_parser(self.guest, POINT_BYTES, hello.set_size, points=True))
+        self.clock.lap("wait")
+        try:
+            doubled = self.engine.blind(theirs, scalar, hello.truncate_bytes)
+        except LowOrderPointError as exc:
+            raise ProtocolError(f"guest {self.guest!r} sent a low-order point at item {exc.index}") from None
+        del theirs
+        self.clock.lap("blind_peer")
+        self._send(self.guest, TAG_DOUBLE,
+                   psi_pb2.PsiPoints(item_bytes=hello.truncate_bytes, count=hello.set_size, items=doubled))
+        self.clock.lap("send")
+
+    def receive_intersection(self, hello: psi_pb2.PsiHello) -> tuple[np.ndarray, list[str]]:
+        """Step 4: our rows of the final common IDs and those IDs, in the agreed order."""
+        rows, common = self._recv(self.guest, TAG_INTERSECTION, len(self.ids) + hello.set_size,
+                                  _intersection_parser(self.guest, self.ids))
+        self.clock.lap("wait")
+        return rows, common
+
+
 def align_ids_guest(transport: Transport, ids: Sequence[str], hosts: Sequence[str], *, round_base: int = 0,
                     workers: int | None = None, truncate_bytes: int = DEFAULT_TRUNCATE_BYTES,
                     timeout: float | None = None) -> PsiResult:
@@ -222,76 +424,8 @@ def align_ids_guest(transport: Transport, ids: Sequence[str], hosts: Sequence[st
         ProtocolError: a host sent a low-order point (after the message was accepted).
         PeerTimeout, JobAborted: from the transport.
     """
-    hosts = list(hosts)
-    me = transport.party_id
-    if not hosts or len(set(hosts)) != len(hosts) or me in hosts:
-        raise ValueError(f"hosts must be distinct party ids other than the guest {me!r}, got {hosts}")
-    if not MIN_TRUNCATE_BYTES <= truncate_bytes <= POINT_BYTES:
-        raise ValueError(f"truncate_bytes must be in [{MIN_TRUNCATE_BYTES}, {POINT_BYTES}], got {truncate_bytes}")
-    clock = _Clock()
-    try:
-        ids = _check_ids(ids, me)
-        n = len(ids)
-        with PsiEngine(workers) as engine:
-            if n >= engine.min_parallel:
-                engine.start()
-            salt = os.urandom(SALT_BYTES)
-            hello = psi_pb2.PsiHello(version=PROTOCOL_VERSION, salt=salt, set_size=n, truncate_bytes=truncate_bytes)
-            for h in hosts:
-                transport.send(h, TAG_HELLO, hello, round=round_base, timeout=timeout)
-            scalar = new_scalar()
-            context = hash_context(transport.job_id, salt)
-            mine = engine.hash_and_blind(ids, context, scalar)
-            clock.lap("hash_blind")
-            msg = psi_pb2.PsiPoints(item_bytes=POINT_BYTES, count=n, items=mine).SerializeToString()
-            del mine
-            for h in hosts:
-                transport.send(h, TAG_POINTS, msg, round=round_base, timeout=timeout)
-            del msg
-            clock.lap("send")
-
-            in_host: dict[str, np.ndarray] = {}  # guest row -> row in host's list, -1 if absent
-            sizes: dict[str, int] = {}
-            for h in hosts:
-                theirs = transport.recv(h, TAG_POINTS, round=round_base, timeout=_wait(transport, timeout, n),
-                                        parse=_points_parser(h, POINT_BYTES, None, points=True))
-                sizes[h] = len(theirs) // POINT_BYTES
-                clock.lap("wait")
-                try:
-                    theirs = engine.blind(theirs, scalar, truncate_bytes)
-                except LowOrderPointError as exc:
-                    raise ProtocolError(f"host {h!r} sent a low-order point at item {exc.index}") from None
-                clock.lap("blind_peer")
-                doubled = transport.recv(h, TAG_DOUBLE, round=round_base,
-                                         timeout=_wait(transport, timeout, n + sizes[h]),
-                                         parse=_points_parser(h, truncate_bytes, n, points=False))
-                clock.lap("wait")
-                try:
-                    i_g, i_h = match_positions(doubled, theirs, truncate_bytes)
-                except ValueError as exc:
-                    raise ProtocolError(f"PSI with host {h!r}: {exc}") from None
-                pos = np.full(n, -1, dtype=np.int64)
-                pos[i_g] = i_h
-                in_host[h] = pos
-                del theirs, doubled
-                clock.lap("match")
-                log.info("%s: PSI with %s: |guest|=%d |host|=%d |pairwise intersection|=%d",
-                         me, h, n, sizes[h], i_g.size)
-
-        common = np.ones(n, dtype=bool)
-        for pos in in_host.values():
-            common &= pos >= 0
-        rows = np.array(sorted(np.flatnonzero(common).tolist(), key=ids.__getitem__), dtype=np.int64)
-        for h in hosts:
-            their_rows = in_host[h][rows].astype("<u8").tobytes()
-            transport.send(h, TAG_INTERSECTION, psi_pb2.PsiIntersection(count=rows.size, rows=their_rows),
-                           round=round_base, timeout=timeout)
-        clock.lap("match")
-    except Exception as exc:  # noqa: BLE001 - tell the hosts, then re-raise
-        _abort_and_raise(transport, hosts, exc)
-    log.info("%s: PSI done: %d common IDs with %d host(s) in %.1fs", me, rows.size, len(hosts),
-             time.perf_counter() - clock.start)
-    return PsiResult(ids=[ids[r] for r in rows.tolist()], rows=rows, peer_sizes=sizes, timings=clock.done())
+    return PsiGuest(transport, ids, hosts, round_base=round_base, workers=workers, truncate_bytes=truncate_bytes,
+                    timeout=timeout).run()
 
 
 def align_ids_host(transport: Transport, ids: Sequence[str], guest: str, *, round_base: int = 0,
@@ -312,43 +446,4 @@ def align_ids_host(transport: Transport, ids: Sequence[str], guest: str, *, roun
         ProtocolError: the guest sent a low-order point (after the message was accepted).
         PeerTimeout, JobAborted: from the transport.
     """
-    me = transport.party_id
-    clock = _Clock()
-    try:
-        ids = _check_ids(ids, me)
-        with PsiEngine(workers) as engine:
-            if len(ids) >= engine.min_parallel:
-                engine.start()  # spawn the workers while waiting for the guest
-            hello = transport.recv(guest, TAG_HELLO, round=round_base, timeout=timeout, parse=_hello_parser(guest))
-            clock.lap("wait")
-            scalar = new_scalar()
-            mine = engine.hash_and_blind(ids, hash_context(transport.job_id, hello.salt), scalar)
-            clock.lap("hash_blind")
-            transport.send(guest, TAG_POINTS, psi_pb2.PsiPoints(item_bytes=POINT_BYTES, count=len(ids), items=mine),
-                           round=round_base, timeout=timeout)
-            del mine
-            clock.lap("send")
-            n_all = len(ids) + hello.set_size
-            theirs = transport.recv(guest, TAG_POINTS, round=round_base, timeout=_wait(transport, timeout, n_all),
-                                    parse=_points_parser(guest, POINT_BYTES, hello.set_size, points=True))
-            clock.lap("wait")
-            try:
-                doubled = engine.blind(theirs, scalar, hello.truncate_bytes)
-            except LowOrderPointError as exc:
-                raise ProtocolError(f"guest {guest!r} sent a low-order point at item {exc.index}") from None
-            del theirs
-            clock.lap("blind_peer")
-            transport.send(guest, TAG_DOUBLE, psi_pb2.PsiPoints(item_bytes=hello.truncate_bytes,
-                                                                count=hello.set_size, items=doubled),
-                           round=round_base, timeout=timeout)
-            del doubled
-            clock.lap("send")
-        rows, common = transport.recv(guest, TAG_INTERSECTION, round=round_base,
-                                      timeout=_wait(transport, timeout, n_all),
-                                      parse=_intersection_parser(guest, ids))
-        clock.lap("wait")
-    except Exception as exc:  # noqa: BLE001 - tell the guest, then re-raise
-        _abort_and_raise(transport, [guest], exc)
-    log.info("%s: PSI done: %d common IDs (guest has %d) in %.1fs", me, len(common), hello.set_size,
-             time.perf_counter() - clock.start)
-    return PsiResult(ids=common, rows=rows, peer_sizes={guest: int(hello.set_size)}, timings=clock.done())
+    return PsiHost(transport, ids, guest, round_base=round_base, workers=workers, timeout=timeout).run()
