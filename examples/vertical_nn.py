@@ -33,7 +33,7 @@ from _common import add_run_arguments, example_parser, launch, start
 
 def centralised_baseline(work: Path, job_params: dict, n_hosts: int) -> dict:
     """The same split architecture trained in one place with torch on the joined table, same split."""
-    from secureflhv.runtime.vertical_common import classification_metrics
+    from secureflhv.runtime.reports import classification_metrics
     from secureflhv.vertical.split_nn import CentralisedSplitNN, SplitNNConfig
 
     split = json.loads((work / "out" / "guest" / "split.json").read_text())
