@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     import torch
 
     from secureflhv.data import load_dataset, partition
-    from secureflhv.horizontal.aggregation import AggregationConfig
+    from secureflhv.secagg import AggregationConfig
     from secureflhv.horizontal.fl import FLConfig
     from secureflhv.horizontal.models import ModelSpec, evaluate, set_flat, build_model
     from secureflhv.horizontal.strategies import LocalTrainConfig

@@ -7,7 +7,7 @@ plaintext), plus the server's unmasking time with 30% of the clients dropped bef
 
 Per-round time is measured at the server (from aggregate() call to result), rounds run back to back,
 the first (connection set-up) round is excluded from the median. Plain = float64 weighted update +
-weight per client (the server sees every update); secagg = Bonawitz et al. (secureflhv.horizontal.secagg).
+weight per client (the server sees every update); secagg = Bonawitz et al. (secureflhv.secagg).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _transport(pid, addrs, cert_dir):
 
 
 def client_proc(pid, addrs, cert_dir, cfg_kw, rounds, participants, dim, stall, q):
-    from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    from secureflhv.secagg import AggregationConfig, make_aggregation
     cfg = AggregationConfig(**cfg_kw)
     tr = _transport(pid, addrs, cert_dir)
     base = make_aggregation(cfg)[0]
@@ -57,7 +57,7 @@ def client_proc(pid, addrs, cert_dir, cfg_kw, rounds, participants, dim, stall, 
 
 
 def server_proc(addrs, cert_dir, cfg_kw, rounds, participants, dim, q):
-    from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    from secureflhv.secagg import AggregationConfig, make_aggregation
     cfg = AggregationConfig(**cfg_kw)
     tr = _transport("server", addrs, cert_dir)
     server = make_aggregation(cfg)[1](tr, cfg)

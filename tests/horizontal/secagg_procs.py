@@ -18,7 +18,7 @@ def _transport(pid, addrs, cert_dir):
 
 
 def client_main(pid, addrs, cert_dir, cfg_kw, round_id, participants, x, w, stall_stage, queue):
-    from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    from secureflhv.secagg import AggregationConfig, make_aggregation
     _log_to_stderr(pid)
     cfg = AggregationConfig(**cfg_kw)
     tr = _transport(pid, addrs, cert_dir)
@@ -40,7 +40,7 @@ def client_main(pid, addrs, cert_dir, cfg_kw, round_id, participants, x, w, stal
 
 
 def server_main(addrs, cert_dir, cfg_kw, round_ids, participants, dim, queue):
-    from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    from secureflhv.secagg import AggregationConfig, make_aggregation
     _log_to_stderr("server")
     cfg = AggregationConfig(**cfg_kw)
     try:
