@@ -59,9 +59,11 @@ def make_aggregation(config: AggregationConfig) -> tuple[type[AggregationClient]
 
 def make_client(transport, server_id: str, config: AggregationConfig) -> AggregationClient:
     """The client half of ``config.kind`` for this party's ``transport``."""
-    return make_aggregation(config)[0](transport, server_id, config)
+    client_cls, _ = make_aggregation(config)
+    return client_cls(transport, server_id, config)
 
 
 def make_server(transport, config: AggregationConfig) -> AggregationServer:
     """The server half of ``config.kind`` for this party's ``transport``."""
-    return make_aggregation(config)[1](transport, config)
+    _, server_cls = make_aggregation(config)
+    return server_cls(transport, config)

@@ -37,6 +37,14 @@ class _Vanished(Exception):
 
 
 @dataclass
+class _HeldShares:
+    """This client's Shamir shares of another client v's secrets: of b_v and of s_v^SK."""
+
+    b: int
+    s: int
+
+
+@dataclass
 class _ClientRound:
     """One client's state of one round (paper notation: U1 advertised keys, U2 shared, U3 survived)."""
 
@@ -51,7 +59,7 @@ class _ClientRound:
     signer: SigningKey | None = None
     keys: dict[str, PeerKeys] = field(default_factory=dict)   # U1's public keys
     b_seed: bytes = b""                                   # self-mask seed b_u
-    held: dict[str, tuple[int, int]] = field(default_factory=dict)  # v -> (share of b_v, share of s_v^SK)
+    held: dict[str, _HeldShares] = field(default_factory=dict)
     u2: set[str] = field(default_factory=set)
     u3: list[str] = field(default_factory=list)
 
@@ -108,7 +116,7 @@ class SecAggClient(AggregationClient):
         rnd.b_seed = new_seed()
         b_sh = shamir.split(int.from_bytes(rnd.b_seed, "big"), [rnd.points[v] for v in u1], rnd.t)
         s_sh = shamir.split(private_to_int(rnd.sk.private), [rnd.points[v] for v in u1], rnd.t)
-        rnd.held = {me: (b_sh[rnd.points[me]], s_sh[rnd.points[me]])}
+        rnd.held = {me: _HeldShares(b_sh[rnd.points[me]], s_sh[rnd.points[me]])}
         out = pb.ShareKeys(round_id=rnd.round_id)
         for v in u1:
             if v == me:
@@ -167,10 +175,10 @@ class SecAggClient(AggregationClient):
         resp = pb.UnmaskResponse(round_id=rnd.round_id)
         for v in sorted(alive):
             if v in rnd.held:
-                resp.b_shares.add(owner=v, value=shamir.to_bytes(rnd.held[v][0]))
+                resp.b_shares.add(owner=v, value=shamir.to_bytes(rnd.held[v].b))
         for v in sorted(dropped):
             if v in rnd.held:
-                resp.s_shares.add(owner=v, value=shamir.to_bytes(rnd.held[v][1]))
+                resp.s_shares.add(owner=v, value=shamir.to_bytes(rnd.held[v].s))
         self._send(rnd.round_id, 4, TAG_UNMASK, resp)
 
     # ------------------------------------------------------------------------------ helpers
@@ -189,8 +197,8 @@ class SecAggClient(AggregationClient):
                 plain = decrypt_share(key, e.nonce, e.ciphertext, share_ad(job, rnd.round_id, v, me))
                 if len(plain) != SHARE_PLAINTEXT:
                     raise ValueError(f"{len(plain)} plaintext bytes")
-                rnd.held[v] = (shamir.from_bytes(plain[:shamir.SHARE_BYTES]),
-                               shamir.from_bytes(plain[shamir.SHARE_BYTES:]))
+                rnd.held[v] = _HeldShares(shamir.from_bytes(plain[:shamir.SHARE_BYTES]),
+                                          shamir.from_bytes(plain[shamir.SHARE_BYTES:]))
             except (InvalidTag, ValueError) as exc:
                 self._reject(2, f"share from {v!r} failed authentication/decoding "
                                 f"({type(exc).__name__}); it is ignored, others' shares suffice to recover {v!r}")

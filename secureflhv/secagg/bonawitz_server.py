@@ -33,6 +33,14 @@ from .roles import AggregationServer
 log = logging.getLogger("secureflhv.secagg.bonawitz")
 
 
+@dataclass
+class _UnmaskShares:
+    """One client's Unmasking answer: its shares of b_v (v ∈ U3) and of s_v^SK (v ∈ U2 \\ U3), by owner v."""
+
+    b: dict[str, int]
+    s: dict[str, int]
+
+
 class _Stopwatch:
     """Seconds per named lap (``laps`` is the dict the server exposes as ``last_timings``)."""
 
@@ -213,7 +221,7 @@ class SecAggServer(AggregationServer):
                 raise ProtocolError("duplicate share owners")
             if not set(b) <= u3_set or not set(s) <= dropped:
                 raise ProtocolError("b-shares must be of survivors and s-shares of dropped clients only")
-            return b, s
+            return _UnmaskShares(b, s)
         resp = collect(self.t, live, TAG_UNMASK, rnd.base + 4, self.config.stage_timeout_s,
                        parse_message(pb.UnmaskResponse, check))
         for c in live:
@@ -223,8 +231,8 @@ class SecAggServer(AggregationServer):
             self._fail_late(rnd, 4, sorted(resp))
         rnd.clock.lap("collect_unmask")
         points = share_points(rnd.parts)
-        b_shares = {v: {points[c]: r[0][v] for c, r in resp.items() if v in r[0]} for v in rnd.u3}
-        s_shares = {v: {points[c]: r[1][v] for c, r in resp.items() if v in r[1]} for v in sorted(dropped)}
+        b_shares = {v: {points[c]: r.b[v] for c, r in resp.items() if v in r.b} for v in rnd.u3}
+        s_shares = {v: {points[c]: r.s[v] for c, r in resp.items() if v in r.s} for v in sorted(dropped)}
         self._remove_self_masks(rnd, b_shares)
         self._remove_pairwise_masks(rnd, s_shares)
         rnd.acc &= rnd.acc.dtype.type(rnd.qp.modulus_mask)

@@ -60,9 +60,9 @@ class PlainServer(AggregationServer):
         else:
             total = np.zeros(dim, dtype=np.float64)
             weight = 0.0
-            for c in survivors:
-                total += got[c][0]
-                weight += got[c][1]
+            for vec, w in (got[c] for c in survivors):
+                total += vec
+                weight += w
             res = AggregateResult(total, weight, survivors, sorted(dropped_at), math.inf, 1.0, 0, 0, dropped_at)
         self._log_result(round_id, res)
         return res

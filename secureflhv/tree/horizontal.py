@@ -380,8 +380,8 @@ class HorizontalSecureBoostServer(ProtocolRole):
             if len(m.lo) != d or len(m.hi) != d or not np.all(np.isfinite(list(m.lo) + list(m.hi))):
                 raise ProtocolError(f"ranges: expected {d} finite (lo, hi)")
             return np.array(m.lo), np.array(m.hi)
-        got = self._recv_all(TAG_RANGES, 1, parse_message(tree_pb2.HsbRanges, check), "ranges")
-        return np.min([v[0] for v in got.values()], axis=0), np.max([v[1] for v in got.values()], axis=0)
+        los, his = zip(*self._recv_all(TAG_RANGES, 1, parse_message(tree_pb2.HsbRanges, check), "ranges").values())
+        return np.min(los, axis=0), np.max(his, axis=0)
 
     def _aggregate(self, dim: int, what: str) -> np.ndarray:
         self._agg_round += 1
