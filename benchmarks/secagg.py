@@ -36,7 +36,7 @@ def client_proc(pid, addrs, cert_dir, cfg_kw, rounds, participants, dim, stall, 
     from secureflhv.secagg import AggregationConfig, make_aggregation
     cfg = AggregationConfig(**cfg_kw)
     tr = _transport(pid, addrs, cert_dir)
-    base = make_aggregation(cfg)[0]
+    base, _ = make_aggregation(cfg)
 
     class Client(base):
         def _on_stage(self, stage):
@@ -57,10 +57,10 @@ def client_proc(pid, addrs, cert_dir, cfg_kw, rounds, participants, dim, stall, 
 
 
 def server_proc(addrs, cert_dir, cfg_kw, rounds, participants, dim, q):
-    from secureflhv.secagg import AggregationConfig, make_aggregation
+    from secureflhv.secagg import AggregationConfig, make_server
     cfg = AggregationConfig(**cfg_kw)
     tr = _transport("server", addrs, cert_dir)
-    server = make_aggregation(cfg)[1](tr, cfg)
+    server = make_server(tr, cfg)
     try:
         for r in rounds:
             t0 = time.perf_counter()
