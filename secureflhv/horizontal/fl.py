@@ -393,7 +393,8 @@ class HorizontalClient(ProtocolRole):
         for part in self.strategy.parts:
             vec, _ = upd.parts[part]
             if vec.shape != (self.part_dims[part],):
-                raise ValueError(f"{self.party_id}: part {part!r} has shape {vec.shape}, expected ({self.part_dims[part]},)")
+                raise ValueError(f"{self.party_id}: part {part!r} has shape {vec.shape}, "
+                                 f"expected ({self.part_dims[part]},)")
             if not np.all(np.isfinite(vec)):
                 # nothing sensible to aggregate: this client drops out of the round (lower lr?)
                 raise FloatingPointError(f"{self.party_id}: local training diverged in round {round_id} (non-finite "

@@ -89,6 +89,7 @@ class SecAggServer(AggregationServer):
         self.last_timings: dict[str, float] = {}
 
     def aggregate(self, round_id: int, participants: Sequence[str], dim: int) -> AggregateResult:
+        """Run the five stages of round ``round_id``; returns Σ_{u∈U3} (dequantised) with who dropped where."""
         cfg = self.config
         parts = check_participants(participants)
         n = len(parts)
@@ -248,8 +249,8 @@ class SecAggServer(AggregationServer):
         if len(alive) < rnd.t:
             reason = fail_message(STAGE_NAMES[stage], rnd.parts, alive, rnd.t, rnd.dropped_at)
             log.error("round %d: %s", rnd.round_id, reason)
-            send_all(self.t, alive, TAG_SERVER, rnd.base + stage + 1,
-                     pb.ServerMessage(round_id=rnd.round_id, stage=stage + 1, abort=reason), self.config.stage_timeout_s)
+            abort = pb.ServerMessage(round_id=rnd.round_id, stage=stage + 1, abort=reason)
+            send_all(self.t, alive, TAG_SERVER, rnd.base + stage + 1, abort, self.config.stage_timeout_s)
             raise AggregationError(reason)
         return alive
 
