@@ -138,10 +138,10 @@ def main(argv=None) -> int:
     import torch
 
     from secureflhv.data import load_dataset, partition
-    from secureflhv.horizontal.aggregation import AggregationConfig
     from secureflhv.horizontal.fl import FLConfig
     from secureflhv.horizontal.models import ModelSpec, evaluate, set_flat, build_model
     from secureflhv.horizontal.strategies import LocalTrainConfig
+    from secureflhv.secagg import AggregationConfig
 
     torch.set_num_threads(1)  # one thread per client thread: 10 clients share the 2 cores
     train = load_dataset("fmnist")

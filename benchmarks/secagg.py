@@ -7,7 +7,7 @@ plaintext), plus the server's unmasking time with 30% of the clients dropped bef
 
 Per-round time is measured at the server (from aggregate() call to result), rounds run back to back,
 the first (connection set-up) round is excluded from the median. Plain = float64 weighted update +
-weight per client (the server sees every update); secagg = Bonawitz et al. (secureflhv.horizontal.secagg).
+weight per client (the server sees every update); secagg = Bonawitz et al. (secureflhv.secagg).
 """
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def _transport(pid, addrs, cert_dir):
 
 
 def client_proc(pid, addrs, cert_dir, cfg_kw, rounds, participants, dim, stall, q):
-    from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    from secureflhv.secagg import AggregationConfig, make_aggregation
     cfg = AggregationConfig(**cfg_kw)
     tr = _transport(pid, addrs, cert_dir)
-    base = make_aggregation(cfg)[0]
+    base, _ = make_aggregation(cfg)
 
     class Client(base):
         def _on_stage(self, stage):
@@ -57,10 +57,10 @@ def client_proc(pid, addrs, cert_dir, cfg_kw, rounds, participants, dim, stall, 
 
 
 def server_proc(addrs, cert_dir, cfg_kw, rounds, participants, dim, q):
-    from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    from secureflhv.secagg import AggregationConfig, make_server
     cfg = AggregationConfig(**cfg_kw)
     tr = _transport("server", addrs, cert_dir)
-    server = make_aggregation(cfg)[1](tr, cfg)
+    server = make_server(tr, cfg)
     try:
         for r in rounds:
             t0 = time.perf_counter()

@@ -1,1 +1,2 @@
-"""Horizontal federated learning: aggregation (plain and secure) and the FedAvg-family algorithms."""
+"""Horizontal federated learning: the FedAvg-family algorithms (FedAvg, FedProx, SCAFFOLD, FedNova), their
+models and roles. Aggregation (plain and secure) is the shared service :mod:`secureflhv.secagg`."""

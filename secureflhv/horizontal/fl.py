@@ -10,8 +10,8 @@ One job = one server (no data) and N clients (same features, different rows). Pe
    (one float32 ``Tensor`` per parameter, ``model/<name>``) plus the strategy's broadcast arrays
    (SCAFFOLD: ``extra/control``);
 2. each selected client trains locally (:mod:`.strategies`) and submits each aggregated part through
-   :class:`~secureflhv.horizontal.aggregation.AggregationClient` (aggregation round id
-   ``r · 8 + part index``); the server's :class:`~secureflhv.horizontal.aggregation.AggregationServer`
+   :class:`~secureflhv.secagg.AggregationClient` (aggregation round id
+   ``r · 8 + part index``); the server's :class:`~secureflhv.secagg.AggregationServer`
    returns the weighted sum over the survivors — a client that fails or goes silent is dropped from
    the round by the aggregation layer and the round continues while at least ``t`` survive;
 3. the server applies the strategy's server half and sends the new global model (``fl.eval``) to
@@ -21,10 +21,12 @@ One job = one server (no data) and N clients (same features, different rows). Pe
 
 After the last round the server sends ``fl.round`` with ``text.command = stop``. A client whose
 message cannot be delivered, or that misses ``fl.metrics``, is marked dead and not selected again.
+A failing server tells every client (``Transport.abort``); a failing client tells nobody: it is a
+dropout, which the aggregation survives while t clients remain.
 
 Wire: every payload is protobuf (``messages_pb2.Bundle`` / ``Scalars``); tensors are dtype + shape +
-little-endian bytes and are checked against the model's parameter names and shapes (float32,
-finite) — a bad payload is rejected by the transport and the wait goes on.
+little-endian bytes (:mod:`secureflhv.transport.codec`) and are checked against the model's parameter
+names and shapes (float32, finite) — a bad payload is rejected by the transport and the wait goes on.
 
 What each role learns: the server learns the selected/surviving ids, what the aggregation kind
 reveals of the updates (secure aggregation: only the weighted sums and total weights), and each
@@ -44,8 +46,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..proto import messages_pb2
+from ..secagg import AggregateResult, AggregationConfig, AggregationError, make_client, make_server
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
-from .aggregation import AggregateResult, AggregationConfig, AggregationError, make_aggregation
+from ..transport.codec import tensor_from_proto, tensor_to_proto
+from ..transport.role import ProtocolRole
 from .models import ModelSpec, build_model, evaluate, get_flat, param_shapes, set_flat
 from .strategies import LocalTrainConfig, Strategy, batch_rng
 
@@ -117,24 +121,9 @@ class RoundRecord:
 
 
 # ------------------------------------------------------------------------------------ wire helpers
-def tensor_proto(a: np.ndarray) -> messages_pb2.Tensor:
-    a = np.ascontiguousarray(a, dtype="<f4")
-    return messages_pb2.Tensor(dtype="<f4", shape=list(a.shape), data=a.tobytes())
-
-
-def tensor_array(t: messages_pb2.Tensor, shape: tuple[int, ...], what: str) -> np.ndarray:
-    """Decode a float32 tensor and check its shape and values; raises ProtocolError."""
-    if t.dtype != "<f4":
-        raise ProtocolError(f"{what}: dtype {t.dtype!r}, expected '<f4'")
-    if tuple(t.shape) != tuple(shape):
-        raise ProtocolError(f"{what}: shape {list(t.shape)}, expected {list(shape)}")
-    n = int(np.prod(shape))
-    if len(t.data) != 4 * n:
-        raise ProtocolError(f"{what}: {len(t.data)} data bytes, expected {4 * n}")
-    a = np.frombuffer(t.data, dtype="<f4").reshape(shape)
-    if not np.all(np.isfinite(a)):
-        raise ProtocolError(f"{what}: non-finite values")
-    return a
+def float32_tensor(t: messages_pb2.Tensor, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """Decode a float32 tensor of ``shape`` with finite values; raises ProtocolError naming ``what``."""
+    return tensor_from_proto(t, what=what, dtype="<f4", shape=shape)
 
 
 def model_bundle(shapes: dict[str, tuple[int, ...]], vector: np.ndarray, **text) -> messages_pb2.Bundle:
@@ -142,7 +131,7 @@ def model_bundle(shapes: dict[str, tuple[int, ...]], vector: np.ndarray, **text)
     offset = 0
     for name, shape in shapes.items():
         n = int(np.prod(shape))
-        b.tensors[f"model/{name}"].CopyFrom(tensor_proto(vector[offset:offset + n].reshape(shape)))
+        b.tensors[f"model/{name}"].CopyFrom(tensor_to_proto(vector[offset:offset + n].reshape(shape), "<f4"))
         offset += n
     return b
 
@@ -152,7 +141,7 @@ def read_model(b: messages_pb2.Bundle, shapes: dict[str, tuple[int, ...]]) -> np
     names = {k[len("model/"):] for k in b.tensors if k.startswith("model/")}
     if names != set(shapes):
         raise ProtocolError(f"model parameters {sorted(names)} do not match {sorted(shapes)}")
-    return np.concatenate([tensor_array(b.tensors[f"model/{n}"], s, f"model/{n}").reshape(-1)
+    return np.concatenate([float32_tensor(b.tensors[f"model/{n}"], s, f"model/{n}").reshape(-1)
                            for n, s in shapes.items()]).astype(np.float32)
 
 
@@ -165,7 +154,7 @@ def _parallel(fn, items) -> list:
 
 
 # ------------------------------------------------------------------------------------ server
-class HorizontalServer:
+class HorizontalServer(ProtocolRole):
     """The aggregator: samples clients, broadcasts the global model, aggregates, applies the strategy.
 
     Args:
@@ -176,13 +165,15 @@ class HorizontalServer:
         config: shared settings.
         on_round: optional callback ``(record, global_vector float32)`` after each round.
 
-    Raises (from :meth:`run`): AggregationError when a round keeps fewer than t clients;
-    TransportError when no client is left.
+    Raises (from :meth:`run`, after telling every client): AggregationError when a round keeps fewer
+    than t clients; TransportError when no client is left.
     """
+
+    protocol = "horizontal FL"
 
     def __init__(self, transport, clients: Sequence[str], spec: ModelSpec, strategy: Strategy, config: FLConfig,
                  on_round: Callable[[RoundRecord, np.ndarray], None] | None = None):
-        self.transport = transport
+        super().__init__(transport)
         self.clients = list(clients)
         if len(set(self.clients)) != len(self.clients) or len(self.clients) < 1:
             raise ValueError(f"clients must be distinct and non-empty, got {self.clients}")
@@ -195,20 +186,86 @@ class HorizontalServer:
         self.global_vec = get_flat(model)
         self.dim = self.global_vec.size
         self.part_dims = strategy.part_dims(self.dim)
-        self.agg_servers = {p: make_aggregation(config.part_config(p))[1](transport, config.part_config(p))
-                            for p in strategy.parts}
+        self.agg_servers = {p: make_server(transport, config.part_config(p)) for p in strategy.parts}
         self.dead: set[str] = set()
         self.suspect: set[str] = set()  # lost by the last aggregation; maybe dead
         self.history: list[RoundRecord] = []
 
+    def _peers(self) -> list[str]:
+        return self.clients
+
+    def run(self) -> list[RoundRecord]:
+        """Run every round; return the per-round records (also in :attr:`history`)."""
+        return self._guarded(self._run)
+
+    def _run(self) -> list[RoundRecord]:
+        self.strategy.server_init(self.dim)
+        cfg = self.config
+        log.info("server: %s, %d clients, %d rounds, fraction %g, %d parameters, aggregation %s",
+                 self.strategy.name, len(self.clients), cfg.rounds, cfg.fraction, self.dim, cfg.aggregation.kind)
+        for r in range(1, cfg.rounds + 1):
+            record = self.run_round(r)
+            log.info("round %d/%d: %d selected, %d survived%s; test accuracy %.4f (n=%d), train loss %.4f, %.1fs",
+                     r, cfg.rounds, len(record.selected), len(record.survivors),
+                     f" (dropped {', '.join(record.dropped)})" if record.dropped else "", record.test_accuracy,
+                     record.test_n, record.train_loss, record.seconds)
+            if self.on_round is not None:
+                self.on_round(record, self.global_vec)
+        self._send_all(self._alive(), TAG_ROUND, cfg.rounds + 1,
+                       lambda c: messages_pb2.Bundle(text={"command": "stop"}))
+        return self.history
+
+    def run_round(self, r: int) -> RoundRecord:
+        """Round ``r``: select and broadcast, aggregate every part, update, evaluate; returns its record."""
+        t0 = time.monotonic()
+        selected = self._sample(r)
+        self._send_all(self._alive(), TAG_ROUND, r, self._round_message(selected))
+        results = self._aggregate(r, selected)
+        self.suspect.update(set(selected) - set.intersection(*(set(res.survivors) for res in results.values())))
+        self.global_vec = self.strategy.server_update(self.global_vec, results)
+        if not np.all(np.isfinite(self.global_vec)):
+            raise FloatingPointError(f"round {r}: the global model became non-finite (lower lr?)")
+        self._send_all(self._alive(), TAG_EVAL, r, lambda c: model_bundle(self.shapes, self.global_vec, command="eval"))
+        metrics = self._collect_metrics(r, self._alive())
+        record = self._record(r, selected, results, metrics, time.monotonic() - t0)
+        self.history.append(record)
+        return record
+
+    def _alive(self) -> list[str]:
+        return [c for c in self.clients if c not in self.dead]
+
     def _sample(self, round_id: int) -> list[str]:
-        alive = [c for c in self.clients if c not in self.dead]
+        alive = self._alive()
         if not alive:
             raise TransportError("no client is left alive")
         m = max(1, int(len(alive) * self.config.fraction))
         rng = np.random.default_rng([self.config.seed, round_id])
         pick = set(rng.choice(len(alive), size=m, replace=False).tolist())
         return [c for i, c in enumerate(alive) if i in pick]
+
+    def _round_message(self, selected: list[str]) -> Callable[[str], messages_pb2.Bundle]:
+        """``fl.round`` per client: ``train`` with the global model and the strategy's extras, or ``skip``."""
+        extras = self.strategy.broadcast()
+        participants = ",".join(selected)
+
+        def round_msg(c):
+            if c not in selected:
+                return messages_pb2.Bundle(text={"command": "skip", "participants": participants})
+            b = model_bundle(self.shapes, self.global_vec, command="train", participants=participants)
+            for k, v in extras.items():
+                b.tensors[f"extra/{k}"].CopyFrom(tensor_to_proto(v, "<f4"))
+            return b
+        return round_msg
+
+    def _aggregate(self, r: int, selected: list[str]) -> dict[str, AggregateResult]:
+        results: dict[str, AggregateResult] = {}
+        for i, part in enumerate(self.strategy.parts):
+            try:
+                results[part] = self.agg_servers[part].aggregate(r * PARTS_PER_ROUND + i, selected,
+                                                                 self.part_dims[part])
+            except AggregationError as exc:
+                raise AggregationError(f"round {r}, part {part!r}: {exc}") from None
+        return results
 
     def _send_all(self, receivers: Sequence[str], tag: str, round_id: int, payload_of) -> None:
         def send(c):
@@ -217,7 +274,7 @@ class HorizontalServer:
             timeout = min(SUSPECT_SEND_TIMEOUT_S, self.config.send_timeout_s) if c in self.suspect \
                 else self.config.send_timeout_s
             try:
-                self.transport.send(c, tag, payload_of(c), round=round_id, timeout=timeout)
+                self.t.send(c, tag, payload_of(c), round=round_id, timeout=timeout)
                 self.suspect.discard(c)
             except TransportError as exc:
                 log.warning("server: cannot reach client %s (%s, round %d): %s; marking it dead", c, tag,
@@ -237,62 +294,12 @@ class HorizontalServer:
         out = {}
         for c in clients:
             try:
-                out[c] = self.transport.recv(c, TAG_METRICS, round_id, timeout=max(deadline - time.monotonic(), 0.01),
-                                             parse=parse_message(messages_pb2.Scalars, validate))
+                out[c] = self.t.recv(c, TAG_METRICS, round_id, timeout=max(deadline - time.monotonic(), 0.01),
+                                     parse=parse_message(messages_pb2.Scalars, validate))
             except PeerTimeout as exc:
                 log.warning("server: no metrics from %s in round %d (%s); marking it dead", c, round_id, exc)
                 self.dead.add(c)
         return out
-
-    def run(self) -> list[RoundRecord]:
-        """Run every round; return the per-round records (also in :attr:`history`)."""
-        self.strategy.server_init(self.dim)
-        cfg = self.config
-        log.info("server: %s, %d clients, %d rounds, fraction %g, %d parameters, aggregation %s",
-                 self.strategy.name, len(self.clients), cfg.rounds, cfg.fraction, self.dim, cfg.aggregation.kind)
-        for r in range(1, cfg.rounds + 1):
-            t0 = time.monotonic()
-            selected = self._sample(r)
-            alive = [c for c in self.clients if c not in self.dead]
-            extras = self.strategy.broadcast()
-            participants = ",".join(selected)
-
-            def round_msg(c):
-                if c not in selected:
-                    return messages_pb2.Bundle(text={"command": "skip", "participants": participants})
-                b = model_bundle(self.shapes, self.global_vec, command="train", participants=participants)
-                for k, v in extras.items():
-                    b.tensors[f"extra/{k}"].CopyFrom(tensor_proto(v))
-                return b
-
-            self._send_all(alive, TAG_ROUND, r, round_msg)
-            results: dict[str, AggregateResult] = {}
-            for i, part in enumerate(self.strategy.parts):
-                try:
-                    results[part] = self.agg_servers[part].aggregate(r * PARTS_PER_ROUND + i, selected,
-                                                                     self.part_dims[part])
-                except AggregationError as exc:
-                    raise AggregationError(f"round {r}, part {part!r}: {exc}") from None
-            self.suspect.update(set(selected) - set.intersection(*(set(res.survivors) for res in results.values())))
-            self.global_vec = self.strategy.server_update(self.global_vec, results)
-            if not np.all(np.isfinite(self.global_vec)):
-                raise FloatingPointError(f"round {r}: the global model became non-finite (lower lr?)")
-
-            alive = [c for c in self.clients if c not in self.dead]
-            self._send_all(alive, TAG_EVAL, r, lambda c: model_bundle(self.shapes, self.global_vec, command="eval"))
-            alive = [c for c in self.clients if c not in self.dead]
-            metrics = self._collect_metrics(r, alive)
-            record = self._record(r, selected, results, metrics, time.monotonic() - t0)
-            self.history.append(record)
-            log.info("round %d/%d: %d selected, %d survived%s; test accuracy %.4f (n=%d), train loss %.4f, %.1fs",
-                     r, cfg.rounds, len(selected), len(record.survivors),
-                     f" (dropped {', '.join(record.dropped)})" if record.dropped else "", record.test_accuracy,
-                     record.test_n, record.train_loss, record.seconds)
-            if self.on_round is not None:
-                self.on_round(record, self.global_vec)
-        alive = [c for c in self.clients if c not in self.dead]
-        self._send_all(alive, TAG_ROUND, cfg.rounds + 1, lambda c: messages_pb2.Bundle(text={"command": "stop"}))
-        return self.history
 
     def _record(self, r, selected, results, metrics, seconds) -> RoundRecord:
         survivors = sorted(set.intersection(*(set(res.survivors) for res in results.values())))
@@ -312,8 +319,11 @@ class HorizontalServer:
 
 
 # ------------------------------------------------------------------------------------ client
-class HorizontalClient:
+class HorizontalClient(ProtocolRole):
     """A data holder: trains the global model on its rows and submits its update through aggregation.
+
+    A failing client tells nobody (:meth:`_peers` is empty): it is a dropout of the round, which the
+    aggregation survives while t clients remain; the server marks it dead.
 
     Args:
         transport: this client's transport.
@@ -325,22 +335,23 @@ class HorizontalClient:
     Raises ValueError for data that does not fit ``spec`` (names the mismatch).
     """
 
+    protocol = "horizontal FL"
+
     def __init__(self, transport, server_id: str, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
                  y_test: np.ndarray, spec: ModelSpec, strategy: Strategy, config: FLConfig):
-        self.transport = transport
+        super().__init__(transport)
         self.server_id = server_id
-        self.id = transport.party_id
         for what, X, y in (("training", X_train, y_train), ("test", X_test, y_test)):
             if X.ndim != 2 or X.shape[1] != spec.n_features:
-                raise ValueError(f"{self.id}: {what} data has shape {X.shape}, the model expects "
+                raise ValueError(f"{self.party_id}: {what} data has shape {X.shape}, the model expects "
                                  f"(rows, {spec.n_features}) (model.n_features)")
             if len(y) != len(X):
-                raise ValueError(f"{self.id}: {what} data has {len(X)} rows but {len(y)} labels")
+                raise ValueError(f"{self.party_id}: {what} data has {len(X)} rows but {len(y)} labels")
             if len(y) and (y.min() < 0 or y.max() >= spec.n_classes):
-                raise ValueError(f"{self.id}: {what} labels must be integers in [0, {spec.n_classes}) "
+                raise ValueError(f"{self.party_id}: {what} labels must be integers in [0, {spec.n_classes}) "
                                  f"(model.n_classes), found {y.min()}..{y.max()}")
         if len(y_train) == 0:
-            raise ValueError(f"{self.id}: no training rows")
+            raise ValueError(f"{self.party_id}: no training rows")
         self.X_train, self.y_train = np.asarray(X_train, np.float32), np.asarray(y_train, np.int64)
         self.X_test, self.y_test = np.asarray(X_test, np.float32), np.asarray(y_test, np.int64)
         self.spec = spec
@@ -350,11 +361,12 @@ class HorizontalClient:
         self.shapes = param_shapes(self.model)
         self.dim = sum(int(np.prod(s)) for s in self.shapes.values())
         self.part_dims = strategy.part_dims(self.dim)
-        self.agg_clients = {p: make_aggregation(config.part_config(p))[0](transport, server_id,
-                                                                          config.part_config(p))
-                            for p in strategy.parts}
+        self.agg_clients = {p: make_client(transport, server_id, config.part_config(p)) for p in strategy.parts}
         self.history: list[dict] = []
         self.global_vec: np.ndarray | None = None
+
+    def _peers(self) -> list[str]:
+        return []  # a failing client is a dropout: it tells nobody
 
     def _parse_round(self, payload: bytes) -> messages_pb2.Bundle:
         b = messages_pb2.Bundle.FromString(payload)
@@ -366,25 +378,26 @@ class HorizontalClient:
         if cmd == "train":
             for k in b.tensors:
                 if k.startswith("extra/"):
-                    tensor_array(b.tensors[k], (self.dim,), k)
+                    float32_tensor(b.tensors[k], (self.dim,), k)
         return b
 
     def train_round(self, round_id: int, bundle: messages_pb2.Bundle) -> dict:
         """Local training and aggregation of one round (called for ``command == train``)."""
         participants = [p for p in bundle.text["participants"].split(",") if p]
         global_vec = read_model(bundle, self.shapes)
-        extras = {k[len("extra/"):]: tensor_array(t, (self.dim,), k) for k, t in bundle.tensors.items()
+        extras = {k[len("extra/"):]: float32_tensor(t, (self.dim,), k) for k, t in bundle.tensors.items()
                   if k.startswith("extra/")}
-        rng = batch_rng(self.config.seed, round_id, self.id)
+        rng = batch_rng(self.config.seed, round_id, self.party_id)
         upd = self.strategy.client_update(self.model, global_vec, self.X_train, self.y_train, self.config.local,
                                           rng, extras)
         for part in self.strategy.parts:
             vec, _ = upd.parts[part]
             if vec.shape != (self.part_dims[part],):
-                raise ValueError(f"{self.id}: part {part!r} has shape {vec.shape}, expected ({self.part_dims[part]},)")
+                raise ValueError(f"{self.party_id}: part {part!r} has shape {vec.shape}, "
+                                 f"expected ({self.part_dims[part]},)")
             if not np.all(np.isfinite(vec)):
                 # nothing sensible to aggregate: this client drops out of the round (lower lr?)
-                raise FloatingPointError(f"{self.id}: local training diverged in round {round_id} (non-finite "
+                raise FloatingPointError(f"{self.party_id}: local training diverged in round {round_id} (non-finite "
                                          f"{part!r} update); lower the learning rate")
         for i, part in enumerate(self.strategy.parts):
             vec, weight = upd.parts[part]
@@ -396,23 +409,23 @@ class HorizontalClient:
         timeout = self.config.round_timeout_s
         r = 1
         while True:
-            bundle = self.transport.recv(self.server_id, TAG_ROUND, r, timeout=timeout, parse=self._parse_round)
+            bundle = self.t.recv(self.server_id, TAG_ROUND, r, timeout=timeout, parse=self._parse_round)
             cmd = bundle.text["command"]
             if cmd == "stop":
-                log.info("%s: server finished after %d rounds", self.id, r - 1)
+                log.info("%s: server finished after %d rounds", self.party_id, r - 1)
                 return self.history
             stats = {"trained": 0.0}
             if cmd == "train":
                 stats = self.train_round(r, bundle)
-            ev = self.transport.recv(self.server_id, TAG_EVAL, r, timeout=timeout, parse=self._parse_round)
+            ev = self.t.recv(self.server_id, TAG_EVAL, r, timeout=timeout, parse=self._parse_round)
             self.global_vec = read_model(ev, self.shapes)
             metrics = self.evaluate(self.global_vec)
             stats.update(test_correct=metrics["correct"], test_n=metrics["n"],
                          test_loss_sum=metrics["loss"] * metrics["n"] if metrics["n"] else 0.0)
-            self.transport.send(self.server_id, TAG_METRICS, messages_pb2.Scalars(values=stats), round=r,
+            self.t.send(self.server_id, TAG_METRICS, messages_pb2.Scalars(values=stats), round=r,
                                 timeout=timeout)
             self.history.append({"round": r, **stats, "test_accuracy": metrics["accuracy"]})
-            log.info("%s: round %d %s; local test accuracy %.4f (n=%d)", self.id, r,
+            log.info("%s: round %d %s; local test accuracy %.4f (n=%d)", self.party_id, r,
                      f"trained {int(stats['steps'])} steps, loss {stats['train_loss']:.4f}" if cmd == "train"
                      else "not selected", metrics["accuracy"], metrics["n"])
             r += 1

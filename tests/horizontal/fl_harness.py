@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 
-from secureflhv.horizontal.aggregation import AggregationConfig
+from secureflhv.secagg import AggregationConfig
 from secureflhv.horizontal.fl import FLConfig, HorizontalClient, HorizontalServer
 from secureflhv.horizontal.models import ModelSpec
 from secureflhv.horizontal.strategies import LocalTrainConfig, make_strategy
@@ -61,7 +61,7 @@ def _inject_failure(client, at_round):
     def failing(*a, **kw):
         state["round"] += 1
         if state["round"] >= at_round:
-            raise RuntimeError(f"{client.id}: simulated crash during local training")
+            raise RuntimeError(f"{client.party_id}: simulated crash during local training")
         return original(*a, **kw)
 
     client.strategy.client_update = failing

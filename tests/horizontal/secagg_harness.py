@@ -6,8 +6,8 @@ import threading
 import numpy as np
 
 from secureflhv.crypto.quantise import EXTRA_COORDS, dequantise, quantise, rounding_rng
-from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
-from secureflhv.horizontal.secagg import SecAggClient, _Vanished
+from secureflhv.secagg import AggregationConfig, make_aggregation
+from secureflhv.secagg.bonawitz_client import SecAggClient, _Vanished
 from secureflhv.transport.inprocess import InProcessNetwork, InProcessTransport
 
 
@@ -59,8 +59,8 @@ def vanishing_client(network, stage: int, base=SecAggClient):
     class Vanishing(base):
         def _on_stage(self, s):
             if s == stage:
-                network.take_down(self.client_id)
-                raise _Vanished(f"{self.client_id} vanished before stage {s}")
+                network.take_down(self.party_id)
+                raise _Vanished(f"{self.party_id} vanished before stage {s}")
     return Vanishing
 
 

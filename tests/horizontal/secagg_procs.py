@@ -18,11 +18,11 @@ def _transport(pid, addrs, cert_dir):
 
 
 def client_main(pid, addrs, cert_dir, cfg_kw, round_id, participants, x, w, stall_stage, queue):
-    from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    from secureflhv.secagg import AggregationConfig, make_aggregation
     _log_to_stderr(pid)
     cfg = AggregationConfig(**cfg_kw)
     tr = _transport(pid, addrs, cert_dir)
-    base = make_aggregation(cfg)[0]
+    base, _ = make_aggregation(cfg)
 
     class Client(base):
         def _on_stage(self, stage):
@@ -40,7 +40,7 @@ def client_main(pid, addrs, cert_dir, cfg_kw, round_id, participants, x, w, stal
 
 
 def server_main(addrs, cert_dir, cfg_kw, round_ids, participants, dim, queue):
-    from secureflhv.horizontal.aggregation import AggregationConfig, make_aggregation
+    from secureflhv.secagg import AggregationConfig, make_server
     _log_to_stderr("server")
     cfg = AggregationConfig(**cfg_kw)
     try:
@@ -48,7 +48,7 @@ def server_main(addrs, cert_dir, cfg_kw, round_ids, participants, dim, queue):
     except Exception as exc:  # noqa: BLE001 - e.g. the port was taken meanwhile
         queue.put(("server_error", repr(exc)))
         return
-    server = make_aggregation(cfg)[1](tr, cfg)
+    server = make_server(tr, cfg)
     try:
         for rid in round_ids:
             t0 = time.perf_counter()

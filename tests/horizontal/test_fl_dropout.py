@@ -11,7 +11,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fl_harness import blobs, run_fl  # noqa: E402
 
-from secureflhv.horizontal.aggregation import AggregationError  # noqa: E402
+from secureflhv.secagg import AggregationError  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec  # noqa: E402
 
 SPEC = ModelSpec(name="mlp", n_features=6, n_classes=3)

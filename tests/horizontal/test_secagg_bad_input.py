@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 
-from secureflhv.horizontal.aggregation import STAGES, tensor_to_proto
-from secureflhv.horizontal.secagg import STAGE_NAMES, TAG_ADVERTISE, SecAggClient
 from secureflhv.proto import secagg_pb2
+from secureflhv.secagg import STAGES, SecAggClient
+from secureflhv.secagg.bonawitz import STAGE_NAMES, TAG_ADVERTISE
 from secureflhv.transport.base import Message, MessageRejected
+from secureflhv.transport.codec import tensor_to_proto
 
 from secagg_harness import config, expected_quantised, make_inputs, run_round
 
@@ -75,8 +76,8 @@ def test_two_clients_claiming_one_id():
             if stage == 1:  # client0's AdvertiseKeys has been sent: impersonate it now
                 fake = secagg_pb2.AdvertiseKeys(round_id=1, c_pk=b"\x09" * 32, s_pk=b"\x07" * 32)
                 try:
-                    self.transport.network.inject(Message("job-secagg", 1 * STAGES, ids[0], "server",
-                                                          TAG_ADVERTISE, fake.SerializeToString()))
+                    self.t.network.inject(Message("job-secagg", 1 * STAGES, ids[0], "server",
+                                                  TAG_ADVERTISE, fake.SerializeToString()))
                 except MessageRejected as exc:
                     forged_errors.append(str(exc))
 

@@ -3,8 +3,8 @@ t-1 survivors -> AggregationError naming the stage (Bonawitz et al. CCS 2017, Fi
 import numpy as np
 import pytest
 
-from secureflhv.horizontal.aggregation import AggregationError
-from secureflhv.horizontal.secagg import STAGE_NAMES
+from secureflhv.secagg import AggregationError
+from secureflhv.secagg.bonawitz import STAGE_NAMES
 
 from secagg_harness import config, expected_quantised, make_inputs, run_round
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from secureflhv.crypto.quantise import EXTRA_COORDS, dequantise, quantise, rounding_rng
-from secureflhv.horizontal.aggregation import AggregationConfig
+from secureflhv.secagg import AggregationConfig
 from secureflhv.transport.certs import generate_certificates
 
 from secureflhv.runtime.demo import free_ports

@@ -3,7 +3,7 @@
 import numpy as np
 
 from secureflhv.crypto.quantise import quantise, rounding_rng
-from secureflhv.horizontal.secagg import TAG_MASKED
+from secureflhv.secagg.bonawitz import TAG_MASKED
 from secureflhv.proto import secagg_pb2
 
 from secagg_harness import config, make_inputs, run_round

@@ -1,0 +1,71 @@
+"""How aggregation roles move messages: participant checks, per-stage collection and sending.
+
+Transport tags start with ``"agg."``; envelope rounds are ``round_id * STAGES + stage``, so round ids
+must strictly increase from one call to the next (the transport rejects stale rounds). A peer that
+misses a stage deadline, or cannot be reached, is logged and counted as dropped by the caller.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Sequence
+
+from ..transport.base import PeerTimeout, PeerUnavailable, ProtocolError, TransportError
+
+log = logging.getLogger("secureflhv.secagg")
+
+STAGES = 16  # envelope round = round_id * STAGES + stage
+
+TAG_PLAIN = "agg.plain"
+TAG_SERVER = "agg.server"
+
+
+def check_participants(participants: Sequence[str], me: str | None = None) -> list[str]:
+    """The sorted participant ids; ValueError on duplicates or when ``me`` is not among them."""
+    parts = [str(p) for p in participants]
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"participants contain duplicates: {parts}")
+    if me is not None and me not in parts:
+        raise ValueError(f"{me!r} is not among this round's participants {parts}")
+    return sorted(parts)
+
+
+def round_check(msg, round_id: int, what: str) -> None:
+    """ProtocolError unless the payload's own ``round_id`` is ``round_id`` (a replayed payload)."""
+    if msg.round_id != round_id:
+        raise ProtocolError(f"{what}: payload is for round {msg.round_id}, expected {round_id} (replay?)")
+
+
+def collect_each(transport, senders: Sequence[str], tag: str, round: int, timeout: float,
+                 parse_for: Callable[[str], Callable[[bytes], object]]) -> dict[str, object]:
+    """Receive ``tag``/``round`` from each sender (parsed by ``parse_for(sender)``) within one shared
+    deadline; senders missing it are omitted."""
+    deadline = time.monotonic() + timeout
+    got: dict[str, object] = {}
+    for s in senders:
+        try:
+            got[s] = transport.recv(s, tag, round, timeout=max(deadline - time.monotonic(), 0.001),
+                                    parse=parse_for(s))
+        except PeerTimeout:
+            log.warning("%s: no valid %r (round %d) from %s within the stage deadline: counted as dropped",
+                        transport.party_id, tag, round, s)
+    return got
+
+
+def collect(transport, senders: Sequence[str], tag: str, round: int, timeout: float,
+            parse: Callable[[bytes], object]) -> dict[str, object]:
+    """:func:`collect_each` with the same ``parse`` for every sender."""
+    return collect_each(transport, senders, tag, round, timeout, lambda _sender: parse)
+
+
+def send_all(transport, receivers: Sequence[str], tag: str, round: int, payloads, timeout: float) -> list[str]:
+    """Send to each receiver (``payloads`` is one message or a dict); return those that failed."""
+    failed = []
+    for r in receivers:
+        msg = payloads[r] if isinstance(payloads, dict) else payloads
+        try:
+            transport.send(r, tag, msg, round=round, timeout=timeout)
+        except (PeerUnavailable, TransportError) as exc:
+            log.warning("%s: could not send %r to %s: %s: counted as dropped", transport.party_id, tag, r, exc)
+            failed.append(r)
+    return failed

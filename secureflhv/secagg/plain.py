@@ -1,0 +1,84 @@
+"""The unprotected kinds: ``plain`` (the server sees every weighted update) and ``plain_quantised``
+(the exact quantisation of secure aggregation, no masks: bit-for-bit the result of ``secagg`` with the
+same seed; used by tests). One ``agg.plain`` message (``secagg_pb2.PlainInput``) per client and round.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..crypto.quantise import EXTRA_COORDS, dequantise, quantise, rounding_rng
+from ..proto import secagg_pb2
+from ..transport.base import ProtocolError, parse_message
+from ..transport.codec import tensor_from_proto, tensor_to_proto
+from .exchange import STAGES, TAG_PLAIN, check_participants, collect, round_check
+from .result import AggregateResult, AggregationError, fail_message
+from .roles import AggregationClient, AggregationServer
+
+
+class PlainClient(AggregationClient):
+    """``plain`` and ``plain_quantised`` clients: one message to the server, no protection."""
+
+    def submit(self, round_id, participants, vector, weight):
+        parts = check_participants(participants, self.party_id)
+        x = np.asarray(vector, dtype=np.float64).ravel()
+        if self.config.kind == "plain":
+            if not (weight > 0 and math.isfinite(weight)):
+                raise ValueError(f"{self.party_id}: weight must be positive and finite, got {weight}")
+            msg = secagg_pb2.PlainInput(round_id=round_id, vector=tensor_to_proto(weight * x), weight=float(weight))
+        else:
+            qp = self.config.quant_params(len(parts), x.size)
+            rng = rounding_rng(self.config.seed, round_id, self.party_id)
+            words, self.last_n_clipped = quantise(x, weight, qp, rng, self.party_id)
+            msg = secagg_pb2.PlainInput(round_id=round_id, vector=tensor_to_proto(words.astype(qp.word_dtype)),
+                                        k_bits=qp.k_bits)
+        self.t.send(self.server_id, TAG_PLAIN, msg, round=round_id * STAGES, timeout=self.config.client_timeout_s)
+
+
+class PlainServer(AggregationServer):
+    """Sums the clients' ``PlainInput`` messages (float64 or words mod 2^k) over the survivors."""
+
+    def aggregate(self, round_id, participants, dim):
+        parts = check_participants(participants)
+        cfg = self.config
+        t = cfg.resolve_threshold(len(parts))
+        qp = cfg.quant_params(len(parts), dim) if cfg.kind == "plain_quantised" else None
+        got = collect(self.t, parts, TAG_PLAIN, round_id * STAGES, cfg.input_timeout_s,
+                      parse_message(secagg_pb2.PlainInput, lambda msg: self._validate(msg, round_id, dim, qp)))
+        survivors = sorted(got)
+        dropped_at = {c: "input" for c in parts if c not in got}
+        if len(survivors) < t:
+            raise AggregationError(fail_message("input", parts, survivors, t, dropped_at))
+        if qp is not None:
+            acc = np.zeros(dim + EXTRA_COORDS, dtype=np.uint64)
+            for c in survivors:
+                acc += got[c]
+            total, weight, n_clipped = dequantise(acc & qp.modulus_mask, qp)
+            res = AggregateResult(total, weight, survivors, sorted(dropped_at), cfg.clip, cfg.scale, qp.k_bits,
+                                  n_clipped, dropped_at)
+        else:
+            total = np.zeros(dim, dtype=np.float64)
+            weight = 0.0
+            for vec, w in (got[c] for c in survivors):
+                total += vec
+                weight += w
+            res = AggregateResult(total, weight, survivors, sorted(dropped_at), math.inf, 1.0, 0, 0, dropped_at)
+        self._log_result(round_id, res)
+        return res
+
+    @staticmethod
+    def _validate(msg, round_id: int, dim: int, qp):
+        """The words (plain_quantised, ``qp`` given) or (w * x, w) (plain) of one input; ProtocolError if bad."""
+        round_check(msg, round_id, "plain input")
+        if qp is not None:
+            if msg.k_bits != qp.k_bits:
+                raise ProtocolError(f"k_bits {msg.k_bits}, expected {qp.k_bits}")
+            return tensor_from_proto(msg.vector, dtype=qp.word_dtype.str, shape=(dim + EXTRA_COORDS,),
+                                     what="quantised input")
+        if not (msg.weight > 0 and math.isfinite(msg.weight)):
+            raise ProtocolError(f"weight {msg.weight} not positive and finite")
+        v = tensor_from_proto(msg.vector, dtype="<f8", shape=(dim,), what="plain input")
+        if not np.all(np.isfinite(v)):
+            raise ProtocolError("plain input has non-finite values")
+        return v, msg.weight

@@ -1,0 +1,52 @@
+"""What one aggregation round produces (:class:`AggregateResult`) or why it could not (:class:`AggregationError`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+class AggregationError(RuntimeError):
+    """The round cannot produce a correct sum (fewer than t survivors, protocol violation, ...)."""
+
+
+@dataclass
+class AggregateResult:
+    """Outcome of one aggregation round.
+
+    Attributes:
+        total: float64 (d,): Σ over survivors of weight_i * clip(x_i) (dequantised).
+        weight: Σ over survivors of weight_i (dequantised for quantised kinds).
+        survivors: clients whose input is in the sum (sorted).
+        dropped: selected clients whose input is not, sorted.
+        clip: clip range [-clip, clip] (math.inf for plain).
+        scale: fixed-point scale (1.0 for plain).
+        k_bits: ring Z_{2^k} (0 for plain).
+        n_clipped: clipped coordinates summed over survivors (aggregated like the update, so for
+            secagg the server learns only the total).
+        dropped_at: client -> stage name where it was lost.
+    """
+
+    total: np.ndarray
+    weight: float
+    survivors: list[str]
+    dropped: list[str]
+    clip: float
+    scale: float
+    k_bits: int
+    n_clipped: int
+    dropped_at: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> np.ndarray:
+        """total / weight, float64 (d,)."""
+        return self.total / self.weight
+
+
+def fail_message(stage: str, selected: Sequence[str], alive: Sequence[str], t: int,
+                 dropped_at: dict[str, str]) -> str:
+    """The error text of a round that kept fewer than ``t`` clients: the stage and who dropped where."""
+    lost = ", ".join(f"{c} (at {s})" for c, s in sorted(dropped_at.items())) or "none"
+    return (f"secure aggregation failed at stage {stage!r}: {len(alive)} of {len(selected)} selected clients "
+            f"remain, fewer than the threshold t={t}; dropped: {lost}")

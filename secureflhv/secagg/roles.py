@@ -1,0 +1,68 @@
+"""The two halves every aggregation kind implements: :class:`AggregationClient`, :class:`AggregationServer`.
+
+Both are :class:`~secureflhv.transport.role.ProtocolRole` subclasses that tell nobody through
+``Transport.abort`` when they fail: a failing client is a dropout the round survives while t clients
+remain, and a failing server reports the failure in-band (``ServerMessage.abort`` to the clients it
+still expects) and raises :class:`~secureflhv.secagg.result.AggregationError` to the algorithm that
+called it, whose own role tells its peers.
+"""
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+from typing import Sequence
+
+import numpy as np
+
+from ..transport.role import ProtocolRole
+from .config import AggregationConfig
+from .result import AggregateResult
+
+log = logging.getLogger("secureflhv.secagg")
+
+
+class AggregationClient(ProtocolRole):
+    """Client half; ``submit`` blocks until this client's part of the round ends.
+
+    Args:
+        transport: this client's transport.
+        server_id: party id of the aggregation server.
+        config: shared settings.
+    """
+
+    protocol = "aggregation"
+
+    def __init__(self, transport, server_id: str, config: AggregationConfig):
+        super().__init__(transport)
+        self.server_id = server_id
+        self.config = config
+        self.last_n_clipped = 0
+
+    def _peers(self) -> list[str]:
+        return []  # a failing client is a dropout: it tells nobody
+
+    @abstractmethod
+    def submit(self, round_id: int, participants: Sequence[str], vector: np.ndarray, weight: float) -> None:
+        """Contribute ``weight * vector`` to round ``round_id``; returns when this client's part is done."""
+
+
+class AggregationServer(ProtocolRole):
+    """Server half; ``aggregate`` returns the sum over survivors or raises :class:`AggregationError`."""
+
+    protocol = "aggregation"
+
+    def __init__(self, transport, config: AggregationConfig):
+        super().__init__(transport)
+        self.config = config
+
+    def _peers(self) -> list[str]:
+        return []  # failures go in-band to this round's clients; the calling algorithm tells its peers
+
+    @abstractmethod
+    def aggregate(self, round_id: int, participants: Sequence[str], dim: int) -> AggregateResult:
+        """Run round ``round_id`` with ``participants``; return the sum over the survivors."""
+
+    def _log_result(self, round_id: int, res: AggregateResult) -> None:
+        log.info("aggregation round %d (%s): %d survivors, dropped %s; clip=%g scale=%g k=%d clipped=%d",
+                 round_id, self.config.kind, len(res.survivors), res.dropped or "none", res.clip, res.scale,
+                 res.k_bits, res.n_clipped)
