@@ -16,7 +16,10 @@ import yaml
 
 from secureflhv.data import Dataset, partition, write_shards
 from secureflhv.horizontal.models import ModelSpec, build_model, evaluate, flatten_named, set_flat
-from secureflhv.runtime import horizontal_job as hj
+from secureflhv.runtime.data_prep import local_split
+from secureflhv.runtime.jobs import horizontal_fl as hj
+from secureflhv.runtime.job_file import parse_job_file
+from secureflhv.runtime.registry import job_params
 from secureflhv.runtime.artifacts import load_model
 from secureflhv.runtime.config import JobConfigError, parse_job
 from secureflhv.transport.inprocess import InProcessNetwork
@@ -75,33 +78,33 @@ def job_dict(data_paths, params=PARAMS, *, tls=False, ports=None, certs=None):
     ({"part_clips": {"weights": 3.0}}, "params.part_clips"),
 ])
 def test_bad_params_are_named(tmp_path, change, field):
-    cfg = parse_job(job_dict([tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.npz"], {**PARAMS, **change}),
-                    tmp_path)
+    cfg = parse_job_file(job_dict([tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.npz"],
+                                  {**PARAMS, **change}), tmp_path)
     with pytest.raises(JobConfigError) as exc:
-        hj.job_params(cfg)
+        job_params(cfg)
     assert field in str(exc.value)
 
 
 def test_model_is_required(tmp_path):
     params = {k: v for k, v in PARAMS.items() if k != "model"}
-    cfg = parse_job(job_dict([tmp_path / "a.npz", tmp_path / "b.npz"], params), tmp_path)
+    cfg = parse_job_file(job_dict([tmp_path / "a.npz", tmp_path / "b.npz"], params), tmp_path)
     with pytest.raises(JobConfigError, match=r"params\.model: Field required"):
-        hj.job_params(cfg)
+        job_params(cfg)
 
 
 def test_client_data_mismatch_names_the_party(tmp_path):
     npz, _ = shards(tmp_path, 2)
     bad = {**PARAMS, "model": {"name": "mlp", "n_features": 15, "n_classes": 10}}
     cfg = parse_job(job_dict(npz, bad), tmp_path)
-    with pytest.raises(JobConfigError, match=r"parties\[1\]\.data: .* 16 feature columns, params\.model\.n_features"):
-        hj.load_client_data(cfg, cfg.parties[1], hj.job_params(cfg))
+    with pytest.raises(JobConfigError, match=r"parties\[1\]\.data \(party '\S+'\): .* 16 feature columns, params\.model\.n_features"):
+        hj.load_client_data(cfg, cfg.parties[1], job_params(cfg))
     few = {**PARAMS, "model": {"name": "mlp", "n_features": 16, "n_classes": 5}}
     cfg = parse_job(job_dict(npz, few), tmp_path)
-    with pytest.raises(JobConfigError, match=r"parties\[2\]\.data: labels .* \(params\.model\.n_classes\)"):
-        hj.load_client_data(cfg, cfg.parties[2], hj.job_params(cfg))
+    with pytest.raises(JobConfigError, match=r"parties\[2\]\.data \(party '\S+'\): labels .* \(params\.model\.n_classes\)"):
+        hj.load_client_data(cfg, cfg.parties[2], job_params(cfg))
     cfg = parse_job(job_dict([tmp_path / "missing.npz", npz[1]]), tmp_path)
-    with pytest.raises(JobConfigError, match=r"parties\[1\]\.data: .*missing\.npz"):
-        hj.load_client_data(cfg, cfg.parties[1], hj.job_params(cfg))
+    with pytest.raises(JobConfigError, match=r"parties\[1\]\.data \(party '\S+'\): .*missing\.npz"):
+        hj.load_client_data(cfg, cfg.parties[1], job_params(cfg))
 
 
 def check_artifacts(cfg, out: Path, rounds: int):
@@ -118,11 +121,11 @@ def check_artifacts(cfg, out: Path, rounds: int):
     metrics = json.loads((out / "server" / "metrics.json").read_text())
     assert [r["round"] for r in metrics["rounds"]] == list(range(1, rounds + 1))
     assert (out / "server" / "accuracy.png").stat().st_size > 0
-    params = hj.job_params(cfg)
+    params = job_params(cfg)
     correct = n = 0
     for spec in cfg.clients:
         X, y = hj.load_client_data(cfg, spec, params)
-        _, test = hj.local_split(len(y), params.test_fraction, params.seed, spec.id)
+        test = local_split(len(y), params.test_fraction, params.seed, spec.id).test
         ev = evaluate(net, X[test], y[test])
         correct, n = correct + ev["correct"], n + ev["n"]
         client = json.loads((out / spec.id / "metrics.json").read_text())
@@ -144,7 +147,7 @@ def test_run_job_in_process_npz_and_csv(tmp_path):
 
     def run(spec):
         try:
-            hj.run_job(cfg, spec, net.transport(spec.id))
+            hj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
         except BaseException as exc:  # noqa: BLE001
             errors[spec.id] = exc
 

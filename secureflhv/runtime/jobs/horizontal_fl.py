@@ -37,7 +37,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...horizontal.aggregation import AggregationConfig
+from ...secagg import AggregationConfig
 from ...horizontal.fl import DEFAULT_PART_CLIPS, FLConfig, HorizontalClient, HorizontalServer, RoundRecord
 from ...horizontal.models import ModelSpec, build_model, named_arrays
 from ...horizontal.strategies import LocalTrainConfig, make_strategy
@@ -51,7 +51,7 @@ log = logging.getLogger("secureflhv.job")
 
 
 class AggregationParams(BaseModel):
-    """``params.aggregation``: see :class:`secureflhv.horizontal.aggregation.AggregationConfig`.
+    """``params.aggregation``: see :class:`secureflhv.secagg.AggregationConfig`.
 
     ``input_timeout_s`` defaults to ``job.deadline_s`` (it covers the clients' local training).
     """
