@@ -58,11 +58,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..crypto import paillier as pl
-from ..proto import messages_pb2, tree_pb2
+from ..crypto.he import make_backend
+from ..proto import tree_pb2
+from ..transport.he_codec import codec_for
 from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, TransportError, parse_message
-from . import vertical_hist as vh
 from .binning import apply_bins, fit_cuts, goes_left
 from .model import BoostedModel, Node, Tree, plan_children
 from .params import (SecureBoostParams, base_margin, bound_log2, check_labels, dequantise, gradients, loss,
@@ -98,20 +98,6 @@ def unpack_mask(data: bytes, n: int, what: str) -> np.ndarray:
     return bits[:n].astype(bool)
 
 
-def _tensor(a: np.ndarray) -> messages_pb2.Tensor:
-    a = np.ascontiguousarray(a)
-    return messages_pb2.Tensor(dtype=a.dtype.str, shape=list(a.shape), data=a.tobytes())
-
-
-def _from_tensor(t: messages_pb2.Tensor, dtype: str, shape: tuple, what: str) -> np.ndarray:
-    if t.dtype != dtype or tuple(int(s) for s in t.shape) != tuple(shape):
-        raise ProtocolError(f"{what}: tensor {t.dtype} {tuple(t.shape)}, expected {dtype} {tuple(shape)}")
-    a = np.frombuffer(t.data, dtype=dtype)
-    if a.size != int(np.prod(shape)):
-        raise ProtocolError(f"{what}: {len(t.data)} data bytes for shape {tuple(shape)}")
-    return a.reshape(shape)
-
-
 def _gains(GL, HL, G, H, lam):
     GR, HR = G - GL, H - HL
     return 0.5 * (GL * GL / (HL + lam) + GR * GR / (HR + lam) - G * G / (H + lam))
@@ -126,18 +112,6 @@ def _check_matrix(X, name: str) -> np.ndarray:
     return X
 
 
-def gh_packing(key_bits: int, precision_bits: int, log2_bound: int, n_rows: int) -> pl.PackingSpec:
-    """(g, h) in two slots of one plaintext, sized so that n_rows values summed cannot overflow."""
-    return pl.PackingSpec.create(key_bits, precision_bits=precision_bits, value_bound=float(2 ** log2_bound),
-                                 n_summands=max(1, n_rows), slots=2)
-
-
-def compressed_packing(spec: pl.PackingSpec, key_bits: int) -> tuple[pl.PackingSpec, int]:
-    """Spec of a compressed ciphertext (2k slots) and k = candidates per ciphertext."""
-    k = max(1, (key_bits - 2) // (2 * spec.slot_bits))
-    return pl.PackingSpec(2 * k, spec.slot_bits, spec.precision_bits, spec.slot_bound), k
-
-
 @dataclass
 class TrainResult:
     """Guest: the model (host splits by record id), validation losses, seconds per tree."""
@@ -150,9 +124,11 @@ class TrainResult:
 class _Role(ProtocolRole):
     protocol = "SecureBoost"
 
-    def __init__(self, transport: Transport, params):
+    def __init__(self, transport: Transport, params, backend):
         super().__init__(transport)
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
+        self.he = make_backend(backend)
+        self.wire = codec_for(self.he)
 
 
 # ============================================================================================ guest
@@ -172,8 +148,8 @@ class SecureBoostGuest(_Role):
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, params, *, X_val=None, y_val=None,
-                 cuts=None, keypair=None, backend: str = "paillier"):
-        super().__init__(transport, params)
+                 cuts=None, keypair=None, backend="paillier"):
+        super().__init__(transport, params, backend)
         self.host_ids = list(host_ids)
         if not self.host_ids:
             raise ValueError("host_ids: vertical SecureBoost needs at least one host")
@@ -186,9 +162,6 @@ class SecureBoostGuest(_Role):
         self.n_bins = [len(c) + 1 for c in self.cuts]
         self.X_val = None if X_val is None else _check_matrix(X_val, "X_val")
         self.y_val = None if y_val is None else check_labels(y_val, self.params)
-        if backend not in ("paillier", "identity"):
-            raise ValueError(f"backend: 'paillier' or 'identity', got {backend!r}")
-        self.backend = backend
         self._keypair = keypair
         self.model: BoostedModel | None = None
         self._route_round = {h: 0 for h in self.host_ids}
@@ -206,15 +179,12 @@ class SecureBoostGuest(_Role):
         prm, t = self.params, self.t
         n = len(self.y)
         t0 = time.perf_counter()
-        if self.backend == "paillier":
-            self.pub, self.priv = self._keypair or pl.generate_keypair(prm.key_bits,
-                                                                       insecure_test_key=prm.insecure_test_key)
+        self.pub, self.priv = self._keypair or self.he.generate_keypair(prm.key_bits, prm.insecure_test_key)
         self.timings["keygen"] = time.perf_counter() - t0
         setup = tree_pb2.SbSetup(n_rows=n, n_val_rows=0 if self.X_val is None else len(self.X_val),
                                  objective=prm.objective, n_classes=prm.n_classes, max_depth=prm.max_depth,
                                  n_trees=prm.n_trees, hosts=self.host_ids, max_bin=prm.max_bin)
-        if self.backend == "paillier":
-            setup.public_key.CopyFrom(self.pub.to_proto())
+        self.wire.put_setup_key(setup, self.pub)
         for h in self.host_ids:
             t.send(h, TAG_SETUP, setup)
         self.host_features = {}
@@ -272,18 +242,10 @@ class SecureBoostGuest(_Role):
         e = bound_log2(g, h)
         p = precision_bits_for(n, e)
         gq, hq = quantise(g, p), quantise(h, p)
-        self._cur_p = p
         start = tree_pb2.SbTreeStart(tree=seq, precision_bits=p, log2_bound=e)
         te = time.perf_counter()
-        if self.backend == "paillier":
-            spec = gh_packing(self.pub.n_bits, p, e, n)
-            cspec, per = compressed_packing(spec, self.pub.n_bits)
-            enc = pl.encrypt_packed(self.priv, np.stack([dequantise(gq, p), dequantise(hq, p)], axis=1), spec)
-            start.gh.CopyFrom(enc.to_proto())
-        else:
-            cspec, per = None, 1
-            start.g.CopyFrom(_tensor(gq))
-            start.h.CopyFrom(_tensor(hq))
+        sums = self.he.pair_sums(self.pub, p, e, n)
+        self.wire.put_pairs(start, sums.encrypt(self.priv, gq, hq))
         self.timings["encrypt"] = self.timings.get("encrypt", 0.0) + time.perf_counter() - te
         for host in self.host_ids:
             self._send(host, TAG_START, start, seq + 1, f"tree {seq}")
@@ -334,7 +296,7 @@ class SecureBoostGuest(_Role):
                         if gain[b] > best[nid][0]:
                             best[nid] = (float(gain[b]), ("guest", j, b, None))
             for host in self.host_ids:
-                cands = self._recv(host, TAG_HIST, rnd, self._hist_parser(host, split_now, cspec, per), where)
+                cands = self._recv(host, TAG_HIST, rnd, self._hist_parser(host, split_now, sums), where)
                 for nid, (GL, HL) in cands.items():
                     G, H = totals[nid]
                     ok = (HL >= mcw) & (H - HL >= mcw)
@@ -388,7 +350,7 @@ class SecureBoostGuest(_Role):
                 level += [node.left, node.right]
         return tree, leaf_rows
 
-    def _hist_parser(self, host: str, nodes: list[int], cspec, per: int):
+    def _hist_parser(self, host: str, nodes: list[int], sums):
         max_cands = self.host_features[host] * (self.params.max_bin - 1)
 
         def validate(msg: tree_pb2.SbHistograms):
@@ -398,25 +360,10 @@ class SecureBoostGuest(_Role):
             counts = [int(x.n_candidates) for x in msg.nodes]
             if any(c > max_cands for c in counts):
                 raise ProtocolError(f"histograms from {host}: more candidates than {max_cands}")
-            if self.backend == "identity":
-                vals = _from_tensor(msg.plain, "<i8", (sum(counts), 2), f"histograms from {host}")
-                flat = dequantise(vals, self._p)
-            else:
-                n_ct = sum(-(-c // per) for c in counts)
-                try:
-                    enc = pl.EncryptedArray.from_proto(msg.sums, self.pub, expected_shape=(n_ct,))
-                except pl.CiphertextError as exc:
-                    raise ProtocolError(f"histograms from {host}: {exc}") from exc
-                if enc.packing != cspec:
-                    raise ProtocolError(f"histograms from {host}: packing {enc.packing} differs from {cspec}")
-                td = time.perf_counter()
-                dec = pl.decrypt(self.priv, enc).reshape(n_ct * per, 2) if n_ct else np.zeros((0, 2))
-                self.timings["decrypt"] = self.timings.get("decrypt", 0.0) + time.perf_counter() - td
-                parts, off = [], 0
-                for c in counts:
-                    parts.append(dec[off:off + c])
-                    off += -(-c // per) * per
-                flat = np.concatenate(parts) if parts else np.zeros((0, 2))
+            value = self.wire.pair_sums_from(msg, self.pub, sums, counts, f"histograms from {host}")
+            td = time.perf_counter()
+            flat = sums.decrypt(self.priv, value, counts)
+            self.timings["decrypt"] = self.timings.get("decrypt", 0.0) + time.perf_counter() - td
             out, off = {}, 0
             for nid, c in zip(nodes, counts):
                 out[nid] = (flat[off:off + c, 0], flat[off:off + c, 1])
@@ -437,10 +384,6 @@ class SecureBoostGuest(_Role):
                     for r in msg.results}
 
         return parse_message(tree_pb2.SbSplitResults, validate)
-
-    @property
-    def _p(self):
-        return self._cur_p
 
     # ----------------------------------------------------------------------------- prediction
     def _route(self, trees: list[Tree], dataset: str, n_rows: int, X: np.ndarray) -> list[np.ndarray]:
@@ -534,8 +477,8 @@ class SecureBoostHost(_Role):
     """
 
     def __init__(self, transport: Transport, guest_id: str, X, params, *, X_val=None, cuts=None,
-                 backend: str = "paillier"):
-        super().__init__(transport, params)
+                 backend="paillier"):
+        super().__init__(transport, params, backend)
         self.guest_id = guest_id
         self.X = _check_matrix(X, "X")
         self.cuts = fit_cuts(self.X, self.params.max_bin) if cuts is None else [np.asarray(c) for c in cuts]
@@ -544,7 +487,6 @@ class SecureBoostHost(_Role):
         self.datasets = {"train": self.X}
         if X_val is not None:
             self.datasets["val"] = _check_matrix(X_val, "X_val")
-        self.backend = backend
         self.records: list[tuple[int, int, float]] = []
         self.keep_trees = 0
         self._route_round = 0
@@ -562,12 +504,10 @@ class SecureBoostHost(_Role):
     def _fit(self):
         t, prm = self.t, self.params
         setup = t.recv(self.guest_id, TAG_SETUP, parse=parse_message(tree_pb2.SbSetup, self._check_setup))
-        self.pub = None
-        if self.backend == "paillier":
-            try:
-                self.pub = pl.PublicKey.from_proto(setup.public_key, insecure_test_key=prm.insecure_test_key)
-            except (ValueError, pl.CiphertextError) as exc:
-                raise SecureBoostError(f"{self.party_id}: the guest's public key is unacceptable: {exc}") from exc
+        try:
+            self.pub = self.wire.setup_key(setup, prm.insecure_test_key)
+        except ProtocolError as exc:
+            raise SecureBoostError(f"{self.party_id}: the guest's public key is unacceptable: {exc}") from exc
         self._seed = self.params.shuffle_seed  # the host's own: a shuffle known to the guest would hide nothing
         self._validating = setup.n_val_rows > 0
         t.send(self.guest_id, TAG_HELLO, tree_pb2.SbHello(n_features=self.X.shape[1]))
@@ -602,25 +542,12 @@ class SecureBoostHost(_Role):
         if m.stop:
             return None, int(m.keep_trees)
         n = self.X.shape[0]
-        p, e = int(m.precision_bits), int(m.log2_bound)
-        if self.backend == "identity":
-            return (_from_tensor(m.g, "<i8", (n,), "g"), _from_tensor(m.h, "<i8", (n,), "h")), p, e
-        spec = gh_packing(self.pub.n_bits, p, e, n)
-        try:
-            enc = pl.EncryptedArray.from_proto(m.gh, self.pub, expected_shape=(n,))
-        except pl.CiphertextError as exc:
-            raise ProtocolError(f"encrypted gradients: {exc}") from exc
-        if enc.packing != spec:
-            raise ProtocolError(f"encrypted gradients packed as {enc.packing}, expected {spec}")
-        return enc.ciphertexts.tolist(), p, e
+        sums = self.he.pair_sums(self.pub, int(m.precision_bits), int(m.log2_bound), n)
+        return self.wire.pairs_from(m, self.pub, sums, n), sums
 
-    def _tree(self, seq: int, data, p: int, e: int):
+    def _tree(self, seq: int, data, sums):
         t = self.t
         n = self.X.shape[0]
-        if self.backend == "paillier":
-            spec = gh_packing(self.pub.n_bits, p, e, n)
-            cspec, per = compressed_packing(spec, self.pub.n_bits)
-            n2 = self.pub.nsquare
         rows_of = {0: np.arange(n)}
         hists: dict[int, object] = {}
         for depth in range(self.params.max_depth + 1):
@@ -642,17 +569,12 @@ class SecureBoostHost(_Role):
                     raise SecureBoostError(f"{self.party_id}: the guest's plan names node {nid}, unknown here")
                 if np_.derived:
                     parent, sib = (nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1
-                    if self.backend == "paillier":
-                        new_hists[nid] = vh.subtract(hists[parent], new_hists[sib], n2)
-                    else:
-                        new_hists[nid] = hists[parent] - new_hists[sib]
-                elif self.backend == "paillier":
-                    new_hists[nid] = vh.build_node(data, rows_of[nid], self.bins, self.n_bins, n2)
+                    new_hists[nid] = sums.subtract(hists[parent], new_hists[sib])
                 else:
-                    new_hists[nid] = self._plain_hist(data, rows_of[nid])
+                    new_hists[nid] = sums.histogram(data, rows_of[nid], self.bins, self.n_bins)
             self.timings["histograms"] += time.perf_counter() - th
             msg = tree_pb2.SbHistograms()
-            sums = []
+            elements = []
             send_nodes = sorted(int(x.node) for x in plan.nodes if x.send)
             rng = self._rng(seq, depth)
             tables = {}
@@ -662,21 +584,10 @@ class SecureBoostHost(_Role):
                 cands = [cands[i] for i in order]
                 tables[nid] = cands
                 msg.nodes.add(node=nid, n_candidates=len(cands))
-                if self.backend == "paillier":
-                    cum = vh.cumulative(new_hists[nid], n2)
-                    cts = [cum[j][b] for j, b in cands]
-                    tc = time.perf_counter()
-                    sums.extend(vh.compress(cts, per, 2 * spec.slot_bits, n2))
-                    self.timings["compress"] += time.perf_counter() - tc
-                else:
-                    cum = np.cumsum(new_hists[nid], axis=2)
-                    sums.extend(cum[:, j, b].tolist() for j, b in cands)
-            if self.backend == "paillier":
-                arr = np.empty(len(sums), dtype=object)
-                arr[:] = sums
-                msg.sums.CopyFrom(pl.EncryptedArray(self.pub, arr, cspec.exponent, cspec, n).to_proto())
-            else:
-                msg.plain.CopyFrom(_tensor(np.asarray(sums, dtype=np.int64).reshape(-1, 2)))
+                compressed = sums.compress_seconds
+                elements.extend(sums.select(new_hists[nid], cands))
+                self.timings["compress"] += sums.compress_seconds - compressed
+            self.wire.put_pair_sums(msg, sums.collect(elements))
             t.send(self.guest_id, TAG_HIST, msg, round=rnd)
             hists = new_hists
             decision = t.recv(self.guest_id, TAG_DECIDE, round=rnd,
@@ -696,17 +607,6 @@ class SecureBoostHost(_Role):
             tag = int.from_bytes(self.party_id.encode()[:8].ljust(8, b"\0"), "little")
             return np.random.default_rng([self._seed, tag, seq, depth])
         return np.random.default_rng(secrets.randbits(128))
-
-    def _plain_hist(self, gh, rows) -> np.ndarray:
-        """Identity backend: int64 (2, d, max bins) sums of g and h mantissas."""
-        g, h = gh
-        B = max(self.n_bins)
-        out = np.zeros((2, self.bins.shape[1], B), dtype=np.int64)
-        for j in range(self.bins.shape[1]):
-            b = self.bins[rows, j]
-            out[0, j] = np.bincount(b, g[rows].astype(np.float64), B).astype(np.int64)
-            out[1, j] = np.bincount(b, h[rows].astype(np.float64), B).astype(np.int64)
-        return out
 
     def _candidates(self, rows: np.ndarray) -> list[tuple[int, int]]:
         """Valid (feature, bin) of a node, identical partitions removed (first in order kept)."""

@@ -4,7 +4,7 @@ After Hardy et al. 2017, "Private federated learning on vertically partitioned d
 resolution and additively homomorphic encryption" (arXiv 1711.10677, sections 3-4) and FATE's hetero
 LR, with one change: no party, in particular not the key holder, ever decrypts a plaintext gradient or
 loss; every decryption is of a value masked with a uniform element of Z_n (see
-:mod:`secureflhv.vertical.lr_crypto`).
+:mod:`secureflhv.crypto.he`).
 
 Parties: one **guest** (labels y and features X_g), one or more **hosts** (features X_h), and in
 ``mode="arbiter"`` a data-less **arbiter** (the server) holding the Paillier private key. In
@@ -75,11 +75,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..proto import messages_pb2
-from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
-from .common import check_matrix, control_parser
-from .lr_crypto import IdentityBackend, PaillierBackend  # noqa: F401 (re-exported)
+from .common import VerticalRole, check_matrix, control_parser
 
 log = logging.getLogger("secureflhv.vertical.lr")
 
@@ -192,46 +190,22 @@ class FitResult:
 
 
 # --------------------------------------------------------------------------- wire helpers
-class _Role(ProtocolRole):
+class _Role(VerticalRole):
     """Shared plumbing of the three roles."""
 
     protocol = "vertical LR"
 
     def __init__(self, transport: Transport, config: VerticalLRConfig | dict, backend):
-        super().__init__(transport)
         self.config = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
-        if backend is None:
-            backend = PaillierBackend(self.config.precision_bits, self.config.dot_precision_bits)
-        self.backend = backend
-
-
-    # parse callbacks ------------------------------------------------------
-    def _enc_parser(self, pub, shape, what):
-        return parse_message(messages_pb2.EncryptedTensor,
-                             lambda m: self.backend.from_proto(m, pub, shape, what))
-
-    def _masked_parser(self, pub, shape, what):
-        return parse_message(messages_pb2.MaskedValues,
-                             lambda m: self.backend.check_masked(m, pub, shape, what))
+        super().__init__(transport, backend, self.config.precision_bits, self.config.dot_precision_bits)
 
     def _pubkey_parser(self):
-        return parse_message(messages_pb2.PaillierPublicKey,
-                             lambda m: self.backend.public_key_from_proto(m, self.config.insecure_test_key))
-
-    def _ask_decrypt(self, pub, enc, holder: str, tag_out: str, tag_in: str, rnd: int):
-        """Send ``enc`` under a fresh uniform mask to the key holder; return the mask (kept here)."""
-        masked, mask = self.backend.mask(pub, enc)
-        self.t.send(holder, tag_out, self.backend.to_proto(masked), round=rnd)
-        return mask
-
-    def _take_decrypted(self, pub, mask, holder: str, tag_in: str, rnd: int, shape) -> np.ndarray:
-        msg = self.t.recv(holder, tag_in, round=rnd, parse=self._masked_parser(pub, shape, f"{tag_in} from {holder}"))
-        return self.backend.unmask(pub, msg, mask)
+        return self.wire.public_key_parser(self.config.insecure_test_key)
 
     def _serve_decrypt(self, priv, pub, sender: str, tag_in: str, tag_out: str, rnd: int, shape) -> None:
         """Key holder: decrypt one masked vector for ``sender`` and send back the masked plaintexts."""
         enc = self.t.recv(sender, tag_in, round=rnd, parse=self._enc_parser(pub, shape, f"{tag_in} from {sender}"))
-        self.t.send(sender, tag_out, self.backend.decrypt_masked(priv, enc), round=rnd + 1)
+        self._send_decrypted(priv, enc, sender, tag_out, rnd + 1)
 
 
 def _setup_message(cfg: VerticalLRConfig, n_rows: int, host_ids: Sequence[str]) -> messages_pb2.Bundle:
@@ -280,7 +254,8 @@ class VerticalLRGuest(_Role):
         config: :class:`VerticalLRConfig` (or a dict of its fields).
         arbiter_id: the arbiter's party id (``mode="arbiter"``), else None.
         keypair: (public, private) Paillier key to use in two-party mode (default: generated).
-        backend: crypto backend (default Paillier; :class:`IdentityBackend` for benchmarks only).
+        backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
+            :class:`~secureflhv.crypto.he.HEBackend`.
         on_epoch: optional ``callback(epoch, loss)`` called after each epoch (progress reporting).
 
     What the guest learns:
@@ -333,7 +308,7 @@ class VerticalLRGuest(_Role):
         return self.result
 
     def _fit(self) -> FitResult:
-        cfg, be, t = self.config, self.backend, self.t
+        cfg, he, t = self.config, self.he, self.t
         n = self.X.shape[0]
         if -(-n // (cfg.batch_size or n)) >= MAX_BATCHES:
             raise ValueError(f"batch_size: {cfg.batch_size} gives too many batches for {n} rows")
@@ -345,9 +320,9 @@ class VerticalLRGuest(_Role):
             pub = t.recv(self.arbiter_id, TAG_PUBKEY, parse=self._pubkey_parser())
             priv = None
         else:
-            pub, priv = self._keypair or be.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+            pub, priv = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
             for h in self.host_ids:
-                t.send(h, TAG_PUBKEY, be.public_key_to_proto(pub), round=0)
+                t.send(h, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
         Xd = self._design(self.X)
         d_g = Xd.shape[1]
         if arbiter:
@@ -401,7 +376,7 @@ class VerticalLRGuest(_Role):
         return FitResult(self.weights, self.intercept, losses, seconds, stopped)
 
     def _batch_arbiter(self, pub, Xb, yb, u_g, reg_g, rnd):
-        be, t = self.backend, self.t
+        he, t = self.he, self.t
         nb = Xb.shape[0]
 
         def fwd_parser(h):
@@ -409,41 +384,41 @@ class VerticalLRGuest(_Role):
                 missing = [k for k in ("u", "u2", "reg") if k not in m.encrypted]
                 if missing:
                     raise ProtocolError(f"{TAG_FWD} from {h}: missing {missing}")
-                return (be.from_proto(m.encrypted["u"], pub, (nb,), f"{TAG_FWD}.u from {h}"),
-                        be.from_proto(m.encrypted["u2"], pub, (1,), f"{TAG_FWD}.u2 from {h}"),
-                        be.from_proto(m.encrypted["reg"], pub, (1,), f"{TAG_FWD}.reg from {h}"))
+                return (self.wire.from_proto(m.encrypted["u"], pub, (nb,), f"{TAG_FWD}.u from {h}"),
+                        self.wire.from_proto(m.encrypted["u2"], pub, (1,), f"{TAG_FWD}.u2 from {h}"),
+                        self.wire.from_proto(m.encrypted["reg"], pub, (1,), f"{TAG_FWD}.reg from {h}"))
             return parse_message(messages_pb2.Bundle, validate)
 
         fwds = [t.recv(h, TAG_FWD, round=rnd + S_FWD, parse=fwd_parser(h)) for h in self.host_ids]
         U = reduce(lambda a, b: a + b, [f[0] for f in fwds])
         d_enc = U * 0.25 + (0.25 * u_g - 0.5 * yb)
-        d_msg = be.to_proto(d_enc)
+        d_msg = self.wire.to_proto(d_enc)
         for h in self.host_ids:
             t.send(h, TAG_D, d_msg, round=rnd + S_D)
         # our gradient first, so the arbiter can start decrypting while we assemble the loss
-        g_mask = self._ask_decrypt(pub, be.dot(Xb, d_enc), self.arbiter_id, TAG_GRAD, TAG_GRAD_DEC, rnd + S_GRAD)
+        g_mask = self._ask_decrypt(pub, he.dot(Xb, d_enc), self.arbiter_id, TAG_GRAD, rnd + S_GRAD)
         # cross terms u_h . u_h' (h < h'), computed by host j on the encrypted sum of the earlier hosts' u
         S = fwds[0][0]
         for j, h in enumerate(self.host_ids[1:], start=1):
-            t.send(h, TAG_CROSS_IN, be.to_proto(S), round=rnd + S_D)
+            t.send(h, TAG_CROSS_IN, self.wire.to_proto(S), round=rnd + S_D)
             S = S + fwds[j][0]
         cross = [t.recv(h, TAG_CROSS, round=rnd + S_CROSS, parse=self._enc_parser(pub, (1,), f"{TAG_CROSS} from {h}"))
                  for h in self.host_ids[1:]]
         # n_b * loss = sum_i[log2 - y u_g/2 + u_g^2/8] + coef . U + 1/8 sum_h |u_h|^2 + 1/4 sum cross + n_b * reg
         plain = nb * LOG2 + float(np.sum(-0.5 * yb * u_g + 0.125 * u_g * u_g)) + nb * reg_g
         coef = -0.5 * yb + 0.25 * u_g
-        loss_enc = be.dot(coef[:, None], U) + np.array([plain])
+        loss_enc = he.dot(coef[:, None], U) + np.array([plain])
         for _, u2, reg in fwds:
             loss_enc = loss_enc + u2 * 0.125 + reg * nb
         for c in cross:
             loss_enc = loss_enc + c * 0.25
-        l_mask = self._ask_decrypt(pub, loss_enc, self.arbiter_id, TAG_LOSS, TAG_LOSS_DEC, rnd + S_GRAD)
+        l_mask = self._ask_decrypt(pub, loss_enc, self.arbiter_id, TAG_LOSS, rnd + S_GRAD)
         g_sum = self._take_decrypted(pub, g_mask, self.arbiter_id, TAG_GRAD_DEC, rnd + S_DEC, (Xb.shape[1],))
         loss_b = float(self._take_decrypted(pub, l_mask, self.arbiter_id, TAG_LOSS_DEC, rnd + S_DEC, (1,))[0]) / nb
         return g_sum, loss_b
 
     def _batch_two_party(self, pub, priv, Xb, yb, u_g, reg_g, rnd, host_dims):
-        be, t = self.backend, self.t
+        he, t = self.he, self.t
         nb = Xb.shape[0]
 
         def fwd_parser(h):
@@ -456,7 +431,7 @@ class VerticalLRGuest(_Role):
         fwds = [t.recv(h, TAG_FWD, round=rnd + S_FWD, parse=fwd_parser(h)) for h in self.host_ids]
         wx = u_g + sum(f[0] for f in fwds)
         d = 0.25 * wx - 0.5 * yb
-        d_msg = be.to_proto(be.encrypt(priv, d))  # the key holder encrypts with CRT (faster, same distribution)
+        d_msg = self.wire.to_proto(he.encrypt(priv, d))  # the key holder encrypts with CRT (faster, same distribution)
         for h in self.host_ids:
             t.send(h, TAG_D, d_msg, round=rnd + S_D)
         loss_b = float(np.mean(LOG2 - 0.5 * yb * wx + 0.125 * wx * wx)) + reg_g + sum(f[1] for f in fwds)
@@ -544,7 +519,7 @@ class VerticalLRHost(_Role):
         return self.result
 
     def _fit(self) -> FitResult:
-        cfg, be, t = self.config, self.backend, self.t
+        cfg, he, t = self.config, self.he, self.t
         n, d_h = self.X.shape
         _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg, self.host_ids,
                      n, self.party_id)
@@ -568,20 +543,20 @@ class VerticalLRHost(_Role):
                 reg = 0.5 * cfg.l2 * float(w @ w)
                 if arbiter:
                     fwd = messages_pb2.Bundle()
-                    fwd.encrypted["u"].CopyFrom(be.to_proto(be.encrypt(pub, u)))
-                    fwd.encrypted["u2"].CopyFrom(be.to_proto(be.encrypt(pub, np.array([u @ u]))))
-                    fwd.encrypted["reg"].CopyFrom(be.to_proto(be.encrypt(pub, np.array([reg]))))
+                    fwd.encrypted["u"].CopyFrom(self.wire.to_proto(he.encrypt(pub, u)))
+                    fwd.encrypted["u2"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([u @ u]))))
+                    fwd.encrypted["reg"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([reg]))))
                 else:
                     fwd = messages_pb2.Bundle(scalars={"reg": reg})
                     fwd.tensors["u"].CopyFrom(tensor_to_proto(u))
                 t.send(self.guest_id, TAG_FWD, fwd, round=rnd + S_FWD)
                 d_enc = t.recv(self.guest_id, TAG_D, round=rnd + S_D,
                                parse=self._enc_parser(pub, (nb,), f"{TAG_D} from {self.guest_id}"))
-                g_mask = self._ask_decrypt(pub, be.dot(Xb, d_enc), key_holder, TAG_GRAD, TAG_GRAD_DEC, rnd + S_GRAD)
+                g_mask = self._ask_decrypt(pub, he.dot(Xb, d_enc), key_holder, TAG_GRAD, rnd + S_GRAD)
                 if arbiter and self.index > 0:
                     S = t.recv(self.guest_id, TAG_CROSS_IN, round=rnd + S_D,
                                parse=self._enc_parser(pub, (nb,), f"{TAG_CROSS_IN} from {self.guest_id}"))
-                    t.send(self.guest_id, TAG_CROSS, be.to_proto(be.dot(u[:, None], S)), round=rnd + S_CROSS)
+                    t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(he.dot(u[:, None], S)), round=rnd + S_CROSS)
                 g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, (d_h,))
                 w = w - lr * (g_sum / nb + cfg.l2 * w)
             ctl = t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=control_parser(epoch))
@@ -665,12 +640,12 @@ class VerticalLRArbiter(_Role):
         return self.result
 
     def _fit(self) -> FitResult:
-        cfg, be, t = self.config, self.backend, self.t
+        cfg, he, t = self.config, self.he, self.t
         n = _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg,
                          self.host_ids, None, self.party_id)
-        pub, priv = self._keypair or be.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+        pub, priv = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
         for p in self._peers():
-            t.send(p, TAG_PUBKEY, be.public_key_to_proto(pub), round=0)
+            t.send(p, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
         dims = {p: int(t.recv(p, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
                 for p in self._peers()}
         seconds, stopped = [], False
