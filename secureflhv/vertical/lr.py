@@ -78,6 +78,7 @@ from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
 from .common import VerticalRole, check_matrix, control_parser
+from .prediction import PredictionGuest, PredictionHost
 
 log = logging.getLogger("secureflhv.vertical.lr")
 
@@ -194,6 +195,7 @@ class _Role(VerticalRole):
     """Shared plumbing of the three roles."""
 
     protocol = "vertical LR"
+    pred_request_tag = TAG_PRED_REQ
 
     def __init__(self, transport: Transport, config: VerticalLRConfig | dict, backend):
         self.config = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
@@ -243,7 +245,7 @@ def _scalars_parser(keys: Sequence[str]):
 
 
 # --------------------------------------------------------------------------- guest
-class VerticalLRGuest(_Role):
+class VerticalLRGuest(PredictionGuest, _Role):
     """The label holder (active party); drives training, decides early stopping, predicts.
 
     Args:
@@ -452,32 +454,17 @@ class VerticalLRGuest(_Role):
         return self._guarded(self._predict, X, rows)
 
     def _predict(self, X, rows):
-        X = check_matrix(X, "X")
-        if X.shape[1] != self.weights.shape[0]:
-            raise ValueError(f"X: {X.shape[1]} features, the model has {self.weights.shape[0]}")
-        m = X.shape[0]
-        sel = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
-        if sel.size and (sel.min() < 0 or sel.max() >= m):
-            raise ValueError(f"rows: indices must be in [0, {m})")
-        self._pred_round += 1
-        req = messages_pb2.RowsRequest(n_rows=m, rows=[] if rows is None else sel.tolist())
-        for h in self.host_ids:
-            self.t.send(h, TAG_PRED_REQ, req, round=self._pred_round)
+        X, sel = self._prediction_rows(X, self.weights.shape[0], rows)
+        rnd = self._request_rows(X.shape[0], [] if rows is None else sel.tolist())
         score = X[sel] @ self.weights + (self.intercept or 0.0)
         for h in self.host_ids:
-            score = score + self.t.recv(h, TAG_PRED, round=self._pred_round, parse=parse_message(
+            score = score + self.t.recv(h, TAG_PRED, round=rnd, parse=parse_message(
                 messages_pb2.Tensor, lambda msg, h=h: tensor_from_proto(msg, shape=(len(sel),), what=f"{TAG_PRED} from {h}")))
         return 1.0 / (1.0 + np.exp(-score))
 
-    def end_prediction(self) -> None:
-        """Tell the hosts to leave :meth:`VerticalLRHost.serve_predictions`."""
-        self._pred_round += 1
-        for h in self.host_ids:
-            self.t.send(h, TAG_PRED_REQ, messages_pb2.RowsRequest(stop=True), round=self._pred_round)
-
 
 # --------------------------------------------------------------------------- host
-class VerticalLRHost(_Role):
+class VerticalLRHost(PredictionHost, _Role):
     """A feature holder without labels (passive party).
 
     Args:
@@ -568,42 +555,15 @@ class VerticalLRHost(_Role):
         self.weights = w
         return FitResult(w.copy(), None, [], seconds, stopped)
 
-    def serve_predictions(self, X, max_requests: int | None = None) -> int:
-        """Answer the guest's score requests with u_h = X[rows] @ w_h until it ends prediction.
-
-        Args:
-            X: float64 (m, d_h) features of the prediction set, aligned with the guest's.
-            max_requests: return after this many requests (default: until the guest's ``end_prediction``).
-        Returns: number of requests answered. Raises PeerTimeout when the guest goes silent.
-        """
-        return self._guarded(self._serve, X, max_requests)
-
-    def _serve(self, X, max_requests):
+    # prediction (the loop is :meth:`PredictionHost.serve_predictions`): u_h = X[rows] @ w_h per request
+    def _prediction_matrix(self, X) -> np.ndarray:
         X = check_matrix(X, "X")
         if X.shape[1] != self.weights.shape[0]:
             raise ValueError(f"X: {X.shape[1]} features, the model has {self.weights.shape[0]}")
-        m = X.shape[0]
+        return X
 
-        def validate(req: messages_pb2.RowsRequest):
-            if req.stop:
-                return req
-            if req.n_rows != m:
-                raise ProtocolError(f"score request for {req.n_rows} rows, this host holds {m}")
-            if any(r >= m for r in req.rows):
-                raise ProtocolError(f"score request: row index out of [0, {m})")
-            return req
-
-        served = 0
-        while max_requests is None or served < max_requests:
-            self._pred_round += 1
-            req = self.t.recv(self.guest_id, TAG_PRED_REQ, round=self._pred_round,
-                              parse=parse_message(messages_pb2.RowsRequest, validate))
-            if req.stop:
-                break
-            rows = np.asarray(req.rows, dtype=np.int64) if len(req.rows) else np.arange(m)
-            self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=self._pred_round)
-            served += 1
-        return served
+    def _answer(self, X, rows, rnd):
+        self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=rnd)
 
 
 # --------------------------------------------------------------------------- arbiter

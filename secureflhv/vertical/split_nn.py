@@ -94,6 +94,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from .common import VerticalRole, check_matrix, control_parser
+from .prediction import PredictionGuest, PredictionHost
 
 log = logging.getLogger("secureflhv.vertical.split_nn")
 
@@ -257,6 +258,7 @@ def _load_module(prefix: str, module: torch.nn.Module, arrays: dict[str, np.ndar
 
 class _Role(VerticalRole):
     protocol = "split NN"
+    pred_request_tag = TAG_PRED_REQ
 
     def __init__(self, transport: Transport, config, backend):
         self.config = config if isinstance(config, SplitNNConfig) else SplitNNConfig(**config)
@@ -264,7 +266,7 @@ class _Role(VerticalRole):
 
 
 # --------------------------------------------------------------------------- guest
-class SplitNNGuest(_Role):
+class SplitNNGuest(PredictionGuest, _Role):
     """The label holder: guest bottom, the guest's shares V_h of the interactive weights, top model, loss.
 
     Args:
@@ -480,24 +482,14 @@ class SplitNNGuest(_Role):
         return self._guarded(self._predict, X, rows)
 
     def _predict(self, X, rows):
-        X = check_matrix(X, "X")
-        if X.shape[1] != self.X.shape[1]:
-            raise ValueError(f"X: {X.shape[1]} features, the model has {self.X.shape[1]}")
+        X, sel = self._prediction_rows(X, self.X.shape[1], rows)
         if not self._keys:
             raise RuntimeError("predict_proba: call fit() first (the hosts' keys come with training)")
-        m = X.shape[0]
-        sel = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
-        if sel.size and (sel.min() < 0 or sel.max() >= m):
-            raise ValueError(f"rows: indices must be in [0, {m})")
         out = []
         step = self.config.predict_batch_size
         for s in range(0, len(sel), step):
             chunk = sel[s:s + step]
-            self._pred_round += 1
-            rnd = self._pred_round * 10
-            req = messages_pb2.RowsRequest(n_rows=m, rows=chunk.tolist())
-            for h in self.host_ids:
-                self.t.send(h, TAG_PRED_REQ, req, round=self._pred_round)
+            rnd = self._request_rows(X.shape[0], chunk.tolist()) * 10
             z = self._host_forward(rnd, len(chunk), (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
             with torch.no_grad():
                 logits = self._head(torch.as_tensor(z, dtype=DTYPE), self._alpha_g(X[chunk]),
@@ -508,15 +500,9 @@ class SplitNNGuest(_Role):
             return np.zeros((0,) if self.out_dim == 1 else (0, self.n_classes))
         return np.concatenate(out, axis=0)
 
-    def end_prediction(self) -> None:
-        """Tell the hosts to leave :meth:`SplitNNHost.serve_predictions`."""
-        self._pred_round += 1
-        for h in self.host_ids:
-            self.t.send(h, TAG_PRED_REQ, messages_pb2.RowsRequest(stop=True), round=self._pred_round)
-
 
 # --------------------------------------------------------------------------- host
-class SplitNNHost(_Role):
+class SplitNNHost(PredictionHost, _Role):
     """A feature holder: its bottom model, its Paillier key pair and its noise share E_h.
 
     Args:
@@ -656,47 +642,25 @@ class SplitNNHost(_Role):
         self.E = np.array(arrays["interactive.E"], dtype=np.float64)
         _load_module("bottom", self.bottom, arrays)
 
-    # ---- prediction ------------------------------------------------------------------------
-    def serve_predictions(self, X, max_requests: int | None = None) -> int:
-        """Answer the guest's prediction requests until it ends prediction.
+    # ---- prediction (the loop is :meth:`PredictionHost.serve_predictions`) ---------------------
+    @property
+    def max_request_rows(self) -> int:
+        return self.config.predict_batch_size
 
-        Args:
-            X: float64 (m, d_h) features of the prediction set, aligned with the guest's.
-            max_requests: return after this many requests (default: until ``end_prediction``).
-        Returns: number of requests answered. Raises PeerTimeout when the guest goes silent.
-        """
-        return self._guarded(self._serve, X, max_requests)
-
-    def _serve(self, X, max_requests):
+    def _prediction_matrix(self, X) -> np.ndarray:
         X = check_matrix(X, "X")
         if X.shape[1] != self.X.shape[1]:
             raise ValueError(f"X: {X.shape[1]} features, the model has {self.X.shape[1]}")
         if self.public_key is None:
             raise RuntimeError("serve_predictions: call fit() first")
-        m = X.shape[0]
-        cap = self.config.predict_batch_size
+        return X
 
-        def validate(req: messages_pb2.RowsRequest):
-            if req.stop:
-                return req
-            if req.n_rows != m:
-                raise ProtocolError(f"prediction request for {req.n_rows} rows, this host holds {m}")
-            if not 0 < len(req.rows) <= cap or any(r >= m for r in req.rows):
-                raise ProtocolError(f"prediction request: need 1..{cap} row indices in [0, {m})")
-            return req
+    def _recv_request(self, rnd: int, parse):
+        return self._recv(TAG_PRED_REQ, round=rnd, parse=parse)
 
-        served = 0
-        while max_requests is None or served < max_requests:
-            self._pred_round += 1
-            req = self._recv(TAG_PRED_REQ, round=self._pred_round,
-                              parse=parse_message(messages_pb2.RowsRequest, validate))
-            if req.stop:
-                break
-            rows = np.asarray(req.rows, dtype=np.int64)
-            with torch.no_grad():
-                self._forward(X[rows], self._pred_round * 10, (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
-            served += 1
-        return served
+    def _answer(self, X, rows, rnd):
+        with torch.no_grad():
+            self._forward(X[rows], rnd * 10, (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
 
 
 # --------------------------------------------------------------------------- centralised reference
