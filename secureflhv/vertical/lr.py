@@ -310,50 +310,18 @@ class VerticalLRGuest(PredictionGuest, _Role):
         return self.result
 
     def _fit(self) -> FitResult:
-        cfg, he, t = self.config, self.he, self.t
+        cfg = self.config
         n = self.X.shape[0]
         if -(-n // (cfg.batch_size or n)) >= MAX_BATCHES:
             raise ValueError(f"batch_size: {cfg.batch_size} gives too many batches for {n} rows")
-        setup = _setup_message(cfg, n, self.host_ids)
-        for p in self._peers():
-            t.send(p, TAG_SETUP, setup, round=0)
-        arbiter = cfg.mode == "arbiter"
-        if arbiter:
-            pub = t.recv(self.arbiter_id, TAG_PUBKEY, parse=self._pubkey_parser())
-            priv = None
-        else:
-            pub, priv = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
-            for h in self.host_ids:
-                t.send(h, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
         Xd = self._design(self.X)
-        d_g = Xd.shape[1]
-        if arbiter:
-            t.send(self.arbiter_id, TAG_HELLO, messages_pb2.Scalars(values={"n_features": d_g}), round=0)
-        host_dims = {h: int(t.recv(h, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
-                     for h in self.host_ids}
-        w = np.zeros(d_g)
-        penal = np.ones(d_g)
-        if cfg.fit_intercept:
-            penal[-1] = 0.0  # the intercept is not regularised
+        keys = self._key_exchange(n, Xd.shape[1])
+        w = np.zeros(Xd.shape[1])
         losses, seconds = [], []
         best, bad, stopped = math.inf, 0, False
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
-            lr = cfg.learning_rate_at(epoch)
-            batch_losses = []
-            for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
-                rnd = round_id(epoch, b, 0)
-                Xb, yb = Xd[idx], self.y[idx]
-                nb = len(idx)
-                u_g = Xb @ w
-                reg_g = 0.5 * cfg.l2 * float(np.sum(penal * w * w))
-                if arbiter:
-                    g_sum, loss_b = self._batch_arbiter(pub, Xb, yb, u_g, reg_g, rnd)
-                else:
-                    g_sum, loss_b = self._batch_two_party(pub, priv, Xb, yb, u_g, reg_g, rnd, host_dims)
-                w = w - lr * (g_sum / nb + cfg.l2 * penal * w)
-                batch_losses.append(loss_b)
-            loss = float(np.mean(batch_losses))
+            w, loss = self._train_epoch(epoch, Xd, w, *keys)
             losses.append(loss)
             if loss < best - cfg.tol:
                 best, bad = loss, 0
@@ -362,10 +330,10 @@ class VerticalLRGuest(PredictionGuest, _Role):
             stop = cfg.early_stopping and bad >= cfg.patience and epoch + 1 < cfg.epochs
             ctl = messages_pb2.Control(command="stop" if stop else "continue", epoch=epoch)
             for p in self._peers():
-                t.send(p, TAG_CTL, ctl, round=epoch + 1)
+                self.t.send(p, TAG_CTL, ctl, round=epoch + 1)
             seconds.append(time.perf_counter() - t0)
-            log.info("%s: epoch %d/%d loss %.6f lr %.4g %.2fs", self.party_id, epoch + 1, cfg.epochs, loss, lr,
-                     seconds[-1])
+            log.info("%s: epoch %d/%d loss %.6f lr %.4g %.2fs", self.party_id, epoch + 1, cfg.epochs, loss,
+                     cfg.learning_rate_at(epoch), seconds[-1])
             if self.on_epoch is not None:
                 self.on_epoch(epoch, loss)
             if stop:
@@ -376,6 +344,46 @@ class VerticalLRGuest(PredictionGuest, _Role):
         self.weights = w[:-1].copy() if cfg.fit_intercept else w.copy()
         self.intercept = float(w[-1]) if cfg.fit_intercept else None
         return FitResult(self.weights, self.intercept, losses, seconds, stopped)
+
+    def _key_exchange(self, n: int, d_g: int):
+        """Setup to every peer; the key pair (arbiter mode: the arbiter's public key); each host's width.
+
+        Returns (pub, priv or None, {host: n_features})."""
+        cfg, t = self.config, self.t
+        setup = _setup_message(cfg, n, self.host_ids)
+        for p in self._peers():
+            t.send(p, TAG_SETUP, setup, round=0)
+        if cfg.mode == "arbiter":
+            pub, priv = t.recv(self.arbiter_id, TAG_PUBKEY, parse=self._pubkey_parser()), None
+            t.send(self.arbiter_id, TAG_HELLO, messages_pb2.Scalars(values={"n_features": d_g}), round=0)
+        else:
+            pub, priv = self._keypair or self.he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+            for h in self.host_ids:
+                t.send(h, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
+        host_dims = {h: int(t.recv(h, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
+                     for h in self.host_ids}
+        return pub, priv, host_dims
+
+    def _train_epoch(self, epoch: int, Xd: np.ndarray, w: np.ndarray, pub, priv, host_dims) -> tuple[np.ndarray, float]:
+        """One epoch of mini-batch gradient descent with the hosts; returns (weights, mean batch loss)."""
+        cfg = self.config
+        penal = np.ones(Xd.shape[1])
+        if cfg.fit_intercept:
+            penal[-1] = 0.0  # the intercept is not regularised
+        lr = cfg.learning_rate_at(epoch)
+        batch_losses = []
+        for b, idx in enumerate(batch_plan(Xd.shape[0], cfg.batch_size, cfg.seed, epoch)):
+            rnd = round_id(epoch, b, 0)
+            Xb, yb = Xd[idx], self.y[idx]
+            u_g = Xb @ w
+            reg_g = 0.5 * cfg.l2 * float(np.sum(penal * w * w))
+            if cfg.mode == "arbiter":
+                g_sum, loss_b = self._batch_arbiter(pub, Xb, yb, u_g, reg_g, rnd)
+            else:
+                g_sum, loss_b = self._batch_two_party(pub, priv, Xb, yb, u_g, reg_g, rnd, host_dims)
+            w = w - lr * (g_sum / len(idx) + cfg.l2 * penal * w)
+            batch_losses.append(loss_b)
+        return w, float(np.mean(batch_losses))
 
     def _batch_arbiter(self, pub, Xb, yb, u_g, reg_g, rnd):
         he, t = self.he, self.t
