@@ -2,7 +2,7 @@
 
 Vertical LR (:mod:`secureflhv.vertical.lr`), the split NN (:mod:`secureflhv.vertical.split_nn`) and
 vertical SecureBoost (:mod:`secureflhv.tree.vertical`) talk to encryption only through
-:class:`HEBackend`, so each protocol runs unchanged (same messages, same rounds, same masking calls)
+:class:`HEBackend`, so each algorithm runs unchanged (same messages, same rounds, same masking calls)
 with real encryption (:class:`PaillierHE`, the default) or with encryption replaced by identity
 (:class:`IdentityHE`, *no security at all*, the plaintext baseline of ``benchmarks/*.py``).
 Math and value types only: the wire encoding of keys, ciphertexts and masked values is
@@ -146,7 +146,7 @@ class PairSums(ABC):
 
 
 class HEBackend(ABC):
-    """Additively homomorphic encryption as the vertical protocols use it (see the module docstring).
+    """Additively homomorphic encryption as the vertical algorithms use it (see the module docstring).
 
     Args:
         precision_bits: fraction bits of encrypted values.
@@ -382,7 +382,7 @@ class PaillierPairSums(PairSums):
 class IdentityHE(HEBackend):
     """Encryption replaced by identity: "ciphertexts" are float64 arrays. NO SECURITY — benchmarks only.
 
-    Same interface as :class:`PaillierHE`; masks are zero, so the protocol's arithmetic is the
+    Same interface as :class:`PaillierHE`; masks are zero, so the algorithm's arithmetic is the
     plaintext arithmetic and the difference in time is what Paillier costs.
     """
 

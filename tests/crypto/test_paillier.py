@@ -271,3 +271,29 @@ def test_real_2048_bit_key_round_trip():
     np.testing.assert_array_equal(P.decrypt(sk, P.encrypt(sk, x) * -2), -2 * q(x, 40))
     assert C.public_key_from_proto(C.public_key_to_proto(pk)) == pk
     assert math.isclose(P.decrypt(sk, P.encrypt(pk, x).sum()), q(x, 40).sum(), rel_tol=1e-15)
+
+
+def test_masked_decryption_round_trip_through_the_codec(keys, other_keys):
+    """crypto.he masking + transport.he_codec MaskedValues: exact, and a receiver's checks still hold."""
+    from secureflhv.crypto.he import make_backend
+    from secureflhv.transport import ProtocolError
+
+    pk, sk = keys
+    he, wire = make_backend("paillier", 40, 24), C.codec_for(make_backend("paillier"))
+    x = np.array([[0.5, -3.25], [1e-3, 7.0]])
+    masked, mask = he.mask(pk, he.encrypt(pk, x))
+    enc = wire.from_proto(wire.to_proto(masked), pk, (2, 2), "masked")
+    msg = wire.masked_to_proto(he.decrypt_masked(sk, enc, add=np.ones((2, 2))), sk)
+    back = he.unmask(pk, wire.masked_from_proto(msg, pk, (2, 2), "dec"), mask)
+    np.testing.assert_array_equal(back, q(x, 40) + 1.0)
+    bad = messages_pb2.MaskedValues()
+    bad.CopyFrom(msg)
+    bad.values = pk.n.to_bytes(msg.byte_width, "big") + msg.values[msg.byte_width:]
+    with pytest.raises(ProtocolError, match="not in Z_n"):
+        wire.masked_from_proto(bad, pk, (2, 2), "dec")
+    with pytest.raises(ProtocolError, match="expected key"):
+        wire.masked_from_proto(msg, other_keys[0], (2, 2), "dec")
+    with pytest.raises(ProtocolError, match="shape"):
+        wire.masked_from_proto(msg, pk, (4,), "dec")
+    with pytest.raises(ValueError, match="backend"):
+        make_backend("rot13")
