@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 
 import gmpy2
 import numpy as np

@@ -26,6 +26,13 @@ One tree (``[[.]]`` = Paillier under the guest's key; round ids ``tree * 64 + de
                    the guest checks that the partition's hessian sum equals the decrypted one
     leaves: weight -lr G/(H + lambda), known to the guest only
 
+The role methods are these stages: guest :meth:`~SecureBoostGuest._encrypt_gradients` (SbTreeStart),
+``_open_level`` / ``_send_plan`` (SbLevelPlan), ``_find_splits`` (SbHistograms -> one
+:class:`SplitCandidate` per node), ``_apply_splits`` (SbDecision, SbSplitResults); host
+``_apply_partitions``, ``_aggregate_histograms``, ``_send_candidates``, ``_apply_decision``. Encryption
+and the encrypted histogram arithmetic are :class:`secureflhv.crypto.he.PairSums` (Paillier or, for the
+plaintext baseline, identity); their wire encoding is :mod:`secureflhv.transport.he_codec`.
+
 Prediction (:meth:`SecureBoostGuest.predict`): level by level over all trees at once, the guest asks
 each host which way the rows sitting at its nodes go (SbRouteRequest/Reply): at most ``max_depth``
 rounds per host. Early stopping uses the same routing on the validation rows after every round.
@@ -239,19 +246,7 @@ class SecureBoostGuest(_Role):
     def _fit(self) -> TrainResult:
         prm, t = self.params, self.t
         n = len(self.y)
-        t0 = time.perf_counter()
-        self.pub, self.priv = self._keypair or self.he.generate_keypair(prm.key_bits, prm.insecure_test_key)
-        self.timings["keygen"] = time.perf_counter() - t0
-        setup = tree_pb2.SbSetup(n_rows=n, n_val_rows=0 if self.X_val is None else len(self.X_val),
-                                 objective=prm.objective, n_classes=prm.n_classes, max_depth=prm.max_depth,
-                                 n_trees=prm.n_trees, hosts=self.host_ids, max_bin=prm.max_bin)
-        self.wire.put_setup_key(setup, self.pub)
-        for h in self.host_ids:
-            t.send(h, TAG_SETUP, setup)
-        self.host_features = {}
-        for h in self.host_ids:
-            msg = self._recv(h, TAG_HELLO, 0, parse_message(tree_pb2.SbHello), "setup")
-            self.host_features[h] = int(msg.n_features)
+        self._setup(n)
         bm = base_margin(self.y, prm)
         model = BoostedModel(prm, bm)
         margin = np.tile(bm, (n, 1)).astype(np.float64)
@@ -283,6 +278,23 @@ class SecureBoostGuest(_Role):
                    round=seq + 1)
         self.model = model
         return result
+
+    def _setup(self, n: int) -> None:
+        """Key pair, SbSetup (the public key, shapes, the parameters hosts must share) and the hosts' widths."""
+        prm = self.params
+        t0 = time.perf_counter()
+        self.pub, self.priv = self._keypair or self.he.generate_keypair(prm.key_bits, prm.insecure_test_key)
+        self.timings["keygen"] = time.perf_counter() - t0
+        setup = tree_pb2.SbSetup(n_rows=n, n_val_rows=0 if self.X_val is None else len(self.X_val),
+                                 objective=prm.objective, n_classes=prm.n_classes, max_depth=prm.max_depth,
+                                 n_trees=prm.n_trees, hosts=self.host_ids, max_bin=prm.max_bin)
+        self.wire.put_setup_key(setup, self.pub)
+        for h in self.host_ids:
+            self.t.send(h, TAG_SETUP, setup)
+        self.host_features = {}
+        for h in self.host_ids:
+            msg = self._recv(h, TAG_HELLO, 0, parse_message(tree_pb2.SbHello), "setup")
+            self.host_features[h] = int(msg.n_features)
 
     def _recv(self, host: str, tag: str, rnd: int, parse, where: str):
         try:

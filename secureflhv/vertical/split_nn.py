@@ -92,7 +92,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..proto import messages_pb2
-from ..transport import ProtocolError, Transport, parse_message
+from ..transport import Transport, parse_message
 from .common import VerticalRole, check_matrix, control_parser
 from .prediction import PredictionGuest, PredictionHost
 
