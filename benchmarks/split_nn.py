@@ -41,13 +41,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _run(Xg, y, Xh, cfg, ops_factory, record=False, predict=None):
+def _run(Xg, y, Xh, cfg, backend, record=False, predict=None):
     from secureflhv.transport import InProcessNetwork
     from secureflhv.vertical.split_nn import SplitNNGuest, SplitNNHost
 
     net = InProcessNetwork("bench", ["guest", "host-1"], deadline=3600)
-    guest = SplitNNGuest(net.transport("guest"), ["host-1"], Xg, y, cfg, ops=ops_factory())
-    host = SplitNNHost(net.transport("host-1"), "guest", ["host-1"], Xh, cfg, ops=ops_factory(),
+    guest = SplitNNGuest(net.transport("guest"), ["host-1"], Xg, y, cfg, backend=backend)
+    host = SplitNNHost(net.transport("host-1"), "guest", ["host-1"], Xh, cfg, backend=backend,
                        record_gradients=record)
     errors, out = [], {}
     batch_times = []
@@ -110,7 +110,6 @@ def main(argv=None) -> int:
     from sklearn.preprocessing import StandardScaler
 
     from secureflhv.crypto import paillier
-    from secureflhv.vertical.interactive_layer import IdentityOps, PaillierOps
     from secureflhv.vertical.split_nn import SplitNNConfig
 
     import logging
@@ -137,8 +136,8 @@ def main(argv=None) -> int:
         rows = nb * args.batch_size
         sub = slice(0, min(rows, n_train))
         res = {}
-        for label, factory in (("paillier", lambda: PaillierOps()), ("identity", lambda: IdentityOps())):
-            times, _, _, sent = _run(Xtr[sub, :10], ytr[sub], Xtr[sub, 10:], cfg, factory)
+        for label in ("paillier", "identity"):
+            times, _, _, sent = _run(Xtr[sub, :10], ytr[sub], Xtr[sub, 10:], cfg, label)
             timed = times[1:] if len(times) > 1 else times
             res[label] = (float(np.mean(timed)), sent / len(times), float(np.sum(times)))
         ps, is_ = res["paillier"][0], res["identity"][0]
@@ -168,7 +167,7 @@ def main(argv=None) -> int:
                 c = SplitNNConfig(**{**base, "batch_size": 32, "epochs": 10 if args.quick else 30,
                                      "host_grad_noise": s, "seed": seed, "init_seed": seed,
                                      "key_bits": 2048, "insecure_test_key": False})
-                _, out, host, _ = _run(Xtr[:, :10], ytr, Xtr[:, 10:], c, IdentityOps, record=True,
+                _, out, host, _ = _run(Xtr[:, :10], ytr, Xtr[:, 10:], c, "identity", record=True,
                                        predict=(Xte[:, :10], Xte[:, 10:]))
                 p = out["proba"]
                 aucs.append(roc_auc_score(yte, p))

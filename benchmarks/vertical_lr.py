@@ -1,5 +1,5 @@
 """Seconds per epoch of vertical logistic regression with Paillier, next to the identical protocol with
-encryption replaced by identity (``IdentityBackend``), measured in the same run.
+encryption replaced by identity (``backend="identity"``), measured in the same run.
 
 Parties run as threads over the in-process transport (protobuf serialisation included, no sockets), so
 the figures are the protocol's compute + serialisation cost on this machine. Datasets:
@@ -35,24 +35,18 @@ from secureflhv.crypto import paillier  # noqa: E402
 from secureflhv.transport import InProcessNetwork  # noqa: E402
 from secureflhv.vertical.lr import (VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest,  # noqa: E402
                                     VerticalLRHost)
-from secureflhv.vertical.lr_crypto import IdentityBackend, PaillierBackend  # noqa: E402
 
 
-def train(Xg, y, Xh, cfg: VerticalLRConfig, backend_cls) -> dict:
+def train(Xg, y, Xh, cfg: VerticalLRConfig, backend: str) -> dict:
     """One federated training (guest, one host, arbiter if any) in threads; returns timings."""
     arbiter = "server" if cfg.mode == "arbiter" else None
     parties = ["guest", "host-1"] + ([arbiter] if arbiter else [])
     net = InProcessNetwork("bench", parties, deadline=3600)
 
-    def backend():
-        if backend_cls is PaillierBackend:
-            return PaillierBackend(cfg.precision_bits, cfg.dot_precision_bits)
-        return backend_cls()
-
-    roles = [VerticalLRGuest(net.transport("guest"), ["host-1"], Xg, y, cfg, arbiter, backend=backend()),
-             VerticalLRHost(net.transport("host-1"), "guest", ["host-1"], Xh, cfg, arbiter, backend=backend())]
+    roles = [VerticalLRGuest(net.transport("guest"), ["host-1"], Xg, y, cfg, arbiter, backend=backend),
+             VerticalLRHost(net.transport("host-1"), "guest", ["host-1"], Xh, cfg, arbiter, backend=backend)]
     if arbiter:
-        roles.append(VerticalLRArbiter(net.transport(arbiter), "guest", ["host-1"], cfg, backend=backend()))
+        roles.append(VerticalLRArbiter(net.transport(arbiter), "guest", ["host-1"], cfg, backend=backend))
     out, errors = {}, {}
 
     def run(role):
@@ -120,8 +114,8 @@ def main(argv=None) -> int:
         cfg = VerticalLRConfig(mode=args.mode, epochs=epochs, batch_size=args.batch_size, learning_rate=0.15,
                                l2=1e-3, early_stopping=False, key_bits=args.key_bits,
                                insecure_test_key=args.key_bits < 2048)
-        enc = train(Xg, y, Xh, cfg, PaillierBackend)
-        ident = train(Xg, y, Xh, cfg, IdentityBackend)
+        enc = train(Xg, y, Xh, cfg, "paillier")
+        ident = train(Xg, y, Xh, cfg, "identity")
         # same protocol, same maths: the two runs must agree (fixed-point rounding only)
         drift = float(np.max(np.abs(enc["weights"] - ident["weights"])))
         print(f"{name:30} {epochs:6d} {enc['sec_per_epoch']:17.3f} {ident['sec_per_epoch']:17.4f} "

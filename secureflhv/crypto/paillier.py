@@ -6,9 +6,9 @@ Final API
 
     DEFAULT_PRECISION_BITS = 40; DEFAULT_SCALAR_PRECISION_BITS = 32; DEFAULT_DOT_PRECISION_BITS = 24
     generate_keypair(n_bits=2048, *, insecure_test_key=False) -> (PublicKey, PrivateKey)
-    PublicKey(n, *, insecure_test_key=False)   .n .n_bits .nsquare .fingerprint .max_int
-        .to_proto() -> PaillierPublicKey ; PublicKey.from_proto(msg, *, insecure_test_key=False)
+    PublicKey(n, *, insecure_test_key=False)   .n .n_bits .nsquare .fingerprint .max_int .byte_width
         .to_phe() ; PublicKey.from_phe(k, *, insecure_test_key=False)
+        PublicKey.from_peer(n, *, insecure_test_key=False)  (validates a peer's modulus: CiphertextError)
     PrivateKey(public_key, p, q)   .public_key .p .q .to_phe() ; PrivateKey.from_phe(k, *, insecure_test_key=False)
     encrypt(key, x, precision_bits=DEFAULT_PRECISION_BITS) -> EncryptedArray      (key: PublicKey or
         PrivateKey; a PrivateKey encrypts with CRT, ~2x faster, same ciphertext distribution)
@@ -18,8 +18,8 @@ Final API
     concatenate(arrays, axis=0) -> EncryptedArray
     EncryptedArray: .public_key .shape .ndim .size .exponent .packing .summands .ciphertexts
         + - * with EncryptedArray / ndarray / scalar (numpy broadcasting), unary -, .sum(axis=None|int),
-        [idx], len(), .reshape(*shape), .ravel(), .to_proto(),
-        EncryptedArray.from_proto(msg, public_key, expected_shape=None)
+        [idx], len(), .reshape(*shape), .ravel(),
+        EncryptedArray.from_peer(public_key, ints, shape, exponent, packing=None, summands=1) (validates)
         .to_phe() -> list[phe.EncryptedNumber] (C order); EncryptedArray.from_phe(numbers, public_key, shape=None)
     Packing: PackingSpec.create(key_bits, *, precision_bits, value_bound, n_summands, slots=None),
         slots_per_plaintext(key_bits, precision_bits, value_bound, n_summands) -> int,
@@ -27,6 +27,7 @@ Final API
         encrypt_packed(key, values (..., slots), spec) -> EncryptedArray of shape (...)
     set_workers(n | None), get_workers(), shutdown_workers()
     Errors: CiphertextError(ValueError); OverflowError for values that do not fit / overflowed results.
+    Wire encoding (keys, ciphertexts as bytes) is not here: :mod:`secureflhv.transport.he_codec`.
 
 Scheme and security
 -------------------
@@ -53,7 +54,7 @@ Encoding: value = mantissa * 2**exponent (base 2), mantissa = round(x * 2**preci
 results keep |mantissa| <= n // 3 or decryption raises OverflowError.  Homomorphic ops on mantissas
 are exact integer arithmetic, so sums/products are exact up to the input rounding.
 
-What each role learns: the key holder learns every value it decrypts (so protocols mask before
+What each role learns: the key holder learns every value it decrypts (so callers mask before
 decryption); a party holding only the public key learns nothing about encrypted values (IND-CPA),
 only shapes, exponents and the packing layout, which are public metadata.
 """
@@ -61,7 +62,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 
 import gmpy2
 import numpy as np
@@ -83,7 +83,6 @@ from secureflhv.crypto.paillier_encoding import (
 )
 from secureflhv.crypto.paillier_parallel import get_workers, set_workers
 from secureflhv.crypto.paillier_parallel import shutdown as shutdown_workers
-from secureflhv.proto import messages_pb2
 
 __all__ = [
     "DEFAULT_PRECISION_BITS", "DEFAULT_SCALAR_PRECISION_BITS", "DEFAULT_DOT_PRECISION_BITS", "MIN_SECURE_BITS",
@@ -112,9 +111,15 @@ class CiphertextError(ValueError):
     """A ciphertext or public key received from a peer is malformed or made under another key."""
 
 
-def _int_bytes(x) -> bytes:
+def int_to_bytes(x) -> bytes:
+    """Minimal big-endian bytes of a non-negative integer (at least one byte)."""
     x = int(x)
     return x.to_bytes((x.bit_length() + 7) // 8 or 1, "big")
+
+
+def key_fingerprint(n) -> bytes:
+    """SHA-256 of the modulus's minimal big-endian bytes: the fingerprint that names a public key."""
+    return hashlib.sha256(int_to_bytes(n)).digest()
 
 
 def _check_size(n_bits: int, insecure_test_key: bool) -> None:
@@ -140,7 +145,7 @@ class PublicKey:
         _check_size(self.n_bits, insecure_test_key)
         self._n = mpz(n)
         self.nsquare = self._n * self._n
-        self.fingerprint = hashlib.sha256(_int_bytes(n)).digest()
+        self.fingerprint = key_fingerprint(n)
         self.max_int = max_mantissa(n)
 
     def __eq__(self, other):
@@ -157,22 +162,16 @@ class PublicKey:
         """Bytes of one serialised ciphertext (fixed width, big-endian)."""
         return (self.nsquare.bit_length() + 7) // 8
 
-    def to_proto(self) -> messages_pb2.PaillierPublicKey:
-        return messages_pb2.PaillierPublicKey(n=_int_bytes(self.n), fingerprint=self.fingerprint)
-
     @classmethod
-    def from_proto(cls, msg, *, insecure_test_key: bool = False) -> "PublicKey":
-        """Parse and validate a peer's key; raises CiphertextError (bad fingerprint, size, or modulus)."""
-        n = int.from_bytes(bytes(msg.n), "big")
-        if hashlib.sha256(_int_bytes(n)).digest() != bytes(msg.fingerprint):
-            raise CiphertextError("PaillierPublicKey.fingerprint does not match SHA-256 of n")
+    def from_peer(cls, n: int, *, insecure_test_key: bool = False, what: str = "n") -> "PublicKey":
+        """Validate a peer's modulus; raises CiphertextError (even, square, small factor, prime, too short)."""
         nm = mpz(n)
         if n < 3 or n % 2 == 0 or gmpy2.is_square(nm) or gmpy2.gcd(nm, _SMALL_PRIMES) != 1 or gmpy2.is_prime(nm):
-            raise CiphertextError("PaillierPublicKey.n is not a plausible RSA modulus")
+            raise CiphertextError(f"{what} is not a plausible RSA modulus")
         try:
             return cls(n, insecure_test_key=insecure_test_key)
         except ValueError as e:
-            raise CiphertextError(f"PaillierPublicKey.n rejected: {e}") from None
+            raise CiphertextError(f"{what} rejected: {e}") from None
 
     def to_phe(self):
         from phe import paillier
@@ -303,7 +302,7 @@ class EncryptedArray:
         self.packing = packing
         self.summands = int(summands)
 
-    # -- array protocol
+    # -- array interface
     @property
     def shape(self) -> tuple:
         return self._c.shape
@@ -449,60 +448,35 @@ class EncryptedArray:
                 acc = (acc * arr[i]) % n2
         return self._like(np.asarray(acc, dtype=object).reshape(arr.shape[1:]), summands=summands)
 
-    # -- serialisation
-    def to_proto(self) -> messages_pb2.EncryptedTensor:
-        """Fixed-width big-endian ciphertexts (C order) with the key fingerprint and encoding metadata."""
-        w = self.public_key.byte_width
-        data = b"".join(c.to_bytes(w, "big") for c in self._c.reshape(-1).tolist())
-        msg = messages_pb2.EncryptedTensor(key_fingerprint=self.public_key.fingerprint, shape=list(self.shape),
-                                           byte_width=w, ciphertexts=data, exponent=self.exponent)
-        if self.packing:
-            msg.slots, msg.slot_bits = self.packing.slots, self.packing.slot_bits
-            msg.slot_bound, msg.summands = self.packing.slot_bound, self.summands
-        return msg
-
+    # -- validation of a peer's ciphertexts
     @classmethod
-    def from_proto(cls, msg, public_key: PublicKey, expected_shape=None) -> "EncryptedArray":
-        """Parse and validate; raises CiphertextError naming the bad field.
+    def from_peer(cls, public_key: PublicKey, ints: list, shape: tuple, exponent: int,
+                  packing: PackingSpec | None = None, summands: int = 1,
+                  what: str = "ciphertexts") -> "EncryptedArray":
+        """Wrap a peer's ciphertexts after checking them; raises CiphertextError naming ``what``.
 
-        Checks: key fingerprint, shape (if ``expected_shape``), byte width, every ciphertext in
-        Z*_{n^2} (0 < c < n^2 and gcd(c, n) = 1, the gcd via one product mod n), packing metadata.
+        Checks: every ciphertext in Z*_{n^2} (0 < c < n^2 and gcd(c, n) = 1, the gcd via one product
+        mod n); with ``packing``: the layout fits the key and 1 <= summands <= packing.capacity.
         """
         pk = public_key
-        if bytes(msg.key_fingerprint) != pk.fingerprint:
-            raise CiphertextError("EncryptedTensor.key_fingerprint does not match the expected public key")
-        shape = tuple(int(s) for s in msg.shape)
-        if expected_shape is not None and shape != tuple(expected_shape):
-            raise CiphertextError(f"EncryptedTensor.shape {shape} != expected {tuple(expected_shape)}")
-        w = pk.byte_width
-        if msg.byte_width != w:
-            raise CiphertextError(f"EncryptedTensor.byte_width {msg.byte_width} != {w} for this key")
-        size = math.prod(shape)
-        data = bytes(msg.ciphertexts)
-        if len(data) != size * w:
-            raise CiphertextError(f"EncryptedTensor.ciphertexts has {len(data)} bytes, expected {size * w}")
         n, n2 = pk._n, pk.nsquare
-        cts = [mpz(int.from_bytes(data[i:i + w], "big")) for i in range(0, size * w, w)]
+        cts = [mpz(c) for c in ints]
         prod = mpz(1)
         for i, c in enumerate(cts):
             if not 0 < c < n2:
-                raise CiphertextError(f"EncryptedTensor.ciphertexts[{i}] is outside (0, n^2)")
+                raise CiphertextError(f"{what}[{i}] is outside (0, n^2)")
             prod = prod * (c % n) % n
         if gmpy2.gcd(prod, n) != 1:
             bad = next(i for i, c in enumerate(cts) if gmpy2.gcd(c, n) != 1)
-            raise CiphertextError(f"EncryptedTensor.ciphertexts[{bad}] is not a unit mod n^2 (gcd(c, n) != 1)")
-        packing, summands = None, 1
-        if msg.slot_bits:
-            try:
-                packing = PackingSpec(int(msg.slots), int(msg.slot_bits), -int(msg.exponent), int(msg.slot_bound))
-            except ValueError as e:
-                raise CiphertextError(f"EncryptedTensor packing fields invalid: {e}") from None
+            raise CiphertextError(f"{what}[{bad}] is not a unit mod n^2 (gcd(c, n) != 1)")
+        if packing is not None:
             if packing.slots * packing.slot_bits > pk.n_bits - 2:
-                raise CiphertextError("EncryptedTensor.slots * slot_bits exceeds the key's plaintext space")
-            summands = int(msg.summands)
+                raise CiphertextError(f"{what}: slots * slot_bits exceeds the key's plaintext space")
             if not 1 <= summands <= packing.capacity:
-                raise CiphertextError(f"EncryptedTensor.summands {summands} outside [1, {packing.capacity}]")
-        return cls(pk, _obj(cts, shape), int(msg.exponent), packing, summands)
+                raise CiphertextError(f"{what}: summands {summands} outside [1, {packing.capacity}]")
+        else:
+            summands = 1
+        return cls(pk, _obj(cts, tuple(shape)), int(exponent), packing, summands)
 
     # -- phe interop
     def to_phe(self) -> list:
@@ -557,7 +531,7 @@ def encrypt_packed(key, values, spec: PackingSpec) -> EncryptedArray:
 def decrypt_raw(priv: PrivateKey, enc: EncryptedArray) -> list[int]:
     """Plaintext residues in [0, n) of every ciphertext of ``enc`` (C order), undecoded.
 
-    For protocols whose plaintexts are masked with a uniform element of Z_n (the key holder must not
+    For callers whose plaintexts are masked with a uniform element of Z_n (the key holder must not
     decode them). Parallel over the worker pool like :func:`decrypt`.
     Raises CiphertextError if enc is under another key.
     """

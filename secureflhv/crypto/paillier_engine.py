@@ -328,10 +328,6 @@ def task_powmod(n2: int, cts: list, exps: list) -> list:
     return powmod_elementwise(cts, exps, n2)
 
 
-def task_invert(n2: int, cts: list) -> list:
-    return batch_invert(cts, mpz(n2))
-
-
 def task_mulmod(n2: int, a: list, b: list) -> list:
     n2 = mpz(n2)
     return [x * y % n2 for x, y in zip(a, b)]

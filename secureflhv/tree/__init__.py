@@ -1,8 +1,8 @@
 """SecureBoost: federated histogram gradient boosting, vertical (Paillier) and horizontal (secure aggregation).
 
 Modules: :mod:`.params` (hyperparameters, objectives, fixed-point grid), :mod:`.binning`,
-:mod:`.reference` (the centralised twin), :mod:`.vertical` (guest/host roles), :mod:`.vertical_hist`
-(host-side encrypted histograms), :mod:`.horizontal` (server/client roles), :mod:`.xgb_export`.
+:mod:`.reference` (the centralised twin), :mod:`.vertical` (guest/host roles; encrypted histograms
+through :mod:`secureflhv.crypto.he`), :mod:`.horizontal` (server/client roles), :mod:`.xgb_export`.
 See docs/secureboost.md.
 """
 from .model import BoostedModel, Node, Tree

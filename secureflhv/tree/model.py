@@ -128,10 +128,6 @@ class BoostedModel:
             return True
         return False
 
-    @property
-    def n_outputs(self) -> int:
-        return len(self.base_margin)
-
     def predict_margin_bins(self, bins: np.ndarray) -> np.ndarray:
         m = np.tile(self.base_margin, (bins.shape[0], 1)).astype(np.float64)
         for t in self.trees:

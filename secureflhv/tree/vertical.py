@@ -26,6 +26,13 @@ One tree (``[[.]]`` = Paillier under the guest's key; round ids ``tree * 64 + de
                    the guest checks that the partition's hessian sum equals the decrypted one
     leaves: weight -lr G/(H + lambda), known to the guest only
 
+The role methods are these stages: guest :meth:`~SecureBoostGuest._encrypt_gradients` (SbTreeStart),
+``_open_level`` / ``_send_plan`` (SbLevelPlan), ``_find_splits`` (SbHistograms -> one
+:class:`SplitCandidate` per node), ``_apply_splits`` (SbDecision, SbSplitResults); host
+``_apply_partitions``, ``_aggregate_histograms``, ``_send_candidates``, ``_apply_decision``. Encryption
+and the encrypted histogram arithmetic are :class:`secureflhv.crypto.he.PairSums` (Paillier or, for the
+plaintext baseline, identity); their wire encoding is :mod:`secureflhv.transport.he_codec`.
+
 Prediction (:meth:`SecureBoostGuest.predict`): level by level over all trees at once, the guest asks
 each host which way the rows sitting at its nodes go (SbRouteRequest/Reply): at most ``max_depth``
 rounds per host. Early stopping uses the same routing on the validation rows after every round.
@@ -58,11 +65,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..crypto import paillier as pl
-from ..proto import messages_pb2, tree_pb2
+from ..crypto.he import PairSums, make_backend
+from ..proto import tree_pb2
+from ..transport.he_codec import codec_for
 from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, TransportError, parse_message
-from . import vertical_hist as vh
 from .binning import apply_bins, fit_cuts, goes_left
 from .model import BoostedModel, Node, Tree, plan_children
 from .params import (SecureBoostParams, base_margin, bound_log2, check_labels, dequantise, gradients, loss,
@@ -98,23 +105,25 @@ def unpack_mask(data: bytes, n: int, what: str) -> np.ndarray:
     return bits[:n].astype(bool)
 
 
-def _tensor(a: np.ndarray) -> messages_pb2.Tensor:
-    a = np.ascontiguousarray(a)
-    return messages_pb2.Tensor(dtype=a.dtype.str, shape=list(a.shape), data=a.tobytes())
-
-
-def _from_tensor(t: messages_pb2.Tensor, dtype: str, shape: tuple, what: str) -> np.ndarray:
-    if t.dtype != dtype or tuple(int(s) for s in t.shape) != tuple(shape):
-        raise ProtocolError(f"{what}: tensor {t.dtype} {tuple(t.shape)}, expected {dtype} {tuple(shape)}")
-    a = np.frombuffer(t.data, dtype=dtype)
-    if a.size != int(np.prod(shape)):
-        raise ProtocolError(f"{what}: {len(t.data)} data bytes for shape {tuple(shape)}")
-    return a.reshape(shape)
-
-
 def _gains(GL, HL, G, H, lam):
     GR, HR = G - GL, H - HL
     return 0.5 * (GL * GL / (HL + lam) + GR * GR / (HR + lam) - G * G / (H + lam))
+
+
+def _leaf_values(tree: Tree, pos: np.ndarray, n_rows: int) -> np.ndarray:
+    """The leaf value of every row, given the node each row has reached."""
+    vals = np.zeros(n_rows)
+    for nid in np.unique(pos).tolist():
+        vals[pos == nid] = tree.nodes[nid].value
+    return vals
+
+
+def _route_reply_parser(host: str, lens: list[int]):
+    def validate(m: tree_pb2.SbRouteReply):
+        if len(m.left_masks) != len(lens):
+            raise ProtocolError(f"route reply from {host}: {len(m.left_masks)} masks for {len(lens)} queries")
+        return [unpack_mask(b, k, f"route reply from {host}") for b, k in zip(m.left_masks, lens)]
+    return parse_message(tree_pb2.SbRouteReply, validate)
 
 
 def _check_matrix(X, name: str) -> np.ndarray:
@@ -126,18 +135,6 @@ def _check_matrix(X, name: str) -> np.ndarray:
     return X
 
 
-def gh_packing(key_bits: int, precision_bits: int, log2_bound: int, n_rows: int) -> pl.PackingSpec:
-    """(g, h) in two slots of one plaintext, sized so that n_rows values summed cannot overflow."""
-    return pl.PackingSpec.create(key_bits, precision_bits=precision_bits, value_bound=float(2 ** log2_bound),
-                                 n_summands=max(1, n_rows), slots=2)
-
-
-def compressed_packing(spec: pl.PackingSpec, key_bits: int) -> tuple[pl.PackingSpec, int]:
-    """Spec of a compressed ciphertext (2k slots) and k = candidates per ciphertext."""
-    k = max(1, (key_bits - 2) // (2 * spec.slot_bits))
-    return pl.PackingSpec(2 * k, spec.slot_bits, spec.precision_bits, spec.slot_bound), k
-
-
 @dataclass
 class TrainResult:
     """Guest: the model (host splits by record id), validation losses, seconds per tree."""
@@ -147,12 +144,59 @@ class TrainResult:
     stopped_early: bool = False
 
 
+@dataclass
+class SplitCandidate:
+    """The best split of one node found so far by the guest (Cheng et al. 2021, Alg. 2).
+
+    ``owner`` is "guest" (``feature``, ``bin``: its own column and bin) or a host id (``candidate``: the
+    id in that host's shuffled candidate table of the node; ``tied``: every id with exactly this gain,
+    the host takes the first in its (feature, bin) order; ``tied_hess``: their left hessian sums, which
+    the host's returned partition must match).
+    """
+
+    gain: float
+    owner: str
+    feature: int = -1
+    bin: int = -1
+    candidate: int = -1
+    tied: list[int] = field(default_factory=list)
+    tied_hess: set[float] = field(default_factory=set)
+
+
+def _gain_of(cand: SplitCandidate | None) -> float:
+    return -np.inf if cand is None else cand.gain
+
+
+@dataclass
+class _GrowingTree:
+    """The guest's state of the tree being grown: quantised g, h, rows per node, leaves, partitions."""
+
+    seq: int
+    p: int
+    gq: np.ndarray
+    hq: np.ndarray
+    sums: PairSums
+    tree: Tree = field(default_factory=Tree)
+    rows_of: dict[int, np.ndarray] = field(default_factory=dict)
+    totals: dict[int, tuple[float, float]] = field(default_factory=dict)
+    leaf_rows: dict[int, np.ndarray] = field(default_factory=dict)
+    partitions: list[tuple[int, np.ndarray]] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.rows_of[0] = np.arange(len(self.gq))
+
+    def sum_gh(self, rows: np.ndarray) -> tuple[float, float]:
+        return float(dequantise(self.gq[rows].sum(), self.p)), float(dequantise(self.hq[rows].sum(), self.p))
+
+
 class _Role(ProtocolRole):
     protocol = "SecureBoost"
 
-    def __init__(self, transport: Transport, params):
+    def __init__(self, transport: Transport, params, backend):
         super().__init__(transport)
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
+        self.he = make_backend(backend)
+        self.wire = codec_for(self.he)
 
 
 # ============================================================================================ guest
@@ -172,8 +216,8 @@ class SecureBoostGuest(_Role):
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, params, *, X_val=None, y_val=None,
-                 cuts=None, keypair=None, backend: str = "paillier"):
-        super().__init__(transport, params)
+                 cuts=None, keypair=None, backend="paillier"):
+        super().__init__(transport, params, backend)
         self.host_ids = list(host_ids)
         if not self.host_ids:
             raise ValueError("host_ids: vertical SecureBoost needs at least one host")
@@ -186,9 +230,6 @@ class SecureBoostGuest(_Role):
         self.n_bins = [len(c) + 1 for c in self.cuts]
         self.X_val = None if X_val is None else _check_matrix(X_val, "X_val")
         self.y_val = None if y_val is None else check_labels(y_val, self.params)
-        if backend not in ("paillier", "identity"):
-            raise ValueError(f"backend: 'paillier' or 'identity', got {backend!r}")
-        self.backend = backend
         self._keypair = keypair
         self.model: BoostedModel | None = None
         self._route_round = {h: 0 for h in self.host_ids}
@@ -205,22 +246,7 @@ class SecureBoostGuest(_Role):
     def _fit(self) -> TrainResult:
         prm, t = self.params, self.t
         n = len(self.y)
-        t0 = time.perf_counter()
-        if self.backend == "paillier":
-            self.pub, self.priv = self._keypair or pl.generate_keypair(prm.key_bits,
-                                                                       insecure_test_key=prm.insecure_test_key)
-        self.timings["keygen"] = time.perf_counter() - t0
-        setup = tree_pb2.SbSetup(n_rows=n, n_val_rows=0 if self.X_val is None else len(self.X_val),
-                                 objective=prm.objective, n_classes=prm.n_classes, max_depth=prm.max_depth,
-                                 n_trees=prm.n_trees, hosts=self.host_ids, max_bin=prm.max_bin)
-        if self.backend == "paillier":
-            setup.public_key.CopyFrom(self.pub.to_proto())
-        for h in self.host_ids:
-            t.send(h, TAG_SETUP, setup)
-        self.host_features = {}
-        for h in self.host_ids:
-            msg = self._recv(h, TAG_HELLO, 0, parse_message(tree_pb2.SbHello), "setup")
-            self.host_features[h] = int(msg.n_features)
+        self._setup(n)
         bm = base_margin(self.y, prm)
         model = BoostedModel(prm, bm)
         margin = np.tile(bm, (n, 1)).astype(np.float64)
@@ -253,6 +279,23 @@ class SecureBoostGuest(_Role):
         self.model = model
         return result
 
+    def _setup(self, n: int) -> None:
+        """Key pair, SbSetup (the public key, shapes, the parameters hosts must share) and the hosts' widths."""
+        prm = self.params
+        t0 = time.perf_counter()
+        self.pub, self.priv = self._keypair or self.he.generate_keypair(prm.key_bits, prm.insecure_test_key)
+        self.timings["keygen"] = time.perf_counter() - t0
+        setup = tree_pb2.SbSetup(n_rows=n, n_val_rows=0 if self.X_val is None else len(self.X_val),
+                                 objective=prm.objective, n_classes=prm.n_classes, max_depth=prm.max_depth,
+                                 n_trees=prm.n_trees, hosts=self.host_ids, max_bin=prm.max_bin)
+        self.wire.put_setup_key(setup, self.pub)
+        for h in self.host_ids:
+            self.t.send(h, TAG_SETUP, setup)
+        self.host_features = {}
+        for h in self.host_ids:
+            msg = self._recv(h, TAG_HELLO, 0, parse_message(tree_pb2.SbHello), "setup")
+            self.host_features[h] = int(msg.n_features)
+
     def _recv(self, host: str, tag: str, rnd: int, parse, where: str):
         try:
             return self.t.recv(host, tag, round=rnd, parse=parse)
@@ -266,129 +309,153 @@ class SecureBoostGuest(_Role):
         except TransportError as exc:
             raise SecureBoostError(f"host {host!r} unreachable ({where}, sending {tag!r}): {exc}") from exc
 
+    # Cheng et al. 2021, Alg. 1-2, one tree: encrypt g, h; per level: plan, find splits, apply them
     def _grow(self, seq: int, g: np.ndarray, h: np.ndarray) -> tuple[Tree, dict[int, np.ndarray]]:
-        prm = self.params
+        st = self._encrypt_gradients(seq, g, h)
+        level = [0]
+        for depth in range(self.params.max_depth + 1):
+            split_now = self._open_level(st, level, depth)
+            self._send_plan(st, depth, split_now)
+            if not split_now:
+                break
+            best = self._find_splits(st, split_now, depth)
+            level = self._apply_splits(st, best, depth)
+        return st.tree, st.leaf_rows
+
+    def _encrypt_gradients(self, seq: int, g: np.ndarray, h: np.ndarray) -> _GrowingTree:
+        """Alg. 1 step 1: quantise g, h at p fraction bits, send [[pack(g_i, h_i)]] per row to every host."""
         n = len(g)
         e = bound_log2(g, h)
         p = precision_bits_for(n, e)
-        gq, hq = quantise(g, p), quantise(h, p)
-        self._cur_p = p
+        st = _GrowingTree(seq, p, quantise(g, p), quantise(h, p), self.he.pair_sums(self.pub, p, e, n))
         start = tree_pb2.SbTreeStart(tree=seq, precision_bits=p, log2_bound=e)
         te = time.perf_counter()
-        if self.backend == "paillier":
-            spec = gh_packing(self.pub.n_bits, p, e, n)
-            cspec, per = compressed_packing(spec, self.pub.n_bits)
-            enc = pl.encrypt_packed(self.priv, np.stack([dequantise(gq, p), dequantise(hq, p)], axis=1), spec)
-            start.gh.CopyFrom(enc.to_proto())
-        else:
-            cspec, per = None, 1
-            start.g.CopyFrom(_tensor(gq))
-            start.h.CopyFrom(_tensor(hq))
+        self.wire.put_pairs(start, st.sums.encrypt(self.priv, st.gq, st.hq))
         self.timings["encrypt"] = self.timings.get("encrypt", 0.0) + time.perf_counter() - te
         for host in self.host_ids:
             self._send(host, TAG_START, start, seq + 1, f"tree {seq}")
-        lam, lr, mcw = prm.reg_lambda, prm.learning_rate, prm.min_child_weight
-        tree = Tree()
-        rows_of = {0: np.arange(n)}
-        leaf_rows: dict[int, np.ndarray] = {}
-        level = [0]
-        partitions: list[tuple[int, np.ndarray]] = []
-        for depth in range(prm.max_depth + 1):
-            rnd = _rnd(seq, depth)
-            split_now = []
-            for nid in level:
-                rows = rows_of[nid]
-                G, H = float(dequantise(gq[rows].sum(), p)), float(dequantise(hq[rows].sum(), p))
-                tree.nodes[nid] = Node(nid, sum_hess=H, n_rows=len(rows))
-                if depth < prm.max_depth and len(rows) >= 2:
-                    split_now.append(nid)
-                else:
-                    tree.nodes[nid].value = -lr * G / (H + lam)
-                    leaf_rows[nid] = rows
-            plan = tree_pb2.SbLevelPlan(depth=depth, done=not split_now)
-            for nid, mask in partitions:
-                plan.partitions.add(node=nid, left_mask=pack_mask(mask))
-            for nid, derived in plan_children(split_now, {k: len(v) for k, v in rows_of.items()}):
-                plan.nodes.add(node=nid, derived=derived, send=nid in split_now)
-            for host in self.host_ids:
-                self._send(host, TAG_PLAN, plan, rnd, f"tree {seq} depth {depth}")
-            if not split_now:
-                break
-            where = f"tree {seq} depth {depth}"
-            # own candidates first (plaintext), then each host's (decrypted)
-            best = {nid: (-np.inf, None) for nid in split_now}
-            totals = {}
-            for nid in split_now:
-                rows = rows_of[nid]
-                G, H = float(dequantise(gq[rows].sum(), p)), float(dequantise(hq[rows].sum(), p))
-                totals[nid] = (G, H)
-                for j in range(self.bins.shape[1]):
-                    b_j = self.bins[rows, j]
-                    cnt = np.bincount(b_j, minlength=self.n_bins[j])
-                    GL = dequantise(np.cumsum(np.bincount(b_j, gq[rows].astype(np.float64), self.n_bins[j]))[:-1], p)
-                    HL = dequantise(np.cumsum(np.bincount(b_j, hq[rows].astype(np.float64), self.n_bins[j]))[:-1], p)
-                    ok = (cnt[:-1] > 0) & (np.cumsum(cnt)[:-1] < len(rows)) & (HL >= mcw) & (H - HL >= mcw)
-                    if ok.any():
-                        gain = np.where(ok, _gains(GL, HL, G, H, lam), -np.inf)
-                        b = int(np.argmax(gain))
-                        if gain[b] > best[nid][0]:
-                            best[nid] = (float(gain[b]), ("guest", j, b, None))
-            for host in self.host_ids:
-                cands = self._recv(host, TAG_HIST, rnd, self._hist_parser(host, split_now, cspec, per), where)
-                for nid, (GL, HL) in cands.items():
-                    G, H = totals[nid]
-                    ok = (HL >= mcw) & (H - HL >= mcw)
-                    if not ok.any():
-                        continue
-                    gain = np.where(ok, _gains(GL, HL, G, H, lam), -np.inf)
-                    c = int(np.argmax(gain))
-                    if gain[c] > best[nid][0]:
-                        tied = np.flatnonzero(gain == gain[c])
-                        best[nid] = (float(gain[c]), (host, c, tied, {float(v) for v in HL[tied]}))
-            decisions = {host: tree_pb2.SbDecision() for host in self.host_ids}
-            chosen = {}
-            for nid in split_now:
-                gain, who = best[nid]
-                node = tree.nodes[nid]
-                if who is None or not gain - prm.gamma > 0:
-                    G, H = totals[nid]
-                    node.value = -lr * G / (H + lam)
-                    leaf_rows[nid] = rows_of[nid]
-                    continue
-                node.leaf, node.gain, node.owner = False, gain, who[0]
-                chosen[nid] = who
-                if who[0] == "guest":
-                    node.feature, node.bin, node.threshold = who[1], who[2], float(self.cuts[who[1]][who[2]])
-                else:
-                    decisions[who[0]].choices.add(node=nid, candidate=who[1],
-                                                  tied=[int(c) for c in who[2] if c != who[1]])
-            for host in self.host_ids:
-                self._send(host, TAG_DECIDE, decisions[host], rnd, where)
-            host_masks = {}
-            for host in self.host_ids:
-                res = self._recv(host, TAG_SPLIT, rnd, self._split_parser(host, decisions[host], rows_of), where)
-                for nid, (record, mask) in res.items():
-                    tree.nodes[nid].record = record
-                    host_masks[nid] = mask
-            partitions, level = [], []
-            for nid in sorted(chosen):
-                rows = rows_of[nid]
-                who = chosen[nid]
-                if who[0] == "guest":
-                    mask = self.bins[rows, who[1]] <= who[2]
-                else:
-                    mask = host_masks[nid]
-                    hl = float(dequantise(hq[rows[mask]].sum(), p))  # a tied candidate has the same sum
-                    if hl not in who[3]:
-                        raise SecureBoostError(f"host {who[0]!r} returned a partition for node {nid} whose hessian "
-                                               f"sum {hl} differs from its histogram's {sorted(who[3])} ({where})")
-                node = tree.nodes[nid]
-                rows_of[node.left], rows_of[node.right] = rows[mask], rows[~mask]
-                partitions.append((nid, mask))
-                level += [node.left, node.right]
-        return tree, leaf_rows
+        return st
 
-    def _hist_parser(self, host: str, nodes: list[int], cspec, per: int):
+    def _open_level(self, st: _GrowingTree, level: list[int], depth: int) -> list[int]:
+        """Create the level's nodes; those at max depth or with < 2 rows become leaves. Returns the rest."""
+        split_now = []
+        for nid in level:
+            rows = st.rows_of[nid]
+            G, H = st.totals[nid] = st.sum_gh(rows)
+            st.tree.nodes[nid] = Node(nid, sum_hess=H, n_rows=len(rows))
+            if depth < self.params.max_depth and len(rows) >= 2:
+                split_now.append(nid)
+            else:
+                self._make_leaf(st, nid)
+        return split_now
+
+    def _make_leaf(self, st: _GrowingTree, nid: int) -> None:
+        G, H = st.totals[nid]
+        st.tree.nodes[nid].value = -self.params.learning_rate * G / (H + self.params.reg_lambda)
+        st.leaf_rows[nid] = st.rows_of[nid]
+
+    def _send_plan(self, st: _GrowingTree, depth: int, split_now: list[int]) -> None:
+        """The previous level's partitions, the nodes to split now and which histograms to build/derive."""
+        plan = tree_pb2.SbLevelPlan(depth=depth, done=not split_now)
+        for nid, mask in st.partitions:
+            plan.partitions.add(node=nid, left_mask=pack_mask(mask))
+        for nid, derived in plan_children(split_now, {k: len(v) for k, v in st.rows_of.items()}):
+            plan.nodes.add(node=nid, derived=derived, send=nid in split_now)
+        for host in self.host_ids:
+            self._send(host, TAG_PLAN, plan, _rnd(st.seq, depth), f"tree {st.seq} depth {depth}")
+
+    def _find_splits(self, st: _GrowingTree, split_now: list[int], depth: int) -> dict[int, SplitCandidate | None]:
+        """Alg. 2: the best split per node, own candidates first (plaintext), then each host's (decrypted)."""
+        best = {nid: self._guest_split(st, nid) for nid in split_now}
+        for host in self.host_ids:
+            cands = self._recv(host, TAG_HIST, _rnd(st.seq, depth), self._hist_parser(host, split_now, st.sums),
+                               f"tree {st.seq} depth {depth}")
+            for nid, (GL, HL) in cands.items():
+                cand = self._host_split(host, GL, HL, *st.totals[nid])
+                if cand is not None and cand.gain > _gain_of(best[nid]):
+                    best[nid] = cand
+        return best
+
+    def _guest_split(self, st: _GrowingTree, nid: int) -> SplitCandidate | None:
+        """The guest's best (feature, bin) of node ``nid``: the first maximum in (feature, bin) order."""
+        lam, mcw = self.params.reg_lambda, self.params.min_child_weight
+        rows = st.rows_of[nid]
+        G, H = st.totals[nid]
+        gq, hq = st.gq[rows].astype(np.float64), st.hq[rows].astype(np.float64)
+        best = None
+        for j in range(self.bins.shape[1]):
+            b_j, nb = self.bins[rows, j], self.n_bins[j]
+            cnt = np.bincount(b_j, minlength=nb)
+            GL = dequantise(np.cumsum(np.bincount(b_j, gq, nb))[:-1], st.p)
+            HL = dequantise(np.cumsum(np.bincount(b_j, hq, nb))[:-1], st.p)
+            ok = (cnt[:-1] > 0) & (np.cumsum(cnt)[:-1] < len(rows)) & (HL >= mcw) & (H - HL >= mcw)
+            if ok.any():
+                gain = np.where(ok, _gains(GL, HL, G, H, lam), -np.inf)
+                b = int(np.argmax(gain))
+                if gain[b] > _gain_of(best):
+                    best = SplitCandidate(float(gain[b]), "guest", feature=j, bin=b)
+        return best
+
+    def _host_split(self, host: str, GL, HL, G: float, H: float) -> SplitCandidate | None:
+        """A host's best candidate of one node from its decrypted (G_L, H_L), with its exact ties."""
+        mcw = self.params.min_child_weight
+        ok = (HL >= mcw) & (H - HL >= mcw)
+        if not ok.any():
+            return None
+        gain = np.where(ok, _gains(GL, HL, G, H, self.params.reg_lambda), -np.inf)
+        c = int(np.argmax(gain))
+        tied = np.flatnonzero(gain == gain[c])
+        return SplitCandidate(float(gain[c]), host, candidate=c, tied=[int(x) for x in tied],
+                              tied_hess={float(v) for v in HL[tied]})
+
+    def _apply_splits(self, st: _GrowingTree, best: dict[int, SplitCandidate | None], depth: int) -> list[int]:
+        """Alg. 2 end: split where the gain beats gamma (hosts apply theirs), else a leaf; returns next level."""
+        where = f"tree {st.seq} depth {depth}"
+        decisions = {host: tree_pb2.SbDecision() for host in self.host_ids}
+        chosen = {}
+        for nid, cand in best.items():
+            node = st.tree.nodes[nid]
+            if cand is None or not cand.gain - self.params.gamma > 0:
+                self._make_leaf(st, nid)
+                continue
+            node.leaf, node.gain, node.owner = False, cand.gain, cand.owner
+            chosen[nid] = cand
+            if cand.owner == "guest":
+                node.feature, node.bin, node.threshold = cand.feature, cand.bin, float(self.cuts[cand.feature][cand.bin])
+            else:
+                decisions[cand.owner].choices.add(node=nid, candidate=cand.candidate,
+                                                  tied=[c for c in cand.tied if c != cand.candidate])
+        for host in self.host_ids:
+            self._send(host, TAG_DECIDE, decisions[host], _rnd(st.seq, depth), where)
+        host_masks = {}
+        for host in self.host_ids:
+            res = self._recv(host, TAG_SPLIT, _rnd(st.seq, depth), self._split_parser(host, decisions[host], st.rows_of),
+                             where)
+            for nid, (record, mask) in res.items():
+                st.tree.nodes[nid].record = record
+                host_masks[nid] = mask
+        st.partitions, level = [], []
+        for nid in sorted(chosen):
+            node = st.tree.nodes[nid]
+            mask = self._partition(st, nid, chosen[nid], host_masks.get(nid), where)
+            rows = st.rows_of[nid]
+            st.rows_of[node.left], st.rows_of[node.right] = rows[mask], rows[~mask]
+            st.partitions.append((nid, mask))
+            level += [node.left, node.right]
+        return level
+
+    def _partition(self, st: _GrowingTree, nid: int, cand: SplitCandidate, host_mask, where: str) -> np.ndarray:
+        """Left mask of node ``nid``'s rows; a host's is checked against the hessian sums it won with."""
+        rows = st.rows_of[nid]
+        if cand.owner == "guest":
+            return self.bins[rows, cand.feature] <= cand.bin
+        hl = float(dequantise(st.hq[rows[host_mask]].sum(), st.p))  # a tied candidate has the same sum
+        if hl not in cand.tied_hess:
+            raise SecureBoostError(f"host {cand.owner!r} returned a partition for node {nid} whose hessian "
+                                   f"sum {hl} differs from its histogram's {sorted(cand.tied_hess)} ({where})")
+        return host_mask
+
+    def _hist_parser(self, host: str, nodes: list[int], sums):
         max_cands = self.host_features[host] * (self.params.max_bin - 1)
 
         def validate(msg: tree_pb2.SbHistograms):
@@ -398,25 +465,10 @@ class SecureBoostGuest(_Role):
             counts = [int(x.n_candidates) for x in msg.nodes]
             if any(c > max_cands for c in counts):
                 raise ProtocolError(f"histograms from {host}: more candidates than {max_cands}")
-            if self.backend == "identity":
-                vals = _from_tensor(msg.plain, "<i8", (sum(counts), 2), f"histograms from {host}")
-                flat = dequantise(vals, self._p)
-            else:
-                n_ct = sum(-(-c // per) for c in counts)
-                try:
-                    enc = pl.EncryptedArray.from_proto(msg.sums, self.pub, expected_shape=(n_ct,))
-                except pl.CiphertextError as exc:
-                    raise ProtocolError(f"histograms from {host}: {exc}") from exc
-                if enc.packing != cspec:
-                    raise ProtocolError(f"histograms from {host}: packing {enc.packing} differs from {cspec}")
-                td = time.perf_counter()
-                dec = pl.decrypt(self.priv, enc).reshape(n_ct * per, 2) if n_ct else np.zeros((0, 2))
-                self.timings["decrypt"] = self.timings.get("decrypt", 0.0) + time.perf_counter() - td
-                parts, off = [], 0
-                for c in counts:
-                    parts.append(dec[off:off + c])
-                    off += -(-c // per) * per
-                flat = np.concatenate(parts) if parts else np.zeros((0, 2))
+            value = self.wire.pair_sums_from(msg, self.pub, sums, counts, f"histograms from {host}")
+            td = time.perf_counter()
+            flat = sums.decrypt(self.priv, value, counts)
+            self.timings["decrypt"] = self.timings.get("decrypt", 0.0) + time.perf_counter() - td
             out, off = {}, 0
             for nid, c in zip(nodes, counts):
                 out[nid] = (flat[off:off + c, 0], flat[off:off + c, 1])
@@ -438,61 +490,52 @@ class SecureBoostGuest(_Role):
 
         return parse_message(tree_pb2.SbSplitResults, validate)
 
-    @property
-    def _p(self):
-        return self._cur_p
-
     # ----------------------------------------------------------------------------- prediction
     def _route(self, trees: list[Tree], dataset: str, n_rows: int, X: np.ndarray) -> list[np.ndarray]:
         """Leaf value per row for each tree, asking hosts level by level (<= max_depth rounds)."""
         pos = [np.zeros(n_rows, dtype=np.int64) for _ in trees]
         for _ in range(self.params.max_depth):
-            queries = {h: [] for h in self.host_ids}   # (tree index, node, rows)
-            active = False
-            for ti, tree in enumerate(trees):
-                for nid in np.unique(pos[ti]).tolist():
-                    node = tree.nodes[nid]
-                    if node.leaf:
-                        continue
-                    active = True
-                    rows = np.flatnonzero(pos[ti] == nid)
-                    if node.owner == "guest":
-                        left = goes_left(X[rows, node.feature], node.threshold)
-                        pos[ti][rows] = np.where(left, node.left, node.right)
-                    else:
-                        queries[node.owner].append((ti, nid, rows))
-            if not active:
+            queries = self._route_own(trees, pos, X)
+            if queries is None:
                 break
-            for h, qs in queries.items():
-                if not qs:
-                    continue
-                self._route_round[h] += 1
-                req = tree_pb2.SbRouteRequest(dataset=dataset, n_rows=n_rows)
-                for ti, nid, rows in qs:
-                    req.queries.add(record=trees[ti].nodes[nid].record, rows=rows.tolist())
-                self._send(h, TAG_ROUTE, req, self._route_round[h], f"prediction ({dataset})")
-            for h, qs in queries.items():
-                if not qs:
-                    continue
-                lens = [len(q[2]) for q in qs]
+            self._route_hosts(trees, pos, queries, dataset, n_rows)
+        return [_leaf_values(tree, p, n_rows) for tree, p in zip(trees, pos)]
 
-                def validate(m: tree_pb2.SbRouteReply, lens=lens, h=h):
-                    if len(m.left_masks) != len(lens):
-                        raise ProtocolError(f"route reply from {h}: {len(m.left_masks)} masks for {len(lens)} queries")
-                    return [unpack_mask(b, k, f"route reply from {h}") for b, k in zip(m.left_masks, lens)]
-
-                masks = self._recv(h, TAG_ROUTED, self._route_round[h],
-                                   parse_message(tree_pb2.SbRouteReply, validate), f"prediction ({dataset})")
-                for (ti, nid, rows), left in zip(qs, masks):
-                    node = trees[ti].nodes[nid]
-                    pos[ti][rows] = np.where(left, node.left, node.right)
-        out = []
+    def _route_own(self, trees: list[Tree], pos: list[np.ndarray], X: np.ndarray) -> dict | None:
+        """Move rows one level down through the guest's splits; the host splits' (tree, node, rows) per
+        host, or None when every row sits at a leaf."""
+        queries = {h: [] for h in self.host_ids}
+        active = False
         for ti, tree in enumerate(trees):
-            vals = np.zeros(n_rows)
             for nid in np.unique(pos[ti]).tolist():
-                vals[pos[ti] == nid] = tree.nodes[nid].value
-            out.append(vals)
-        return out
+                node = tree.nodes[nid]
+                if node.leaf:
+                    continue
+                active = True
+                rows = np.flatnonzero(pos[ti] == nid)
+                if node.owner == "guest":
+                    left = goes_left(X[rows, node.feature], node.threshold)
+                    pos[ti][rows] = np.where(left, node.left, node.right)
+                else:
+                    queries[node.owner].append((ti, nid, rows))
+        return queries if active else None
+
+    def _route_hosts(self, trees: list[Tree], pos: list[np.ndarray], queries: dict, dataset: str, n_rows: int):
+        """Ask each host which way the rows at its nodes go (SbRouteRequest/Reply) and move them."""
+        where = f"prediction ({dataset})"
+        asked = {h: qs for h, qs in queries.items() if qs}
+        for h, qs in asked.items():
+            self._route_round[h] += 1
+            req = tree_pb2.SbRouteRequest(dataset=dataset, n_rows=n_rows)
+            for ti, nid, rows in qs:
+                req.queries.add(record=trees[ti].nodes[nid].record, rows=rows.tolist())
+            self._send(h, TAG_ROUTE, req, self._route_round[h], where)
+        for h, qs in asked.items():
+            masks = self._recv(h, TAG_ROUTED, self._route_round[h],
+                               _route_reply_parser(h, [len(q[2]) for q in qs]), where)
+            for (ti, nid, rows), left in zip(qs, masks):
+                node = trees[ti].nodes[nid]
+                pos[ti][rows] = np.where(left, node.left, node.right)
 
     def predict_margin(self, X, dataset: str = "predict") -> np.ndarray:
         """Federated margins (n, outputs) for guest rows X aligned with the hosts' ``dataset`` rows."""
@@ -534,8 +577,8 @@ class SecureBoostHost(_Role):
     """
 
     def __init__(self, transport: Transport, guest_id: str, X, params, *, X_val=None, cuts=None,
-                 backend: str = "paillier"):
-        super().__init__(transport, params)
+                 backend="paillier"):
+        super().__init__(transport, params, backend)
         self.guest_id = guest_id
         self.X = _check_matrix(X, "X")
         self.cuts = fit_cuts(self.X, self.params.max_bin) if cuts is None else [np.asarray(c) for c in cuts]
@@ -544,7 +587,6 @@ class SecureBoostHost(_Role):
         self.datasets = {"train": self.X}
         if X_val is not None:
             self.datasets["val"] = _check_matrix(X_val, "X_val")
-        self.backend = backend
         self.records: list[tuple[int, int, float]] = []
         self.keep_trees = 0
         self._route_round = 0
@@ -562,12 +604,10 @@ class SecureBoostHost(_Role):
     def _fit(self):
         t, prm = self.t, self.params
         setup = t.recv(self.guest_id, TAG_SETUP, parse=parse_message(tree_pb2.SbSetup, self._check_setup))
-        self.pub = None
-        if self.backend == "paillier":
-            try:
-                self.pub = pl.PublicKey.from_proto(setup.public_key, insecure_test_key=prm.insecure_test_key)
-            except (ValueError, pl.CiphertextError) as exc:
-                raise SecureBoostError(f"{self.party_id}: the guest's public key is unacceptable: {exc}") from exc
+        try:
+            self.pub = self.wire.setup_key(setup, prm.insecure_test_key)
+        except ProtocolError as exc:
+            raise SecureBoostError(f"{self.party_id}: the guest's public key is unacceptable: {exc}") from exc
         self._seed = self.params.shuffle_seed  # the host's own: a shuffle known to the guest would hide nothing
         self._validating = setup.n_val_rows > 0
         t.send(self.guest_id, TAG_HELLO, tree_pb2.SbHello(n_features=self.X.shape[1]))
@@ -579,6 +619,7 @@ class SecureBoostHost(_Role):
                 self.keep_trees = start[1]
                 return
             self._tree(seq, *start)
+            self.timings["compress"] += start[1].compress_seconds
             seq += 1
             if self._validating:
                 self._serve(None)  # the guest routes its validation rows through the new tree
@@ -602,111 +643,84 @@ class SecureBoostHost(_Role):
         if m.stop:
             return None, int(m.keep_trees)
         n = self.X.shape[0]
-        p, e = int(m.precision_bits), int(m.log2_bound)
-        if self.backend == "identity":
-            return (_from_tensor(m.g, "<i8", (n,), "g"), _from_tensor(m.h, "<i8", (n,), "h")), p, e
-        spec = gh_packing(self.pub.n_bits, p, e, n)
-        try:
-            enc = pl.EncryptedArray.from_proto(m.gh, self.pub, expected_shape=(n,))
-        except pl.CiphertextError as exc:
-            raise ProtocolError(f"encrypted gradients: {exc}") from exc
-        if enc.packing != spec:
-            raise ProtocolError(f"encrypted gradients packed as {enc.packing}, expected {spec}")
-        return enc.ciphertexts.tolist(), p, e
+        sums = self.he.pair_sums(self.pub, int(m.precision_bits), int(m.log2_bound), n)
+        return self.wire.pairs_from(m, self.pub, sums, n), sums
 
-    def _tree(self, seq: int, data, p: int, e: int):
-        t = self.t
-        n = self.X.shape[0]
-        if self.backend == "paillier":
-            spec = gh_packing(self.pub.n_bits, p, e, n)
-            cspec, per = compressed_packing(spec, self.pub.n_bits)
-            n2 = self.pub.nsquare
-        rows_of = {0: np.arange(n)}
+    # Cheng et al. 2021, Alg. 1-2, host side of one tree: per level, apply the guest's partitions,
+    # aggregate encrypted histograms, send the candidates' sums, apply the splits it won
+    def _tree(self, seq: int, data, sums: PairSums) -> None:
+        rows_of = {0: np.arange(self.X.shape[0])}
         hists: dict[int, object] = {}
         for depth in range(self.params.max_depth + 1):
             rnd = _rnd(seq, depth)
-            plan = t.recv(self.guest_id, TAG_PLAN, round=rnd,
-                          parse=parse_message(tree_pb2.SbLevelPlan, lambda m: self._check_plan(m, depth, rows_of)))
-            for part in plan.partitions:
-                nid = int(part.node)
-                rows = rows_of[nid]
-                left = unpack_mask(part.left_mask, len(rows), "partition")
-                rows_of[2 * nid + 1], rows_of[2 * nid + 2] = rows[left], rows[~left]
+            plan = self.t.recv(self.guest_id, TAG_PLAN, round=rnd, parse=parse_message(
+                tree_pb2.SbLevelPlan, lambda m: self._check_plan(m, depth, rows_of)))
+            self._apply_partitions(plan, rows_of)
             if plan.done:
                 return
-            th = time.perf_counter()
-            new_hists = {}
-            for np_ in plan.nodes:
-                nid = int(np_.node)
-                if nid not in rows_of or (np_.derived and ((nid - 1) // 2 not in hists or nid == 0)):
-                    raise SecureBoostError(f"{self.party_id}: the guest's plan names node {nid}, unknown here")
-                if np_.derived:
-                    parent, sib = (nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1
-                    if self.backend == "paillier":
-                        new_hists[nid] = vh.subtract(hists[parent], new_hists[sib], n2)
-                    else:
-                        new_hists[nid] = hists[parent] - new_hists[sib]
-                elif self.backend == "paillier":
-                    new_hists[nid] = vh.build_node(data, rows_of[nid], self.bins, self.n_bins, n2)
-                else:
-                    new_hists[nid] = self._plain_hist(data, rows_of[nid])
-            self.timings["histograms"] += time.perf_counter() - th
-            msg = tree_pb2.SbHistograms()
-            sums = []
-            send_nodes = sorted(int(x.node) for x in plan.nodes if x.send)
-            rng = self._rng(seq, depth)
-            tables = {}
-            for nid in send_nodes:
-                cands = self._candidates(rows_of[nid])
-                order = rng.permutation(len(cands))
-                cands = [cands[i] for i in order]
-                tables[nid] = cands
-                msg.nodes.add(node=nid, n_candidates=len(cands))
-                if self.backend == "paillier":
-                    cum = vh.cumulative(new_hists[nid], n2)
-                    cts = [cum[j][b] for j, b in cands]
-                    tc = time.perf_counter()
-                    sums.extend(vh.compress(cts, per, 2 * spec.slot_bits, n2))
-                    self.timings["compress"] += time.perf_counter() - tc
-                else:
-                    cum = np.cumsum(new_hists[nid], axis=2)
-                    sums.extend(cum[:, j, b].tolist() for j, b in cands)
-            if self.backend == "paillier":
-                arr = np.empty(len(sums), dtype=object)
-                arr[:] = sums
-                msg.sums.CopyFrom(pl.EncryptedArray(self.pub, arr, cspec.exponent, cspec, n).to_proto())
+            hists = self._aggregate_histograms(plan, rows_of, hists, data, sums)
+            tables = self._send_candidates(plan, rows_of, hists, sums, seq, depth)
+            decision = self.t.recv(self.guest_id, TAG_DECIDE, round=rnd, parse=parse_message(
+                tree_pb2.SbDecision, lambda m: self._check_decision(m, tables)))
+            self.t.send(self.guest_id, TAG_SPLIT, self._apply_decision(decision, tables, rows_of), round=rnd)
+
+    @staticmethod
+    def _apply_partitions(plan: tree_pb2.SbLevelPlan, rows_of: dict) -> None:
+        for part in plan.partitions:
+            nid = int(part.node)
+            rows = rows_of[nid]
+            left = unpack_mask(part.left_mask, len(rows), "partition")
+            rows_of[2 * nid + 1], rows_of[2 * nid + 2] = rows[left], rows[~left]
+
+    def _aggregate_histograms(self, plan, rows_of: dict, hists: dict, data, sums: PairSums) -> dict:
+        """Encrypted histograms of the plan's nodes: the smaller child built, its sibling = parent - child."""
+        th = time.perf_counter()
+        new_hists = {}
+        for np_ in plan.nodes:
+            nid = int(np_.node)
+            if nid not in rows_of or (np_.derived and ((nid - 1) // 2 not in hists or nid == 0)):
+                raise SecureBoostError(f"{self.party_id}: the guest's plan names node {nid}, unknown here")
+            if np_.derived:
+                parent, sib = (nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1
+                new_hists[nid] = sums.subtract(hists[parent], new_hists[sib])
             else:
-                msg.plain.CopyFrom(_tensor(np.asarray(sums, dtype=np.int64).reshape(-1, 2)))
-            t.send(self.guest_id, TAG_HIST, msg, round=rnd)
-            hists = new_hists
-            decision = t.recv(self.guest_id, TAG_DECIDE, round=rnd,
-                              parse=parse_message(tree_pb2.SbDecision, lambda m: self._check_decision(m, tables)))
-            out = tree_pb2.SbSplitResults()
-            for ch in decision.choices:
-                nid = int(ch.node)
-                # exact ties (rows with equal g, h make them common): the first in (feature, bin) order
-                j, b = min(tables[nid][int(c)] for c in [ch.candidate, *ch.tied])
-                rows = rows_of[nid]
-                self.records.append((j, b, float(self.cuts[j][b])))
-                out.results.add(node=nid, record=len(self.records) - 1, left_mask=pack_mask(self.bins[rows, j] <= b))
-            t.send(self.guest_id, TAG_SPLIT, out, round=rnd)
+                new_hists[nid] = sums.histogram(data, rows_of[nid], self.bins, self.n_bins)
+        self.timings["histograms"] += time.perf_counter() - th
+        return new_hists
+
+    def _send_candidates(self, plan, rows_of: dict, hists: dict, sums: PairSums, seq: int, depth: int) -> dict:
+        """Shuffled candidates' cumulative sums of the nodes to split -> SbHistograms; returns the tables."""
+        msg = tree_pb2.SbHistograms()
+        elements = []
+        rng = self._rng(seq, depth)
+        tables = {}
+        for nid in sorted(int(x.node) for x in plan.nodes if x.send):
+            cands = self._candidates(rows_of[nid])
+            order = rng.permutation(len(cands))
+            tables[nid] = cands = [cands[i] for i in order]
+            msg.nodes.add(node=nid, n_candidates=len(cands))
+            elements.extend(sums.select(hists[nid], cands))
+        self.wire.put_pair_sums(msg, sums.collect(elements))
+        self.t.send(self.guest_id, TAG_HIST, msg, round=_rnd(seq, depth))
+        return tables
+
+    def _apply_decision(self, decision: tree_pb2.SbDecision, tables: dict, rows_of: dict) -> tree_pb2.SbSplitResults:
+        """Record each won split in the private lookup table; the partition of the node's rows for the guest."""
+        out = tree_pb2.SbSplitResults()
+        for ch in decision.choices:
+            nid = int(ch.node)
+            # exact ties (rows with equal g, h make them common): the first in (feature, bin) order
+            j, b = min(tables[nid][int(c)] for c in [ch.candidate, *ch.tied])
+            self.records.append((j, b, float(self.cuts[j][b])))
+            out.results.add(node=nid, record=len(self.records) - 1,
+                            left_mask=pack_mask(self.bins[rows_of[nid], j] <= b))
+        return out
 
     def _rng(self, seq: int, depth: int) -> np.random.Generator:
         if self._seed:
             tag = int.from_bytes(self.party_id.encode()[:8].ljust(8, b"\0"), "little")
             return np.random.default_rng([self._seed, tag, seq, depth])
         return np.random.default_rng(secrets.randbits(128))
-
-    def _plain_hist(self, gh, rows) -> np.ndarray:
-        """Identity backend: int64 (2, d, max bins) sums of g and h mantissas."""
-        g, h = gh
-        B = max(self.n_bins)
-        out = np.zeros((2, self.bins.shape[1], B), dtype=np.int64)
-        for j in range(self.bins.shape[1]):
-            b = self.bins[rows, j]
-            out[0, j] = np.bincount(b, g[rows].astype(np.float64), B).astype(np.int64)
-            out[1, j] = np.bincount(b, h[rows].astype(np.float64), B).astype(np.int64)
-        return out
 
     def _candidates(self, rows: np.ndarray) -> list[tuple[int, int]]:
         """Valid (feature, bin) of a node, identical partitions removed (first in order kept)."""

@@ -3,7 +3,9 @@
 Modules:
 
 * ``psi`` — ECDH private set intersection that aligns the parties' rows before training;
-* ``lr`` (+ ``lr_crypto``) — Paillier-protected logistic regression (Hardy et al. 2017);
-* ``split_nn`` (+ ``interactive_layer``) — split neural network with a Paillier-protected
+* ``common`` — the role base both use: homomorphic backend (:mod:`secureflhv.crypto.he`), wire codec,
+  masked decryption; ``prediction`` — the federated prediction service both use;
+* ``lr`` — Paillier-protected logistic regression (Hardy et al. 2017);
+* ``split_nn`` — split neural network with a Paillier-protected
   interactive layer (Zhang et al. 2020, FATE Hetero-NN v1).
 """

@@ -1,15 +1,13 @@
 """Pieces shared by the vertical protocols (logistic regression and split NN)."""
 from __future__ import annotations
 
-import hashlib
-import math
-from dataclasses import dataclass
-
 import numpy as np
 
+from ..crypto.he import Mask, make_backend
 from ..proto import messages_pb2
-from ..transport import ProtocolError, parse_message
-from ..transport.codec import check_shape, shape_of
+from ..transport import ProtocolError, Transport, parse_message
+from ..transport.he_codec import codec_for
+from ..transport.role import ProtocolRole
 
 
 def check_matrix(X, name: str) -> np.ndarray:
@@ -31,59 +29,42 @@ def control_parser(epoch: int):
     return parse_message(messages_pb2.Control, validate)
 
 
-def ldexp_int(m: int, exponent: int) -> float:
-    """Exactly rounded float of ``m * 2**exponent`` for a Python int of any size."""
-    extra = m.bit_length() - 1000
-    if extra > 0:
-        m >>= extra
-        exponent += extra
-    return math.ldexp(float(m), exponent)
+class VerticalRole(ProtocolRole):
+    """Base of the vertical LR and split-NN roles: a homomorphic backend, its wire codec, and the masked
+    decryption exchange both protocols use (Hardy et al. 2017 sec. 3; :mod:`secureflhv.crypto.he`).
 
-
-@dataclass(frozen=True)
-class IdentityKey:
-    """Stand-in key of the identity (no-encryption) benchmark backends: no secret, a fixed fingerprint."""
-
-    n_bits: int = 0
-    fingerprint: bytes = hashlib.sha256(b"secureflhv identity backend: NO ENCRYPTION").digest()
-
-    @property
-    def public_key(self) -> "IdentityKey":
-        return self
-
-
-class IdentityCrypto:
-    """Keys and "ciphertexts" of the identity benchmark backends: float64 arrays, NO SECURITY.
-
-    Shared by :class:`~secureflhv.vertical.lr_crypto.IdentityBackend` and
-    :class:`~secureflhv.vertical.interactive_layer.IdentityOps`, so a protocol runs unchanged with
-    encryption replaced by identity and a benchmark measures what Paillier costs.
+    Args:
+        transport: this party's transport.
+        backend: "paillier" (default, also for None), "identity" (NO encryption: benchmark baseline
+            only) or an :class:`~secureflhv.crypto.he.HEBackend` instance.
+        precision_bits, dot_precision_bits: fixed-point precision of encrypted values / plaintext factors.
     """
 
-    name = "identity"
+    def __init__(self, transport: Transport, backend, precision_bits: int | None, dot_precision_bits: int):
+        super().__init__(transport)
+        self.he = make_backend(backend, precision_bits, dot_precision_bits)
+        self.wire = codec_for(self.he)
 
-    def generate_keypair(self, n_bits: int, insecure_test_key: bool):
-        key = IdentityKey()
-        return key, key
+    def _enc_parser(self, pub, shape, what: str):
+        return self.wire.enc_parser(pub, shape, what)
 
-    def public_key_to_proto(self, pub):
-        return messages_pb2.PaillierPublicKey(n=b"\x01", fingerprint=pub.fingerprint)
+    def _masked_parser(self, pub, shape, what: str):
+        return self.wire.masked_parser(pub, shape, what)
 
-    def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
-        if bytes(msg.fingerprint) != IdentityKey().fingerprint:
-            raise ProtocolError(f"{what}: not the identity backend's key")
-        return IdentityKey()
+    def _send_enc(self, peer: str, tag: str, enc, rnd: int) -> None:
+        self.t.send(peer, tag, self.wire.to_proto(enc), round=rnd)
 
-    def to_proto(self, enc) -> messages_pb2.EncryptedTensor:
-        a = np.ascontiguousarray(enc, dtype="<f8")
-        return messages_pb2.EncryptedTensor(key_fingerprint=IdentityKey().fingerprint, shape=list(a.shape),
-                                            byte_width=8, ciphertexts=a.tobytes(), exponent=0, slots=1)
+    def _ask_decrypt(self, pub, enc, holder: str, tag: str, rnd: int) -> Mask:
+        """Send ``enc`` under a fresh uniform mask to the key holder; return the mask (kept here)."""
+        masked, mask = self.he.mask(pub, enc)
+        self._send_enc(holder, tag, masked, rnd)
+        return mask
 
-    def from_proto(self, msg, pub, expected_shape, what: str) -> np.ndarray:
-        """float64 array of ``msg``; ProtocolError for another key, a wrong shape or size."""
-        if bytes(msg.key_fingerprint) != pub.fingerprint:
-            raise ProtocolError(f"{what}: wrong key fingerprint")
-        check_shape(what, shape_of(msg), expected_shape)
-        if msg.byte_width != 8 or len(msg.ciphertexts) != 8 * math.prod(shape_of(msg)):
-            raise ProtocolError(f"{what}: payload size does not match the shape")
-        return np.frombuffer(msg.ciphertexts, dtype="<f8").reshape(shape_of(msg)).astype(np.float64)
+    def _take_decrypted(self, pub, mask: Mask, holder: str, tag: str, rnd: int, shape) -> np.ndarray:
+        """Receive the key holder's masked plaintexts and unmask them -> float64 of ``shape``."""
+        msg = self.t.recv(holder, tag, round=rnd, parse=self._masked_parser(pub, shape, f"{tag} from {holder}"))
+        return self.he.unmask(pub, msg, mask)
+
+    def _send_decrypted(self, priv, enc, peer: str, tag: str, rnd: int, add=None) -> None:
+        """Key holder: decrypt masked ciphertexts (plus its own term ``add``) and send the residues back."""
+        self.t.send(peer, tag, self.wire.masked_to_proto(self.he.decrypt_masked(priv, enc, add), priv), round=rnd)

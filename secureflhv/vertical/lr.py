@@ -4,7 +4,7 @@ After Hardy et al. 2017, "Private federated learning on vertically partitioned d
 resolution and additively homomorphic encryption" (arXiv 1711.10677, sections 3-4) and FATE's hetero
 LR, with one change: no party, in particular not the key holder, ever decrypts a plaintext gradient or
 loss; every decryption is of a value masked with a uniform element of Z_n (see
-:mod:`secureflhv.vertical.lr_crypto`).
+:mod:`secureflhv.crypto.he`).
 
 Parties: one **guest** (labels y and features X_g), one or more **hosts** (features X_h), and in
 ``mode="arbiter"`` a data-less **arbiter** (the server) holding the Paillier private key. In
@@ -75,11 +75,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..proto import messages_pb2
-from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
-from .common import check_matrix, control_parser
-from .lr_crypto import IdentityBackend, PaillierBackend  # noqa: F401 (re-exported)
+from .common import VerticalRole, check_matrix, control_parser
+from .prediction import PredictionGuest, PredictionHost
 
 log = logging.getLogger("secureflhv.vertical.lr")
 
@@ -192,46 +191,23 @@ class FitResult:
 
 
 # --------------------------------------------------------------------------- wire helpers
-class _Role(ProtocolRole):
+class _Role(VerticalRole):
     """Shared plumbing of the three roles."""
 
     protocol = "vertical LR"
+    pred_request_tag = TAG_PRED_REQ
 
     def __init__(self, transport: Transport, config: VerticalLRConfig | dict, backend):
-        super().__init__(transport)
         self.config = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
-        if backend is None:
-            backend = PaillierBackend(self.config.precision_bits, self.config.dot_precision_bits)
-        self.backend = backend
-
-
-    # parse callbacks ------------------------------------------------------
-    def _enc_parser(self, pub, shape, what):
-        return parse_message(messages_pb2.EncryptedTensor,
-                             lambda m: self.backend.from_proto(m, pub, shape, what))
-
-    def _masked_parser(self, pub, shape, what):
-        return parse_message(messages_pb2.MaskedValues,
-                             lambda m: self.backend.check_masked(m, pub, shape, what))
+        super().__init__(transport, backend, self.config.precision_bits, self.config.dot_precision_bits)
 
     def _pubkey_parser(self):
-        return parse_message(messages_pb2.PaillierPublicKey,
-                             lambda m: self.backend.public_key_from_proto(m, self.config.insecure_test_key))
-
-    def _ask_decrypt(self, pub, enc, holder: str, tag_out: str, tag_in: str, rnd: int):
-        """Send ``enc`` under a fresh uniform mask to the key holder; return the mask (kept here)."""
-        masked, mask = self.backend.mask(pub, enc)
-        self.t.send(holder, tag_out, self.backend.to_proto(masked), round=rnd)
-        return mask
-
-    def _take_decrypted(self, pub, mask, holder: str, tag_in: str, rnd: int, shape) -> np.ndarray:
-        msg = self.t.recv(holder, tag_in, round=rnd, parse=self._masked_parser(pub, shape, f"{tag_in} from {holder}"))
-        return self.backend.unmask(pub, msg, mask)
+        return self.wire.public_key_parser(self.config.insecure_test_key)
 
     def _serve_decrypt(self, priv, pub, sender: str, tag_in: str, tag_out: str, rnd: int, shape) -> None:
         """Key holder: decrypt one masked vector for ``sender`` and send back the masked plaintexts."""
         enc = self.t.recv(sender, tag_in, round=rnd, parse=self._enc_parser(pub, shape, f"{tag_in} from {sender}"))
-        self.t.send(sender, tag_out, self.backend.decrypt_masked(priv, enc), round=rnd + 1)
+        self._send_decrypted(priv, enc, sender, tag_out, rnd + 1)
 
 
 def _setup_message(cfg: VerticalLRConfig, n_rows: int, host_ids: Sequence[str]) -> messages_pb2.Bundle:
@@ -269,7 +245,7 @@ def _scalars_parser(keys: Sequence[str]):
 
 
 # --------------------------------------------------------------------------- guest
-class VerticalLRGuest(_Role):
+class VerticalLRGuest(PredictionGuest, _Role):
     """The label holder (active party); drives training, decides early stopping, predicts.
 
     Args:
@@ -280,7 +256,8 @@ class VerticalLRGuest(_Role):
         config: :class:`VerticalLRConfig` (or a dict of its fields).
         arbiter_id: the arbiter's party id (``mode="arbiter"``), else None.
         keypair: (public, private) Paillier key to use in two-party mode (default: generated).
-        backend: crypto backend (default Paillier; :class:`IdentityBackend` for benchmarks only).
+        backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
+            :class:`~secureflhv.crypto.he.HEBackend`.
         on_epoch: optional ``callback(epoch, loss)`` called after each epoch (progress reporting).
 
     What the guest learns:
@@ -333,50 +310,18 @@ class VerticalLRGuest(_Role):
         return self.result
 
     def _fit(self) -> FitResult:
-        cfg, be, t = self.config, self.backend, self.t
+        cfg = self.config
         n = self.X.shape[0]
         if -(-n // (cfg.batch_size or n)) >= MAX_BATCHES:
             raise ValueError(f"batch_size: {cfg.batch_size} gives too many batches for {n} rows")
-        setup = _setup_message(cfg, n, self.host_ids)
-        for p in self._peers():
-            t.send(p, TAG_SETUP, setup, round=0)
-        arbiter = cfg.mode == "arbiter"
-        if arbiter:
-            pub = t.recv(self.arbiter_id, TAG_PUBKEY, parse=self._pubkey_parser())
-            priv = None
-        else:
-            pub, priv = self._keypair or be.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
-            for h in self.host_ids:
-                t.send(h, TAG_PUBKEY, be.public_key_to_proto(pub), round=0)
         Xd = self._design(self.X)
-        d_g = Xd.shape[1]
-        if arbiter:
-            t.send(self.arbiter_id, TAG_HELLO, messages_pb2.Scalars(values={"n_features": d_g}), round=0)
-        host_dims = {h: int(t.recv(h, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
-                     for h in self.host_ids}
-        w = np.zeros(d_g)
-        penal = np.ones(d_g)
-        if cfg.fit_intercept:
-            penal[-1] = 0.0  # the intercept is not regularised
+        keys = self._key_exchange(n, Xd.shape[1])
+        w = np.zeros(Xd.shape[1])
         losses, seconds = [], []
         best, bad, stopped = math.inf, 0, False
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
-            lr = cfg.learning_rate_at(epoch)
-            batch_losses = []
-            for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
-                rnd = round_id(epoch, b, 0)
-                Xb, yb = Xd[idx], self.y[idx]
-                nb = len(idx)
-                u_g = Xb @ w
-                reg_g = 0.5 * cfg.l2 * float(np.sum(penal * w * w))
-                if arbiter:
-                    g_sum, loss_b = self._batch_arbiter(pub, Xb, yb, u_g, reg_g, rnd)
-                else:
-                    g_sum, loss_b = self._batch_two_party(pub, priv, Xb, yb, u_g, reg_g, rnd, host_dims)
-                w = w - lr * (g_sum / nb + cfg.l2 * penal * w)
-                batch_losses.append(loss_b)
-            loss = float(np.mean(batch_losses))
+            w, loss = self._train_epoch(epoch, Xd, w, *keys)
             losses.append(loss)
             if loss < best - cfg.tol:
                 best, bad = loss, 0
@@ -385,10 +330,10 @@ class VerticalLRGuest(_Role):
             stop = cfg.early_stopping and bad >= cfg.patience and epoch + 1 < cfg.epochs
             ctl = messages_pb2.Control(command="stop" if stop else "continue", epoch=epoch)
             for p in self._peers():
-                t.send(p, TAG_CTL, ctl, round=epoch + 1)
+                self.t.send(p, TAG_CTL, ctl, round=epoch + 1)
             seconds.append(time.perf_counter() - t0)
-            log.info("%s: epoch %d/%d loss %.6f lr %.4g %.2fs", self.party_id, epoch + 1, cfg.epochs, loss, lr,
-                     seconds[-1])
+            log.info("%s: epoch %d/%d loss %.6f lr %.4g %.2fs", self.party_id, epoch + 1, cfg.epochs, loss,
+                     cfg.learning_rate_at(epoch), seconds[-1])
             if self.on_epoch is not None:
                 self.on_epoch(epoch, loss)
             if stop:
@@ -400,8 +345,48 @@ class VerticalLRGuest(_Role):
         self.intercept = float(w[-1]) if cfg.fit_intercept else None
         return FitResult(self.weights, self.intercept, losses, seconds, stopped)
 
+    def _key_exchange(self, n: int, d_g: int):
+        """Setup to every peer; the key pair (arbiter mode: the arbiter's public key); each host's width.
+
+        Returns (pub, priv or None, {host: n_features})."""
+        cfg, t = self.config, self.t
+        setup = _setup_message(cfg, n, self.host_ids)
+        for p in self._peers():
+            t.send(p, TAG_SETUP, setup, round=0)
+        if cfg.mode == "arbiter":
+            pub, priv = t.recv(self.arbiter_id, TAG_PUBKEY, parse=self._pubkey_parser()), None
+            t.send(self.arbiter_id, TAG_HELLO, messages_pb2.Scalars(values={"n_features": d_g}), round=0)
+        else:
+            pub, priv = self._keypair or self.he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+            for h in self.host_ids:
+                t.send(h, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
+        host_dims = {h: int(t.recv(h, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
+                     for h in self.host_ids}
+        return pub, priv, host_dims
+
+    def _train_epoch(self, epoch: int, Xd: np.ndarray, w: np.ndarray, pub, priv, host_dims) -> tuple[np.ndarray, float]:
+        """One epoch of mini-batch gradient descent with the hosts; returns (weights, mean batch loss)."""
+        cfg = self.config
+        penal = np.ones(Xd.shape[1])
+        if cfg.fit_intercept:
+            penal[-1] = 0.0  # the intercept is not regularised
+        lr = cfg.learning_rate_at(epoch)
+        batch_losses = []
+        for b, idx in enumerate(batch_plan(Xd.shape[0], cfg.batch_size, cfg.seed, epoch)):
+            rnd = round_id(epoch, b, 0)
+            Xb, yb = Xd[idx], self.y[idx]
+            u_g = Xb @ w
+            reg_g = 0.5 * cfg.l2 * float(np.sum(penal * w * w))
+            if cfg.mode == "arbiter":
+                g_sum, loss_b = self._batch_arbiter(pub, Xb, yb, u_g, reg_g, rnd)
+            else:
+                g_sum, loss_b = self._batch_two_party(pub, priv, Xb, yb, u_g, reg_g, rnd, host_dims)
+            w = w - lr * (g_sum / len(idx) + cfg.l2 * penal * w)
+            batch_losses.append(loss_b)
+        return w, float(np.mean(batch_losses))
+
     def _batch_arbiter(self, pub, Xb, yb, u_g, reg_g, rnd):
-        be, t = self.backend, self.t
+        he, t = self.he, self.t
         nb = Xb.shape[0]
 
         def fwd_parser(h):
@@ -409,41 +394,41 @@ class VerticalLRGuest(_Role):
                 missing = [k for k in ("u", "u2", "reg") if k not in m.encrypted]
                 if missing:
                     raise ProtocolError(f"{TAG_FWD} from {h}: missing {missing}")
-                return (be.from_proto(m.encrypted["u"], pub, (nb,), f"{TAG_FWD}.u from {h}"),
-                        be.from_proto(m.encrypted["u2"], pub, (1,), f"{TAG_FWD}.u2 from {h}"),
-                        be.from_proto(m.encrypted["reg"], pub, (1,), f"{TAG_FWD}.reg from {h}"))
+                return (self.wire.from_proto(m.encrypted["u"], pub, (nb,), f"{TAG_FWD}.u from {h}"),
+                        self.wire.from_proto(m.encrypted["u2"], pub, (1,), f"{TAG_FWD}.u2 from {h}"),
+                        self.wire.from_proto(m.encrypted["reg"], pub, (1,), f"{TAG_FWD}.reg from {h}"))
             return parse_message(messages_pb2.Bundle, validate)
 
         fwds = [t.recv(h, TAG_FWD, round=rnd + S_FWD, parse=fwd_parser(h)) for h in self.host_ids]
         U = reduce(lambda a, b: a + b, [f[0] for f in fwds])
         d_enc = U * 0.25 + (0.25 * u_g - 0.5 * yb)
-        d_msg = be.to_proto(d_enc)
+        d_msg = self.wire.to_proto(d_enc)
         for h in self.host_ids:
             t.send(h, TAG_D, d_msg, round=rnd + S_D)
         # our gradient first, so the arbiter can start decrypting while we assemble the loss
-        g_mask = self._ask_decrypt(pub, be.dot(Xb, d_enc), self.arbiter_id, TAG_GRAD, TAG_GRAD_DEC, rnd + S_GRAD)
+        g_mask = self._ask_decrypt(pub, he.dot(Xb, d_enc), self.arbiter_id, TAG_GRAD, rnd + S_GRAD)
         # cross terms u_h . u_h' (h < h'), computed by host j on the encrypted sum of the earlier hosts' u
         S = fwds[0][0]
         for j, h in enumerate(self.host_ids[1:], start=1):
-            t.send(h, TAG_CROSS_IN, be.to_proto(S), round=rnd + S_D)
+            t.send(h, TAG_CROSS_IN, self.wire.to_proto(S), round=rnd + S_D)
             S = S + fwds[j][0]
         cross = [t.recv(h, TAG_CROSS, round=rnd + S_CROSS, parse=self._enc_parser(pub, (1,), f"{TAG_CROSS} from {h}"))
                  for h in self.host_ids[1:]]
         # n_b * loss = sum_i[log2 - y u_g/2 + u_g^2/8] + coef . U + 1/8 sum_h |u_h|^2 + 1/4 sum cross + n_b * reg
         plain = nb * LOG2 + float(np.sum(-0.5 * yb * u_g + 0.125 * u_g * u_g)) + nb * reg_g
         coef = -0.5 * yb + 0.25 * u_g
-        loss_enc = be.dot(coef[:, None], U) + np.array([plain])
+        loss_enc = he.dot(coef[:, None], U) + np.array([plain])
         for _, u2, reg in fwds:
             loss_enc = loss_enc + u2 * 0.125 + reg * nb
         for c in cross:
             loss_enc = loss_enc + c * 0.25
-        l_mask = self._ask_decrypt(pub, loss_enc, self.arbiter_id, TAG_LOSS, TAG_LOSS_DEC, rnd + S_GRAD)
+        l_mask = self._ask_decrypt(pub, loss_enc, self.arbiter_id, TAG_LOSS, rnd + S_GRAD)
         g_sum = self._take_decrypted(pub, g_mask, self.arbiter_id, TAG_GRAD_DEC, rnd + S_DEC, (Xb.shape[1],))
         loss_b = float(self._take_decrypted(pub, l_mask, self.arbiter_id, TAG_LOSS_DEC, rnd + S_DEC, (1,))[0]) / nb
         return g_sum, loss_b
 
     def _batch_two_party(self, pub, priv, Xb, yb, u_g, reg_g, rnd, host_dims):
-        be, t = self.backend, self.t
+        he, t = self.he, self.t
         nb = Xb.shape[0]
 
         def fwd_parser(h):
@@ -456,7 +441,7 @@ class VerticalLRGuest(_Role):
         fwds = [t.recv(h, TAG_FWD, round=rnd + S_FWD, parse=fwd_parser(h)) for h in self.host_ids]
         wx = u_g + sum(f[0] for f in fwds)
         d = 0.25 * wx - 0.5 * yb
-        d_msg = be.to_proto(be.encrypt(priv, d))  # the key holder encrypts with CRT (faster, same distribution)
+        d_msg = self.wire.to_proto(he.encrypt(priv, d))  # the key holder encrypts with CRT (faster, same distribution)
         for h in self.host_ids:
             t.send(h, TAG_D, d_msg, round=rnd + S_D)
         loss_b = float(np.mean(LOG2 - 0.5 * yb * wx + 0.125 * wx * wx)) + reg_g + sum(f[1] for f in fwds)
@@ -477,32 +462,17 @@ class VerticalLRGuest(_Role):
         return self._guarded(self._predict, X, rows)
 
     def _predict(self, X, rows):
-        X = check_matrix(X, "X")
-        if X.shape[1] != self.weights.shape[0]:
-            raise ValueError(f"X: {X.shape[1]} features, the model has {self.weights.shape[0]}")
-        m = X.shape[0]
-        sel = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
-        if sel.size and (sel.min() < 0 or sel.max() >= m):
-            raise ValueError(f"rows: indices must be in [0, {m})")
-        self._pred_round += 1
-        req = messages_pb2.RowsRequest(n_rows=m, rows=[] if rows is None else sel.tolist())
-        for h in self.host_ids:
-            self.t.send(h, TAG_PRED_REQ, req, round=self._pred_round)
+        X, sel = self._prediction_rows(X, self.weights.shape[0], rows)
+        rnd = self._request_rows(X.shape[0], [] if rows is None else sel.tolist())
         score = X[sel] @ self.weights + (self.intercept or 0.0)
         for h in self.host_ids:
-            score = score + self.t.recv(h, TAG_PRED, round=self._pred_round, parse=parse_message(
+            score = score + self.t.recv(h, TAG_PRED, round=rnd, parse=parse_message(
                 messages_pb2.Tensor, lambda msg, h=h: tensor_from_proto(msg, shape=(len(sel),), what=f"{TAG_PRED} from {h}")))
         return 1.0 / (1.0 + np.exp(-score))
 
-    def end_prediction(self) -> None:
-        """Tell the hosts to leave :meth:`VerticalLRHost.serve_predictions`."""
-        self._pred_round += 1
-        for h in self.host_ids:
-            self.t.send(h, TAG_PRED_REQ, messages_pb2.RowsRequest(stop=True), round=self._pred_round)
-
 
 # --------------------------------------------------------------------------- host
-class VerticalLRHost(_Role):
+class VerticalLRHost(PredictionHost, _Role):
     """A feature holder without labels (passive party).
 
     Args:
@@ -544,7 +514,7 @@ class VerticalLRHost(_Role):
         return self.result
 
     def _fit(self) -> FitResult:
-        cfg, be, t = self.config, self.backend, self.t
+        cfg, he, t = self.config, self.he, self.t
         n, d_h = self.X.shape
         _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg, self.host_ids,
                      n, self.party_id)
@@ -568,20 +538,20 @@ class VerticalLRHost(_Role):
                 reg = 0.5 * cfg.l2 * float(w @ w)
                 if arbiter:
                     fwd = messages_pb2.Bundle()
-                    fwd.encrypted["u"].CopyFrom(be.to_proto(be.encrypt(pub, u)))
-                    fwd.encrypted["u2"].CopyFrom(be.to_proto(be.encrypt(pub, np.array([u @ u]))))
-                    fwd.encrypted["reg"].CopyFrom(be.to_proto(be.encrypt(pub, np.array([reg]))))
+                    fwd.encrypted["u"].CopyFrom(self.wire.to_proto(he.encrypt(pub, u)))
+                    fwd.encrypted["u2"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([u @ u]))))
+                    fwd.encrypted["reg"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([reg]))))
                 else:
                     fwd = messages_pb2.Bundle(scalars={"reg": reg})
                     fwd.tensors["u"].CopyFrom(tensor_to_proto(u))
                 t.send(self.guest_id, TAG_FWD, fwd, round=rnd + S_FWD)
                 d_enc = t.recv(self.guest_id, TAG_D, round=rnd + S_D,
                                parse=self._enc_parser(pub, (nb,), f"{TAG_D} from {self.guest_id}"))
-                g_mask = self._ask_decrypt(pub, be.dot(Xb, d_enc), key_holder, TAG_GRAD, TAG_GRAD_DEC, rnd + S_GRAD)
+                g_mask = self._ask_decrypt(pub, he.dot(Xb, d_enc), key_holder, TAG_GRAD, rnd + S_GRAD)
                 if arbiter and self.index > 0:
                     S = t.recv(self.guest_id, TAG_CROSS_IN, round=rnd + S_D,
                                parse=self._enc_parser(pub, (nb,), f"{TAG_CROSS_IN} from {self.guest_id}"))
-                    t.send(self.guest_id, TAG_CROSS, be.to_proto(be.dot(u[:, None], S)), round=rnd + S_CROSS)
+                    t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(he.dot(u[:, None], S)), round=rnd + S_CROSS)
                 g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, (d_h,))
                 w = w - lr * (g_sum / nb + cfg.l2 * w)
             ctl = t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=control_parser(epoch))
@@ -593,42 +563,15 @@ class VerticalLRHost(_Role):
         self.weights = w
         return FitResult(w.copy(), None, [], seconds, stopped)
 
-    def serve_predictions(self, X, max_requests: int | None = None) -> int:
-        """Answer the guest's score requests with u_h = X[rows] @ w_h until it ends prediction.
-
-        Args:
-            X: float64 (m, d_h) features of the prediction set, aligned with the guest's.
-            max_requests: return after this many requests (default: until the guest's ``end_prediction``).
-        Returns: number of requests answered. Raises PeerTimeout when the guest goes silent.
-        """
-        return self._guarded(self._serve, X, max_requests)
-
-    def _serve(self, X, max_requests):
+    # prediction (the loop is :meth:`PredictionHost.serve_predictions`): u_h = X[rows] @ w_h per request
+    def _prediction_matrix(self, X) -> np.ndarray:
         X = check_matrix(X, "X")
         if X.shape[1] != self.weights.shape[0]:
             raise ValueError(f"X: {X.shape[1]} features, the model has {self.weights.shape[0]}")
-        m = X.shape[0]
+        return X
 
-        def validate(req: messages_pb2.RowsRequest):
-            if req.stop:
-                return req
-            if req.n_rows != m:
-                raise ProtocolError(f"score request for {req.n_rows} rows, this host holds {m}")
-            if any(r >= m for r in req.rows):
-                raise ProtocolError(f"score request: row index out of [0, {m})")
-            return req
-
-        served = 0
-        while max_requests is None or served < max_requests:
-            self._pred_round += 1
-            req = self.t.recv(self.guest_id, TAG_PRED_REQ, round=self._pred_round,
-                              parse=parse_message(messages_pb2.RowsRequest, validate))
-            if req.stop:
-                break
-            rows = np.asarray(req.rows, dtype=np.int64) if len(req.rows) else np.arange(m)
-            self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=self._pred_round)
-            served += 1
-        return served
+    def _answer(self, X, rows, rnd):
+        self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=rnd)
 
 
 # --------------------------------------------------------------------------- arbiter
@@ -665,12 +608,12 @@ class VerticalLRArbiter(_Role):
         return self.result
 
     def _fit(self) -> FitResult:
-        cfg, be, t = self.config, self.backend, self.t
+        cfg, he, t = self.config, self.he, self.t
         n = _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg,
                          self.host_ids, None, self.party_id)
-        pub, priv = self._keypair or be.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+        pub, priv = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
         for p in self._peers():
-            t.send(p, TAG_PUBKEY, be.public_key_to_proto(pub), round=0)
+            t.send(p, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
         dims = {p: int(t.recv(p, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
                 for p in self._peers()}
         seconds, stopped = [], False

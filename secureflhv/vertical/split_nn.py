@@ -68,7 +68,7 @@ a dead peer surfaces as :class:`~secureflhv.transport.PeerTimeout` naming it.
 
 Cost per mini-batch of b rows and host h (k = k_h, o = interactive_units): host h encrypts b*k + k*o
 values and decrypts b*o + k*o + b*k; the guest computes three plaintext-ciphertext products of b*k*o
-exponentiations in all (multi-exponentiation, :class:`~secureflhv.vertical.interactive_layer.PaillierOps`)
+exponentiations in all (multi-exponentiation, :class:`~secureflhv.crypto.he.PaillierHE`)
 and b*o + k*o fresh encryptions for the masks. Decryption dominates: keep k and o small (4-8).
 Not done yet: packing several masked values into one plaintext before decryption (would cut the
 host's decryptions ~15x with 2048-bit keys at the price of statistical instead of perfect masking).
@@ -92,10 +92,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..proto import messages_pb2
-from ..transport.role import ProtocolRole
-from ..transport import ProtocolError, Transport, parse_message
-from .common import check_matrix, control_parser
-from .interactive_layer import IdentityOps, PaillierOps  # noqa: F401 (re-exported)
+from ..transport import Transport, parse_message
+from .common import VerticalRole, check_matrix, control_parser
+from .prediction import PredictionGuest, PredictionHost
 
 log = logging.getLogger("secureflhv.vertical.split_nn")
 
@@ -257,24 +256,17 @@ def _load_module(prefix: str, module: torch.nn.Module, arrays: dict[str, np.ndar
     module.load_state_dict(state)
 
 
-class _Role(ProtocolRole):
+class _Role(VerticalRole):
     protocol = "split NN"
+    pred_request_tag = TAG_PRED_REQ
 
-    def __init__(self, transport: Transport, config, ops):
-        super().__init__(transport)
+    def __init__(self, transport: Transport, config, backend):
         self.config = config if isinstance(config, SplitNNConfig) else SplitNNConfig(**config)
-        self.ops = ops if ops is not None else PaillierOps(self.config.precision_bits,
-                                                           self.config.dot_precision_bits)
-
-    def _enc_parser(self, pub, shape, what):
-        return parse_message(messages_pb2.EncryptedTensor, lambda m: self.ops.from_proto(m, pub, shape, what))
-
-    def _zn_parser(self, pub, shape, what):
-        return parse_message(messages_pb2.MaskedValues, lambda m: self.ops.check_zn(m, pub, shape, what))
+        super().__init__(transport, backend, self.config.precision_bits, self.config.dot_precision_bits)
 
 
 # --------------------------------------------------------------------------- guest
-class SplitNNGuest(_Role):
+class SplitNNGuest(PredictionGuest, _Role):
     """The label holder: guest bottom, the guest's shares V_h of the interactive weights, top model, loss.
 
     Args:
@@ -283,16 +275,17 @@ class SplitNNGuest(_Role):
         X: float64 (n, d_g) guest features (d_g may be 0 only with ``guest_bottom=[]``), rows aligned.
         y: (n,) integer labels 0..C-1.
         config: :class:`SplitNNConfig` or a dict of its fields.
-        ops: crypto backend (default :class:`PaillierOps`; :class:`IdentityOps` for benchmarks only).
+        backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
+            :class:`~secureflhv.crypto.he.HEBackend`.
         checkpoint_dir: write a checkpoint after every epoch there (optional).
 
     After ``fit``: ``bottom`` (torch, or None), ``W_g`` (d_alpha_g, o), ``bias`` (o,), ``V`` {host: (k_h, o)},
     ``top`` (torch). See the module docstring for what the guest learns.
     """
 
-    def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, config, *, ops=None,
+    def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, config, *, backend=None,
                  checkpoint_dir: str | Path | None = None):
-        super().__init__(transport, config, ops)
+        super().__init__(transport, config, backend)
         cfg = self.config
         self.host_ids = list(host_ids)
         if not self.host_ids:
@@ -367,9 +360,8 @@ class SplitNNGuest(_Role):
             t.send(h, TAG_SETUP, setup, round=0)
 
         for h in self.host_ids:
-            self._keys[h] = t.recv(h, TAG_HELLO, parse=parse_message(
-                messages_pb2.PaillierPublicKey,
-                lambda m, h=h: self.ops.public_key_from_proto(m, cfg.insecure_test_key, f"{TAG_HELLO} from {h}")))
+            self._keys[h] = t.recv(h, TAG_HELLO, parse=self.wire.public_key_parser(cfg.insecure_test_key,
+                                                                                  f"{TAG_HELLO} from {h}"))
 
     def _fit(self) -> FitResult:
         cfg = self.config
@@ -403,23 +395,21 @@ class SplitNNGuest(_Role):
 
     def _host_forward(self, rnd: int, nb: int, tags=(TAG_FWD, TAG_FWD_MASKED, TAG_FWD_DEC)) -> np.ndarray:
         """Run the forward exchange with every host; return sum_h z_h (nb, o) and keep [[A]]_h."""
-        ops, t, cfg = self.ops, self.t, self.config
+        he, t, cfg = self.he, self.t, self.config
         k, o = cfg.host_bottom[-1], cfg.interactive_units
         tf, tm, td = tags
         enc_A, masks = {}, {}
         for h in self.host_ids:
             enc_A[h] = t.recv(h, tf, round=rnd + S_FWD, parse=self._enc_parser(self._keys[h], (nb, k), f"{tf} from {h}"))
-            masked, masks[h] = ops.mask(self._keys[h], ops.matmul(enc_A[h], self.V[h]))
-            t.send(h, tm, ops.to_proto(masked), round=rnd + S_FWD_MASKED)
+            masks[h] = self._ask_decrypt(self._keys[h], he.matmul(enc_A[h], self.V[h]), h, tm, rnd + S_FWD_MASKED)
         z = np.zeros((nb, o))
         for h in self.host_ids:
-            msg = t.recv(h, td, round=rnd + S_FWD_DEC, parse=self._zn_parser(self._keys[h], (nb, o), f"{td} from {h}"))
-            z += ops.unmask(self._keys[h], msg, masks[h])
+            z += self._take_decrypted(self._keys[h], masks[h], h, td, rnd + S_FWD_DEC, (nb, o))
         self._enc_A = enc_A
         return z
 
     def _train_batch(self, opt, idx: np.ndarray, rnd: int) -> float:
-        cfg, ops, t = self.config, self.ops, self.t
+        cfg, he, t = self.config, self.he, self.t
         nb = len(idx)
         k, o = cfg.host_bottom[-1], cfg.interactive_units
         z_hosts = torch.as_tensor(self._host_forward(rnd, nb), dtype=DTYPE).requires_grad_(True)
@@ -434,8 +424,7 @@ class SplitNNGuest(_Role):
         # interactive weight gradients of the hosts' shares, masked, and the hosts' old noise E_h
         masks = {}
         for h in self.host_ids:
-            masked, masks[h] = ops.mask(self._keys[h], ops.t_matmul(self._enc_A[h], delta))
-            t.send(h, TAG_GW, ops.to_proto(masked), round=rnd + S_GW)
+            masks[h] = self._ask_decrypt(self._keys[h], he.t_matmul(self._enc_A[h], delta), h, TAG_GW, rnd + S_GW)
         delta_h = delta
         if cfg.host_grad_noise > 0:  # mitigation of label leakage through the host's gradient
             rms = float(np.sqrt(np.mean(delta * delta)))
@@ -443,12 +432,11 @@ class SplitNNGuest(_Role):
         grads_V = {}
         for h in self.host_ids:
             pub = self._keys[h]
-            msg = t.recv(h, TAG_GW_DEC, round=rnd + S_GW_DEC, parse=self._zn_parser(pub, (k, o), f"{TAG_GW_DEC} from {h}"))
-            grads_V[h] = ops.unmask(pub, msg, masks[h])
+            grads_V[h] = self._take_decrypted(pub, masks[h], h, TAG_GW_DEC, rnd + S_GW_DEC, (k, o))
             enc_E = t.recv(h, TAG_ACC, round=rnd + S_GW_DEC, parse=self._enc_parser(pub, (k, o), f"{TAG_ACC} from {h}"))
             # [[G]] = delta' (V_h + [[E_h]])^T : the host's bottom-output gradient, under its own key
-            enc_G = ops.add(ops.matmul_t(delta_h, enc_E), delta_h @ self.V[h].T)
-            t.send(h, TAG_GIN, ops.to_proto(enc_G), round=rnd + S_GIN)
+            enc_G = he.add(he.matmul_t(delta_h, enc_E), delta_h @ self.V[h].T)
+            self._send_enc(h, TAG_GIN, enc_G, rnd + S_GIN)
         lr_i = cfg.interactive_lr
         for h in self.host_ids:
             self.V[h] = self.V[h] - lr_i * grads_V[h]
@@ -494,24 +482,14 @@ class SplitNNGuest(_Role):
         return self._guarded(self._predict, X, rows)
 
     def _predict(self, X, rows):
-        X = check_matrix(X, "X")
-        if X.shape[1] != self.X.shape[1]:
-            raise ValueError(f"X: {X.shape[1]} features, the model has {self.X.shape[1]}")
+        X, sel = self._prediction_rows(X, self.X.shape[1], rows)
         if not self._keys:
             raise RuntimeError("predict_proba: call fit() first (the hosts' keys come with training)")
-        m = X.shape[0]
-        sel = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
-        if sel.size and (sel.min() < 0 or sel.max() >= m):
-            raise ValueError(f"rows: indices must be in [0, {m})")
         out = []
         step = self.config.predict_batch_size
         for s in range(0, len(sel), step):
             chunk = sel[s:s + step]
-            self._pred_round += 1
-            rnd = self._pred_round * 10
-            req = messages_pb2.RowsRequest(n_rows=m, rows=chunk.tolist())
-            for h in self.host_ids:
-                self.t.send(h, TAG_PRED_REQ, req, round=self._pred_round)
+            rnd = self._request_rows(X.shape[0], chunk.tolist()) * 10
             z = self._host_forward(rnd, len(chunk), (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
             with torch.no_grad():
                 logits = self._head(torch.as_tensor(z, dtype=DTYPE), self._alpha_g(X[chunk]),
@@ -522,19 +500,13 @@ class SplitNNGuest(_Role):
             return np.zeros((0,) if self.out_dim == 1 else (0, self.n_classes))
         return np.concatenate(out, axis=0)
 
-    def end_prediction(self) -> None:
-        """Tell the hosts to leave :meth:`SplitNNHost.serve_predictions`."""
-        self._pred_round += 1
-        for h in self.host_ids:
-            self.t.send(h, TAG_PRED_REQ, messages_pb2.RowsRequest(stop=True), round=self._pred_round)
-
 
 # --------------------------------------------------------------------------- host
-class SplitNNHost(_Role):
+class SplitNNHost(PredictionHost, _Role):
     """A feature holder: its bottom model, its Paillier key pair and its noise share E_h.
 
     Args:
-        transport, config, ops, checkpoint_dir: as for :class:`SplitNNGuest`.
+        transport, config, backend, checkpoint_dir: as for :class:`SplitNNGuest`.
         guest_id: the guest's party id.
         host_ids: every host in the guest's order (this party included).
         X: float64 (n, d_h) features aligned with the guest's rows.
@@ -547,9 +519,9 @@ class SplitNNHost(_Role):
     for what the host learns.
     """
 
-    def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], X, config, *, ops=None,
+    def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], X, config, *, backend=None,
                  keypair=None, checkpoint_dir: str | Path | None = None, record_gradients: bool = False):
-        super().__init__(transport, config, ops)
+        super().__init__(transport, config, backend)
         cfg = self.config
         self.guest_id = guest_id
         self.host_ids = list(host_ids)
@@ -600,11 +572,11 @@ class SplitNNHost(_Role):
                              "(run PSI first)")
 
     def _fit(self) -> FitResult:
-        cfg, ops, t = self.config, self.ops, self.t
+        cfg, he, t = self.config, self.he, self.t
         self._check_setup(self._recv(TAG_SETUP, parse=parse_message(messages_pb2.Bundle)))
-        pub, priv = self._keypair or ops.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+        pub, priv = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
         self.public_key, self._priv = pub, priv
-        t.send(self.guest_id, TAG_HELLO, ops.public_key_to_proto(pub), round=0)
+        t.send(self.guest_id, TAG_HELLO, self.wire.public_key_to_proto(pub), round=0)
         opt = _optimizer(cfg, self.bottom.parameters())
         n = self.X.shape[0]
         res = FitResult()
@@ -623,19 +595,19 @@ class SplitNNHost(_Role):
         return res
 
     def _forward(self, Xb: np.ndarray, rnd: int, tags=(TAG_FWD, TAG_FWD_MASKED, TAG_FWD_DEC)):
-        ops, t, cfg = self.ops, self.t, self.config
+        he, cfg = self.he, self.config
         tf, tm, td = tags
         nb = Xb.shape[0]
         alpha = self.bottom(torch.as_tensor(Xb, dtype=DTYPE))
         A = alpha.detach().numpy().astype(np.float64)
-        t.send(self.guest_id, tf, ops.to_proto(ops.encrypt(self._priv, A)), round=rnd + S_FWD)
+        self._send_enc(self.guest_id, tf, he.encrypt(self._priv, A), rnd + S_FWD)
         enc = self._recv(tm, round=rnd + S_FWD_MASKED,
                      parse=self._enc_parser(self.public_key, (nb, cfg.interactive_units), f"{tm} from {self.guest_id}"))
-        t.send(self.guest_id, td, ops.decrypt_masked(self._priv, enc, A @ self.E), round=rnd + S_FWD_DEC)
+        self._send_decrypted(self._priv, enc, self.guest_id, td, rnd + S_FWD_DEC, A @ self.E)
         return alpha, A
 
     def _train_batch(self, opt, idx: np.ndarray, rnd: int) -> None:
-        cfg, ops, t = self.config, self.ops, self.t
+        cfg, he = self.config, self.he
         pub, priv = self.public_key, self._priv
         nb = len(idx)
         k, o = cfg.host_bottom[-1], cfg.interactive_units
@@ -646,12 +618,12 @@ class SplitNNHost(_Role):
                      parse=self._enc_parser(pub, (k, o), f"{TAG_GW} from {self.guest_id}"))
         w = cfg.weight_noise
         eps = self._noise_rng.uniform(-w, w, size=(k, o)) if w > 0 else np.zeros((k, o))
-        t.send(self.guest_id, TAG_GW_DEC, ops.decrypt_masked(priv, enc, eps / cfg.interactive_lr), round=rnd + S_GW_DEC)
-        t.send(self.guest_id, TAG_ACC, ops.to_proto(ops.encrypt(priv, self.E)), round=rnd + S_GW_DEC)
+        self._send_decrypted(priv, enc, self.guest_id, TAG_GW_DEC, rnd + S_GW_DEC, eps / cfg.interactive_lr)
+        self._send_enc(self.guest_id, TAG_ACC, he.encrypt(priv, self.E), rnd + S_GW_DEC)
         self.E = self.E + eps
         enc_G = self._recv(TAG_GIN, round=rnd + S_GIN,
                        parse=self._enc_parser(pub, (nb, k), f"{TAG_GIN} from {self.guest_id}"))
-        G = ops.decrypt(priv, enc_G)
+        G = he.decrypt(priv, enc_G)
         if self.record_gradients:
             self.gradient_norms[idx] = np.linalg.norm(G, axis=1)
         alpha.backward(torch.as_tensor(G, dtype=DTYPE))
@@ -670,47 +642,25 @@ class SplitNNHost(_Role):
         self.E = np.array(arrays["interactive.E"], dtype=np.float64)
         _load_module("bottom", self.bottom, arrays)
 
-    # ---- prediction ------------------------------------------------------------------------
-    def serve_predictions(self, X, max_requests: int | None = None) -> int:
-        """Answer the guest's prediction requests until it ends prediction.
+    # ---- prediction (the loop is :meth:`PredictionHost.serve_predictions`) ---------------------
+    @property
+    def max_request_rows(self) -> int:
+        return self.config.predict_batch_size
 
-        Args:
-            X: float64 (m, d_h) features of the prediction set, aligned with the guest's.
-            max_requests: return after this many requests (default: until ``end_prediction``).
-        Returns: number of requests answered. Raises PeerTimeout when the guest goes silent.
-        """
-        return self._guarded(self._serve, X, max_requests)
-
-    def _serve(self, X, max_requests):
+    def _prediction_matrix(self, X) -> np.ndarray:
         X = check_matrix(X, "X")
         if X.shape[1] != self.X.shape[1]:
             raise ValueError(f"X: {X.shape[1]} features, the model has {self.X.shape[1]}")
         if self.public_key is None:
             raise RuntimeError("serve_predictions: call fit() first")
-        m = X.shape[0]
-        cap = self.config.predict_batch_size
+        return X
 
-        def validate(req: messages_pb2.RowsRequest):
-            if req.stop:
-                return req
-            if req.n_rows != m:
-                raise ProtocolError(f"prediction request for {req.n_rows} rows, this host holds {m}")
-            if not 0 < len(req.rows) <= cap or any(r >= m for r in req.rows):
-                raise ProtocolError(f"prediction request: need 1..{cap} row indices in [0, {m})")
-            return req
+    def _recv_request(self, rnd: int, parse):
+        return self._recv(TAG_PRED_REQ, round=rnd, parse=parse)
 
-        served = 0
-        while max_requests is None or served < max_requests:
-            self._pred_round += 1
-            req = self._recv(TAG_PRED_REQ, round=self._pred_round,
-                              parse=parse_message(messages_pb2.RowsRequest, validate))
-            if req.stop:
-                break
-            rows = np.asarray(req.rows, dtype=np.int64)
-            with torch.no_grad():
-                self._forward(X[rows], self._pred_round * 10, (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
-            served += 1
-        return served
+    def _answer(self, X, rows, rnd):
+        with torch.no_grad():
+            self._forward(X[rows], rnd * 10, (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
 
 
 # --------------------------------------------------------------------------- centralised reference

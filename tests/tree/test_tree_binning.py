@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from secureflhv.crypto import paillier as pl
-from secureflhv.tree import vertical_hist as vh
+from secureflhv.crypto import paillier_hist as vh
 from secureflhv.tree.binning import apply_bins, cuts_from_grid_counts, fit_cuts, goes_left, grid, grid_counts, quantile_cuts
 from secureflhv.tree.params import precision_bits_for, quantise
-from secureflhv.tree.vertical import compressed_packing, gh_packing
+from secureflhv.crypto.he import compressed_packing, gh_packing
 
 
 def test_quantile_cuts_and_bin_rule():

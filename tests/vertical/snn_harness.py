@@ -9,7 +9,7 @@ from secureflhv.transport import InProcessNetwork
 from secureflhv.vertical.split_nn import SplitNNGuest, SplitNNHost
 
 
-def make_roles(Xg, y, Xhs, cfg, *, deadline=60.0, transports=None, ops=None, host_kwargs=None, guest_kwargs=None):
+def make_roles(Xg, y, Xhs, cfg, *, deadline=60.0, transports=None, backend=None, host_kwargs=None, guest_kwargs=None):
     """Build the network and the role objects (not started). ``transports``: {pid: factory(net, pid)}."""
     host_ids = [f"host-{i}" for i in range(1, len(Xhs) + 1)]
     net = InProcessNetwork("snn-test", ["guest"] + host_ids, deadline=deadline)
@@ -18,8 +18,8 @@ def make_roles(Xg, y, Xhs, cfg, *, deadline=60.0, transports=None, ops=None, hos
     def tr(pid):
         return transports[pid](net, pid) if pid in transports else net.transport(pid)
 
-    guest = SplitNNGuest(tr("guest"), host_ids, Xg, y, cfg, ops=ops, **(guest_kwargs or {}))
-    hosts = [SplitNNHost(tr(h), "guest", host_ids, X, cfg, ops=ops, **(host_kwargs or {})) for h, X in zip(host_ids, Xhs)]
+    guest = SplitNNGuest(tr("guest"), host_ids, Xg, y, cfg, backend=backend, **(guest_kwargs or {}))
+    hosts = [SplitNNHost(tr(h), "guest", host_ids, X, cfg, backend=backend, **(host_kwargs or {})) for h, X in zip(host_ids, Xhs)]
     return net, guest, hosts
 
 

@@ -78,25 +78,25 @@ def test_host_only_decrypts_uniformly_masked_interactive_values():
     """The forward product [[A V]] and the weight gradient [[A^T delta]] reach the host (key holder) only
     as (m + r) mod n with r uniform in Z_n: the decrypted residues are spread over Z_n, never the small
     fixed-point mantissas (|m| << n) they hide."""
-    from secureflhv.vertical import interactive_layer as il
+    from secureflhv.crypto.he import PaillierHE
 
     seen, ns = [], []
-    orig = il.decrypt_raw
+    orig = PaillierHE.decrypt_masked
 
-    def spy(priv, enc):
-        out = orig(priv, enc)
-        seen.extend(out)
+    def spy(self, priv, enc, add=None):
+        out = orig(self, priv, enc, add)
+        seen.extend(out.values)
         ns.append(priv.public_key.n)
         return out
 
     X, y = toy(n=20, d=5, seed=2)
     cfg = SplitNNConfig(**SMALL, epochs=1, batch_size=10)
-    il.decrypt_raw = spy
+    PaillierHE.decrypt_masked = spy
     try:
         _, guest, hosts = make_roles(X[:, :2], y, [X[:, 2:]], cfg)
         results, errors = run_roles(guest, hosts)
     finally:
-        il.decrypt_raw = orig
+        PaillierHE.decrypt_masked = orig
     assert not errors, errors
     n = ns[0]
     assert len(seen) == 2 * (10 * 3 + 3 * 3)  # per batch: forward (b, o) and gradient (k, o)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from secureflhv.crypto import paillier
+from secureflhv.transport.he_codec import encrypted_to_proto
 from secureflhv.proto import messages_pb2
 from secureflhv.transport import InProcessTransport, Message, PeerTimeout, PeerUnavailable, TransportError
 from secureflhv.vertical import split_nn as snn
@@ -39,7 +40,7 @@ class _TamperingHost(InProcessTransport):
             bad.ciphertexts = good.ciphertexts[:good.byte_width * (good.shape[0] - 1) * good.shape[1]]
             self._deliver_bad(receiver, tag, round, bad.SerializeToString())
         elif kind == "other_key":
-            bad = paillier.encrypt(self._other_pub, np.zeros(tuple(payload.shape))).to_proto()
+            bad = encrypted_to_proto(paillier.encrypt(self._other_pub, np.zeros(tuple(payload.shape))))
             self._deliver_bad(receiver, tag, round, bad.SerializeToString())
         super().send(receiver, tag, payload, round, timeout)
 

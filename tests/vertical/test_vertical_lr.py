@@ -12,12 +12,13 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
 from secureflhv.crypto import paillier
+from secureflhv.transport.he_codec import encrypted_to_proto
 from secureflhv.proto import messages_pb2
 from secureflhv.transport import (InProcessTransport, JobAborted, Message, MessageRejected, PeerTimeout,
                                   PeerUnavailable, TransportError)
 from secureflhv.vertical import lr as vlr
 from secureflhv.vertical.lr import VerticalLRConfig
-from secureflhv.vertical.lr_crypto import IdentityBackend, PaillierBackend
+from secureflhv.crypto.he import PaillierHE
 from vlr_harness import reference_taylor_lr, run_vertical_lr
 
 KEY = {"key_bits": 512, "insecure_test_key": True}
@@ -58,22 +59,21 @@ def test_key_holder_only_decrypts_uniformly_masked_values():
     X, y = _toy()
     for mode, holder in (("arbiter", "server"), ("two_party", "guest")):
         seen = []
-        orig = PaillierBackend.decrypt_masked
+        orig = PaillierHE.decrypt_masked
 
-        def spy(self, priv, enc, _orig=orig):
-            out = _orig(self, priv, enc)
-            w = out.byte_width
-            seen.extend(int.from_bytes(out.values[i:i + w], "big") for i in range(0, len(out.values), w))
+        def spy(self, priv, enc, add=None, _orig=orig):
+            out = _orig(self, priv, enc, add)
+            seen.extend(out.values)
             seen_n.append(priv.public_key.n)
             return out
 
         seen_n = []
-        PaillierBackend.decrypt_masked = spy
+        PaillierHE.decrypt_masked = spy
         try:
             cfg = dict(KEY, mode=mode, epochs=2, batch_size=10, learning_rate=0.3, l2=0.0, seed=0, early_stopping=False)
             results, errors, _, _ = run_vertical_lr(X[:, :2], y, [X[:, 2:]], cfg)
         finally:
-            PaillierBackend.decrypt_masked = orig
+            PaillierHE.decrypt_masked = orig
         assert not errors, errors
         n = seen_n[0]
         assert len(seen) > 20
@@ -92,10 +92,10 @@ def test_identity_backend_runs_the_same_protocol():
     from secureflhv.transport import InProcessNetwork
     net = InProcessNetwork("bench", ["guest", "host-1", "server"], deadline=20)
     roles = [vlr.VerticalLRGuest(net.transport("guest"), ["host-1"], X[:, :3], y, cfg, "server",
-                                 backend=IdentityBackend()),
+                                 backend="identity"),
              vlr.VerticalLRHost(net.transport("host-1"), "guest", ["host-1"], X[:, 3:], cfg, "server",
-                                backend=IdentityBackend()),
-             vlr.VerticalLRArbiter(net.transport("server"), "guest", ["host-1"], cfg, backend=IdentityBackend())]
+                                backend="identity"),
+             vlr.VerticalLRArbiter(net.transport("server"), "guest", ["host-1"], cfg, backend="identity")]
     out = {}
     threads = [threading.Thread(target=lambda r=r: out.setdefault(r.party_id, r.fit())) for r in roles]
     [t.start() for t in threads]
@@ -162,7 +162,7 @@ class _TamperingGuest(InProcessTransport):
             bad.ciphertexts = good.ciphertexts[:good.byte_width * (good.shape[0] - 1)]
             self._deliver_bad(receiver, tag, round, bad.SerializeToString())
         elif kind == "other_key":
-            bad = paillier.encrypt(self._other_pub, np.zeros(int(payload.shape[0]))).to_proto()
+            bad = encrypted_to_proto(paillier.encrypt(self._other_pub, np.zeros(int(payload.shape[0]))))
             self._deliver_bad(receiver, tag, round, bad.SerializeToString())
         super().send(receiver, tag, payload, round, timeout)
         if kind == "stale_after":

@@ -1,4 +1,4 @@
-"""Host-side encrypted histograms of vertical SecureBoost: the hot path, on raw gmpy2 integers.
+"""Encrypted histograms of packed Paillier ciphertexts (vertical SecureBoost hosts): the hot path, on raw gmpy2 integers.
 
 Every row i carries one Paillier ciphertext c_i = [[pack(g_i, h_i)]] (the guest packs both into one
 plaintext, SecureBoost+ "GH packing", arXiv 2110.10927 sec. 4.1). A homomorphic addition is one
@@ -25,8 +25,8 @@ import gmpy2
 import numpy as np
 from gmpy2 import mpz
 
-from ..crypto import paillier_parallel as _par
-from ..crypto.paillier_engine import batch_invert
+from . import paillier_parallel as _par
+from .paillier_engine import batch_invert
 
 PAR_MIN_WORK = 150_000      # rows * features below which a node is built inline
 PAR_MIN_COMPRESS = 256      # candidates below which compression runs inline

@@ -1,0 +1,302 @@
+"""Homomorphic values on the wire: Paillier public keys, ciphertexts and masked plaintexts (DESIGN.md, wire rules).
+
+Paillier encoding (messages.proto):
+
+* ``PaillierPublicKey``: n as minimal big-endian bytes, ``fingerprint`` = SHA-256 of those bytes.
+* ``EncryptedTensor``: the key's fingerprint, the shape, ``byte_width`` = bytes of n^2, the
+  ciphertexts as fixed-width big-endian integers (C order), the fixed-point exponent, and for packed
+  ciphertexts the packing layout (slots, slot_bits, slot_bound) and the summands bound.
+* ``MaskedValues``: the key's fingerprint, shape, exponent and the raw residues in Z_n, fixed-width
+  big-endian (width = bytes of n).
+
+The identity backend (benchmarks only, NO encryption) sends the same messages with float64 payloads
+(``byte_width`` 8, little-endian) under a fixed fingerprint, so a benchmark's messages and rounds are
+those of the real protocol.
+
+A receiver checks everything before the protocol sees a value: the key fingerprint, the shape, the
+byte counts, every ciphertext in Z*_{n^2}, every residue in Z_n, the packing metadata, a peer's
+modulus (odd, not a square, no small factor, not prime, at least 2048 bits unless the job allows test
+keys). The primitive functions raise :class:`~secureflhv.crypto.paillier.CiphertextError`; the
+backend codecs (:func:`codec_for`) raise :class:`~secureflhv.transport.base.ProtocolError`, which makes
+``Transport.recv`` reject and log the message and keep waiting.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from ..crypto import paillier as pl
+from ..crypto.he import HEBackend, IdentityKey, MaskedValues, PairSums
+from ..crypto.paillier import CiphertextError, PackingSpec
+from ..proto import messages_pb2
+from .base import ProtocolError, parse_message
+from .codec import check_shape, shape_of, tensor_from_proto, tensor_to_proto
+
+
+# --------------------------------------------------------------------------- Paillier primitives
+def public_key_to_proto(pub: pl.PublicKey) -> messages_pb2.PaillierPublicKey:
+    return messages_pb2.PaillierPublicKey(n=pl.int_to_bytes(pub.n), fingerprint=pub.fingerprint)
+
+
+def public_key_from_proto(msg, *, insecure_test_key: bool = False) -> pl.PublicKey:
+    """Parse and validate a peer's key; raises CiphertextError (bad fingerprint, size, or modulus)."""
+    n = int.from_bytes(bytes(msg.n), "big")
+    if pl.key_fingerprint(n) != bytes(msg.fingerprint):
+        raise CiphertextError("PaillierPublicKey.fingerprint does not match SHA-256 of n")
+    return pl.PublicKey.from_peer(n, insecure_test_key=insecure_test_key, what="PaillierPublicKey.n")
+
+
+def encrypted_to_proto(enc: pl.EncryptedArray) -> messages_pb2.EncryptedTensor:
+    """Fixed-width big-endian ciphertexts (C order) with the key fingerprint and encoding metadata."""
+    w = enc.public_key.byte_width
+    data = b"".join(c.to_bytes(w, "big") for c in enc.ciphertexts.reshape(-1).tolist())
+    msg = messages_pb2.EncryptedTensor(key_fingerprint=enc.public_key.fingerprint, shape=list(enc.shape),
+                                       byte_width=w, ciphertexts=data, exponent=enc.exponent)
+    if enc.packing:
+        msg.slots, msg.slot_bits = enc.packing.slots, enc.packing.slot_bits
+        msg.slot_bound, msg.summands = enc.packing.slot_bound, enc.summands
+    return msg
+
+
+def encrypted_from_proto(msg, public_key: pl.PublicKey, expected_shape=None) -> pl.EncryptedArray:
+    """Parse and validate; raises CiphertextError naming the bad field.
+
+    Checks: key fingerprint, shape (if ``expected_shape``), byte width, every ciphertext in
+    Z*_{n^2}, packing metadata (see :meth:`~secureflhv.crypto.paillier.EncryptedArray.from_peer`).
+    """
+    pk = public_key
+    if bytes(msg.key_fingerprint) != pk.fingerprint:
+        raise CiphertextError("EncryptedTensor.key_fingerprint does not match the expected public key")
+    shape = shape_of(msg)
+    if expected_shape is not None and shape != tuple(expected_shape):
+        raise CiphertextError(f"EncryptedTensor.shape {shape} != expected {tuple(expected_shape)}")
+    w = pk.byte_width
+    if msg.byte_width != w:
+        raise CiphertextError(f"EncryptedTensor.byte_width {msg.byte_width} != {w} for this key")
+    size = math.prod(shape)
+    data = bytes(msg.ciphertexts)
+    if len(data) != size * w:
+        raise CiphertextError(f"EncryptedTensor.ciphertexts has {len(data)} bytes, expected {size * w}")
+    ints = [int.from_bytes(data[i:i + w], "big") for i in range(0, size * w, w)]
+    packing = None
+    if msg.slot_bits:
+        try:
+            packing = PackingSpec(int(msg.slots), int(msg.slot_bits), -int(msg.exponent), int(msg.slot_bound))
+        except ValueError as e:
+            raise CiphertextError(f"EncryptedTensor packing fields invalid: {e}") from None
+    return pl.EncryptedArray.from_peer(pk, ints, shape, int(msg.exponent), packing, int(msg.summands),
+                                       what="EncryptedTensor.ciphertexts")
+
+
+def _split(data: bytes, width: int, count: int) -> list[int]:
+    return [int.from_bytes(data[i * width:(i + 1) * width], "big") for i in range(count)]
+
+
+# --------------------------------------------------------------------------- backend codecs
+class HECodec(ABC):
+    """Encoding of one :class:`~secureflhv.crypto.he.HEBackend`'s keys and values.
+
+    ``*_from_proto`` and the parsers raise ProtocolError naming ``what`` for a payload under another
+    key, of the wrong shape or size, or (Paillier) outside Z*_{n^2} / Z_n.
+    """
+
+    @abstractmethod
+    def public_key_to_proto(self, pub) -> messages_pb2.PaillierPublicKey:
+        """Encode a public key."""
+
+    @abstractmethod
+    def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
+        """A peer's public key (keys below 2048 bits only with ``insecure_test_key``)."""
+
+    @abstractmethod
+    def to_proto(self, enc) -> messages_pb2.EncryptedTensor:
+        """Encode a ciphertext array."""
+
+    @abstractmethod
+    def from_proto(self, msg, pub, expected_shape, what: str):
+        """A peer's ciphertext array under ``pub``, of ``expected_shape`` (None: any)."""
+
+    @abstractmethod
+    def masked_to_proto(self, mv: MaskedValues, priv) -> messages_pb2.MaskedValues:
+        """Encode the key holder's (``priv``) masked values."""
+
+    @abstractmethod
+    def masked_from_proto(self, msg, pub, expected_shape, what: str) -> MaskedValues:
+        """The key holder's masked values for ciphertexts under ``pub`` (every residue in Z_n)."""
+
+    # SecureBoost (tree_pb2 messages): where the key, the row pairs and the candidate sums go
+    @abstractmethod
+    def put_setup_key(self, setup, pub) -> None:
+        """Write the guest's public key into an SbSetup."""
+
+    @abstractmethod
+    def setup_key(self, setup, insecure_test_key: bool):
+        """The guest's public key of an SbSetup (ProtocolError if unacceptable)."""
+
+    @abstractmethod
+    def put_pairs(self, start, rows) -> None:
+        """Write the encrypted (g, h) row pairs into an SbTreeStart."""
+
+    @abstractmethod
+    def pairs_from(self, start, pub, sums: PairSums, n: int):
+        """The host's row pairs (input of :meth:`PairSums.histogram`) of an SbTreeStart."""
+
+    @abstractmethod
+    def put_pair_sums(self, msg, value) -> None:
+        """Write the candidates' sums into an SbHistograms."""
+
+    @abstractmethod
+    def pair_sums_from(self, msg, pub, sums: PairSums, counts: list[int], what: str):
+        """The candidate sums of an SbHistograms (input of :meth:`PairSums.decrypt`)."""
+
+    # parse callbacks for Transport.recv
+    def enc_parser(self, pub, shape, what: str):
+        return parse_message(messages_pb2.EncryptedTensor, lambda m: self.from_proto(m, pub, shape, what))
+
+    def masked_parser(self, pub, shape, what: str):
+        return parse_message(messages_pb2.MaskedValues, lambda m: self.masked_from_proto(m, pub, shape, what))
+
+    def public_key_parser(self, insecure_test_key: bool, what: str = "public key"):
+        return parse_message(messages_pb2.PaillierPublicKey,
+                             lambda m: self.public_key_from_proto(m, insecure_test_key, what))
+
+
+def _check_fingerprint(msg, pub, what: str) -> None:
+    if bytes(msg.key_fingerprint) != pub.fingerprint:
+        raise ProtocolError(f"{what}: values for key {bytes(msg.key_fingerprint).hex()[:16]}, "
+                            f"expected key {pub.fingerprint.hex()[:16]}")
+
+
+class PaillierCodec(HECodec):
+    """Paillier keys and ciphertexts as above."""
+
+    def public_key_to_proto(self, pub):
+        return public_key_to_proto(pub)
+
+    def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
+        try:
+            return public_key_from_proto(msg, insecure_test_key=insecure_test_key)
+        except ValueError as exc:
+            raise ProtocolError(f"{what}: {exc}") from exc
+
+    def to_proto(self, enc):
+        return encrypted_to_proto(enc)
+
+    def from_proto(self, msg, pub, expected_shape, what: str):
+        try:
+            return encrypted_from_proto(msg, pub, expected_shape=None if expected_shape is None
+                                        else tuple(expected_shape))
+        except (ValueError, OverflowError) as exc:  # CiphertextError is a ValueError
+            raise ProtocolError(f"{what}: {exc}") from exc
+
+    def masked_to_proto(self, mv, priv):
+        w = (priv.public_key.n.bit_length() + 7) // 8
+        return messages_pb2.MaskedValues(key_fingerprint=mv.key_fingerprint, shape=list(mv.shape), byte_width=w,
+                                         values=b"".join(int(v).to_bytes(w, "big") for v in mv.values),
+                                         exponent=mv.exponent)
+
+    def masked_from_proto(self, msg, pub, expected_shape, what: str) -> MaskedValues:
+        _check_fingerprint(msg, pub, what)
+        check_shape(what, shape_of(msg), expected_shape)
+        count = math.prod(shape_of(msg))
+        w = msg.byte_width
+        if w == 0 or w > (pub.n.bit_length() + 7) // 8 or len(msg.values) != count * w:
+            raise ProtocolError(f"{what}: {len(msg.values)} bytes for {count} values of width {w}")
+        vals = _split(msg.values, w, count)
+        for i, v in enumerate(vals):
+            if v >= pub.n:
+                raise ProtocolError(f"{what}: value {i} is not in Z_n")
+        return MaskedValues(bytes(msg.key_fingerprint), shape_of(msg), int(msg.exponent), vals)
+
+    def put_setup_key(self, setup, pub):
+        setup.public_key.CopyFrom(public_key_to_proto(pub))
+
+    def setup_key(self, setup, insecure_test_key: bool):
+        return self.public_key_from_proto(setup.public_key, insecure_test_key, "the guest's public key")
+
+    def put_pairs(self, start, rows):
+        start.gh.CopyFrom(encrypted_to_proto(rows))
+
+    def pairs_from(self, start, pub, sums, n: int):
+        enc = self.from_proto(start.gh, pub, (n,), "encrypted gradients")
+        if enc.packing != sums.spec:
+            raise ProtocolError(f"encrypted gradients packed as {enc.packing}, expected {sums.spec}")
+        return enc.ciphertexts.tolist()
+
+    def put_pair_sums(self, msg, value):
+        msg.sums.CopyFrom(encrypted_to_proto(value))
+
+    def pair_sums_from(self, msg, pub, sums, counts, what: str):
+        enc = self.from_proto(msg.sums, pub, (sums.n_elements(counts),), what)
+        if enc.packing != sums.cspec:
+            raise ProtocolError(f"{what}: packing {enc.packing} differs from {sums.cspec}")
+        return enc
+
+
+class IdentityCodec(HECodec):
+    """Identity backend: float64 payloads under a fixed fingerprint. NO SECURITY — benchmarks only."""
+
+    def public_key_to_proto(self, pub):
+        return messages_pb2.PaillierPublicKey(n=b"\x01", fingerprint=pub.fingerprint)
+
+    def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
+        if bytes(msg.fingerprint) != IdentityKey().fingerprint:
+            raise ProtocolError(f"{what}: not the identity backend's key")
+        return IdentityKey()
+
+    def to_proto(self, enc):
+        a = np.ascontiguousarray(enc, dtype="<f8")
+        return messages_pb2.EncryptedTensor(key_fingerprint=IdentityKey().fingerprint, shape=list(a.shape),
+                                            byte_width=8, ciphertexts=a.tobytes(), exponent=0, slots=1)
+
+    def from_proto(self, msg, pub, expected_shape, what: str) -> np.ndarray:
+        return self._floats(msg, msg.ciphertexts, pub, expected_shape, what)
+
+    def masked_to_proto(self, mv, priv):
+        a = np.ascontiguousarray(mv.values, dtype="<f8")
+        return messages_pb2.MaskedValues(key_fingerprint=mv.key_fingerprint, shape=list(mv.shape), byte_width=8,
+                                         values=a.tobytes(), exponent=0)
+
+    def masked_from_proto(self, msg, pub, expected_shape, what: str) -> MaskedValues:
+        vals = self._floats(msg, msg.values, pub, expected_shape, what)
+        return MaskedValues(bytes(msg.key_fingerprint), vals.shape, 0, vals)
+
+    @staticmethod
+    def _floats(msg, data: bytes, pub, expected_shape, what: str) -> np.ndarray:
+        if bytes(msg.key_fingerprint) != pub.fingerprint:
+            raise ProtocolError(f"{what}: wrong key fingerprint")
+        check_shape(what, shape_of(msg), expected_shape)
+        if msg.byte_width != 8 or len(data) != 8 * math.prod(shape_of(msg)):
+            raise ProtocolError(f"{what}: payload size does not match the shape")
+        return np.frombuffer(data, dtype="<f8").reshape(shape_of(msg)).astype(np.float64)
+
+    def put_setup_key(self, setup, pub):
+        pass  # no key: the SbSetup of the plaintext baseline leaves public_key unset
+
+    def setup_key(self, setup, insecure_test_key: bool):
+        return IdentityKey()
+
+    def put_pairs(self, start, rows):
+        gq, hq = rows
+        start.g.CopyFrom(tensor_to_proto(gq))
+        start.h.CopyFrom(tensor_to_proto(hq))
+
+    def pairs_from(self, start, pub, sums, n: int):
+        return (tensor_from_proto(start.g, what="g", dtype="<i8", shape=(n,)),
+                tensor_from_proto(start.h, what="h", dtype="<i8", shape=(n,)))
+
+    def put_pair_sums(self, msg, value):
+        msg.plain.CopyFrom(tensor_to_proto(value))
+
+    def pair_sums_from(self, msg, pub, sums, counts, what: str):
+        return tensor_from_proto(msg.plain, what=what, dtype="<i8", shape=(sum(counts), 2))
+
+
+CODECS = {"paillier": PaillierCodec, "identity": IdentityCodec}
+
+
+def codec_for(backend: HEBackend) -> HECodec:
+    """The codec of ``backend`` (by its ``name``)."""
+    return CODECS[backend.name]()
