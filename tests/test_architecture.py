@@ -202,6 +202,15 @@ def test_grpc_only_in_transport():
     assert not bad, "grpc imported outside secureflhv/transport:\n" + "\n".join(bad)
 
 
+def test_algorithm_packages_share_only_secure_aggregation():
+    """Within the algorithms layer, vertical/, horizontal/ and tree/ are independent; what two of them
+    need in common is a shared service (secagg/) or belongs to a lower layer."""
+    edges, _ = import_graph()
+    bad = {pair: where for pair, where in sideways_imports(edges).items() if pair[1] != "secagg"}
+    assert not bad, "sideways imports between algorithm packages:\n" + "\n".join(
+        line for where in bad.values() for line in where)
+
+
 def test_checker_sees_relative_nested_and_cyclic_imports(tmp_path):
     """The checker itself: relative and in-function imports are edges, and a cycle is reported."""
     pkg = tmp_path / PACKAGE

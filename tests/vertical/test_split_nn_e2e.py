@@ -12,7 +12,7 @@ from secureflhv.data import load_sklearn
 from secureflhv.runtime.artifacts import load_model
 from secureflhv.runtime.config import JobConfigError, load_job
 from secureflhv.runtime.demo import write_vertical_nn_job
-from secureflhv.runtime.vertical_nn_job import job_params
+from secureflhv.runtime.registry import job_params
 from secureflhv.vertical.split_nn import load_checkpoint
 
 PARAMS = {"epochs": 1, "batch_size": 128, "host_bottom": [8, 4], "guest_bottom": [8], "interactive_units": 4,
