@@ -129,33 +129,24 @@ def _hash_loop(ids: Iterable[str], context: bytes, scalar: bytes | None) -> byte
             h.update(ctr)
             h.update(data)
             v = from_bytes(h.digest(), "little")
-            # The two halves are tried by the same code, unrolled (this loop is the hashing hot path).
-            # Skip u >= p (non-canonical, probability ~2**-251), low-order points, and twist points
-            # (Jacobi symbol of u^3 + A u^2 + u not +1).
-            u = v & mask
-            if u < p_int and u not in low:
-                x = mpz(u)
-                if jacobi(x * ((x + A) * x + 1), P) == 1:
-                    if scalar is None:
-                        append(u.to_bytes(32, "little"))
+            # Each half is a candidate. Skip u >= p (non-canonical, probability ~2**-251), low-order
+            # points, and twist points (Jacobi symbol of u^3 + A u^2 + u not +1).
+            point = None
+            for u in (v & mask, v >> 256):
+                if u < p_int and u not in low:
+                    x = mpz(u)
+                    if jacobi(x * ((x + A) * x + 1), P) == 1:
+                        point = u.to_bytes(32, "little")
+                        if scalar is not None:
+                            try:
+                                point = exchange(from_public(point))
+                            except ValueError:  # impossible for a non-low-order curve point; retry, not fail
+                                point = None
+                                continue
                         break
-                    try:
-                        append(exchange(from_public(u.to_bytes(32, "little"))))
-                        break
-                    except ValueError:  # impossible for a non-low-order curve point; retry rather than fail
-                        pass
-            u = v >> 256
-            if u < p_int and u not in low:
-                x = mpz(u)
-                if jacobi(x * ((x + A) * x + 1), P) == 1:
-                    if scalar is None:
-                        append(u.to_bytes(32, "little"))
-                        break
-                    try:
-                        append(exchange(from_public(u.to_bytes(32, "little"))))
-                        break
-                    except ValueError:
-                        pass
+            if point is not None:
+                append(point)
+                break
         else:
             raise RuntimeError(f"could not hash ID {ident!r} to a curve point in {_MAX_TRIES} tries")
     return b"".join(out)

@@ -74,3 +74,17 @@ class Dataset:
         """Feature columns by index; label/ids/groups/times kept."""
         columns = np.asarray(columns, dtype=np.int64)
         return replace(self, X=self.X[:, columns], feature_names=[self.feature_names[c] for c in columns])
+
+
+def check_matrix(X, name: str) -> np.ndarray:
+    """``X`` as a finite float64 (rows, features) array, for a protocol's input.
+
+    Raises ValueError naming ``name``: not 2-D, or NaN / infinite values (missing values are not
+    supported by the protocols that call this).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D (rows, features) array, got shape {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError(f"{name}: contains NaN or infinite values (missing values are not supported)")
+    return X

@@ -160,25 +160,43 @@ def label_dirichlet(labels, n_parties: int, beta: float = 0.5, seed=0, *, min_si
     _, groups = _group_by_label(y)
     alpha = np.repeat(beta, P)
     cap = N / P
+    def by_label_share(sizes):
+        p = rng.dirichlet(alpha)
+        return p * (sizes < cap) if balance else p
+
+    return _deal_until_min_size(groups, P, rng, min_size, max_draws, lambda: by_label_share,
+                                f"label_dirichlet: no draw gave every party >= min_size={min_size} rows in "
+                                f"max_draws={max_draws} attempts; raise beta, lower min_size or use fewer parties")
+
+
+def _deal_rows(rows: np.ndarray, rng, shards: list[list[np.ndarray]], sizes: np.ndarray, weights) -> None:
+    """Shuffle one label's rows and cut them among the parties in proportion to ``weights(sizes)``.
+
+    ``weights`` is called after the shuffle (the draw order NIID-Bench uses); ``shards`` and ``sizes``
+    are updated in place.
+    """
+    idx_k = rows.copy()
+    rng.shuffle(idx_k)
+    w = weights(sizes)
+    w = w / w.sum()
+    for j, part in enumerate(np.split(idx_k, _cuts(w, idx_k.shape[0]))):
+        shards[j].append(part)
+        sizes[j] += part.shape[0]
+
+
+def _deal_until_min_size(groups, n_parties: int, rng, min_size: int, max_draws: int, draw, failure: str):
+    """Deal every label's rows (:func:`_deal_rows`) with the weights ``draw()`` returns, drawing again
+    until every party holds ``min_size`` rows (NIID-Bench's resampling); ValueError ``failure`` after
+    ``max_draws`` draws."""
     for _ in range(int(max_draws)):
-        shards: list[list[np.ndarray]] = [[] for _ in range(P)]
-        sizes = np.zeros(P, dtype=np.int64)
+        weights = draw()
+        shards: list[list[np.ndarray]] = [[] for _ in range(n_parties)]
+        sizes = np.zeros(n_parties, dtype=np.int64)
         for rows in groups:
-            idx_k = rows.copy()
-            rng.shuffle(idx_k)
-            p = rng.dirichlet(alpha)
-            if balance:
-                p = p * (sizes < cap)
-            p = p / p.sum()
-            for j, part in enumerate(np.split(idx_k, _cuts(p, idx_k.shape[0]))):
-                shards[j].append(part)
-                sizes[j] += part.shape[0]
+            _deal_rows(rows, rng, shards, sizes, weights)
         if sizes.min() >= min_size:
-            break
-    else:
-        raise ValueError(f"label_dirichlet: no draw gave every party >= min_size={min_size} rows in "
-                         f"max_draws={max_draws} attempts; raise beta, lower min_size or use fewer parties")
-    return _shuffled_shards(shards, rng)
+            return _shuffled_shards(shards, rng)
+    raise ValueError(failure)
 
 
 def _shuffled_shards(shards: list[list[np.ndarray]], rng) -> list[np.ndarray]:
@@ -439,24 +457,13 @@ def label_quantity_dirichlet(labels, n_parties: int, beta: float = 0.5, beta_qua
     min_size = int(_check_nonneg("min_size", min_size))
     rng = PartitionRng(seed, niid_bench_compat)
     _, groups = _group_by_label(y)
-    for _ in range(int(max_draws)):
+    def draw_party_sizes():
         q = _dirichlet_sizes(N, P, beta_q, min_size, 10000, rng, "label_dirichlet+quantity_dirichlet")
-        shards: list[list[np.ndarray]] = [[] for _ in range(P)]
-        sizes = np.zeros(P, dtype=np.int64)
-        for rows in groups:
-            idx_k = rows.copy()
-            rng.shuffle(idx_k)
-            w = rng.dirichlet(np.repeat(beta, P)) * q
-            w = w / w.sum()
-            for j, part in enumerate(np.split(idx_k, _cuts(w, idx_k.shape[0]))):
-                shards[j].append(part)
-                sizes[j] += part.shape[0]
-        if sizes.min() >= min_size:
-            break
-    else:
-        raise ValueError(f"label_dirichlet+quantity_dirichlet: no draw gave every party >= "
-                         f"min_size={min_size} rows in max_draws={max_draws}; raise beta or lower min_size")
-    return _shuffled_shards(shards, rng)
+        return lambda _sizes: rng.dirichlet(np.repeat(beta, P)) * q
+
+    return _deal_until_min_size(groups, P, rng, min_size, max_draws, draw_party_sizes,
+                                f"label_dirichlet+quantity_dirichlet: no draw gave every party >= "
+                                f"min_size={min_size} rows in max_draws={max_draws}; raise beta or lower min_size")
 
 
 def label_dirichlet_feature_noise(labels, n_parties: int, beta: float = 0.5, sigma: float = 0.1, seed=0,

@@ -66,6 +66,7 @@ from typing import Sequence
 import numpy as np
 
 from ..crypto.he import PairSums, make_backend
+from ..data.dataset import check_matrix
 from ..proto import tree_pb2
 from ..transport.he_codec import codec_for
 from ..transport.role import ProtocolRole
@@ -124,15 +125,6 @@ def _route_reply_parser(host: str, lens: list[int]):
             raise ProtocolError(f"route reply from {host}: {len(m.left_masks)} masks for {len(lens)} queries")
         return [unpack_mask(b, k, f"route reply from {host}") for b, k in zip(m.left_masks, lens)]
     return parse_message(tree_pb2.SbRouteReply, validate)
-
-
-def _check_matrix(X, name: str) -> np.ndarray:
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2:
-        raise ValueError(f"{name}: expected (rows, features), got shape {X.shape}")
-    if not np.all(np.isfinite(X)):
-        raise ValueError(f"{name}: NaN or infinite values (missing values are not supported)")
-    return X
 
 
 @dataclass
@@ -221,14 +213,14 @@ class SecureBoostGuest(_Role):
         self.host_ids = list(host_ids)
         if not self.host_ids:
             raise ValueError("host_ids: vertical SecureBoost needs at least one host")
-        self.X = _check_matrix(X, "X")
+        self.X = check_matrix(X, "X")
         self.y = check_labels(y, self.params)
         if len(self.y) != self.X.shape[0]:
             raise ValueError(f"y: {len(self.y)} labels for {self.X.shape[0]} rows")
         self.cuts = fit_cuts(self.X, self.params.max_bin) if cuts is None else [np.asarray(c) for c in cuts]
         self.bins = apply_bins(self.X, self.cuts)
         self.n_bins = [len(c) + 1 for c in self.cuts]
-        self.X_val = None if X_val is None else _check_matrix(X_val, "X_val")
+        self.X_val = None if X_val is None else check_matrix(X_val, "X_val")
         self.y_val = None if y_val is None else check_labels(y_val, self.params)
         self._keypair = keypair
         self.model: BoostedModel | None = None
@@ -544,7 +536,7 @@ class SecureBoostGuest(_Role):
     def _predict_margin(self, X, dataset):
         if self.model is None:
             raise RuntimeError("predict before fit")
-        X = _check_matrix(X, "X")
+        X = check_matrix(X, "X")
         m = np.tile(self.model.base_margin, (X.shape[0], 1)).astype(np.float64)
         for tree, vals in zip(self.model.trees, self._route(self.model.trees, dataset, X.shape[0], X)):
             m[:, tree.output] += vals
@@ -580,13 +572,13 @@ class SecureBoostHost(_Role):
                  backend="paillier"):
         super().__init__(transport, params, backend)
         self.guest_id = guest_id
-        self.X = _check_matrix(X, "X")
+        self.X = check_matrix(X, "X")
         self.cuts = fit_cuts(self.X, self.params.max_bin) if cuts is None else [np.asarray(c) for c in cuts]
         self.bins = apply_bins(self.X, self.cuts)
         self.n_bins = [len(c) + 1 for c in self.cuts]
         self.datasets = {"train": self.X}
         if X_val is not None:
-            self.datasets["val"] = _check_matrix(X_val, "X_val")
+            self.datasets["val"] = check_matrix(X_val, "X_val")
         self.records: list[tuple[int, int, float]] = []
         self.keep_trees = 0
         self._route_round = 0
@@ -762,7 +754,7 @@ class SecureBoostHost(_Role):
     def serve_predictions(self, X=None, max_requests: int | None = None) -> int:
         """Answer the guest's routing requests on ``X`` (dataset "predict") until it ends prediction."""
         if X is not None:
-            self.datasets["predict"] = _check_matrix(X, "X")
+            self.datasets["predict"] = check_matrix(X, "X")
         return self._guarded(self._serve, max_requests)
 
     def _serve(self, max_requests):

@@ -10,16 +10,6 @@ from ..transport.he_codec import codec_for
 from ..transport.role import ProtocolRole
 
 
-def check_matrix(X, name: str) -> np.ndarray:
-    """``X`` as a finite float64 (rows, features) array; ValueError naming ``name`` otherwise."""
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D (rows, features) array, got shape {X.shape}")
-    if not np.all(np.isfinite(X)):
-        raise ValueError(f"{name}: contains NaN or infinite values")
-    return X
-
-
 def control_parser(epoch: int):
     """``parse`` callback for the guest's end-of-epoch Control message ("continue" / "stop")."""
     def validate(m: messages_pb2.Control):

@@ -77,7 +77,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
-from .common import VerticalRole, check_matrix, control_parser
+from ..data.dataset import check_matrix
+from .common import VerticalRole, control_parser
 from .prediction import PredictionGuest, PredictionHost
 
 log = logging.getLogger("secureflhv.vertical.lr")
@@ -203,6 +204,13 @@ class _Role(VerticalRole):
 
     def _pubkey_parser(self):
         return self.wire.public_key_parser(self.config.insecure_test_key)
+
+    def _end_epoch(self, epoch: int, t0: float, seconds: list[float], done: str) -> bool:
+        """Host / arbiter: wait for the guest's end-of-epoch Control; log and time the epoch; True to stop."""
+        ctl = self.t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=control_parser(epoch))
+        seconds.append(time.perf_counter() - t0)
+        log.info("%s: epoch %d/%d %s in %.2fs", self.party_id, epoch + 1, self.config.epochs, done, seconds[-1])
+        return ctl.command == "stop"
 
     def _serve_decrypt(self, priv, pub, sender: str, tag_in: str, tag_out: str, rnd: int, shape) -> None:
         """Key holder: decrypt one masked vector for ``sender`` and send back the masked plaintexts."""
@@ -554,10 +562,7 @@ class VerticalLRHost(PredictionHost, _Role):
                     t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(he.dot(u[:, None], S)), round=rnd + S_CROSS)
                 g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, (d_h,))
                 w = w - lr * (g_sum / nb + cfg.l2 * w)
-            ctl = t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=control_parser(epoch))
-            seconds.append(time.perf_counter() - t0)
-            log.info("%s: epoch %d/%d done in %.2fs", self.party_id, epoch + 1, cfg.epochs, seconds[-1])
-            if ctl.command == "stop":
+            if self._end_epoch(epoch, t0, seconds, "done"):
                 stopped = True
                 break
         self.weights = w
@@ -625,10 +630,7 @@ class VerticalLRArbiter(_Role):
                 for p in self.host_ids + [self.guest_id]:
                     self._serve_decrypt(priv, pub, p, TAG_GRAD, TAG_GRAD_DEC, rnd, (dims[p],))
                 self._serve_decrypt(priv, pub, self.guest_id, TAG_LOSS, TAG_LOSS_DEC, rnd, (1,))
-            ctl = t.recv(self.guest_id, TAG_CTL, round=epoch + 1, parse=control_parser(epoch))
-            seconds.append(time.perf_counter() - t0)
-            log.info("%s: epoch %d/%d served in %.2fs", self.party_id, epoch + 1, cfg.epochs, seconds[-1])
-            if ctl.command == "stop":
+            if self._end_epoch(epoch, t0, seconds, "served"):
                 stopped = True
                 break
         return FitResult(np.zeros(0), None, [], seconds, stopped)

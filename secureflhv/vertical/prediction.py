@@ -25,7 +25,8 @@ import numpy as np
 
 from ..proto import messages_pb2
 from ..transport import ProtocolError, parse_message
-from .common import VerticalRole, check_matrix
+from ..data.dataset import check_matrix
+from .common import VerticalRole
 
 
 class PredictionGuest(VerticalRole):

@@ -93,7 +93,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..proto import messages_pb2
 from ..transport import Transport, parse_message
-from .common import VerticalRole, check_matrix, control_parser
+from ..data.dataset import check_matrix
+from .common import VerticalRole, control_parser
 from .prediction import PredictionGuest, PredictionHost
 
 log = logging.getLogger("secureflhv.vertical.split_nn")
