@@ -54,7 +54,7 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
             raise JobConfigError("security.insecure is true in the job file: pass --insecure to confirm "
                                  "that this party may talk plaintext")
         job = job_spec(cfg.job.algorithm)
-        params = job.validate(cfg)  # bad params fail here, before any network traffic
+        params = job.validate(cfg)  # load_job checked them already: here we keep the typed params
     except JobConfigError as exc:
         print(f"secureflhv party {party_id}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
