@@ -9,23 +9,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from .job_file import JobConfig, JobConfigError, PartySpec, parse_job_file, read_job_file
 from .registry import job_params
 
-__all__ = ["JobConfig", "JobConfigError", "PartySpec", "load_job", "parse_job"]
+__all__ = ["JobConfig", "JobConfigError", "PartySpec", "load_job", "load_job_params", "parse_job"]
 
 
-def _checked(cfg: JobConfig, source: str) -> JobConfig:
+def _checked(cfg: JobConfig, source: str) -> tuple[JobConfig, BaseModel]:
     try:
-        job_params(cfg)
+        return cfg, job_params(cfg)
     except JobConfigError as exc:
         raise JobConfigError(f"invalid job file {source}:\n  {exc}") from None
-    return cfg
 
 
 def parse_job(data: dict, base_dir: Path | str = ".", source: str = "<job>") -> JobConfig:
     """Validate a job given as a dict. Raises :class:`JobConfigError` naming the file and each bad field."""
-    return _checked(parse_job_file(data, base_dir, source), source)
+    return _checked(parse_job_file(data, base_dir, source), source)[0]
 
 
 def load_job(path: Path | str) -> JobConfig:
@@ -35,4 +36,9 @@ def load_job(path: Path | str) -> JobConfig:
         JobConfigError: missing/unreadable file, bad YAML, a bad field (named as a dotted path), an
             unknown algorithm, roles that do not fit its family, or bad ``params``.
     """
+    return load_job_params(path)[0]
+
+
+def load_job_params(path: Path | str) -> tuple[JobConfig, BaseModel]:
+    """:func:`load_job`, also returning the validated ``params`` (the algorithm's params model)."""
     return _checked(read_job_file(path), str(path))

@@ -55,6 +55,10 @@ class RowSplit:
     val: np.ndarray
     test: np.ndarray
 
+    def validation(self, a: np.ndarray | None) -> np.ndarray | None:
+        """``a[val]``, or None when there are no validation rows (or no ``a``): early stopping is off."""
+        return a[self.val] if a is not None and len(self.val) else None
+
 
 @dataclass
 class PartyData:
@@ -78,10 +82,6 @@ class PartyData:
     @property
     def test(self) -> np.ndarray:
         return self.split.test
-
-    @property
-    def val(self) -> np.ndarray:
-        return self.split.val
 
 
 def _columns(path: Path) -> list[str]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..transport import Transport, TransportError
-from .config import JobConfig, JobConfigError, PartySpec, load_job
+from .config import JobConfig, JobConfigError, PartySpec, load_job_params
 from .registry import job_spec
 
 log = logging.getLogger("secureflhv.party")
@@ -48,13 +48,12 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     Exit codes: 0 success, 1 the job failed (the log says which party and step), 2 bad job file or flags.
     """
     try:
-        cfg = load_job(job_path)
+        cfg, params = load_job_params(job_path)  # every check, before any network traffic
         spec = cfg.party(party_id)
         if cfg.security.insecure and not insecure:
             raise JobConfigError("security.insecure is true in the job file: pass --insecure to confirm "
                                  "that this party may talk plaintext")
         job = job_spec(cfg.job.algorithm)
-        params = job.validate(cfg)  # load_job checked them already: here we keep the typed params
     except JobConfigError as exc:
         print(f"secureflhv party {party_id}: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -97,12 +97,11 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     """The aggregation settings fit the job: a valid threshold for the clients sampled per round, and
     never a secure aggregate of one client (it would reveal that client's update)."""
     try:
-        fl_config(cfg, params)
+        agg = fl_config(cfg, params).aggregation
     except ValueError as exc:
         raise JobConfigError(f"params.aggregation: {exc}") from None
     n = len(cfg.clients)
     m = max(1, int(n * params.fraction))
-    agg = _aggregation(cfg, params)
     try:
         agg.resolve_threshold(m)
     except ValueError as exc:

@@ -56,9 +56,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     table = load_party_table(cfg, party, require_label=True)
     X, y = table.X.astype(np.float64), table.y
     split = split_rows(len(y), params.test_fraction, params.split_seed, params.validation_fraction)
-    has_val = len(split.val) > 0
     client = HorizontalSecureBoostClient(transport, cfg.server.id, client_ids, X[split.train], y[split.train], algo,
-                                         X_val=X[split.val] if has_val else None, y_val=y[split.val] if has_val else None,
+                                         X_val=split.validation(X), y_val=split.validation(y),
                                          aggregation=agg, send_ranges=params.feature_ranges is None)
     model = client.fit()
     metrics, _ = evaluate_split(y, split, lambda rows: model.predict(X[rows]),

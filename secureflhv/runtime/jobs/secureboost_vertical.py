@@ -49,7 +49,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
     algo = tree_params(params)
     data = prepare_vertical(cfg, party, transport, params, validation_fraction=params.validation_fraction)
     X = data.X.astype(np.float64)
-    X_val = X[data.val] if len(data.val) else None
+    X_val = data.split.validation(X)
     if party.role == "host":
         host = SecureBoostHost(transport, cfg.guest.id, X[data.train], algo, X_val=X_val)
         host.fit()
@@ -61,7 +61,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
         return {}
     y = data.y
     guest = SecureBoostGuest(transport, [h.id for h in cfg.hosts], X[data.train], y[data.train], algo,
-                             X_val=X_val, y_val=y[data.val] if len(data.val) else None)
+                             X_val=X_val, y_val=data.split.validation(y))
     res = guest.fit()
     pred = transform(guest.predict_margin(X), algo)
     guest.end_prediction()
