@@ -58,7 +58,9 @@ from .paillier_encoding import DEFAULT_PRECISION_BITS, encode_mantissas
 
 log = logging.getLogger("secureflhv.crypto.he")
 
-DEFAULT_DOT_PRECISION_BITS = 32
+# Fraction bits of plaintext multipliers in the vertical algorithms (LR, split NN, SecureBoost);
+# deliberately finer than paillier.DEFAULT_DOT_PRECISION_BITS (24), the primitive dot()'s default.
+VERTICAL_DOT_PRECISION_BITS = 32
 
 
 @dataclass(frozen=True)
@@ -118,27 +120,52 @@ class PairSums(ABC):
 
     @abstractmethod
     def encrypt(self, key, gq: np.ndarray, hq: np.ndarray):
-        """Guest: the n row pairs under ``key`` (int64 mantissas gq, hq of shape (n,))."""
+        """Guest: the n row pairs under ``key`` (int64 mantissas gq, hq of shape (n,)).
+
+        Returns: Paillier, an :class:`~secureflhv.crypto.paillier.EncryptedArray` (n,) of GH-packed
+        ciphertexts (two slots, :func:`gh_packing`); identity, the tuple (gq, hq) unchanged.
+        """
 
     @abstractmethod
     def histogram(self, rows_data, rows: np.ndarray, bins: np.ndarray, n_bins: list[int]):
-        """Host: per feature and bin the sum of the pairs of ``rows`` (bins: (n, d) of all rows)."""
+        """Host: per feature and bin the sum of the pairs of ``rows`` (bins: (n, d) of all rows).
+
+        Returns: Paillier, per feature a list of per-bin raw gmpy2 ciphertexts (mod n^2, None for an
+        empty bin, see :func:`secureflhv.crypto.paillier_hist.build_node`); identity, int64 (2, d, max(n_bins)) sums
+        of the g and h mantissas.
+        """
 
     @abstractmethod
     def subtract(self, parent, child):
-        """Host: the sibling's histogram, parent - child (SecureBoost+ histogram subtraction)."""
+        """Host: the sibling's histogram, parent - child (SecureBoost+ histogram subtraction).
+
+        Returns: a histogram of the same form as :meth:`histogram` (Paillier: ciphertext quotients
+        mod n^2; identity: the int64 difference).
+        """
 
     @abstractmethod
     def select(self, hist, cands: list[tuple[int, int]]) -> list:
-        """Host: cumulative left sums of candidates (feature, bin), compressed ``per`` to an element."""
+        """Host: cumulative left sums of candidates (feature, bin), compressed ``per`` to an element.
+
+        Returns: Paillier, ceil(len(cands) / per) raw compressed ciphertexts; identity, one [G, H]
+        int list per candidate.
+        """
 
     @abstractmethod
     def collect(self, elements: list):
-        """Host: the elements of every node as one value for the wire."""
+        """Host: the elements of every node as one value for the wire.
+
+        Returns: Paillier, an EncryptedArray (len(elements),) with the compressed packing ``cspec``;
+        identity, int64 (len(elements), 2).
+        """
 
     @abstractmethod
     def decrypt(self, priv, value, counts: list[int]) -> np.ndarray:
-        """Guest: float64 (sum(counts), 2) left sums (G_L, H_L) of each node's candidates, in order."""
+        """Guest: float64 (sum(counts), 2) left sums (G_L, H_L) of each node's candidates, in order.
+
+        Both backends return that array (Paillier: decrypted and unpacked, the padding slots of each
+        node's last element dropped; identity: the mantissas scaled by 2**-precision_bits).
+        """
 
     def n_elements(self, counts: list[int]) -> int:
         """Elements on the wire for nodes with ``counts`` candidates."""
@@ -155,7 +182,7 @@ class HEBackend(ABC):
 
     name = "abstract"
 
-    def __init__(self, precision_bits: int | None = None, dot_precision_bits: int = DEFAULT_DOT_PRECISION_BITS):
+    def __init__(self, precision_bits: int | None = None, dot_precision_bits: int = VERTICAL_DOT_PRECISION_BITS):
         self.precision_bits = DEFAULT_PRECISION_BITS if precision_bits is None else int(precision_bits)
         self.dot_precision_bits = int(dot_precision_bits)
 
@@ -165,11 +192,21 @@ class HEBackend(ABC):
 
     @abstractmethod
     def encrypt(self, key, x):
-        """Encrypt float values under ``key`` (public, or the holder's private key: CRT, faster)."""
+        """Encrypt float values under ``key`` (public, or the holder's private key: CRT, faster).
+
+        Args: x, array-like of any shape (converted to float64).
+        Returns: a ciphertext array of x's shape (Paillier: EncryptedArray at exponent
+        ``-precision_bits``; identity: a float64 copy).
+        Raises: OverflowError (Paillier) if a value needs more than n_bits - 2 bits at this precision.
+        """
 
     @abstractmethod
     def decrypt(self, priv, enc) -> np.ndarray:
-        """Decrypt to float64 of enc's shape (only for values the key holder may see)."""
+        """Decrypt to float64 of enc's shape (only for values the key holder may see).
+
+        Raises: CiphertextError (Paillier) for ciphertexts under another key; OverflowError if a
+        result overflowed the fixed-point range.
+        """
 
     @abstractmethod
     def dot(self, X, enc):
@@ -193,7 +230,12 @@ class HEBackend(ABC):
 
     @abstractmethod
     def mask(self, pub, enc) -> tuple[object, Mask]:
-        """``[[m + r]]`` re-randomised with a fresh uniform r per value; returns (masked, Mask)."""
+        """``[[m + r]]`` re-randomised with a fresh uniform r per value; returns (masked, Mask).
+
+        ``masked`` has enc's shape and exponent (identity: a float64 copy, r = 0); the Mask holds
+        enc.size Python ints r in [0, n) (C order; identity: none), the exponent and the shape.
+        Raises nothing for valid ciphertexts under ``pub``.
+        """
 
     @abstractmethod
     def decrypt_masked(self, priv, enc, add=None) -> MaskedValues:
@@ -205,7 +247,11 @@ class HEBackend(ABC):
 
     @abstractmethod
     def pair_sums(self, key, precision_bits: int, log2_bound: int, n_rows: int) -> PairSums:
-        """The :class:`PairSums` of one tree (gradient/hessian mantissas at ``precision_bits``)."""
+        """The :class:`PairSums` of one tree (gradient/hessian mantissas at ``precision_bits``).
+
+        ``key`` is the guest's *public* key (guest and hosts alike); |g|, |h| < 2**log2_bound, at
+        most ``n_rows`` pairs per sum.
+        """
 
 
 # --------------------------------------------------------------------------------------- Paillier
@@ -230,7 +276,7 @@ class PaillierHE(HEBackend):
         c = np.stack([np.asarray(p.ciphertexts) for p in parts], axis=axis)
         e = parts[0].exponent
         if any(p.exponent != e for p in parts):
-            raise AssertionError("dot results with different exponents")
+            raise AssertionError(f"dot results with different exponents: {sorted({p.exponent for p in parts})}")
         return pl.EncryptedArray(parts[0].public_key, c, e)
 
     def matmul(self, enc, W):
@@ -252,7 +298,7 @@ class PaillierHE(HEBackend):
         return enc + np.asarray(x, dtype=np.float64)
 
     def mask(self, pub, enc):
-        n, n2 = pub.n, pub.n * pub.n
+        n, n2 = pub.n, pub.nsquare
         count = int(enc.size)
         r = [secrets.randbelow(n) for _ in range(count)]
         zeros = pl.encrypt(pub, np.zeros(count)).ciphertexts  # fresh Enc(0): re-randomisation
@@ -278,7 +324,9 @@ class PaillierHE(HEBackend):
     def unmask(self, pub, masked: MaskedValues, mask: Mask) -> np.ndarray:
         n = pub.n
         if masked.exponent != mask.exponent or len(masked.values) != len(mask.r):
-            raise CiphertextError("masked values do not match the ciphertexts this party sent")
+            raise CiphertextError(f"masked values do not match the ciphertexts this party sent: received "
+                                  f"{len(masked.values)} values at exponent {masked.exponent}, sent "
+                                  f"{len(mask.r)} at exponent {mask.exponent}")
         out = np.empty(len(mask.r), dtype=np.float64)
         limit = n // 3
         for i, (v, r) in enumerate(zip(masked.values, mask.r)):
@@ -291,8 +339,7 @@ class PaillierHE(HEBackend):
         return out.reshape(mask.shape)
 
     def pair_sums(self, key, precision_bits: int, log2_bound: int, n_rows: int) -> PairSums:
-        return PaillierPairSums(key.public_key if isinstance(key, pl.PrivateKey) else key,
-                                precision_bits, log2_bound, n_rows)
+        return PaillierPairSums(key, precision_bits, log2_bound, n_rows)
 
 
 def _dots_task(precision_bits: int, n: int, Xs: list, rows: list, exponent: int) -> list:
@@ -321,13 +368,21 @@ def _parallel_dots(precision_bits: int, Xs: list, vecs: list) -> list:
 
 
 def gh_packing(key_bits: int, precision_bits: int, log2_bound: int, n_rows: int) -> pl.PackingSpec:
-    """(g, h) in two slots of one plaintext, sized so that n_rows values summed cannot overflow."""
+    """(g, h) in two slots of one plaintext, sized so that n_rows values summed cannot overflow.
+
+    GH packing of SecureBoost+ (Chen et al. 2021, arXiv 2110.10927: one ciphertext per row
+    instead of two).
+    """
     return pl.PackingSpec.create(key_bits, precision_bits=precision_bits, value_bound=float(2 ** log2_bound),
                                  n_summands=max(1, n_rows), slots=2)
 
 
 def compressed_packing(spec: pl.PackingSpec, key_bits: int) -> tuple[pl.PackingSpec, int]:
-    """Spec of a compressed ciphertext (2k slots) and k = candidates per ciphertext."""
+    """Spec of a compressed ciphertext (2k slots) and k = candidates per ciphertext.
+
+    Ciphertext compression of SecureBoost+ (Chen et al. 2021, arXiv 2110.10927): k packed (g, h)
+    sums shifted into one plaintext, so the host sends ~k times fewer ciphertexts.
+    """
     k = max(1, (key_bits - 2) // (2 * spec.slot_bits))
     return pl.PackingSpec(2 * k, spec.slot_bits, spec.precision_bits, spec.slot_bound), k
 
@@ -388,7 +443,7 @@ class IdentityHE(HEBackend):
 
     name = "identity"
 
-    def __init__(self, precision_bits: int | None = None, dot_precision_bits: int = DEFAULT_DOT_PRECISION_BITS):
+    def __init__(self, precision_bits: int | None = None, dot_precision_bits: int = VERTICAL_DOT_PRECISION_BITS):
         super().__init__(precision_bits, dot_precision_bits)
         log.warning("IdentityHE: encryption replaced by identity, no security (benchmark baseline only)")
 
@@ -469,9 +524,13 @@ BACKENDS = {"paillier": PaillierHE, "identity": IdentityHE}
 
 
 def make_backend(backend=None, precision_bits: int | None = None,
-                 dot_precision_bits: int = DEFAULT_DOT_PRECISION_BITS) -> HEBackend:
-    """An :class:`HEBackend` from a name ("paillier", "identity"), an instance (returned as is) or None
-    (Paillier). Raises ValueError for an unknown name."""
+                 dot_precision_bits: int = VERTICAL_DOT_PRECISION_BITS) -> HEBackend:
+    """An :class:`HEBackend` from a name ("paillier", "identity"), an instance or None (Paillier).
+
+    An :class:`HEBackend` instance is used as given: its own ``precision_bits`` and
+    ``dot_precision_bits`` apply and the arguments here are ignored. Raises ValueError for an
+    unknown name.
+    """
     if isinstance(backend, HEBackend):
         return backend
     name = "paillier" if backend is None else backend

@@ -221,13 +221,14 @@ class HorizontalServer(ProtocolRole):
         selected = self._sample(r)
         self._send_all(self._alive(), TAG_ROUND, r, self._round_message(selected))
         results = self._aggregate(r, selected)
-        self.suspect.update(set(selected) - set.intersection(*(set(res.survivors) for res in results.values())))
+        survivors = sorted(set.intersection(*(set(res.survivors) for res in results.values())))
+        self.suspect.update(set(selected) - set(survivors))
         self.global_vec = self.strategy.server_update(self.global_vec, results)
         if not np.all(np.isfinite(self.global_vec)):
             raise FloatingPointError(f"round {r}: the global model became non-finite (lower lr?)")
         self._send_all(self._alive(), TAG_EVAL, r, lambda c: model_bundle(self.shapes, self.global_vec, command="eval"))
         metrics = self._collect_metrics(r, self._alive())
-        record = self._record(r, selected, results, metrics, time.monotonic() - t0)
+        record = self._record(r, selected, survivors, results, metrics, time.monotonic() - t0)
         self.history.append(record)
         return record
 
@@ -301,8 +302,8 @@ class HorizontalServer(ProtocolRole):
                 self.dead.add(c)
         return out
 
-    def _record(self, r, selected, results, metrics, seconds) -> RoundRecord:
-        survivors = sorted(set.intersection(*(set(res.survivors) for res in results.values())))
+    def _record(self, r, selected, survivors, results, metrics, seconds) -> RoundRecord:
+        """The round's record; ``survivors``: the clients that survived every part's aggregation (sorted)."""
         dropped = sorted(set(selected) - set(survivors))
         correct = sum(m["test_correct"] for m in metrics.values())
         n_test = sum(m["test_n"] for m in metrics.values())

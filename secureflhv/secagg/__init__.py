@@ -51,7 +51,11 @@ __all__ = ["KINDS", "STAGES", "AggregateResult", "AggregationClient", "Aggregati
 
 
 def make_aggregation(config: AggregationConfig) -> tuple[type[AggregationClient], type[AggregationServer]]:
-    """(client class, server class) for ``config.kind``; both take the constructor arguments above."""
+    """(client class, server class) for ``config.kind``.
+
+    The client class is built as ``client_cls(transport, server_id, config)``, the server class as
+    ``server_cls(transport, config)`` (what :func:`make_client` / :func:`make_server` do).
+    """
     if config.kind in ("plain", "plain_quantised"):
         return PlainClient, PlainServer
     return SecAggClient, SecAggServer

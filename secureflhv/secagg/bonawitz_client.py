@@ -171,7 +171,6 @@ class SecAggClient(AggregationClient):
             raise AggregationError(f"{self.party_id}: refusing a second unmask request for round {rnd.round_id}")
         self._unmasked_rounds.add(rnd.round_id)
         alive, dropped = set(rnd.u3), rnd.u2 - set(rnd.u3)
-        assert not alive & dropped
         resp = pb.UnmaskResponse(round_id=rnd.round_id)
         for v in sorted(alive):
             if v in rnd.held:

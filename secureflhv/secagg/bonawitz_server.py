@@ -151,8 +151,13 @@ class SecAggServer(AggregationServer):
             return parse_message(pb.ShareKeys, check)
         shares = collect_each(self.t, live, TAG_SHARE, rnd.base + 1, self.config.stage_timeout_s, parse_for)
         rnd.u2 = u2 = self._survive(rnd, rnd.u1, shares, 1)
-        per_recipient = {v: pb.ServerMessage(round_id=rnd.round_id, stage=2, shares=pb.ShareList(
-            shares=[e for u in u2 if u != v for e in shares[u].shares if e.recipient == v])) for v in u2}
+        to_each: dict[str, list] = {v: [] for v in u2}   # in sender order (u2), one pass over all shares
+        for u in u2:
+            for e in shares[u].shares:
+                if e.recipient != u and e.recipient in to_each:
+                    to_each[e.recipient].append(e)
+        per_recipient = {v: pb.ServerMessage(round_id=rnd.round_id, stage=2, shares=pb.ShareList(shares=to_each[v]))
+                         for v in u2}
         live = self._broadcast(rnd, u2, 2, per_recipient)
         rnd.clock.lap("share_keys")
         return live

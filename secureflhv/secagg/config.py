@@ -45,14 +45,18 @@ class AggregationConfig:
         if not 0 <= self.precision_bits <= 40:
             raise ValueError(f"precision_bits must be in [0, 40], got {self.precision_bits}")
         if self.stage_timeout_s <= 0 or self.input_timeout_s <= 0:
-            raise ValueError("stage_timeout_s and input_timeout_s must be > 0")
+            raise ValueError(f"stage_timeout_s and input_timeout_s must be > 0, got {self.stage_timeout_s} "
+                             f"and {self.input_timeout_s}")
 
     @property
     def scale(self) -> float:
+        """The fixed-point scale ``2**precision_bits``: a coordinate x is quantised to an integer near x * scale."""
         return float(2 ** self.precision_bits)
 
     @property
     def client_timeout_s(self) -> float:
+        """A client's timeout for each send to / receive from the server: the server's ``input_timeout_s``
+        plus 5 * ``stage_timeout_s`` (the server's later stages), so a client outwaits a slow round."""
         return self.input_timeout_s + 5 * self.stage_timeout_s
 
     def resolve_threshold(self, n: int) -> int:
@@ -71,5 +75,13 @@ class AggregationConfig:
         return t
 
     def quant_params(self, n_clients: int, dim: int) -> QuantParams:
+        """Quantisation settings (clip, scale, max_weight, k bits) for ``n_clients`` vectors of length ``dim``.
+
+        k is the smallest word size whose sum of ``n_clients`` weighted, clipped inputs cannot wrap
+        (:func:`~secureflhv.crypto.quantise.choose_k_bits`); identical at every party.
+
+        Raises:
+            ValueError: k would exceed the word size (lower ``precision_bits`` or ``max_weight``).
+        """
         k = choose_k_bits(n_clients, dim, self.clip, self.scale, self.max_weight)
         return QuantParams(self.clip, self.scale, self.max_weight, k)

@@ -43,7 +43,18 @@ class AggregationClient(ProtocolRole):
 
     @abstractmethod
     def submit(self, round_id: int, participants: Sequence[str], vector: np.ndarray, weight: float) -> None:
-        """Contribute ``weight * vector`` to round ``round_id``; returns when this client's part is done."""
+        """Contribute ``weight * vector`` to round ``round_id``; returns when this client's part is done.
+
+        Args:
+            round_id: the round (same at the server and every participant).
+            participants: party ids of this round's clients (this client among them).
+            vector: float64 (d,) (flattened if not 1-D); d is the server's ``dim``.
+            weight: in (0, ``config.max_weight``].
+
+        Raises:
+            AggregationError: the round failed (e.g. too few survivors, a failed check, a server abort).
+            ValueError: bad ``participants`` (duplicates, this client missing) or ``weight``.
+        """
 
 
 class AggregationServer(ProtocolRole):
@@ -60,7 +71,21 @@ class AggregationServer(ProtocolRole):
 
     @abstractmethod
     def aggregate(self, round_id: int, participants: Sequence[str], dim: int) -> AggregateResult:
-        """Run round ``round_id`` with ``participants``; return the sum over the survivors."""
+        """Run round ``round_id`` with ``participants``; return the sum over the survivors.
+
+        Args:
+            round_id: the round (same at every participant).
+            participants: party ids of this round's clients.
+            dim: d, the length of every client's float64 (d,) ``vector``.
+
+        Returns:
+            :class:`AggregateResult`: the float64 (d,) sum of ``weight * vector`` over the survivors.
+
+        Raises:
+            AggregationError: fewer than t clients survived a stage (the error names them) or the
+                round failed otherwise.
+            ValueError: bad ``participants`` (e.g. duplicates) or a threshold outside [1, n].
+        """
 
     def _log_result(self, round_id: int, res: AggregateResult) -> None:
         log.info("aggregation round %d (%s): %d survivors, dropped %s; clip=%g scale=%g k=%d clipped=%d",

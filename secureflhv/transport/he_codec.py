@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from ..crypto import paillier as pl
-from ..crypto.he import HEBackend, IdentityKey, MaskedValues, PairSums
+from ..crypto.he import VERTICAL_DOT_PRECISION_BITS, HEBackend, IdentityKey, MaskedValues, PairSums, make_backend
 from ..crypto.paillier import CiphertextError, PackingSpec
 from ..proto import messages_pb2
 from .base import ProtocolError, parse_message
@@ -37,6 +37,11 @@ from .codec import check_shape, shape_of, tensor_from_proto, tensor_to_proto
 
 # --------------------------------------------------------------------------- Paillier primitives
 def public_key_to_proto(pub: pl.PublicKey) -> messages_pb2.PaillierPublicKey:
+    """``PaillierPublicKey`` of ``pub``: n as minimal big-endian bytes and its SHA-256 fingerprint.
+
+    Raises nothing for a valid :class:`~secureflhv.crypto.paillier.PublicKey`; AttributeError for
+    anything else (an identity key is encoded by :class:`IdentityCodec`).
+    """
     return messages_pb2.PaillierPublicKey(n=pl.int_to_bytes(pub.n), fingerprint=pub.fingerprint)
 
 
@@ -79,7 +84,7 @@ def encrypted_from_proto(msg, public_key: pl.PublicKey, expected_shape=None) -> 
     data = bytes(msg.ciphertexts)
     if len(data) != size * w:
         raise CiphertextError(f"EncryptedTensor.ciphertexts has {len(data)} bytes, expected {size * w}")
-    ints = [int.from_bytes(data[i:i + w], "big") for i in range(0, size * w, w)]
+    ints = _split(data, w, size)
     packing = None
     if msg.slot_bits:
         try:
@@ -265,11 +270,11 @@ class IdentityCodec(HECodec):
 
     @staticmethod
     def _floats(msg, data: bytes, pub, expected_shape, what: str) -> np.ndarray:
-        if bytes(msg.key_fingerprint) != pub.fingerprint:
-            raise ProtocolError(f"{what}: wrong key fingerprint")
+        _check_fingerprint(msg, pub, what)
         check_shape(what, shape_of(msg), expected_shape)
         if msg.byte_width != 8 or len(data) != 8 * math.prod(shape_of(msg)):
-            raise ProtocolError(f"{what}: payload size does not match the shape")
+            raise ProtocolError(f"{what}: payload size does not match the shape: {len(data)} bytes of width "
+                                f"{msg.byte_width}, expected {8 * math.prod(shape_of(msg))} bytes of width 8")
         return np.frombuffer(data, dtype="<f8").reshape(shape_of(msg)).astype(np.float64)
 
     def put_setup_key(self, setup, pub):
@@ -298,5 +303,24 @@ CODECS = {"paillier": PaillierCodec, "identity": IdentityCodec}
 
 
 def codec_for(backend: HEBackend) -> HECodec:
-    """The codec of ``backend`` (by its ``name``)."""
-    return CODECS[backend.name]()
+    """The codec of ``backend``, chosen by its ``name`` (a new instance each call).
+
+    Raises ValueError for a backend whose name has no codec in :data:`CODECS` (e.g. a custom
+    :class:`~secureflhv.crypto.he.HEBackend` subclass: register its codec there first).
+    """
+    try:
+        codec = CODECS[backend.name]
+    except KeyError:
+        raise ValueError(f"codec_for: no wire codec for HE backend {backend.name!r} "
+                         f"({type(backend).__name__}); known: {sorted(CODECS)}") from None
+    return codec()
+
+
+def backend_and_codec(backend=None, precision_bits: int | None = None,
+                      dot_precision_bits: int = VERTICAL_DOT_PRECISION_BITS) -> tuple[HEBackend, HECodec]:
+    """``(he, wire)``: :func:`~secureflhv.crypto.he.make_backend` of the arguments and its codec.
+
+    Raises ValueError for an unknown backend name or a backend without a codec.
+    """
+    he = make_backend(backend, precision_bits, dot_precision_bits)
+    return he, codec_for(he)

@@ -23,11 +23,20 @@ class ProtocolRole(ABC):
     def _peers(self) -> list[str]:
         """Every other party this role talks to (told when this role fails)."""
 
+    def _abort_message(self, exc: BaseException) -> str | None:
+        """The abort text the peers get when this role fails with ``exc``; None: tell nobody."""
+        return f"{self.party_id}: {type(exc).__name__}: {exc}"
+
     def _guarded(self, fn, *args, **kwargs):
-        """Run ``fn``; on failure tell the peers (so they stop now, not at their deadline) and re-raise."""
+        """Run ``fn``; on failure tell the peers (so they stop now, not at their deadline) and re-raise.
+
+        The peers get :meth:`_abort_message` (the failure is logged); when it is None, nothing is sent.
+        """
         try:
             return fn(*args, **kwargs)
         except BaseException as exc:
-            logging.getLogger(type(self).__module__).error("%s: %s failed: %s", self.party_id, self.protocol, exc)
-            self.t.abort(f"{self.party_id}: {type(exc).__name__}: {exc}", self._peers())
+            message = self._abort_message(exc)
+            if message is not None:
+                logging.getLogger(type(self).__module__).error("%s: %s failed: %s", self.party_id, self.protocol, exc)
+                self.t.abort(message, self._peers())
             raise

@@ -51,6 +51,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..data.dataset import check_matrix
 from ..proto import tree_pb2
 from ..secagg import AggregationConfig, AggregationError, make_client, make_server
 from ..transport import ProtocolError, Transport, TransportError, parse_message
@@ -143,7 +144,7 @@ class NodeSums:
 
 
 @dataclass
-class SplitCandidate:
+class HistSplit:
     """The best split of a node: rows with bin <= ``bin`` of ``feature`` go left; the children's sums."""
 
     feature: int
@@ -260,11 +261,23 @@ class HorizontalSecureBoostServer(ProtocolRole):
         return self.model.record_validation(r, math.sqrt(s / n_val) if self.params.objective == "regression"
                                             else s / n_val)
 
-    def find_split(self, hist: np.ndarray, g: float, h: float, n_rows: int, p: int) -> SplitCandidate | None:
+    def find_split(self, hist: np.ndarray, g: float, h: float, n_rows: int, p: int) -> HistSplit | None:
         """Best split of a node from its integer histogram (first maximum gain in (feature, bin) order).
 
-        ``g``, ``h``: the node's sums; ``p``: the precision of the integer gradients. None: no split keeps
-        rows on both sides and ``min_child_weight`` in each child.
+        The gain of a split is that of Chen & Guestrin 2016 (XGBoost, eq. 7) without gamma
+        (``_split_node`` compares it with gamma):
+        ``0.5 * (GL^2 / (HL + lambda) + GR^2 / (HR + lambda) - G^2 / (H + lambda))``.
+
+        Args:
+            hist: float64 (3 * layout.n_cells,), integer-valued: ``[g | h | count]``, each part by
+                (feature, bin) in layout order; g, h are the gradients scaled by ``2^p``.
+            g, h: the node's (dequantised) gradient and hessian sums.
+            n_rows: the node's row count.
+            p: the precision of the integer gradients.
+
+        Returns:
+            The best :class:`HistSplit`, or None: no split keeps rows on both sides and
+            ``min_child_weight`` in each child.
         """
         lam, mcw, lay = self.params.reg_lambda, self.params.min_child_weight, self.layout
         F = lay.n_cells
@@ -286,8 +299,8 @@ class HorizontalSecureBoostServer(ProtocolRole):
             if gain[b] > best_gain:
                 best_gain = float(gain[b])
                 gl, hl, n_left = float(GL[b]), float(HL[b]), int(cum_c[b])
-                best = SplitCandidate(j, b, best_gain, NodeSums(gl, hl, n_left),
-                                      NodeSums(g - gl, h - hl, n_rows - n_left))
+                best = HistSplit(j, b, best_gain, NodeSums(gl, hl, n_left),
+                                 NodeSums(g - gl, h - hl, n_rows - n_left))
         return best
 
     # ------------------------------------------------------------------------------ tree growing
@@ -349,7 +362,7 @@ class HorizontalSecureBoostServer(ProtocolRole):
                 new[nid] = parents[(nid - 1) // 2] - new[sib]
         return new
 
-    def _split_node(self, tree: Tree, nid: int, hist: np.ndarray, n_rows: int, p: int) -> SplitCandidate | None:
+    def _split_node(self, tree: Tree, nid: int, hist: np.ndarray, n_rows: int, p: int) -> HistSplit | None:
         """Add node ``nid``: split on the best candidate when its gain exceeds gamma (returned), else a leaf."""
         sl, F = self.layout.feature(0), self.layout.n_cells
         g = float(dequantise(hist[:F][sl].sum(), p))
@@ -437,13 +450,11 @@ class HorizontalSecureBoostClient(ProtocolRole):
         self.server_id = server_id
         self.client_ids = sorted(client_ids)
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
-        self.X = np.asarray(X, dtype=np.float64)
-        if self.X.ndim != 2 or not np.all(np.isfinite(self.X)):
-            raise ValueError("X: expected a finite (rows, features) array")
+        self.X = check_matrix(X, "X")
         self.y = check_labels(y, self.params)
         if len(self.y) != len(self.X):
             raise ValueError(f"y: {len(self.y)} labels for {len(self.X)} rows")
-        self.X_val = None if X_val is None else np.asarray(X_val, dtype=np.float64)
+        self.X_val = None if X_val is None else check_matrix(X_val, "X_val")
         self.y_val = None if y_val is None else check_labels(y_val, self.params)
         self.agg = make_client(transport, server_id, _check_agg(aggregation or tree_aggregation_config()))
         self.send_ranges = send_ranges
@@ -461,7 +472,7 @@ class HorizontalSecureBoostClient(ProtocolRole):
         prm = self.params
         self.hello()
         binning = self.binning()
-        self.cuts, self.n_total = binning.cuts, binning.n_rows
+        self.n_total = binning.n_rows
         self.layout = HistLayout.of([len(c) + 1 for c in binning.cuts])
         model = BoostedModel(prm, binning.base_margin, [], binning.cuts)
         self.model = model
@@ -565,11 +576,12 @@ class HorizontalSecureBoostClient(ProtocolRole):
         vec = np.zeros((len(build), lay.size))
         for i, nid in enumerate(build):
             rows = rows_of.get(int(nid), np.zeros(0, dtype=np.int64))
+            g_rows, h_rows = gq[rows].astype(np.float64), hq[rows].astype(np.float64)
             for j, nb in enumerate(lay.n_bins):
                 b = bins[rows, j]
                 sl = lay.feature(j)
-                vec[i, sl] = np.bincount(b, gq[rows].astype(np.float64), nb)
-                vec[i, F:][sl] = np.bincount(b, hq[rows].astype(np.float64), nb)
+                vec[i, sl] = np.bincount(b, g_rows, nb)
+                vec[i, F:][sl] = np.bincount(b, h_rows, nb)
                 vec[i, 2 * F:][sl] = np.bincount(b, minlength=nb)
         return vec
 

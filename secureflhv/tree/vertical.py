@@ -65,10 +65,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..crypto.he import PairSums, make_backend
+from ..crypto.he import PairSums
 from ..data.dataset import check_matrix
 from ..proto import tree_pb2
-from ..transport.he_codec import codec_for
+from ..transport.he_codec import backend_and_codec
 from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, TransportError, parse_message
 from .binning import apply_bins, fit_cuts, goes_left
@@ -187,8 +187,7 @@ class _Role(ProtocolRole):
     def __init__(self, transport: Transport, params, backend):
         super().__init__(transport)
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
-        self.he = make_backend(backend)
-        self.wire = codec_for(self.he)
+        self.he, self.wire = backend_and_codec(backend)
 
 
 # ============================================================================================ guest
@@ -333,8 +332,8 @@ class SecureBoostGuest(_Role):
         split_now = []
         for nid in level:
             rows = st.rows_of[nid]
-            G, H = st.totals[nid] = st.sum_gh(rows)
-            st.tree.nodes[nid] = Node(nid, sum_hess=H, n_rows=len(rows))
+            st.totals[nid] = st.sum_gh(rows)
+            st.tree.nodes[nid] = Node(nid, sum_hess=st.totals[nid][1], n_rows=len(rows))
             if depth < self.params.max_depth and len(rows) >= 2:
                 split_now.append(nid)
             else:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..crypto.he import Mask, make_backend
+from ..crypto.he import Mask
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
-from ..transport.he_codec import codec_for
+from ..transport.he_codec import backend_and_codec
 from ..transport.role import ProtocolRole
 
 
@@ -32,8 +32,7 @@ class VerticalRole(ProtocolRole):
 
     def __init__(self, transport: Transport, backend, precision_bits: int | None, dot_precision_bits: int):
         super().__init__(transport)
-        self.he = make_backend(backend, precision_bits, dot_precision_bits)
-        self.wire = codec_for(self.he)
+        self.he, self.wire = backend_and_codec(backend, precision_bits, dot_precision_bits)
 
     def _enc_parser(self, pub, shape, what: str):
         return self.wire.enc_parser(pub, shape, what)

@@ -74,6 +74,7 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..crypto.he import VERTICAL_DOT_PRECISION_BITS
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
@@ -139,7 +140,7 @@ class VerticalLRConfig(BaseModel):
     insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
     precision_bits: int | None = Field(default=None, ge=16, le=128,
                                        description="fraction bits of encrypted values (None: paillier default, 40)")
-    dot_precision_bits: int = Field(default=32, ge=8, le=52,
+    dot_precision_bits: int = Field(default=VERTICAL_DOT_PRECISION_BITS, ge=8, le=52,
                                     description="fraction bits of plaintext features in X^T [[d]]; "
                                                 "needs |X| < 2**(62 - bits)")
 
@@ -303,7 +304,6 @@ class VerticalLRGuest(PredictionGuest, _Role):
         self._keypair = keypair
         self.weights = np.zeros(self.X.shape[1])
         self.intercept: float | None = 0.0 if self.config.fit_intercept else None
-        self._pred_round = 0
         self.result: FitResult | None = None
 
     def _peers(self):
@@ -510,7 +510,6 @@ class VerticalLRHost(PredictionHost, _Role):
             raise ValueError(f"arbiter_id: mode {self.config.mode!r} and arbiter_id={arbiter_id!r} disagree")
         self.X = check_matrix(X, "X")
         self.weights = np.zeros(self.X.shape[1])
-        self._pred_round = 0
         self.result: FitResult | None = None
 
     def _peers(self):
@@ -570,10 +569,7 @@ class VerticalLRHost(PredictionHost, _Role):
 
     # prediction (the loop is :meth:`PredictionHost.serve_predictions`): u_h = X[rows] @ w_h per request
     def _prediction_matrix(self, X) -> np.ndarray:
-        X = check_matrix(X, "X")
-        if X.shape[1] != self.weights.shape[0]:
-            raise ValueError(f"X: {X.shape[1]} features, the model has {self.weights.shape[0]}")
-        return X
+        return self._prediction_features(X, self.weights.shape[0])
 
     def _answer(self, X, rows, rnd):
         self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=rnd)

@@ -29,20 +29,30 @@ from ..data.dataset import check_matrix
 from .common import VerticalRole
 
 
-class PredictionGuest(VerticalRole):
+class _PredictionRole(VerticalRole):
+    """What both prediction sides share: the request tag, the round counter, the feature check."""
+
+    pred_request_tag: str
+    _pred_round = 0  # prediction rounds so far (per instance once incremented)
+
+    @staticmethod
+    def _prediction_features(X, n_features: int) -> np.ndarray:
+        """Checked float64 (m, n_features) prediction features; ValueError for a wrong feature count."""
+        X = check_matrix(X, "X")
+        if X.shape[1] != n_features:
+            raise ValueError(f"X: {X.shape[1]} features, the model has {n_features}")
+        return X
+
+
+class PredictionGuest(_PredictionRole):
     """Guest side: row selection, requests, and ending the hosts' service.
 
     Subclasses set ``pred_request_tag`` and have ``host_ids``; ``_pred_round`` counts requests.
     """
 
-    pred_request_tag: str
-    _pred_round = 0
-
     def _prediction_rows(self, X, n_features: int, rows: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
         """Checked (X, selected row indices); ValueError for a wrong feature count or index."""
-        X = check_matrix(X, "X")
-        if X.shape[1] != n_features:
-            raise ValueError(f"X: {X.shape[1]} features, the model has {n_features}")
+        X = self._prediction_features(X, n_features)
         m = X.shape[0]
         sel = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
         if sel.size and (sel.min() < 0 or sel.max() >= m):
@@ -64,15 +74,13 @@ class PredictionGuest(VerticalRole):
             self.t.send(h, self.pred_request_tag, messages_pb2.RowsRequest(stop=True), round=self._pred_round)
 
 
-class PredictionHost(VerticalRole):
+class PredictionHost(_PredictionRole):
     """Host side: answer the guest's row requests until it ends prediction.
 
     Subclasses set ``pred_request_tag``, have ``guest_id``, and implement :meth:`_prediction_matrix`
-    and :meth:`_answer`; ``max_request_rows`` (None: an empty request means all rows) bounds a request.
+    (usually with :meth:`_prediction_features`) and :meth:`_answer`; ``max_request_rows`` (None: an
+    empty request means all rows) bounds a request.
     """
-
-    pred_request_tag: str
-    _pred_round = 0
 
     @property
     def max_request_rows(self) -> int | None:

@@ -207,17 +207,12 @@ class _PsiRole(ProtocolRole):
         self.clock = _Clock()
         self.engine: PsiEngine | None = None
 
-    def _guarded(self, fn, *args, **kwargs):
-        """Run ``fn``; on failure tell the peers ``PSI failed at <party>: <error>`` and re-raise.
-
-        An abort received from a peer (:class:`JobAborted`) is not echoed back.
-        """
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - tell the peers, then re-raise
-            if not isinstance(exc, JobAborted):
-                self.t.abort(f"PSI failed at {self.party_id!r}: {exc}", self._peers())
-            raise
+    def _abort_message(self, exc: BaseException) -> str | None:
+        """``PSI failed at <party>: <error>``; None (tell nobody) for an abort received from a peer
+        (:class:`JobAborted`, not echoed back) and for non-``Exception`` exits (e.g. KeyboardInterrupt)."""
+        if not isinstance(exc, Exception) or isinstance(exc, JobAborted):
+            return None
+        return f"PSI failed at {self.party_id!r}: {exc}"
 
     def _start_engine(self, engine: PsiEngine) -> None:
         """Check the IDs, then spawn the workers (for large sets) while the peers get going."""
@@ -235,7 +230,10 @@ class _PsiRole(ProtocolRole):
         return self.t.recv(peer, tag, round=self.round_base, timeout=timeout, parse=parse)
 
     def blind_own_ids(self, salt: bytes, scalar: bytes) -> bytes:
-        """Step 2: H(x)^scalar for every own ID, in row order, as a serialised PsiPoints message."""
+        """Step 2: H(x)^scalar for every own ID, in row order, as a serialised PsiPoints message.
+
+        Needs the engine started (run via the role's :meth:`run` / ``align_ids_guest`` / ``align_ids_host``).
+        """
         mine = self.engine.hash_and_blind(self.ids, hash_context(self.t.job_id, salt), scalar)
         self.clock.lap("hash_blind")
         return psi_pb2.PsiPoints(item_bytes=POINT_BYTES, count=len(self.ids), items=mine).SerializeToString()
@@ -245,7 +243,9 @@ class PsiGuest(_PsiRole):
     """The guest's side of ECDH-PSI with every host (module docstring: steps, what each role learns).
 
     Stages: :meth:`hello` (step 1), :meth:`blind_own_ids` (step 2), :meth:`match_with_host` (step 3,
-    per host), :meth:`send_intersection` (step 4); :meth:`run` performs them in order.
+    per host), :meth:`send_intersection` (step 4); :meth:`run` performs them in order. Run them via
+    :func:`align_ids_guest` or :meth:`run`, not one by one: ``run`` checks the IDs and starts the X25519
+    engine (``self.engine``) that the stages need, and tells the hosts when a stage fails.
     Arguments and errors as in :func:`align_ids_guest`.
     """
 
@@ -300,6 +300,7 @@ class PsiGuest(_PsiRole):
         """Step 3 with ``host``: blind its points again, receive our doubly blinded points, match.
 
         Returns int64 (|X|,): for each guest row its row in ``host``'s list, -1 if absent.
+        Needs the engine started (run via :meth:`run` / :func:`align_ids_guest`).
         """
         n, width = len(self.ids), self.truncate_bytes
         theirs = self._recv(host, TAG_POINTS, n, _points_parser(host, POINT_BYTES, None, points=True))
@@ -340,7 +341,9 @@ class PsiHost(_PsiRole):
     """A host's side of ECDH-PSI with the guest (module docstring: steps, what each role learns).
 
     Stages: :meth:`receive_hello` (step 1), :meth:`blind_own_ids` (step 2), :meth:`double_blind`
-    (step 3), :meth:`receive_intersection` (step 4); :meth:`run` performs them in order.
+    (step 3), :meth:`receive_intersection` (step 4); :meth:`run` performs them in order. Run them via
+    :func:`align_ids_host` or :meth:`run`, not one by one: ``run`` checks the IDs and starts the X25519
+    engine (``self.engine``) that the stages need, and tells the guest when a stage fails.
     Arguments and errors as in :func:`align_ids_host`.
     """
 
@@ -377,7 +380,10 @@ class PsiHost(_PsiRole):
         return hello
 
     def double_blind(self, hello: psi_pb2.PsiHello, scalar: bytes) -> None:
-        """Step 3: blind the guest's points with our scalar, truncate, return them in the guest's order."""
+        """Step 3: blind the guest's points with our scalar, truncate, return them in the guest's order.
+
+        Needs the engine started (run via :meth:`run` / :func:`align_ids_host`).
+        """
         theirs = self._recv(self.guest, TAG_POINTS, len(self.ids) + hello.set_size,
                             _points_parser(self.guest, POINT_BYTES, hello.set_size, points=True))
         self.clock.lap("wait")

@@ -91,6 +91,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..crypto.he import VERTICAL_DOT_PRECISION_BITS
 from ..proto import messages_pb2
 from ..transport import Transport, parse_message
 from ..data.dataset import check_matrix
@@ -152,7 +153,7 @@ class SplitNNConfig(BaseModel):
     key_bits: int = Field(default=2048, ge=256, description="Paillier modulus size of every host key")
     insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
     precision_bits: int = Field(default=40, ge=16, le=64, description="fraction bits of encrypted values")
-    dot_precision_bits: int = Field(default=32, ge=8, le=48, description="fraction bits of plaintext multipliers")
+    dot_precision_bits: int = Field(default=VERTICAL_DOT_PRECISION_BITS, ge=8, le=48, description="fraction bits of plaintext multipliers")
     predict_batch_size: int = Field(default=512, ge=1)
 
     @model_validator(mode="after")
@@ -319,7 +320,6 @@ class SplitNNGuest(PredictionGuest, _Role):
         self.top = build_mlp(o, cfg.top_hidden, cfg.activation, cfg.init_seed * 1000 + 2, out_dim=self.out_dim)
         self.checkpoint_dir = checkpoint_dir
         self._keys: dict[str, object] = {}
-        self._pred_round = 0
         self._noise_rng = np.random.default_rng([cfg.seed, 99])
         self.result: FitResult | None = None
 
@@ -540,7 +540,6 @@ class SplitNNHost(PredictionHost, _Role):
         self.record_gradients = record_gradients
         self.gradient_norms = np.full(self.X.shape[0], np.nan)
         self._noise_rng = np.random.default_rng()  # secret: never derived from a shared seed
-        self._pred_round = 0
         self.result: FitResult | None = None
 
     def _peers(self):
@@ -649,9 +648,7 @@ class SplitNNHost(PredictionHost, _Role):
         return self.config.predict_batch_size
 
     def _prediction_matrix(self, X) -> np.ndarray:
-        X = check_matrix(X, "X")
-        if X.shape[1] != self.X.shape[1]:
-            raise ValueError(f"X: {X.shape[1]} features, the model has {self.X.shape[1]}")
+        X = self._prediction_features(X, self.X.shape[1])
         if self.public_key is None:
             raise RuntimeError("serve_predictions: call fit() first")
         return X
