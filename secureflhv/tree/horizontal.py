@@ -43,6 +43,7 @@ failing server tells every client, a failing client tells the server (every clie
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -54,7 +55,7 @@ import numpy as np
 from ..data.dataset import check_matrix
 from ..proto import tree_pb2
 from ..secagg import AggregationConfig, AggregationError, make_client, make_server
-from ..transport import ProtocolError, Transport, TransportError, parse_message
+from ..transport import JobAborted, ProtocolError, Transport, TransportError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
 from ..transport.role import ProtocolRole
 from .binning import apply_bins, cuts_from_grid_counts, grid, grid_counts
@@ -74,17 +75,60 @@ DEPTH_SLOTS = 64
 
 
 class HorizontalSecureBoostError(RuntimeError):
-    """The horizontal training cannot go on (a client or the server failed, dropped or misbehaved)."""
+    """The horizontal training cannot go on (the server failed, fewer than t clients remain, a peer misbehaved)."""
+
+
+class ClientDroppedOut(HorizontalSecureBoostError):
+    """This client is no longer in the training (the server dropped it); it stops without telling anyone."""
+
+
+class _Dropped(Exception):
+    """Server-internal: clients were lost during the current boosting round; the round is rebuilt.
+
+    ``lost``: client -> where it was lost; ``tag``/``rnd``: the message the remaining clients wait for
+    (``rnd`` None: the next tree start, tag ``hsb.tree``).
+    """
+
+    def __init__(self, lost: dict[str, str], tag: str, rnd: int | None):
+        super().__init__(f"lost {sorted(lost)}")
+        self.lost, self.tag, self.rnd = dict(lost), tag, rnd
+
+
+class _Restart(Exception):
+    """Client-internal: the server's hsb restart message (a client dropped out; rebuild a round)."""
+
+    def __init__(self, msg: tree_pb2.HsbLevel):
+        super().__init__(f"restart at tree {msg.tree}")
+        self.msg = msg
 
 
 def tree_aggregation_config(kind: str = "secagg", **overrides) -> AggregationConfig:
     """Aggregation settings under which integer histograms (< 2^52) are summed exactly.
 
-    Threshold: every client (a missing client would silently change the trees).
+    Threshold: ``threshold`` override (a count or a fraction of the job's clients) or the
+    aggregation default ceil(2n/3); the roles fix it to one absolute t for the whole job
+    (:func:`job_threshold`).
     """
-    cfg = dict(kind=kind, threshold=1.0, clip=AGG_CLIP, precision_bits=AGG_SCALE_BITS, max_weight=1.0)
+    cfg = dict(kind=kind, clip=AGG_CLIP, precision_bits=AGG_SCALE_BITS, max_weight=1.0)
     cfg.update(overrides)
     return AggregationConfig(**cfg)
+
+
+def job_threshold(cfg: AggregationConfig, n_clients: int) -> AggregationConfig:
+    """``cfg`` with its threshold fixed to the absolute t of a job with ``n_clients`` clients.
+
+    t is ``cfg.resolve_threshold(n_clients)`` (default ceil(2n/3)); it stays the same when clients
+    drop out, so the job goes on while at least t (and at least 2) clients remain. The server and every
+    client derive the same t from the same config and client list (secagg's Shamir threshold).
+
+    Raises:
+        ValueError: t <= n/2 (two disjoint halves could each finish a job) or t < 2.
+    """
+    t = cfg.resolve_threshold(n_clients)
+    if 2 * t <= n_clients or t < 2:
+        raise ValueError(f"aggregation threshold t={t} for {n_clients} clients: horizontal SecureBoost needs "
+                         f"t > n/2 and t >= 2")
+    return dataclasses.replace(cfg, threshold=t)
 
 
 def _check_agg(cfg: AggregationConfig) -> AggregationConfig:
@@ -178,15 +222,20 @@ class HorizontalSecureBoostServer(ProtocolRole):
         if len(self.client_ids) < 2:
             raise ValueError("client_ids: horizontal SecureBoost needs at least two clients")
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
-        self.agg_config = _check_agg(aggregation or tree_aggregation_config())
+        self.agg_config = job_threshold(_check_agg(aggregation or tree_aggregation_config()), len(self.client_ids))
+        self.threshold = max(int(self.agg_config.threshold), 2)
         self.agg = make_server(transport, self.agg_config)
         self.feature_ranges = feature_ranges
         self._agg_round = 0
+        self._slot = -1           # envelope slot of the last tree attempt (hsb.tree round = slot + 1)
+        self.active = list(self.client_ids)    # the clients taking part (the aggregation participants)
+        self.dropped: dict[str, str] = {}      # client -> where it was lost
+        self._lost: dict[str, str] = {}        # lost since the clients last agreed on ``active``
         self.model: BoostedModel | None = None
         self.tree_seconds: list[float] = []
 
     def _peers(self) -> list[str]:
-        return self.client_ids
+        return self.active
 
     def fit(self) -> BoostedModel:
         """Train; returns the model (global feature indices, bins, thresholds; exportable to XGBoost)."""
@@ -199,20 +248,68 @@ class HorizontalSecureBoostServer(ProtocolRole):
         self.layout = HistLayout.of([len(c) + 1 for c in binning.cuts])
         model = BoostedModel(prm, binning.base_margin, [], binning.cuts)
         self.model = model
-        seq = 0
-        for r in range(prm.n_trees):
-            for k in range(prm.trees_per_round):
-                model.trees.append(self.grow_tree(seq, k))
-                seq += 1
-            if self.validation(r):
+        if self._lost:   # lost during binning: the cuts are those of the binning's survivors
+            self._restart(_Dropped(self._lost, TAG_TREE, None), 0)
+        r, K = 0, prm.trees_per_round
+        while r < prm.n_trees:
+            try:
+                stop = self._boosting_round(r)
+            except _Dropped as drop:
+                del model.trees[r * K:], self.tree_seconds[r * K:]
+                self._restart(drop, r * K)
+                continue
+            r += 1
+            if stop:
                 break
-        self._send_all(TAG_TREE, tree_pb2.HsbLevel(tree=seq, stop=True, keep_trees=len(model.trees)), seq + 1, "stop")
+        self._slot += 1
+        self._send_all(TAG_TREE, tree_pb2.HsbLevel(tree=r * K, stop=True, keep_trees=len(model.trees)),
+                       self._slot + 1, "stop")
+        if self._lost:
+            log.warning("%s: client(s) %s unreachable at the end (the model is complete)", self.party_id,
+                        sorted(self._lost))
         return model
+
+    def _boosting_round(self, r: int) -> bool:
+        """Round ``r``: its trees and its validation, all over ``active``; True when early stopping ends
+        the training. Raises _Dropped when a client is lost (the caller discards the round's trees)."""
+        K = self.params.trees_per_round
+        for k in range(K):
+            self.model.trees.append(self.grow_tree(r * K + k, k))
+        return self.validation(r)
+
+    def _restart(self, drop: _Dropped, first: int) -> None:
+        """Drop ``drop.lost`` for the rest of the training and tell the others to rebuild from tree ``first``.
+
+        Raises:
+            HorizontalSecureBoostError: fewer than t (or 2) clients remain; names who dropped where.
+        """
+        self.dropped.update(drop.lost)
+        self._lost.clear()
+        self.active = [c for c in self.active if c not in drop.lost]
+        lost = "; ".join(f"{c} ({w})" for c, w in sorted(self.dropped.items()))
+        if len(self.active) < self.threshold:
+            raise HorizontalSecureBoostError(
+                f"only {len(self.active)} of {len(self.client_ids)} clients remain, fewer than the threshold "
+                f"t={self.threshold}; dropped: {lost}")
+        log.warning("%s: dropped %s; rebuilding from tree %d with %s", self.party_id, lost, first, self.active)
+        rnd = drop.rnd
+        if rnd is None:
+            self._slot += 1
+            rnd = self._slot + 1
+        msg = tree_pb2.HsbLevel(tree=first, restart=True, clients=self.active)
+        self._send_all(drop.tag, msg, rnd, f"restart at tree {first}")
+        for c in drop.lost:   # best effort: a dropped client that is still alive stops cleanly
+            try:
+                self.t.send(c, drop.tag, msg, round=rnd, timeout=2.0)
+            except TransportError:
+                pass
 
     # ------------------------------------------------------------------------------ stages
     def hello(self) -> int:
         """Every client's number of features; returns it (HorizontalSecureBoostError if they disagree)."""
         hello = self._recv_all(TAG_HELLO, 0, parse_message(tree_pb2.SbHello), "hello")
+        if not hello:
+            raise HorizontalSecureBoostError(f"no client said hello: {self._lost}")
         dims = {int(m.n_features) for m in hello.values()}
         if len(dims) != 1:
             raise HorizontalSecureBoostError(f"clients disagree on the number of features: "
@@ -226,7 +323,7 @@ class HorizontalSecureBoostServer(ProtocolRole):
         self._send_all(TAG_RANGES, tree_pb2.HsbRanges(lo=lo.tolist(), hi=hi.tolist()), 1, "ranges")
         grids = [grid(lo[j], hi[j], prm.sketch_bins) for j in range(d)]
         sizes = [len(gr) + 1 for gr in grids]
-        tot = self._aggregate(sum(sizes) + 2, "bin counts") * 2.0 ** AGG_SCALE_BITS
+        tot = self._aggregate(sum(sizes) + 2, "bin counts", None) * 2.0 ** AGG_SCALE_BITS
         offs = np.concatenate([[0], np.cumsum(sizes)])
         cuts = [cuts_from_grid_counts(tot[offs[j]:offs[j + 1]], grids[j], prm.max_bin) for j in range(d)]
         n_total = int(round(tot[-2]))
@@ -240,11 +337,14 @@ class HorizontalSecureBoostServer(ProtocolRole):
     def grow_tree(self, seq: int, k: int) -> Tree:
         """Tree ``seq`` for output ``k``: the clients' gradient bounds fix the precision, then :meth:`_grow`."""
         ts = time.perf_counter()
-        self._send_all(TAG_TREE, tree_pb2.HsbLevel(tree=seq), seq + 1, f"tree {seq}")
-        bounds = self._recv_all(TAG_BOUND, seq + 1, parse_message(tree_pb2.HsbBound), f"tree {seq} bound")
+        self._slot += 1
+        slot = self._slot
+        self._send_all(TAG_TREE, tree_pb2.HsbLevel(tree=seq), slot + 1, f"tree {seq}")
+        bounds = self._recv_all(TAG_BOUND, slot + 1, parse_message(tree_pb2.HsbBound), f"tree {seq} bound")
+        self._check_lost(TAG_LEVEL, slot * DEPTH_SLOTS + 1)
         e = max(int(b.log2_bound) for b in bounds.values())
-        p = precision_bits_for(self.n_rows, e)
-        tree = self._grow(seq, p, e)
+        p = precision_bits_for(self.n_rows, e)   # n_rows of the binning: an upper bound of the active rows
+        tree = self._grow(seq, slot, p, e)
         tree.output = k
         self.tree_seconds.append(time.perf_counter() - ts)
         log.info("%s: tree %d in %.2fs", self.party_id, seq + 1, self.tree_seconds[-1])
@@ -253,7 +353,7 @@ class HorizontalSecureBoostServer(ProtocolRole):
     def validation(self, r: int) -> bool:
         """One aggregation of [loss sum / 2^20, n_val] (zeros from a client without validation rows);
         returns whether early stopping ends the training after round ``r``."""
-        v = self._aggregate(2, f"validation loss of round {r}") * 2.0 ** AGG_SCALE_BITS
+        v = self._aggregate(2, f"validation loss of round {r}", (TAG_TREE, None)) * 2.0 ** AGG_SCALE_BITS
         n_val = int(round(v[1]))
         if not n_val:
             return False
@@ -304,12 +404,12 @@ class HorizontalSecureBoostServer(ProtocolRole):
         return best
 
     # ------------------------------------------------------------------------------ tree growing
-    def _grow(self, seq: int, p: int, e: int) -> Tree:
+    def _grow(self, seq: int, slot: int, p: int, e: int) -> Tree:
         """Level by level: tell the clients the last splits and the nodes to histogram, aggregate, split."""
         prm = self.params
         tree = Tree()
         sums: dict[int, NodeSums] = {}   # known from the parent's split
-        counts = {0: self.n_rows}
+        counts = {0: self.n_rows}        # the root's count is replaced by the active clients' (histogram)
         hists: dict[int, np.ndarray] = {}
         level, splits = [0], []
         for depth in range(prm.max_depth + 1):
@@ -320,10 +420,13 @@ class HorizontalSecureBoostServer(ProtocolRole):
                     tree.nodes[nid] = Node(nid, value=self._leaf_value(s.g, s.h), sum_hess=s.h, n_rows=s.n_rows)
             plan = plan_children(split_now, counts) if split_now else []
             msg = self._level_message(tree, seq, depth, p, e, plan, splits, done=not split_now)
-            self._send_all(TAG_LEVEL, msg, seq * DEPTH_SLOTS + depth + 1, f"tree {seq} depth {depth}")
+            self._send_all(TAG_LEVEL, msg, slot * DEPTH_SLOTS + depth + 1, f"tree {seq} depth {depth}")
             if msg.done:
                 return tree
-            new = self._level_histograms(seq, depth, list(msg.build), plan, hists)
+            new = self._level_histograms(seq, depth, list(msg.build), plan, hists,
+                                         (TAG_LEVEL, slot * DEPTH_SLOTS + depth + 2))
+            if depth == 0:
+                counts[0] = int(new[0][2 * self.layout.n_cells:][self.layout.feature(0)].sum())
             splits, level = [], []
             for nid in split_now:
                 best = self._split_node(tree, nid, new[nid], counts[nid], p)
@@ -350,10 +453,11 @@ class HorizontalSecureBoostServer(ProtocolRole):
                     msg.leaves.add(node=nid, value=node.value)
         return msg
 
-    def _level_histograms(self, seq: int, depth: int, build: list[int], plan, parents: dict[int, np.ndarray]):
+    def _level_histograms(self, seq: int, depth: int, build: list[int], plan, parents: dict[int, np.ndarray],
+                          wait: tuple[str, int]):
         """Integer histograms of this level's nodes: ``build`` aggregated, the others parent - sibling."""
         size = self.layout.size
-        built = self._aggregate(size * len(build), f"histograms of tree {seq} depth {depth}")
+        built = self._aggregate(size * len(build), f"histograms of tree {seq} depth {depth}", wait)
         built = np.rint(built * 2.0 ** AGG_SCALE_BITS).reshape(len(build), size)
         new = {nid: built[i] for i, nid in enumerate(build)}
         for nid, derived in plan:
@@ -396,31 +500,53 @@ class HorizontalSecureBoostServer(ProtocolRole):
         los, his = zip(*self._recv_all(TAG_RANGES, 1, parse_message(tree_pb2.HsbRanges, check), "ranges").values())
         return np.min(los, axis=0), np.max(his, axis=0)
 
-    def _aggregate(self, dim: int, what: str) -> np.ndarray:
+    def _aggregate(self, dim: int, what: str, wait: tuple[str, int | None] | None) -> np.ndarray:
+        """One aggregation over ``active``; its non-survivors join the lost clients.
+
+        ``wait``: where the clients wait next; when given, a lost client raises :class:`_Dropped` (the
+        sum is not over ``active``), when None (binning) the sum of the survivors is returned.
+        """
         self._agg_round += 1
         try:
-            res = self.agg.aggregate(self._agg_round, self.client_ids, dim)
+            res = self.agg.aggregate(self._agg_round, self.active, dim)
         except (AggregationError, TransportError) as exc:
-            raise HorizontalSecureBoostError(f"aggregation of {what} failed: {exc}") from exc
-        if res.dropped:
-            raise HorizontalSecureBoostError(f"aggregation of {what}: client(s) {res.dropped} dropped out")
+            raise HorizontalSecureBoostError(f"aggregation of {what} failed (dropped before: "
+                                             f"{self.dropped or 'none'}): {exc}") from exc
+        for c in res.dropped:
+            self._lost.setdefault(c, f"{what}, aggregation stage {res.dropped_at.get(c, '?')}")
+        if wait is not None:
+            self._check_lost(*wait)
         return res.total
 
+    def _check_lost(self, tag: str, rnd: int | None) -> None:
+        """Raise :class:`_Dropped` when a client was lost in this round (the others wait for ``tag``/``rnd``)."""
+        if self._lost:
+            raise _Dropped(self._lost, tag, rnd)
+
+    def _live(self) -> list[str]:
+        return [c for c in self.active if c not in self._lost]
+
     def _recv_all(self, tag: str, rnd: int, parse, what: str) -> dict:
+        """``tag`` from every live client; a silent or unreachable one is recorded as lost (JobAborted is fatal)."""
         out = {}
-        for c in self.client_ids:
+        for c in self._live():
             try:
                 out[c] = self.t.recv(c, tag, round=rnd, parse=parse)
+            except JobAborted:
+                raise
             except TransportError as exc:
-                raise HorizontalSecureBoostError(f"client {c!r} failed or went silent ({what}): {exc}") from exc
+                log.warning("%s: client %s lost (%s): %s", self.party_id, c, what, exc)
+                self._lost[c] = f"{what}: {type(exc).__name__}"
         return out
 
     def _send_all(self, tag: str, msg, rnd: int, what: str) -> None:
-        for c in self.client_ids:
+        """Send to every live client; one that cannot be reached is recorded as lost."""
+        for c in self._live():
             try:
                 self.t.send(c, tag, msg, round=rnd)
             except TransportError as exc:
-                raise HorizontalSecureBoostError(f"client {c!r} unreachable ({what}): {exc}") from exc
+                log.warning("%s: client %s lost (%s): %s", self.party_id, c, what, exc)
+                self._lost[c] = f"{what}: unreachable"
 
 
 # ============================================================================================ client
@@ -456,13 +582,23 @@ class HorizontalSecureBoostClient(ProtocolRole):
             raise ValueError(f"y: {len(self.y)} labels for {len(self.X)} rows")
         self.X_val = None if X_val is None else check_matrix(X_val, "X_val")
         self.y_val = None if y_val is None else check_labels(y_val, self.params)
-        self.agg = make_client(transport, server_id, _check_agg(aggregation or tree_aggregation_config()))
+        cfg = job_threshold(_check_agg(aggregation or tree_aggregation_config()), len(self.client_ids))
+        self.agg = make_client(transport, server_id, cfg)
         self.send_ranges = send_ranges
         self._agg_round = 0
+        self._slot = -1                           # envelope slot of the last tree start (as the server's)
+        self.active = list(self.client_ids)       # the aggregation participants, as the server last said
         self.model: BoostedModel | None = None
 
     def _peers(self) -> list[str]:
         return [self.server_id]
+
+    def _abort_message(self, exc: BaseException) -> None:
+        """A failing client is a dropout: it tells nobody (an abort would stop the server's whole job);
+        the server notices at its next deadline and goes on while t clients remain."""
+        log.warning("%s: leaving horizontal SecureBoost (a dropout for the server): %s: %s", self.party_id,
+                    type(exc).__name__, exc)
+        return None
 
     def fit(self) -> BoostedModel:
         """Train with the server; returns the shared model (same as the server's)."""
@@ -474,30 +610,72 @@ class HorizontalSecureBoostClient(ProtocolRole):
         binning = self.binning()
         self.n_total = binning.n_rows
         self.layout = HistLayout.of([len(c) + 1 for c in binning.cuts])
-        model = BoostedModel(prm, binning.base_margin, [], binning.cuts)
-        self.model = model
+        self.model = BoostedModel(prm, binning.base_margin, [], binning.cuts)
         bins = apply_bins(self.X, binning.cuts)
-        margin = np.tile(binning.base_margin, (len(bins), 1)).astype(np.float64)
         vbins = None if self.X_val is None else apply_bins(self.X_val, binning.cuts)
-        vmargin = None if vbins is None else np.tile(binning.base_margin, (len(vbins), 1)).astype(np.float64)
-        seq = 0
-        for _ in range(prm.n_trees):
-            g, h = gradients(margin, self.y, prm)
-            for k in range(prm.trees_per_round):
-                start = self._recv(TAG_TREE, seq + 1, parse_message(tree_pb2.HsbLevel))
-                if start.stop:
-                    return self._keep(start)
-                tree = self.grow_tree(seq, k, bins, g[:, k], h[:, k])
-                model.trees.append(tree)
-                margin[:, k] += tree.predict_bins(bins)
-                if vbins is not None:
-                    vmargin[:, k] += tree.predict_bins(vbins)
-                seq += 1
-            self.validation(vbins, vmargin)
-        start = self._recv(TAG_TREE, seq + 1, parse_message(tree_pb2.HsbLevel))
-        if not start.stop:
-            raise HorizontalSecureBoostError("server wants more trees than params.n_trees")
-        return self._keep(start)
+        base = lambda b: None if b is None else np.tile(binning.base_margin, (len(b), 1)).astype(np.float64)  # noqa: E731
+        starts = {0: (base(bins), base(vbins))}   # margins at the start of a round (the last two rounds)
+        r, K = 0, prm.trees_per_round
+        while True:
+            margin, vmargin = (None if m is None else m.copy() for m in starts[r])
+            del self.model.trees[r * K:]
+            try:
+                stop = self._boosting_round(r, bins, vbins, margin, vmargin)
+            except _Restart as rs:
+                r = self._apply_restart(rs.msg, sorted(starts), K)
+                continue
+            if stop is not None:
+                return self._keep(stop)
+            starts = {r: starts[r], r + 1: (margin, vmargin)}
+            r += 1
+
+    def _boosting_round(self, r: int, bins, vbins, margin: np.ndarray, vmargin) -> tree_pb2.HsbLevel | None:
+        """Round ``r``: its trees (``margin``/``vmargin`` updated in place) and its validation loss.
+
+        Returns the server's stop message instead when training is over. Raises :class:`_Restart`
+        when the server rebuilds a round without a dropped client.
+        """
+        prm, K = self.params, self.params.trees_per_round
+        g, h = gradients(margin, self.y, prm)
+        for k in range(K):
+            start = self._next_tree()
+            if start.stop:
+                return start
+            if r >= prm.n_trees:
+                raise HorizontalSecureBoostError("server wants more trees than params.n_trees")
+            tree = self.grow_tree(r * K + k, k, bins, g[:, k], h[:, k])
+            self.model.trees.append(tree)
+            margin[:, k] += tree.predict_bins(bins)
+            if vbins is not None:
+                vmargin[:, k] += tree.predict_bins(vbins)
+        self.validation(vbins, vmargin)
+        return None
+
+    def _next_tree(self) -> tree_pb2.HsbLevel:
+        """hsb.tree of the next slot: a tree start, the stop, or a restart (raised as _Restart)."""
+        self._slot += 1
+        msg = self._recv(TAG_TREE, self._slot + 1, self._level_parser(lambda m: m))
+        if msg.restart:
+            raise _Restart(msg)
+        return msg
+
+    def _apply_restart(self, msg: tree_pb2.HsbLevel, rounds: list[int], K: int) -> int:
+        """Take the server's new client set; returns the round to rebuild (its first tree is ``msg.tree``).
+
+        Raises:
+            ClientDroppedOut: this client is not in the set any more (it stops; it tells nobody).
+            HorizontalSecureBoostError: the round is not one this client can rebuild (server bug).
+        """
+        if self.party_id not in msg.clients:
+            raise ClientDroppedOut(f"{self.party_id}: the server dropped this client at tree {msg.tree} "
+                                   f"(going on with {list(msg.clients)}); stopping")
+        if msg.tree % K or msg.tree // K not in rounds:
+            raise HorizontalSecureBoostError(f"server restarts at tree {msg.tree}; this client can rebuild "
+                                             f"rounds {rounds} only")
+        log.warning("%s: client(s) %s dropped out; rebuilding from tree %d", self.party_id,
+                    sorted(set(self.active) - set(msg.clients)), msg.tree)
+        self.active = list(msg.clients)
+        return msg.tree // K
 
     # ------------------------------------------------------------------------------ stages
     def hello(self) -> None:
@@ -524,7 +702,7 @@ class HorizontalSecureBoostClient(ProtocolRole):
 
     def grow_tree(self, seq: int, k: int, bins: np.ndarray, g: np.ndarray, h: np.ndarray) -> Tree:
         """Tree ``seq`` for output ``k``: send the bound of |g|, |h|, then one histogram vector per level."""
-        self.t.send(self.server_id, TAG_BOUND, tree_pb2.HsbBound(log2_bound=bound_log2(g, h)), round=seq + 1)
+        self.t.send(self.server_id, TAG_BOUND, tree_pb2.HsbBound(log2_bound=bound_log2(g, h)), round=self._slot + 1)
         tree = self._grow(seq, bins, g, h)
         tree.output = k
         return tree
@@ -547,8 +725,10 @@ class HorizontalSecureBoostClient(ProtocolRole):
         rows_of = {0: np.arange(len(bins))}
         p = None
         for depth in range(self.params.max_depth + 1):
-            msg = self._recv(TAG_LEVEL, seq * DEPTH_SLOTS + depth + 1, parse_message(
-                tree_pb2.HsbLevel, lambda m: self._check_level(m, seq, depth, rows_of)))
+            msg = self._recv(TAG_LEVEL, self._slot * DEPTH_SLOTS + depth + 1,
+                             self._level_parser(lambda m: self._check_level(m, seq, depth, rows_of)))
+            if msg.restart:
+                raise _Restart(msg)
             if p is None:
                 p = int(msg.precision_bits)
                 if p != precision_bits_for(self.n_total, int(msg.log2_bound)) or int(msg.log2_bound) < bound_log2(g, h):
@@ -597,6 +777,17 @@ class HorizontalSecureBoostClient(ProtocolRole):
             raise ProtocolError("cuts: not increasing or more than max_bin - 1 per feature")
         return Binning(cuts, np.array(m.base_margin), int(m.n_rows))
 
+    def _level_parser(self, check):
+        """Parse an HsbLevel: a restart must name a non-empty subset of the active clients, else ``check``."""
+        def validate(m: tree_pb2.HsbLevel):
+            if not m.restart:
+                return check(m)
+            names = list(m.clients)
+            if not names or len(set(names)) != len(names) or not set(names) <= set(self.active):
+                raise ProtocolError(f"restart: clients {names} are not a subset of the active {self.active}")
+            return m
+        return parse_message(tree_pb2.HsbLevel, validate)
+
     def _check_level(self, m: tree_pb2.HsbLevel, seq: int, depth: int, rows_of: dict):
         n_bins = self.layout.n_bins
         if m.tree != seq or m.depth != depth:
@@ -613,7 +804,7 @@ class HorizontalSecureBoostClient(ProtocolRole):
 
     def _submit(self, vector: np.ndarray) -> None:
         self._agg_round += 1
-        self.agg.submit(self._agg_round, self.client_ids, vector, 1.0)
+        self.agg.submit(self._agg_round, self.active, vector, 1.0)
 
     def _recv(self, tag: str, rnd: int, parse):
         try:
