@@ -72,7 +72,8 @@ def build_tree(bins: np.ndarray, gq: np.ndarray, hq: np.ndarray, p: int, params:
 
 
 def fit_reference(X, y, cuts: list[np.ndarray], params: SecureBoostParams, *, X_val=None, y_val=None,
-                  base: np.ndarray | None = None) -> BoostedModel:
+                  base: np.ndarray | None = None, init_margin: np.ndarray | None = None,
+                  precision_rows: int | None = None) -> BoostedModel:
     """Train the centralised histogram GBDT.
 
     Args:
@@ -80,6 +81,11 @@ def fit_reference(X, y, cuts: list[np.ndarray], params: SecureBoostParams, *, X_
         y: labels (n,). cuts: per feature (:mod:`secureflhv.tree.binning`).
         X_val, y_val: optional validation set (losses recorded; early stopping if configured).
         base: initial margin (default: :func:`secureflhv.tree.params.base_margin` of y).
+        init_margin: float (n, outputs) margins of the rows before the first tree (default: ``base``
+            for every row): continues a boosting run, e.g. on the survivors' rows after a horizontal
+            client dropped out (the model's ``base_margin`` stays ``base``; no validation then).
+        precision_rows: the row count the fixed-point precision p is sized for (default n; horizontal
+            SecureBoost keeps the binning's row count after a dropout).
     Returns: a :class:`BoostedModel` with ``cuts`` set.
     """
     y = check_labels(y, params)
@@ -87,7 +93,9 @@ def fit_reference(X, y, cuts: list[np.ndarray], params: SecureBoostParams, *, X_
     n_bins = [len(c) + 1 for c in cuts]
     bm = base_margin(y, params) if base is None else np.asarray(base, dtype=np.float64)
     model = BoostedModel(params, bm, [], [np.asarray(c) for c in cuts])
-    margin = np.tile(bm, (len(y), 1)).astype(np.float64)
+    margin = (np.tile(bm, (len(y), 1)).astype(np.float64) if init_margin is None
+              else np.array(init_margin, dtype=np.float64).reshape(len(y), len(bm)))
+    n_p = len(y) if precision_rows is None else int(precision_rows)
     val = X_val is not None
     if val:
         y_val = check_labels(y_val, params)
@@ -97,7 +105,7 @@ def fit_reference(X, y, cuts: list[np.ndarray], params: SecureBoostParams, *, X_
     for r in range(params.n_trees):
         g, h = gradients(margin, y, params)
         for k in range(params.trees_per_round):
-            p = precision_bits_for(len(y), bound_log2(g[:, k], h[:, k]))
+            p = precision_bits_for(n_p, bound_log2(g[:, k], h[:, k]))
             tree = build_tree(bins, quantise(g[:, k], p), quantise(h[:, k], p), p, params, n_bins, cuts)
             tree.output = k
             model.trees.append(tree)

@@ -88,11 +88,19 @@ def vertical_structure(guest, hosts, tree, col_groups) -> list[tuple]:
     return out
 
 
-def horizontal_run(parts, params, *, kind="plain_quantised", deadline=60.0, val_parts=None, feature_ranges=None):
-    """parts: list of (X_i, y_i). Returns dict(server_model, client_models, errors, net)."""
+def horizontal_run(parts, params, *, kind="plain_quantised", deadline=60.0, val_parts=None, feature_ranges=None,
+                   stage_timeout=None, threshold=None, vanish=None):
+    """parts: list of (X_i, y_i). Returns dict(server_model, client_models, errors, net, server, clients).
+
+    ``stage_timeout``: the aggregation's stage and input timeouts (default ``deadline``);
+    ``threshold``: the aggregation threshold (default ceil(2n/3)); ``vanish``: client index ->
+    (tree, stage) at which that client dies (:func:`vanish_at`).
+    """
     ids = [f"client-{i}" for i in range(len(parts))]
     net = InProcessNetwork("hsb-test", ["server", *ids], deadline=deadline)
-    cfg = tree_aggregation_config(kind, seed=7, stage_timeout_s=deadline, input_timeout_s=deadline)
+    extra = {} if threshold is None else {"threshold": threshold}
+    st = deadline if stage_timeout is None else stage_timeout
+    cfg = tree_aggregation_config(kind, seed=7, stage_timeout_s=st, input_timeout_s=st, **extra)
     server = HorizontalSecureBoostServer(net.transport("server"), ids, params, aggregation=cfg,
                                          feature_ranges=feature_ranges)
     clients = []
@@ -100,7 +108,37 @@ def horizontal_run(parts, params, *, kind="plain_quantised", deadline=60.0, val_
         vx, vy = (None, None) if val_parts is None else val_parts[i]
         clients.append(HorizontalSecureBoostClient(net.transport(cid), "server", ids, Xi, yi, params, X_val=vx,
                                                    y_val=vy, aggregation=cfg, send_ranges=feature_ranges is None))
+    for i, (tree, stage) in (vanish or {}).items():
+        vanish_at(clients[i], net, tree, stage)
     targets = {"server": server.fit, **{c.party_id: c.fit for c in clients}}
     results, errors = run_threads(targets, timeout=deadline * 4)
     return dict(server_model=results.get("server"), client_models=[results.get(c) for c in ids], errors=errors,
                 net=net, server=server, clients=clients)
+
+
+def vanish_at(client, net, tree: int, stage: str = "histograms") -> None:
+    """Make ``client`` die like a killed process (its mailbox closes, it tells nobody) when it is about
+    to submit its first histograms of tree ``tree`` (stage "histograms") or the validation loss of the
+    round that ends with tree ``tree`` (stage "validation")."""
+    grow, real_submit, validation = client.grow_tree, client._submit, client.validation
+    at = {"tree": None}
+
+    def die():
+        net.take_down(client.party_id)
+        raise SystemExit(f"{client.party_id} killed")
+
+    def grow_tree(seq, *args):
+        at["tree"] = seq
+        return grow(seq, *args)
+
+    def submit(vector):
+        if stage == "histograms" and at["tree"] == tree:
+            die()
+        return real_submit(vector)
+
+    def validate(*args):
+        if stage == "validation" and at["tree"] == tree:
+            die()
+        return validation(*args)
+
+    client.grow_tree, client._submit, client.validation = grow_tree, submit, validate

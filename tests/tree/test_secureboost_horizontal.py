@@ -1,8 +1,8 @@
 """Horizontal SecureBoost: for EVERY horizontal partition scheme of secureflhv.data, the federated trees
 equal the centralised twin trained on the pooled rows with the same (federated) cuts; secure aggregation
 gives the same model as plain quantised aggregation; the global cuts equal the cuts computed on pooled
-data; the exported XGBoost JSON predicts the same in xgboost.Booster; a client that dies stops the job
-with an error naming it."""
+data; the exported XGBoost JSON predicts the same in xgboost.Booster. Client dropouts:
+test_secureboost_horizontal_dropout.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +13,6 @@ from sklearn.datasets import load_iris, make_classification, make_regression
 from sb_harness import horizontal_run
 from secureflhv.data import Dataset, available_schemes, make_fcube, partition
 from secureflhv.tree.binning import cuts_from_grid_counts, grid, grid_counts
-from secureflhv.tree.horizontal import HorizontalSecureBoostError
 from secureflhv.tree.params import SecureBoostParams
 from secureflhv.tree.reference import fit_reference
 from secureflhv.tree.xgb_export import save_xgboost_json
@@ -110,34 +109,3 @@ def test_exported_model_predicts_the_same_in_xgboost(tmp_path, objective):
     want = model.predict(Xt)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
     assert booster.num_boosted_rounds() == params.n_trees
-
-
-def test_client_dropping_out_stops_job_naming_it():
-    from secureflhv.transport import InProcessNetwork
-    from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer,
-                                             tree_aggregation_config)
-    from sb_harness import run_threads
-
-    ds = _dataset("iid")
-    shards = _shards(ds, "iid")
-    ids = ["client-0", "client-1", "client-2"]
-    net = InProcessNetwork("hsb-drop", ["server", *ids], deadline=3.0)
-    cfg = tree_aggregation_config("secagg", stage_timeout_s=2.0, input_timeout_s=3.0)
-    server = HorizontalSecureBoostServer(net.transport("server"), ids, PARAMS, aggregation=cfg)
-    clients = [HorizontalSecureBoostClient(net.transport(c), "server", ids, *shards[i], PARAMS, aggregation=cfg)
-               for i, c in enumerate(ids)]
-    victim = clients[1]
-    real_submit = victim._submit
-
-    def die_at_tree_histograms(vector):
-        if victim._agg_round >= 2:      # round 1 = binning; round 2 = first histograms
-            net.take_down(victim.party_id)
-            raise SystemExit("client-1 killed")
-        return real_submit(vector)
-
-    victim._submit = die_at_tree_histograms
-    victim.t.abort = lambda *a, **k: None  # a killed process tells nobody
-    results, errors = run_threads({"server": server.fit, **{c.party_id: c.fit for c in clients}}, timeout=60)
-    assert isinstance(errors.get("server"), HorizontalSecureBoostError), errors
-    assert "client-1" in str(errors["server"])
-    assert "client-0" in errors and "client-2" in errors  # the others were told and stopped
