@@ -7,6 +7,7 @@ import numpy as np
 
 from secureflhv.transport import InProcessNetwork
 from secureflhv.tree.horizontal import HorizontalSecureBoostClient, HorizontalSecureBoostServer, tree_aggregation_config
+from secureflhv.tree.reference import fit_reference
 from secureflhv.tree.vertical import SecureBoostGuest, SecureBoostHost
 
 
@@ -142,3 +143,19 @@ def vanish_at(client, net, tree: int, stage: str = "histograms") -> None:
         return validation(*args)
 
     client.grow_tree, client._submit, client.validation = grow_tree, submit, validate
+
+
+def two_phase_reference(shards, survivors: list[int], first_round: int, model, params) -> list:
+    """The trees a horizontal run that lost clients in round ``first_round`` must equal: the centralised
+    twin (:func:`fit_reference`) on every shard's rows for the rounds before, then boosting continued on
+    the ``survivors``' rows from their margins after those rounds, with the federated cuts, base margin
+    and the binning's row count for the precision."""
+    X = np.concatenate([s[0] for s in shards])
+    y = np.concatenate([s[1] for s in shards])
+    before = fit_reference(X, y, model.cuts, params.model_copy(update={"n_trees": first_round}),
+                           base=model.base_margin)
+    Xs = np.concatenate([shards[i][0] for i in survivors])
+    ys = np.concatenate([shards[i][1] for i in survivors])
+    after = fit_reference(Xs, ys, model.cuts, params.model_copy(update={"n_trees": params.n_trees - first_round}),
+                          base=model.base_margin, init_margin=before.predict_margin(Xs), precision_rows=len(y))
+    return before.trees + after.trees

@@ -28,12 +28,12 @@ def hparams():
     return SecureBoostParams(n_trees=3, max_depth=3, max_bin=16, sketch_bins=256)
 
 
-def _transport(pid, addresses, cert_dir):
+def _transport(pid, addresses, cert_dir, deadline=120):
     from secureflhv.transport.certs import load_party_credentials
     from secureflhv.transport.grpc_transport import GrpcTransport
 
     return GrpcTransport(pid, "sb-grpc", addresses[pid], addresses, tls=load_party_credentials(cert_dir, pid),
-                         deadline=120)
+                         deadline=deadline)
 
 
 def vertical_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
@@ -64,26 +64,58 @@ def vertical_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
             t.close()
 
 
-def horizontal_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
+def client_rows(pid: str, n: int):
+    return np.array_split(np.arange(n), 3)[CLIENTS.index(pid)]
+
+
+def horizontal_party(pid: str, addresses: dict, cert_dir: str, queue, kill_at_tree: dict | None = None) -> None:
+    """One party of the horizontal run; ``kill_at_tree``: client -> tree at whose first histogram
+    submission that client SIGKILLs itself (a real process death: no message, no clean-up)."""
     from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer,
                                              tree_aggregation_config)
 
     t = None
     try:
         X, y = breast_cancer()
-        cfg = tree_aggregation_config("secagg")
-        t = _transport(pid, addresses, cert_dir)
+        short = {} if kill_at_tree is None else {"stage_timeout_s": 3.0, "input_timeout_s": 3.0}
+        cfg = tree_aggregation_config("secagg", **short)
+        t = _transport(pid, addresses, cert_dir, 120 if kill_at_tree is None else 15)
         if pid == "server":
             model = HorizontalSecureBoostServer(t, CLIENTS, hparams(), aggregation=cfg).fit()
             queue.put((pid, (model.predict(X).tolist(), [c.tolist() for c in model.cuts],
                              model.base_margin.tolist())))
         else:
-            rows = np.array_split(np.arange(len(y)), 3)[CLIENTS.index(pid)]
-            model = HorizontalSecureBoostClient(t, "server", CLIENTS, X[rows], y[rows], hparams(),
-                                                aggregation=cfg).fit()
-            queue.put((pid, model.predict(X).tolist()))
+            rows = client_rows(pid, len(y))
+            client = HorizontalSecureBoostClient(t, "server", CLIENTS, X[rows], y[rows], hparams(), aggregation=cfg)
+            if kill_at_tree and pid in kill_at_tree:
+                _kill_self_at(client, kill_at_tree[pid])
+            queue.put((pid, client.fit().predict(X).tolist()))
     except BaseException:  # noqa: BLE001
         queue.put((pid, "ERROR " + traceback.format_exc()))
     finally:
         if t is not None:
             t.close()
+
+
+def _kill_self_at(client, tree: int) -> None:
+    import os
+    import signal
+
+    grow, submit = client.grow_tree, client._submit
+    at = {}
+
+    def grow_tree(seq, *args):
+        at["tree"] = seq
+        return grow(seq, *args)
+
+    def submit_or_die(vector):
+        if at.get("tree") == tree:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return submit(vector)
+
+    client.grow_tree, client._submit = grow_tree, submit_or_die
+
+
+def horizontal_dropout_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
+    """:func:`horizontal_party` where client-2 is killed (SIGKILL) at tree 1."""
+    horizontal_party(pid, addresses, cert_dir, queue, kill_at_tree={"client-2": 1})

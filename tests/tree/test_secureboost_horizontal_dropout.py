@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_iris, make_classification
 
-from sb_harness import horizontal_run
+from sb_harness import horizontal_run, two_phase_reference
 from secureflhv.transport import InProcessNetwork
 from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostError,
                                          HorizontalSecureBoostServer, tree_aggregation_config)
@@ -27,20 +27,6 @@ def _shards(objective: str, n: int):
         X, y = make_classification(800, 6, n_informative=4, random_state=5)
     idx = np.random.default_rng(2).permutation(len(y))
     return [(X[i], y[i]) for i in np.array_split(idx, n)]
-
-
-def two_phase_reference(shards, survivors: list[int], first_round: int, model, params):
-    """Rounds < ``first_round`` on every shard's rows, then boosting continued on ``survivors``' rows
-    from their margins after those rounds, with the federated cuts, base margin and precision rows."""
-    X = np.concatenate([s[0] for s in shards])
-    y = np.concatenate([s[1] for s in shards])
-    before = fit_reference(X, y, model.cuts, params.model_copy(update={"n_trees": first_round}),
-                           base=model.base_margin)
-    Xs = np.concatenate([shards[i][0] for i in survivors])
-    ys = np.concatenate([shards[i][1] for i in survivors])
-    after = fit_reference(Xs, ys, model.cuts, params.model_copy(update={"n_trees": params.n_trees - first_round}),
-                          base=model.base_margin, init_margin=before.predict_margin(Xs), precision_rows=len(y))
-    return before.trees + after.trees
 
 
 @pytest.mark.parametrize("objective,tree,stage", [("binary", 2, "histograms"), ("multiclass", 4, "histograms"),
