@@ -93,7 +93,8 @@ JOBS: dict[str, JobSpec] = {spec.name: spec for spec in (
     JobSpec("horizontal", "horizontal", "FedAvg / FedProx / SCAFFOLD / FedNova over secure aggregation",
             horizontal_fl.HorizontalJobParams, horizontal_fl.run, horizontal_fl.check),
     JobSpec("secureboost_horizontal", "horizontal", "histogram GBDT, histograms through secure aggregation",
-            secureboost_horizontal.HorizontalSecureBoostJobParams, secureboost_horizontal.run),
+            secureboost_horizontal.HorizontalSecureBoostJobParams, secureboost_horizontal.run,
+            secureboost_horizontal.check),
 )}
 
 

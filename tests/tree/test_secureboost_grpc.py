@@ -76,5 +76,7 @@ def test_horizontal_client_killed_mid_training_the_others_finish_over_grpc_tls(t
     shards = [(X[r], y[r]) for r in (sb_procs.client_rows(c, len(y)) for c in sb_procs.CLIENTS)]
     model.trees = two_phase_reference(shards, [0, 2], 1, model, sb_procs.hparams())
     np.testing.assert_allclose(np.array(pred), model.predict(X), rtol=1e-9, atol=1e-12)
+    full = fit_reference(X, y, model.cuts, sb_procs.hparams(), base=model.base_margin)
+    assert not np.allclose(np.array(pred), full.predict(X))   # the survivors' rows alone built trees 1, 2
     for c in survivors:
         np.testing.assert_allclose(np.array(out[c]), np.array(pred), rtol=0, atol=0)

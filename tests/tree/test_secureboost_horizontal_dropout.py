@@ -83,3 +83,24 @@ def test_threshold_of_at_most_half_the_clients_is_refused(threshold):
     X, y = _shards("binary", 4)[0]
     with pytest.raises(ValueError, match="t > n/2"):
         HorizontalSecureBoostClient(net.transport("client-0"), "server", ids, X, y, PARAMS, aggregation=cfg)
+
+
+@pytest.mark.parametrize("threshold,ok", [(2, False), (0.5, False), (3, True), (None, True)])
+def test_job_params_threshold_is_checked_against_the_clients(tmp_path, threshold, ok):
+    import yaml
+
+    from secureflhv.runtime.config import JobConfigError, load_job_params
+
+    parties = [{"id": "server", "role": "server", "address": "127.0.0.1:5100", "cert": "c", "key": "k"}]
+    parties += [{"id": f"c{i}", "role": "host", "address": f"127.0.0.1:{5101 + i}", "cert": "c", "key": "k",
+                 "data": {"path": f"c{i}.csv", "label_column": "y"}} for i in range(4)]
+    params = {"n_trees": 2} if threshold is None else {"n_trees": 2, "threshold": threshold}
+    doc = {"job": {"id": "j", "algorithm": "secureboost_horizontal"}, "security": {"ca": "ca.pem"},
+           "parties": parties, "params": params}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    if ok:
+        assert load_job_params(path)[1].threshold == threshold
+    else:
+        with pytest.raises(JobConfigError, match=r"params\.threshold: .*t > n/2"):
+            load_job_params(path)

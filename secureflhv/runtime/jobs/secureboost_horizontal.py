@@ -6,23 +6,29 @@ server writes ``model.json`` and ``model.xgboost.json`` (loadable by ``xgboost.B
 writes ``metrics.json`` on its own test rows.
 
 ``params``: :class:`secureflhv.tree.params.SecureBoostParams` fields plus ``test_fraction``,
-``split_seed``, ``validation_fraction``, ``aggregation`` ("secagg" | "plain_quantised" | "plain") and
-``feature_ranges`` (public [lo, hi] per feature; then clients do not reveal their min/max).
+``split_seed``, ``validation_fraction``, ``aggregation`` ("secagg" | "plain_quantised" | "plain"),
+``feature_ranges`` (public [lo, hi] per feature; then clients do not reveal their min/max) and
+``threshold`` (t: a count or a fraction of the clients; default ceil(2n/3); must be > n/2 and >= 2):
+the job goes on without clients that drop out while at least t remain (the launcher tolerates a
+failing client; the server rebuilds the boosting round the client was lost in, see
+:mod:`secureflhv.tree.horizontal`).
 """
 from __future__ import annotations
 
 from typing import Literal
 
 import numpy as np
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from ...transport import Transport
-from ...tree.horizontal import HorizontalSecureBoostClient, HorizontalSecureBoostServer, tree_aggregation_config
+from ...secagg import AggregationConfig
+from ...tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer, job_threshold,
+                                tree_aggregation_config)
 from ...tree.model import model_to_dict
 from ...tree.xgb_export import save_xgboost_json
 from ..artifacts import save_model, write_json
 from ..data_prep import load_party_table, split_rows
-from ..job_file import JobConfig, PartySpec
+from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..reports import evaluate_split, objective_metrics
 from .secureboost_vertical import SecureBoostJobParams, tree_params
 
@@ -34,13 +40,29 @@ class HorizontalSecureBoostJobParams(SecureBoostJobParams):
 
     aggregation: Literal["secagg", "plain_quantised", "plain"] = "secagg"
     feature_ranges: list[tuple[float, float]] | None = None
+    threshold: int | float | None = Field(default=None, gt=0, description="clients that must remain (t): a count "
+                                          "or a fraction of the clients; default ceil(2n/3); must be > n/2")
+
+
+def aggregation_config(cfg: JobConfig, params: HorizontalSecureBoostJobParams) -> AggregationConfig:
+    """The job's histogram aggregation settings (:func:`tree_aggregation_config`; timeouts: the job deadline)."""
+    threshold = {} if params.threshold is None else {"threshold": params.threshold}
+    return tree_aggregation_config(params.aggregation, stage_timeout_s=cfg.job.deadline_s,
+                                   input_timeout_s=cfg.job.deadline_s, **threshold)
+
+
+def check(cfg: JobConfig, params: HorizontalSecureBoostJobParams) -> None:
+    """The threshold fits the job's clients (t > n/2, t >= 2); JobConfigError names ``params.threshold``."""
+    try:
+        job_threshold(aggregation_config(cfg, params), len(cfg.clients))
+    except ValueError as exc:
+        raise JobConfigError(f"params.threshold: {exc}") from None
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalSecureBoostJobParams) -> dict:
     """Run this party's role; returns a client's metrics (the server: ``{}``)."""
     algo = tree_params(params)
-    agg = tree_aggregation_config(params.aggregation, stage_timeout_s=cfg.job.deadline_s,
-                                  input_timeout_s=cfg.job.deadline_s)
+    agg = aggregation_config(cfg, params)
     out_dir = cfg.output_dir(party.id)
     client_ids = [c.id for c in cfg.clients]
     meta = {"params": params.model_dump(mode="json")}
