@@ -24,22 +24,45 @@ server sees sums over all clients, never one client's histogram. The protocol (t
 
 Exactness: histogram entries are integers below 2^52 sent as x = m / 2^40 with clip 2^12, scale 2^40
 and weight 1 (:func:`tree_aggregation_config`), so the fixed-point quantisation of secure aggregation
-is exact (no rounding) and the server's sums equal the centralised histograms bit for bit. Every
-client must survive every aggregation (threshold = all clients): a missing client's rows would
-change the trees, so a drop-out stops the job with an error naming the client.
+is exact (no rounding) and the server's sums equal the centralised histograms bit for bit.
+
+Dropout (t of n): t is the aggregation threshold (a count or a fraction of the n clients, default
+ceil(2n/3); :func:`job_threshold` refuses t <= n/2 or t < 2), fixed for the whole job. No sum ever
+mixes client sets: the server fixes the participant set ``active`` per boosting round (its trees and
+its validation aggregation), and every aggregation of the round must return exactly that set as
+survivors. A client lost in round r (not among an aggregation's survivors, silent at hsb.bound, or
+unreachable) is dropped for the rest of the training; the server discards round r's trees and sends
+the others, where they wait next (hsb.level or hsb.tree), an HsbLevel ``restart`` naming the first
+tree of round r and the remaining ``clients``; server and clients rebuild round r from the margins it
+started with, over the survivors' rows only. Fewer than max(t, 2) remaining, or an aggregation that
+fails outright (AggregationError), ends the job with :class:`HorizontalSecureBoostError` naming who
+dropped where. A drop during binning leaves the cuts, base margin and row count of the binning's
+survivors (the first tree then starts with a restart). Those three are never recomputed: the cuts and
+the base margin stay as binning computed them, and the binning's row count (an upper bound of the
+active rows) keeps sizing the precision p; the root's row count is read off its histogram. Validation
+losses before and after a drop are per-row means over different validation rows (early stopping
+compares them as such). Envelope rounds of hsb.tree/hsb.bound/hsb.level use a tree *slot* that counts
+every tree attempt and restart, so rebuilt trees never reuse a consumed round. A failing client tells
+nobody (an abort would stop the server's whole job): the server counts it as dropped at its next
+deadline; a dropped client that is still alive gets the restart without its name and stops with
+:class:`ClientDroppedOut`.
 
 What each role learns:
 
 * server: the number of features, each client's per-feature min/max (unless ``feature_ranges`` is
   given), the global per-cell grid counts, the total row count and label sum (binary: positives;
   regression: the sum of labels), each client's power-of-two gradient bound, the global
-  per-node histograms of g, h and counts (hence the model), the summed validation loss. Not a
-  client's histogram, rows or labels (secure aggregation; plain kinds reveal client inputs).
+  per-node histograms of g, h and counts (hence the model), the summed validation loss, who
+  survived each aggregation. Not a client's histogram, rows or labels (secure aggregation; plain
+  kinds reveal client inputs). After a drop the sums are over the remaining clients; a rebuilt
+  round's histograms are of new trees (the discarded round's are never subtracted from them), and
+  the binning sums are not repeated.
 * client: its own data; the cuts, the model (splits, thresholds, leaf weights) and the base margin;
-  from the tree also aggregate information about other clients' data (as any shared model does).
+  from the tree also aggregate information about other clients' data (as any shared model does);
+  which clients dropped out.
 
 Failures: the server and every client are :class:`~secureflhv.transport.role.ProtocolRole` roles; a
-failing server tells every client, a failing client tells the server (every client is needed).
+failing server tells every active client, a failing client tells nobody (it is a dropout, see above).
 """
 from __future__ import annotations
 
@@ -207,10 +230,14 @@ class HorizontalSecureBoostServer(ProtocolRole):
 
     Args:
         transport: the server's transport.
-        client_ids: every client (all must take part in every aggregation).
+        client_ids: every client (at least t of them must remain; see Dropout in the module docstring).
         params: :class:`SecureBoostParams`.
-        aggregation: :class:`AggregationConfig` (default ``tree_aggregation_config("secagg")``).
+        aggregation: :class:`AggregationConfig` (default ``tree_aggregation_config("secagg")``);
+            its threshold is fixed by :func:`job_threshold` (ValueError when t <= n/2 or t < 2).
         feature_ranges: optional public (lo, hi) per feature; then no client reveals its min/max.
+
+    Attributes (after :meth:`fit`): ``active`` (the clients that built the last round), ``dropped``
+    (client -> where it was lost), ``threshold`` (max(t, 2)).
     """
 
     protocol = "horizontal SecureBoost"
