@@ -86,7 +86,7 @@ class Launcher:
             if self._progress is None or not self.console.is_terminal:
                 if ev["done"] == ev["total"] or ev["done"] % max(1, ev["total"] // 10) == 0:
                     self.console.print(f"[{child.party_id}] {ev['task']} {ev['done']}/{ev['total']} {ev['info']}",
-                                       markup=False, highlight=False)
+                                       markup=False, highlight=False, soft_wrap=True)
                 return
             if key not in self._tasks:
                 self._tasks[key] = self._progress.add_task(f"{child.party_id}: {ev['task']}", total=ev["total"])
@@ -170,7 +170,7 @@ class Launcher:
         others = [c.party_id for c in self.children if c.party_id != root.party and c.proc.returncode not in (0, None)]
         self.console.print(f"job {self.cfg.job.id!r} failed: {root.party} failed first: {root.reason}"
                            + (f"; {', '.join(others)} stopped because of it" if others else ""),
-                           style="bold red", markup=False, highlight=False)
+                           style="bold red", markup=False, highlight=False, soft_wrap=True)
         return 1
 
     def _failure_of(self, child: _Child) -> Failure:
@@ -204,10 +204,10 @@ class Launcher:
         findings = [f for p in self.cfg.parties
                     for f in preflight(self.cfg, p.id, params, insecure=insecure)]
         for f in findings:
-            self.console.print(f"  - {f}", markup=False, highlight=False)
+            self.console.print(f"  - {f}", markup=False, highlight=False, soft_wrap=True)
         if findings:
             self.console.print(f"job {self.cfg.job.id!r} not started: preflight found {len(findings)} problem(s) "
-                               f"(above); no party was started", style="bold red", markup=False, highlight=False)
+                               f"(above); no party was started", style="bold red", markup=False, highlight=False, soft_wrap=True)
             return 2
         return 0
 
