@@ -18,34 +18,11 @@ from cryptography.hazmat.primitives import serialization
 from secureflhv.cli import main
 from secureflhv.runtime import launcher as launcher_mod
 from secureflhv.runtime.config import load_job
-from secureflhv.runtime.demo import write_vertical_lr_job
 from secureflhv.runtime.os_errors import plain_error, port_problem
 from secureflhv.runtime.preflight import preflight
 from secureflhv.transport.certs import _issue_party, generate_certificates, load_party_credentials
 
-GUEST = "id,label,f1,f2\n" + "".join(f"u{i},{i % 2},{i * 0.5},{10 - i}\n" for i in range(8))
-HOST = "id,h1,h2\n" + "".join(f"u{i},{i * 2},{i + 0.25}\n" for i in range(8))
-
-
-def make_job(tmp_path: Path, guest: str = GUEST, host: str = HOST) -> Path:
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "guest.csv").write_text(guest)
-    (data / "host_1.csv").write_text(host)
-    return write_vertical_lr_job(tmp_path / "job", data / "guest.csv", [data / "host_1.csv"],
-                                 {"epochs": 1, "key_bits": 1024}, insecure_test_keys=True)
-
-
-def edit(job: Path, party: str, **changes) -> None:
-    doc = yaml.safe_load(job.read_text())
-    entry = next(p for p in doc["parties"] if p["id"] == party)
-    for key, value in changes.items():
-        if key.startswith("data_"):
-            entry["data"][key[5:]] = value
-        else:
-            entry[key] = value
-    job.write_text(yaml.safe_dump(doc, sort_keys=False))
-
+from job_harness import GUEST, HOST, edit, make_job
 
 def validate(job: Path, party: str, capsys) -> tuple[int, str]:
     rc = main(["validate", str(job), "--party", party])
