@@ -101,7 +101,8 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
         log.debug("%s: failure details", party_id, exc_info=True)
         failure = blame.record(root_cause(exc, party_id, parties))
         code = EXIT_CONFIG if isinstance(exc, JobConfigError) else EXIT_FAILED
-        if transport is not None:
+        told_by_launcher = isinstance(exc, Stopped) and exc.failure is not None  # it tells everyone itself
+        if transport is not None and not told_by_launcher:
             transport.abort(failure.abort_text(), told_on_failure)
     finally:
         if transport is not None:
