@@ -108,7 +108,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     addresses = {p.id: p.address for p in cfg.parties}
     transport = build_transport(cfg, spec, insecure)
     try:
-        rows = [probe(transport, peer, args.timeout) for peer in partners(cfg, spec, job_spec(cfg.job.algorithm).family)]
+        peers = partners(cfg, spec, job_spec(cfg.job.algorithm).family)
+        rows = [probe(transport, peer, args.timeout) for peer in peers]
     finally:
         transport.close()
     print(f"{'peer':14s} {'address':22s} {'reachable':10s} {'certificate':12s} round trip")

@@ -207,7 +207,8 @@ class Launcher:
             self.console.print(f"  - {f}", markup=False, highlight=False, soft_wrap=True)
         if findings:
             self.console.print(f"job {self.cfg.job.id!r} not started: preflight found {len(findings)} problem(s) "
-                               f"(above); no party was started", style="bold red", markup=False, highlight=False, soft_wrap=True)
+                               f"(above); no party was started", style="bold red", markup=False, highlight=False,
+                               soft_wrap=True)
             return 2
         return 0
 

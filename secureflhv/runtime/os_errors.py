@@ -15,6 +15,7 @@ __all__ = ["plain_error", "port_problem", "port_sentence"]
 
 _EXPIRED = re.compile(r"(?P<what>(?:CA )?certificate .+?) is not valid now \((?P<now>[^)]*)\): valid from "
                       r"(?P<start>.+?) to (?P<end>.+? UTC)")
+_CANNOT_LISTEN = re.compile(r"cannot listen on '(?P<address>[^']+:\d+)'")
 
 
 def port_problem(address: str) -> OSError | None:
@@ -73,6 +74,11 @@ def plain_text(text: str) -> str:
         when = "has expired" if end < now else ("is not valid yet" if start > now else "is not valid now")
         return (f"{m.group('what')} {when} (valid from {start} to {end}; now {now}): "
                 f"issue new certificates with `secureflhv certs` (or check this machine's clock)")
+    m = _CANNOT_LISTEN.search(text)
+    if m:  # gRPC says only "Failed to bind ...": ask the OS why, while the port is still taken
+        exc = port_problem(m.group("address"))
+        if exc is not None:
+            return port_sentence(m.group("address"), exc)
     if "Address already in use" in text or "address in use" in text:
         return "the listen address is already in use by another program: stop it, or choose another port"
     return text

@@ -177,6 +177,9 @@ def test_plain_sentences_for_common_os_errors(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        exc = port_problem(f"127.0.0.1:{s.getsockname()[1]}")
-    assert exc is not None and "already in use" in plain_error(exc)
-    assert "already in use" in plain_error(RuntimeError("Failed to bind to address 127.0.0.1:5; Address already in use"))
+        port = s.getsockname()[1]
+        exc = port_problem(f"127.0.0.1:{port}")
+        assert exc is not None and "already in use" in plain_error(exc)
+        grpc_said = RuntimeError(f"guest: cannot listen on '127.0.0.1:{port}': Failed to bind to address; "
+                                 f"set GRPC_VERBOSITY=debug")
+        assert plain_error(grpc_said).startswith(f"port {port} on 127.0.0.1 is already in use")

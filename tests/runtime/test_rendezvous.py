@@ -97,6 +97,26 @@ def test_a_different_job_description_is_refused_at_the_hello(tmp_path):
         assert f"{peer} runs a different job description" in str(results[party])
 
 
+def test_check_prints_a_table_of_peers(tmp_path, capsys):
+    """`secureflhv check`: host-1 is up (reached over mutual TLS, both identities proved); the server is not."""
+    from secureflhv.cli import main
+
+    job = make_job(tmp_path)
+    cfg = load_job(job)
+    host = build_transport(cfg, cfg.party("host-1"), insecure=False)
+    try:
+        rc = main(["check", str(job), "--party", "guest", "--timeout", "1.5"])
+    finally:
+        host.close()
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:3]}
+    assert rc == 1, out  # one peer unreachable
+    assert rows["host-1"][1:4] == [cfg.party("host-1").address, "yes", "yes"] and rows["host-1"][5] == "ms", out
+    assert rows["server"][1:5] == [cfg.party("server").address, "no", "?", "-"], out
+    assert "server: guest: could not deliver '__check__'" in out
+    assert host.received_bytes > 0  # the check messages did arrive at host-1
+
+
 @pytest.mark.parametrize("field", ["startup_timeout_s", "startup_log_interval_s"])
 def test_startup_settings_must_be_positive(tmp_path, field):
     with pytest.raises(JobConfigError, match=f"job.{field}"):
