@@ -1,7 +1,8 @@
 """The ``secureflhv`` command.
 
     secureflhv certs --job JOB            CA + one certificate per party of a job (mutual TLS)
-    secureflhv validate JOB               check a job file and print what it describes
+    secureflhv validate JOB [--party ID]  check a job file (and everything local to party ID) before anyone starts
+    secureflhv check JOB --party ID       preflight party ID, then reach every peer over mutual TLS (a table)
     secureflhv party JOB --party ID       run one party (what each organisation runs on its machine)
     secureflhv run JOB                    run every party of a job on this machine, as separate processes
     secureflhv partition ...              split a dataset into non-IID party shards, with statistics and a plot
@@ -18,44 +19,107 @@ from . import __version__
 log = logging.getLogger("secureflhv")
 
 
+def _hostnames(values: list[str], cfg, parties: list[str]) -> dict[str, list[str]]:
+    """Each party's extra certificate names: ``NAME`` (every party), ``ID=NAME`` (that party), and, with
+    a job file, the host of each party's own ``address`` (and ``listen``, unless a wildcard)."""
+    names: dict[str, list[str]] = {p: [] for p in parties}
+    for value in values:
+        pid, sep, name = value.partition("=")
+        if not sep:
+            for p in parties:
+                names[p].append(value)
+        elif pid not in names:
+            raise ValueError(f"--hostname {value}: {pid!r} is not one of the parties {sorted(parties)}")
+        else:
+            names[pid].append(name)
+    for spec in cfg.parties if cfg is not None else ():
+        for addr in (spec.address, spec.listen):
+            host = addr.rpartition(":")[0].strip("[]") if addr else ""
+            if host and host not in ("0.0.0.0", "::") and host not in names[spec.id]:
+                names[spec.id].append(host)
+    return names
+
+
 def _cmd_certs(args: argparse.Namespace) -> int:
     from .transport.certs import generate_certificates
 
-    parties = list(args.parties)
+    parties, cfg = list(args.parties), None
     if args.job:
         from .runtime.config import load_job
 
-        parties += [p.id for p in load_job(args.job).parties]
+        cfg = load_job(args.job)
+        parties += [p.id for p in cfg.parties]
     if not parties:
         print("secureflhv certs: name the parties (positional) or give --job JOB", file=sys.stderr)
         return 2
+    parties = sorted(set(parties))
     try:
-        paths = generate_certificates(Path(args.out), sorted(set(parties)), days=args.days,
-                                      hostnames=tuple(args.hostname), overwrite=args.overwrite)
-    except FileExistsError as exc:
-        print(f"secureflhv certs: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
+        hostnames = _hostnames(args.hostname, cfg, parties)
+        paths = generate_certificates(Path(args.out), parties, days=args.days, hostnames=hostnames,
+                                      overwrite=args.overwrite)
+    except (FileExistsError, ValueError) as exc:
         print(f"secureflhv certs: {exc}", file=sys.stderr)
         return 2
     print(f"wrote the CA and {len(paths['parties'])} party certificates to {args.out}")
     for name, files in sorted(paths["parties"].items()):
-        print(f"  {name}: " + ", ".join(str(f) for f in (files.values() if isinstance(files, dict) else [files])))
+        sans = ", ".join([name, *hostnames[name]])
+        print(f"  {name}: {files['cert']}, {files['key']} (names: {sans})")
     return 0
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from .runtime.config import load_job
+    from .runtime.config import load_job_params
+    from .runtime.preflight import preflight
     from .runtime.registry import job_spec
 
-    cfg = load_job(args.job)
+    cfg, params = load_job_params(args.job)
     spec = job_spec(cfg.job.algorithm)
     print(f"job {cfg.job.id!r}: algorithm {spec.name} ({spec.family}: {spec.summary}), {len(cfg.parties)} parties, "
           f"{'PLAINTEXT (insecure)' if cfg.security.insecure else 'mutual TLS'}")
     for p in cfg.parties:
         data = f" data={cfg.resolve(p.data.path)}" if p.data else ""
         print(f"  {p.role:6s} {p.id:12s} {p.address}{data}")
+    if not args.party:
+        print("the job file is valid; run `secureflhv validate JOB --party ID` on a party's machine to check its "
+              "files, certificate, data and port")
+        return 0
+    cfg.party(args.party)
+    findings = preflight(cfg, args.party, params, insecure=cfg.security.insecure)
+    if findings:
+        print(f"preflight of party {args.party!r}: {len(findings)} problem(s)", file=sys.stderr)
+        for f in findings:
+            print(f"  - {f}", file=sys.stderr)
+        return 2
+    print(f"preflight of party {args.party!r} passed: files, certificate, data and port are ready")
     return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .runtime.config import load_job_params
+    from .runtime.party import build_transport
+    from .runtime.preflight import require_preflight
+    from .runtime.registry import job_spec
+    from .runtime.rendezvous import partners, probe
+
+    cfg, params = load_job_params(args.job)
+    spec = cfg.party(args.party)
+    insecure = args.insecure or cfg.security.insecure
+    require_preflight(cfg, args.party, params, insecure=insecure)
+    addresses = {p.id: p.address for p in cfg.parties}
+    transport = build_transport(cfg, spec, insecure)
+    try:
+        peers = partners(cfg, spec, job_spec(cfg.job.algorithm).family)
+        rows = [probe(transport, peer, args.timeout) for peer in peers]
+    finally:
+        transport.close()
+    print(f"{'peer':14s} {'address':22s} {'reachable':10s} {'certificate':12s} round trip")
+    for r in rows:
+        rtt = f"{r['rtt_ms']:.1f} ms" if r["rtt_ms"] is not None else "-"
+        print(f"{r['peer']:14s} {addresses[r['peer']]:22s} {r['reachable']:10s} {r['certificate']:12s} {rtt}")
+    for r in rows:
+        if r["detail"]:
+            print(f"  {r['peer']}: {r['detail']}")
+    return 0 if all(r["reachable"] == r["certificate"] == "yes" for r in rows) else 1
 
 
 def _cmd_party(args: argparse.Namespace) -> int:
@@ -90,13 +154,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="certs", help="output folder (default: %(default)s)")
     p.add_argument("--days", type=int, default=365, help="validity in days (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace existing keys and certificates")
-    p.add_argument("--hostname", action="append", default=["localhost", "127.0.0.1"],
-                   help="extra DNS name or IP the certificates are valid for (repeatable)")
+    p.add_argument("--hostname", action="append", default=[], metavar="[ID=]NAME",
+                   help="extra DNS name or IP for party ID's certificate (ID=NAME), or for every party (NAME); "
+                        "repeatable. With --job each party also gets the host of its own address")
     p.set_defaults(func=_cmd_certs)
 
-    p = sub.add_parser("validate", help="check a job file", description="Validate a job file and summarise it.")
+    p = sub.add_parser("validate", help="check a job file (and, with --party, everything local to that party)",
+                       description="Validate a job file and summarise it. With --party ID, also run that party's "
+                                   "preflight: its files, certificate (CA chain, dates, party id, key), data "
+                                   "columns and types, and listen port. Exit code 2 on any problem.")
     p.add_argument("job", type=Path)
+    p.add_argument("--party", help="the party whose local set-up to check (run it on that party's machine)")
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("check", help="preflight one party, then reach every peer over mutual TLS",
+                       description="Run the party's preflight, then send a hello to every peer it talks to and "
+                                   "print a table: peer, address, reachable, certificate ok, round-trip time. "
+                                   "The peers must be running (`secureflhv party`, waiting for partners).")
+    p.add_argument("job", type=Path)
+    p.add_argument("--party", required=True, help="this machine's party id")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to reach each peer (default %(default)s)")
+    p.add_argument("--insecure", action="store_true", help="plaintext gRPC (testing only)")
+    p.set_defaults(func=_cmd_check)
 
     for name, func, text in (
         ("party", _cmd_party, "run one party of a job (one per organisation)"),

@@ -12,6 +12,7 @@ Example (see ``examples/vertical_lr.py``, which writes one)::
       id: breast-vlr
       algorithm: vertical_lr
       output_dir: out            # each party writes out/<party id>/
+      startup_timeout_s: 7200    # how long a party waits for its partners to start (default 2 h)
     security:
       ca: certs/ca.pem           # omit only with insecure: true
     parties:
@@ -84,7 +85,11 @@ class JobSection(_Strict):
     algorithm: str = Field(description="a name from the job registry (secureflhv.runtime.registry)")
     output_dir: Path = Path("out")
     deadline_s: float = Field(default=120.0, gt=0,
-                              description="seconds a party waits for a peer before failing")
+                              description="seconds a party waits for a peer during the protocol before failing")
+    startup_timeout_s: float = Field(default=7200.0, gt=0,
+                                     description="seconds a party waits at start for its partners to come up")
+    startup_log_interval_s: float = Field(default=10.0, gt=0,
+                                          description="seconds between 'waiting for PARTY' lines at start")
 
 
 class SecuritySection(_Strict):

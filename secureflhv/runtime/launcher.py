@@ -2,9 +2,11 @@
 
 Each party runs exactly what a real deployment runs on its organisation's machine
 (``secureflhv party JOB --party ID``); this launcher only starts them, prefixes their log lines
-with the party id, turns their progress events into a progress bar, and cleans up: when one
-party fails, the others are stopped, the launcher exits non-zero naming the party, and no
-process (nor a worker pool of one) is left behind. In a horizontal job a failing client is a dropout:
+with the party id, turns their progress events into a progress bar, and cleans up. Before
+starting anything it runs every party's preflight (exit code 2 on a finding). When one party
+fails, the others are told which party failed first and why (their last line names it), then
+stopped; the launcher exits non-zero naming that party and its reason, and no process (nor a
+worker pool of one) is left behind. In a horizontal job a failing client is a dropout:
 the others go on (secure aggregation survives it), and the exit code is still non-zero.
 """
 from __future__ import annotations
@@ -23,9 +25,11 @@ from rich.console import Console
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .blame import NOTICE_ENV, Failure, clean, notice_line, parse_reported
 from .job_file import JobConfig
+from .preflight import preflight
 from .progress import PROGRESS_PREFIX
-from .registry import job_spec
+from .registry import job_params, job_spec
 
 _COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
 
@@ -36,6 +40,7 @@ class _Child:
     proc: subprocess.Popen
     colour: str
     lines: list[str] = field(default_factory=list)
+    pump: threading.Thread | None = None
 
 
 class Launcher:
@@ -81,7 +86,7 @@ class Launcher:
             if self._progress is None or not self.console.is_terminal:
                 if ev["done"] == ev["total"] or ev["done"] % max(1, ev["total"] // 10) == 0:
                     self.console.print(f"[{child.party_id}] {ev['task']} {ev['done']}/{ev['total']} {ev['info']}",
-                                       markup=False, highlight=False)
+                                       markup=False, highlight=False, soft_wrap=True)
                 return
             if key not in self._tasks:
                 self._tasks[key] = self._progress.add_task(f"{child.party_id}: {ev['task']}", total=ev["total"])
@@ -97,13 +102,15 @@ class Launcher:
     def start(self) -> None:
         for i, p in enumerate(self.cfg.parties):
             cmd = [sys.executable, "-m", "secureflhv", "party", str(self.job_path), "--party", p.id, *self.extra_args]
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **{NOTICE_ENV: "1"})
             env.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC's own handshake chatter; our logs say what failed
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, bufsize=1,
                                     env=env, start_new_session=True)  # own process group: we can stop its pools too
             child = _Child(p.id, proc, _COLOURS[i % len(_COLOURS)])
             self.children.append(child)
-            threading.Thread(target=self._pump, args=(child,), daemon=True, name=f"log-{p.id}").start()
+            child.pump = threading.Thread(target=self._pump, args=(child,), daemon=True, name=f"log-{p.id}")
+            child.pump.start()
 
     def stop_all(self, sig: int = signal.SIGTERM) -> None:
         """Stop every party still running (its whole process group), SIGKILL after the grace period."""
@@ -121,10 +128,16 @@ class Launcher:
             _signal_group(c.proc, signal.SIGKILL)
 
     def wait(self, timeout_s: float | None = None) -> int:
-        """Wait for every party; return 0 when all succeeded, else 1 after stopping the rest."""
+        """Wait for every party; return 0 when all succeeded, else 1 after stopping the rest.
+
+        The first party to fail (a tolerated dropout aside) is the root cause: the others are told on
+        their stdin (their last line names it), given ``grace_s`` to stop, then stopped; the exit
+        message names the root party and its reason, and the others as stopped because of it.
+        """
         start = time.monotonic()
         failed: list[str] = []
-        while True:
+        root: Failure | None = None
+        while root is None:
             running = [c for c in self.children if c.proc.poll() is None]
             for c in self.children:
                 rc = c.proc.returncode
@@ -134,33 +147,74 @@ class Launcher:
                     self.console.print(f"party {c.party_id!r} exited with code {rc}"
                                        + ("; the job goes on without it (client dropout)" if tolerated else ""),
                                        style="bold red")
-            if any(p not in self.tolerated for p in failed) or not running:
+                    if not tolerated and root is None:
+                        root = self._failure_of(c)
+                        self._notify(root)
+            if root is not None or not running:
                 break
             if timeout_s is not None and time.monotonic() - start > timeout_s:
-                self.console.print(f"job did not finish within {timeout_s:.0f}s; stopping every party",
-                                   style="bold red")
-                failed.append("(timeout)")
-                break
+                self.stop_all()
+                self.console.print(f"job {self.cfg.job.id!r} failed: it did not finish within {timeout_s:.0f}s "
+                                   f"(--timeout); every party was stopped", style="bold red")
+                return 1
             time.sleep(0.2)
-        if failed and not running:  # only tolerated dropouts failed; everyone else finished
-            self.console.print(f"job {self.cfg.job.id!r} finished without: {', '.join(failed)}", style="bold red")
-            return 1
-        if failed:
-            # let the others notice the failure themselves first (their messages name the culprit)
-            end = time.monotonic() + min(self.grace_s, 5.0)
-            while time.monotonic() < end and any(c.proc.poll() is None for c in self.children):
-                time.sleep(0.2)
-            self.stop_all()
-            for c in self.children:
-                if c.proc.returncode not in (0, None) and c.party_id not in failed:
-                    failed.append(c.party_id)
-            self.console.print(f"job {self.cfg.job.id!r} failed; failing parties: {', '.join(failed)}",
-                               style="bold red")
-            return 1
+        if root is None:
+            if failed:  # only tolerated dropouts failed; everyone else finished
+                self.console.print(f"job {self.cfg.job.id!r} finished without: {', '.join(failed)}", style="bold red")
+                return 1
+            return 0
+        end = time.monotonic() + self.grace_s  # they were told: let them stop and say why
+        while time.monotonic() < end and any(c.proc.poll() is None for c in self.children):
+            time.sleep(0.1)
+        self.stop_all()
+        others = [c.party_id for c in self.children if c.party_id != root.party and c.proc.returncode not in (0, None)]
+        self.console.print(f"job {self.cfg.job.id!r} failed: {root.party} failed first: {root.reason}"
+                           + (f"; {', '.join(others)} stopped because of it" if others else ""),
+                           style="bold red", markup=False, highlight=False, soft_wrap=True)
+        return 1
+
+    def _failure_of(self, child: _Child) -> Failure:
+        """Why ``child`` exited: the root its last lines name, or how it died."""
+        rc = child.proc.returncode
+        if rc < 0:
+            return Failure(child.party_id, f"was killed by signal {-rc} ({signal.Signals(-rc).name}) without a word")
+        if child.pump is not None:
+            child.pump.join(timeout=2.0)  # its last lines may still be in the pipe
+        parties = {p.id for p in self.cfg.parties}
+        for line in reversed(child.lines[-20:]):
+            if " failed: " in line:
+                return parse_reported(line, child.party_id, parties)
+        last = next((clean(line) for line in reversed(child.lines) if line.strip()), "")
+        return Failure(child.party_id, f"exited with code {rc}" + (f" ({last})" if last else ""))
+
+    def _notify(self, root: Failure) -> None:
+        """Tell every other running party (stdin notice, see :mod:`.blame`) which party failed first, and why."""
+        for c in self.children:
+            if c.party_id != root.party and c.proc.poll() is None and c.proc.stdin is not None:
+                try:
+                    c.proc.stdin.write(notice_line(root))
+                    c.proc.stdin.flush()
+                except (BrokenPipeError, OSError, ValueError):
+                    pass  # it is exiting anyway
+
+    def preflight(self) -> int:
+        """Run every party's preflight (:mod:`.preflight`) on this machine; print findings; 0 or 2."""
+        params = job_params(self.cfg)
+        insecure = self.cfg.security.insecure or "--insecure" in self.extra_args
+        findings = [f for p in self.cfg.parties
+                    for f in preflight(self.cfg, p.id, params, insecure=insecure)]
+        for f in findings:
+            self.console.print(f"  - {f}", markup=False, highlight=False, soft_wrap=True)
+        if findings:
+            self.console.print(f"job {self.cfg.job.id!r} not started: preflight found {len(findings)} problem(s) "
+                               f"(above); no party was started", style="bold red", markup=False, highlight=False,
+                               soft_wrap=True)
+            return 2
         return 0
 
     def run(self, timeout_s: float | None = None) -> int:
-        """Start all parties, show their output, and return the job's exit code."""
+        """Preflight every party, start them all, show their output, and return the job's exit code
+        (0 success, 1 a party failed, 2 preflight findings: nothing started)."""
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
         def interrupted(signum, _frame):
@@ -170,6 +224,8 @@ class Launcher:
 
         for s in previous:
             signal.signal(s, interrupted)
+        if self.preflight():
+            return 2
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=self.console, transient=False, disable=not self.console.is_terminal) as progress:

@@ -1,22 +1,28 @@
 """``secureflhv party JOB --party ID``: run one party of a job, as each organisation does on its machine.
 
-The runner validates the job, opens the party's gRPC endpoint (mutual TLS unless ``--insecure``),
-runs the algorithm's role for this party, and saves its artifacts. Any failure is logged with the
-party id and the step, announced to the other parties (so they stop now rather than at their
-deadline), and turned into a non-zero exit code. Exception: a failing client of a horizontal job
+The runner validates the job, runs the preflight checks, opens the party's gRPC endpoint (mutual TLS
+unless ``--insecure``), meets its partners, runs the algorithm's role for this party, and saves its
+artifacts. Any failure is announced to the other parties with the job's first failure (so they stop
+now rather than at their deadline, naming the right party), logged as the party's last line and
+turned into a non-zero exit code. Exception: a failing client of a horizontal job
 tells nobody: it is a dropout, which secure aggregation survives while t clients remain.
 """
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
-from ..transport import Transport, TransportError
+from ..transport import Transport
+from .blame import NOTICE_ENV, Blame, Stopped, listen_for_notices, root_cause
 from .config import JobConfig, JobConfigError, PartySpec, load_job_params
+from .preflight import require_preflight
 from .registry import job_spec
+from .rendezvous import meet, partners
 
 log = logging.getLogger("secureflhv.party")
 
@@ -45,7 +51,13 @@ def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transpor
 def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     """Run party ``party_id`` of the job in ``job_path``; return the process exit code.
 
-    Exit codes: 0 success, 1 the job failed (the log says which party and step), 2 bad job file or flags.
+    Order: load and validate the job, preflight (:mod:`.preflight`: files, certificate, data, port),
+    open the endpoint, meet the partners (:mod:`.rendezvous`), run the protocol. The last log line of a
+    failed party names the first failure of the job (:mod:`.blame`): ``guest failed: <reason>`` or
+    ``guest stopped because host-1 failed: <reason>``.
+
+    Exit codes: 0 success, 1 the job failed (the log says which party and why), 2 bad job file, flags
+    or preflight finding (nothing was sent to any party).
     """
     try:
         cfg, params = load_job_params(job_path)  # every check, before any network traffic
@@ -54,47 +66,47 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
             raise JobConfigError("security.insecure is true in the job file: pass --insecure to confirm "
                                  "that this party may talk plaintext")
         job = job_spec(cfg.job.algorithm)
+        require_preflight(cfg, party_id, params, insecure=insecure)
     except JobConfigError as exc:
         print(f"secureflhv party {party_id}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 
-    def terminate(signum, _frame):
-        raise SystemExit(128 + signum)
+    parties = {p.id for p in cfg.parties}
+    blame, stopping = Blame(), threading.Event()
 
-    signal.signal(signal.SIGTERM, terminate)
+    def terminate(signum, _frame):
+        if not stopping.is_set():  # once failing or finished, a second signal changes nothing
+            stopping.set()
+            raise Stopped(signum, blame.first)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, terminate)
+    if os.environ.get(NOTICE_ENV):
+        listen_for_notices(sys.stdin, blame, parties, lambda: os.kill(os.getpid(), signal.SIGTERM))
     peers = [p.id for p in cfg.parties if p.id != party_id]
     # A horizontal client that fails is a dropout the protocol survives: it must not stop the others.
     told_on_failure = [] if job.family == "horizontal" and spec.role != "server" else peers
     started = time.monotonic()
-    transport = None
+    transport, failure, code = None, None, EXIT_OK
     try:
         transport = build_transport(cfg, spec, insecure)
         log.info("%s (%s) of job %r listening on %s; peers: %s", party_id, spec.role, cfg.job.id, spec.address,
                  ", ".join(peers))
+        meet(transport, cfg, partners(cfg, spec, job.family))
         job.run(cfg, spec, transport, params)
+        stopping.set()
         log.info("%s finished in %.1fs", party_id, time.monotonic() - started)
-        return EXIT_OK
-    except JobConfigError as exc:
-        log.error("%s: %s", party_id, exc)
-        _tell_peers(transport, f"{party_id}: bad configuration: {exc}", told_on_failure)
-        return EXIT_CONFIG
-    except TransportError as exc:
-        log.error("%s stopped: %s", party_id, exc)
-        _tell_peers(transport, f"{party_id} stopped: {exc}", told_on_failure)
-        return EXIT_FAILED
-    except SystemExit as exc:
-        log.error("%s was terminated (signal %s)", party_id, (exc.code or 0) - 128)
-        _tell_peers(transport, f"{party_id} was terminated", told_on_failure)
-        return EXIT_FAILED
-    except Exception as exc:  # noqa: BLE001 - any failure must reach the peers and the exit code
-        log.exception("%s failed: %s", party_id, exc)
-        _tell_peers(transport, f"{party_id} failed: {type(exc).__name__}: {exc}", told_on_failure)
-        return EXIT_FAILED
+    except BaseException as exc:  # noqa: BLE001 - any failure must reach the peers, the log and the exit code
+        stopping.set()
+        log.debug("%s: failure details", party_id, exc_info=True)
+        failure = blame.record(root_cause(exc, party_id, parties))
+        code = EXIT_CONFIG if isinstance(exc, JobConfigError) else EXIT_FAILED
+        told_by_launcher = isinstance(exc, Stopped) and exc.failure is not None  # it tells everyone itself
+        if transport is not None and not told_by_launcher:
+            transport.abort(failure.abort_text(), told_on_failure)
     finally:
         if transport is not None:
             transport.close()
-
-
-def _tell_peers(transport: Transport | None, reason: str, peers: list[str]) -> None:
-    if transport is not None:
-        transport.abort(reason, peers)
+    if failure is not None:
+        log.error("%s", failure.line_for(party_id))  # the last line: the job's first failure
+    return code

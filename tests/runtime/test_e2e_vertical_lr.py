@@ -1,11 +1,12 @@
 """End to end: real server / guest / host processes over gRPC with mutual TLS on loopback.
 
 Checks the PSI result against the true id intersection, the trained weights against an independent
-centralised Taylor-LR on the joined table (same rows, batches and seed), the artifacts, and that a
-killed host or a broken party stops the job quickly with a message naming it.
+centralised Taylor-LR on the joined table (same rows, batches and seed), the artifacts, that a
+killed host stops the others with a last line naming it, and that a broken party is found by preflight.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from rich.console import Console
 
 from secureflhv.runtime.artifacts import load_model
 from secureflhv.runtime.config import load_job
@@ -109,8 +111,8 @@ def test_killed_host_stops_guest_and_server_within_deadline(tmp_path):
             assert procs[pid].returncode not in (0, None), out[-2000:]
         assert time.monotonic() - killed_at < deadline + 30
         for pid, out in outputs.items():
-            tail = out[-4000:]
-            assert "host-1" in tail, f"{pid} did not name the dead host:\n{tail}"
+            last = out.strip().splitlines()[-1]
+            assert f"{pid} stopped because host-1 failed:" in last, f"{pid} did not name the dead host:\n{out[-3000:]}"
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -118,18 +120,12 @@ def test_killed_host_stops_guest_and_server_within_deadline(tmp_path):
                 p.wait()
 
 
-def test_launcher_stops_everyone_and_names_the_failing_party(tmp_path):
+def test_launcher_preflight_names_the_party_and_starts_nothing(tmp_path):
     job, _, host_csvs = make_job(tmp_path, deadline=60)
     host_csvs[0].unlink()  # host-1 cannot read its data
-    launcher = Launcher(job, load_job(job), grace_s=5)
-    started = time.monotonic()
-    rc = launcher.run(timeout_s=120)
-    assert rc == 1
-    assert time.monotonic() - started < 60  # the others did not sit out their 60 s deadline
-    assert all(c.proc.poll() is not None for c in launcher.children)  # no orphan
-    host = next(c for c in launcher.children if c.party_id == "host-1")
-    assert host.proc.returncode == 2 and any("host_1.csv" in line for line in host.lines)
-    for c in launcher.children:
-        if c.party_id != "host-1":
-            assert c.proc.returncode != 0
-            assert any("host-1" in line for line in c.lines), c.lines[-10:]
+    buffer = io.StringIO()
+    launcher = Launcher(job, load_job(job), console=Console(file=buffer, width=300), grace_s=5)
+    assert launcher.run(timeout_s=120) == 2
+    assert launcher.children == []  # found before any party started
+    out = buffer.getvalue()
+    assert "parties[2].data.path (party 'host-1'): data file not found" in out and "host_1.csv" in out, out

@@ -1,0 +1,31 @@
+"""A tiny vertical LR job with TLS certificates and two small CSV tables, for the runtime tests."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from secureflhv.runtime.demo import write_vertical_lr_job
+
+GUEST = "id,label,f1,f2\n" + "".join(f"u{i},{i % 2},{i * 0.5},{10 - i}\n" for i in range(8))
+HOST = "id,h1,h2\n" + "".join(f"u{i},{i * 2},{i + 0.25}\n" for i in range(8))
+
+
+def make_job(tmp_path: Path, guest: str = GUEST, host: str = HOST) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "guest.csv").write_text(guest)
+    (data / "host_1.csv").write_text(host)
+    return write_vertical_lr_job(tmp_path / "job", data / "guest.csv", [data / "host_1.csv"],
+                                 {"epochs": 1, "key_bits": 1024}, insecure_test_keys=True)
+
+
+def edit(job: Path, party: str, **changes) -> None:
+    doc = yaml.safe_load(job.read_text())
+    entry = next(p for p in doc["parties"] if p["id"] == party)
+    for key, value in changes.items():
+        if key.startswith("data_"):
+            entry["data"][key[5:]] = value
+        else:
+            entry[key] = value
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
