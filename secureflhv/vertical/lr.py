@@ -133,7 +133,9 @@ class VerticalLRConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["arbiter", "two_party"] = "arbiter"
+    mode: Literal["arbiter", "two_party"] = Field(
+        default="arbiter", description="arbiter: a data-less server holds the Paillier key; two_party: the guest holds "
+                                       "it and sees the hosts' partial scores (see the module docstring)")
     epochs: int = Field(default=20, ge=1, description="maximum number of passes over the training rows")
     batch_size: int | None = Field(default=32, ge=1, description="rows per mini-batch; None = full batch")
     learning_rate: float = Field(default=0.4, gt=0, description="step size of epoch 0 (the schedule scales it)")
