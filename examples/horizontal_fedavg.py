@@ -157,11 +157,11 @@ def main(argv=None) -> int:
     summary = Table(title=f"held-out test accuracy ({int(final['n'])} rows)")
     for col in ("model", "accuracy"):
         summary.add_column(col)
-    summary.add_row(f"federated {args.strategy}, {args.rounds} rounds ({out / doc['model']['file']})",
-                    f"{final['accuracy']:.4f}")
+    summary.add_row(f"federated {args.strategy}, {args.rounds} rounds", f"{final['accuracy']:.4f}")
     summary.add_row(f"centralised, same model, pooled rows, {args.rounds * args.local_epochs} epochs",
                     f"{base['accuracy']:.4f}")
     console.print(summary)
+    console.print(f"global model: {out / doc['model']['file']}")
     console.print(f"accuracy plot: {out / 'accuracy.png'}; metrics: {out / 'metrics.json'}")
     return 0
 
