@@ -18,12 +18,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def example_parser(doc: str, work_name: str, contents: str) -> argparse.ArgumentParser:
-    """An argument parser with the example's summary and ``--work-dir`` (default ``runs/<work_name>``).
+def example_parser(doc: str, work_name: str, contents: str, run_time: str) -> argparse.ArgumentParser:
+    """An argument parser with the example's summary, its expected run time and ``--work-dir``.
 
-    ``contents`` names what the work folder holds besides certificates, job file and outputs.
+    ``--work-dir`` defaults to ``runs/<work_name>`` in the repository (whatever the current folder);
+    ``contents`` names what it holds besides certificates, job file and outputs. Defaults are shown.
     """
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog="See the module docstring for more.",
+    summary = doc.split("\n\n")[0]
+    ap = argparse.ArgumentParser(description=f"{summary} Expected run time: {run_time}. Writes under "
+                                             f"runs/{work_name}/ in the repository (--work-dir to change).",
+                                 epilog="See the module docstring for more.",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--work-dir", type=Path, default=ROOT / "runs" / work_name,
                     help=f"folder for {contents}, certificates, job file and outputs (emptied first)")

@@ -13,7 +13,13 @@ aggregation. The script
 3. starts the server and the 5 clients as separate processes (``secureflhv party``) with
    :class:`secureflhv.runtime.launcher.Launcher`;
 4. prints the per-round accuracy the clients reported on their local test splits, then loads the saved
-   global model (``out/server/global_model.npz``) and computes its accuracy on the held-out test set.
+   global model (``out/server/global_model.npz``) and computes its accuracy on the held-out test set,
+   next to a centralised baseline: the same torch model, trained in one place on the pooled training
+   rows with the same SGD settings for rounds x local epochs epochs, on the same test rows.
+
+Expected run time: about 4 minutes on 2 cores with the defaults (Fashion-MNIST, 10 rounds); about 1
+minute with ``--dataset breast_cancer``. Everything is written under ``runs/horizontal_demo/`` in the
+repository (``--work-dir`` to change).
 
 Examples::
 
@@ -57,6 +63,18 @@ def prepare_data(args):
     return train, test, model
 
 
+def centralised_baseline(train, test, model: dict, args) -> dict:
+    """The same model trained on the pooled rows with the clients' SGD settings for rounds x local epochs."""
+    from secureflhv.horizontal.models import ModelSpec, build_model, evaluate
+    from secureflhv.horizontal.strategies import LocalTrainConfig, local_sgd
+
+    net = build_model(ModelSpec(**model), seed=args.seed)
+    cfg = LocalTrainConfig(epochs=args.rounds * args.local_epochs, batch_size=args.batch_size, lr=args.lr,
+                           momentum=args.momentum)
+    local_sgd(net, train.X, train.y, cfg, np.random.default_rng(args.seed))
+    return evaluate(net, test.X, test.y)
+
+
 def write_job(work: Path, shard_paths, params: dict, deadline_s: float) -> Path:
     """Certificates and ``job.yaml`` for ``server`` + ``client-1..N`` (one shard each)."""
     from secureflhv.runtime.demo import write_job as write_demo_job
@@ -69,7 +87,7 @@ def write_job(work: Path, shard_paths, params: dict, deadline_s: float) -> Path:
 
 
 def main(argv=None) -> int:
-    ap = example_parser(__doc__, "horizontal_demo", "shards")
+    ap = example_parser(__doc__, "horizontal_demo", "shards", "about 4 min on 2 cores (breast_cancer: about 1 min)")
     ap.add_argument("--dataset", default="fmnist", choices=["fmnist", "digits", "breast_cancer", "wine"],
                     help="fmnist uses the CNN; the tables use the 32-16-8 MLP")
     ap.add_argument("--rows", type=int, default=10000, help="Fashion-MNIST training rows sampled")
@@ -135,8 +153,15 @@ def main(argv=None) -> int:
     with np.load(out / doc["model"]["file"], allow_pickle=False) as z:
         set_flat(net, flatten_named(net, {k: z[k] for k in z.files}))
     final = evaluate(net, test.X, test.y)
-    console.print(f"final global model ({out / doc['model']['file']}): test accuracy {final['accuracy']:.4f} on "
-                  f"{int(final['n'])} held-out rows")
+    base = centralised_baseline(train, test, model, args)
+    summary = Table(title=f"held-out test accuracy ({int(final['n'])} rows)")
+    for col in ("model", "accuracy"):
+        summary.add_column(col)
+    summary.add_row(f"federated {args.strategy}, {args.rounds} rounds", f"{final['accuracy']:.4f}")
+    summary.add_row(f"centralised, same model, pooled rows, {args.rounds * args.local_epochs} epochs",
+                    f"{base['accuracy']:.4f}")
+    console.print(summary)
+    console.print(f"global model: {out / doc['model']['file']}")
     console.print(f"accuracy plot: {out / 'accuracy.png'}; metrics: {out / 'metrics.json'}")
     return 0
 

@@ -69,16 +69,21 @@ def load_model(path: Path) -> dict[str, Any]:
 
 def plot_curves(path: Path, curves: dict[str, Sequence[float]], *, title: str, xlabel: str = "epoch",
                 ylabel: str = "loss") -> Path:
-    """Save a line plot of one or more curves (e.g. training and validation loss) as PNG."""
+    """Save a line plot of one or more curves (e.g. training and validation loss) as PNG.
+
+    Point k (1-based) is plotted at x = k, with whole-number ticks only (epochs and rounds are counts).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     for name, ys in curves.items():
         ax.plot(range(1, len(ys) + 1), list(ys), marker="o", markersize=3, label=name)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     if len(curves) > 1:
         ax.legend()

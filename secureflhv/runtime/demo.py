@@ -95,7 +95,7 @@ def write_job(work: Path, job_id: str, algorithm: str, parties: list[dict], para
     return path
 
 
-def _vertical_parties(guest_csv: Path, host_csvs: list[Path], *, server: bool, id_column: str,
+def vertical_parties(guest_csv: Path, host_csvs: list[Path], *, server: bool, id_column: str,
                       label_column: str) -> list[dict]:
     """``server`` (if asked), ``guest`` and ``host-1`` ... ``host-H`` with their tables."""
     parties = [{"id": "server", "role": "server"}] if server else []
@@ -115,7 +115,7 @@ def write_vertical_lr_job(work: Path, guest_csv: Path, host_csvs: list[Path], pa
 
     Parties: ``server`` (arbiter mode only), ``guest``, ``host-1`` ... ``host-H`` on free loopback ports.
     """
-    parties = _vertical_parties(guest_csv, host_csvs, server=mode == "arbiter", id_column=id_column,
+    parties = vertical_parties(guest_csv, host_csvs, server=mode == "arbiter", id_column=id_column,
                                 label_column=label_column)
     return write_job(work, job_id, "vertical_lr", parties, {"mode": mode, **params}, deadline_s=deadline_s,
                      tls=tls, insecure_test_keys=insecure_test_keys)
@@ -139,6 +139,6 @@ def write_vertical_nn_job(work: Path, guest_csv: Path, host_csvs: list[Path], pa
         guest_csv, host_csvs = vertical_tables(dataset, work / "data", int(n_hosts or 1), seed,
                                                host_overlap=host_overlap, guest_missing=guest_missing,
                                                scheme=scheme, id_column=id_column, label_column=label_column)
-    parties = _vertical_parties(guest_csv, host_csvs, server=False, id_column=id_column, label_column=label_column)
+    parties = vertical_parties(guest_csv, host_csvs, server=False, id_column=id_column, label_column=label_column)
     return write_job(work, job_id, "vertical_nn", parties, dict(params), deadline_s=deadline_s, tls=tls,
                      insecure_test_keys=insecure_test_keys)

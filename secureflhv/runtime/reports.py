@@ -60,8 +60,12 @@ def evaluate_split(y: np.ndarray, split: RowSplit, predict, metric) -> tuple[dic
 
 
 def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: dict, history: dict,
-                       p_test: np.ndarray | None, title: str, **extra) -> Path:
-    """Write ``metrics.json``, ``predictions.csv`` (test rows), ``split.json`` and ``loss.png``; return the plot."""
+                       p_test: np.ndarray | None, title: str, *, loss_label: str = "training loss",
+                       **extra) -> Path:
+    """Write ``metrics.json``, ``predictions.csv`` (test rows), ``split.json`` and ``loss.png``; return the plot.
+
+    ``loss_label`` names the plotted loss on the y axis (which loss, on which rows, how averaged).
+    """
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics, "history": history,
                                           "psi_common_ids": len(data.ids), **extra})
     if p_test is not None and len(data.test):
@@ -74,7 +78,8 @@ def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: 
             cols.update({f"p{c}": p_test[:, c] for c in range(p_test.shape[1])})
         pd.DataFrame(cols).to_csv(out_dir / "predictions.csv", index=False)
     write_json(out_dir / "split.json", {"train": data.ids[data.train], "test": data.ids[data.test]})
-    return plot_curves(out_dir / "loss.png", {"training loss": history["loss"]}, title=f"{title}, job {cfg.job.id}")
+    return plot_curves(out_dir / "loss.png", {loss_label: history["loss"]}, title=f"{title}, job {cfg.job.id}",
+                       ylabel=loss_label)
 
 
 def log_summary(party_id: str, metrics: dict, losses: list[float], plot: Path) -> None:

@@ -21,14 +21,24 @@ Model and loss (Taylor expansion of the logistic loss at 0, Hardy et al. eq. 3),
 Training (identical for every role; the batches come from a seed every party holds)::
 
     for epoch e in 0..epochs-1:
-        lr_e = learning-rate schedule (constant | inverse_time: lr/(1+decay*e) | step: lr*decay**(e//step))
+        lr_e = learning-rate schedule: constant lr | inverse_time lr/(1+decay*e)
+               | step lr*decay**(e//lr_step_epochs) | cosine lr*(1+cos(pi*e/epochs))/2
         perm = numpy.random.default_rng([seed, e]).permutation(n)     (full batch: no shuffle)
         batches = consecutive chunks of perm of batch_size rows (the last may be shorter)
-        for each batch: loss_b at the current weights; every party: w_k -= lr_e * grad_k
-        epoch loss = mean of loss_b over the epoch's batches
+        for each batch: loss_b at the current weights; every party updates its own block
+            v_k = momentum * v_k - lr_e * grad_k ;  w_k += v_k          (heavy ball; momentum 0 = plain GD)
+        epoch loss = mean of loss_b over the epoch's batches (Keras' "loss" of the epoch)
         early stopping (guest decides, tells everyone): an epoch "improves" when its loss is below the
         best loss so far by more than tol; stop after `patience` epochs in a row without improvement.
+    model kept (restore_best): every party's weights at the end of the epoch with the lowest epoch
+        loss (ties: the earlier epoch), as Keras' EarlyStopping(restore_best_weights=True); the guest
+        names that epoch to the hosts (``vlr.best``). Without restore_best: the last epoch's weights.
 
+Momentum and the update are local to each party's block of w, so the federation follows exactly the
+same path as centralised mini-batch GD on the joined table. Defaults (momentum 0.9, lr 0.2 with a
+cosine decay, batch 32, l2 0.0025 ~ scikit-learn's C=1 for 400 training rows, 20 epochs) were chosen on
+breast cancer: the Taylor loss is a convex quadratic whose optimum is a ridge least-squares
+classifier, and plain GD from zero needs hundreds of epochs to get near it (condition number ~1e3).
 Weights start at zero.
 
 Arbiter mode, one batch (B = the batch rows, [[.]] = Paillier under the arbiter's key)::
@@ -99,6 +109,7 @@ TAG_GRAD_DEC = "vlr.grad_dec"
 TAG_LOSS = "vlr.loss"
 TAG_LOSS_DEC = "vlr.loss_dec"
 TAG_CTL = "vlr.ctl"
+TAG_BEST = "vlr.best"
 TAG_PRED_REQ = "vlr.pred_req"
 TAG_PRED = "vlr.pred"
 
@@ -122,19 +133,28 @@ class VerticalLRConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["arbiter", "two_party"] = "arbiter"
-    epochs: int = Field(default=30, ge=1, description="maximum number of epochs")
-    batch_size: int | None = Field(default=None, ge=1, description="rows per mini-batch; None = full batch")
-    learning_rate: float = Field(default=0.15, gt=0)
-    lr_schedule: Literal["constant", "inverse_time", "step"] = "constant"
-    lr_decay: float = Field(default=0.0, ge=0,
-                            description="inverse_time: lr/(1+decay*epoch); step: lr*decay**(epoch//lr_step_epochs)")
-    lr_step_epochs: int = Field(default=10, ge=1)
-    l2: float = Field(default=0.0, ge=0, description="L2 penalty alpha: loss += alpha/2 ||w||^2 (no intercept)")
-    fit_intercept: bool = True
-    early_stopping: bool = True
-    tol: float = Field(default=1e-4, ge=0, description="minimum loss improvement that counts")
-    patience: int = Field(default=2, ge=1, description="epochs without improvement before stopping")
+    mode: Literal["arbiter", "two_party"] = Field(
+        default="arbiter", description="arbiter: a data-less server holds the Paillier key; two_party: the guest holds "
+                                       "it and sees the hosts' partial scores (see the module docstring)")
+    epochs: int = Field(default=20, ge=1, description="maximum number of passes over the training rows")
+    batch_size: int | None = Field(default=32, ge=1, description="rows per mini-batch; None = full batch")
+    learning_rate: float = Field(default=0.4, gt=0, description="step size of epoch 0 (the schedule scales it)")
+    lr_schedule: Literal["constant", "inverse_time", "step", "cosine"] = Field(
+        default="cosine", description="constant: lr; inverse_time: lr/(1+lr_decay*epoch); "
+                                      "step: lr*lr_decay**(epoch//lr_step_epochs); cosine: lr*(1+cos(pi*epoch/epochs))/2")
+    lr_decay: float = Field(default=0.0, ge=0, description="decay factor of the inverse_time and step schedules")
+    lr_step_epochs: int = Field(default=10, ge=1, description="epochs per step of the step schedule")
+    momentum: float = Field(default=0.8, ge=0, lt=1,
+                            description="heavy-ball momentum of each party's own weights (0: plain gradient descent)")
+    l2: float = Field(default=0.0025, ge=0,
+                      description="L2 penalty alpha on the mean loss: loss += alpha/2 ||w||^2 (intercept not "
+                                  "penalised); scikit-learn's C corresponds to alpha = 1/(C * training rows)")
+    fit_intercept: bool = Field(default=True, description="learn an intercept (a column of ones at the guest)")
+    early_stopping: bool = Field(default=True, description="stop before `epochs` when the loss stops improving")
+    tol: float = Field(default=1e-4, ge=0, description="minimum decrease of the epoch loss that counts as improvement")
+    patience: int = Field(default=10, ge=1, description="epochs in a row without improvement before stopping")
+    restore_best: bool = Field(default=True, description="keep the weights of the epoch with the lowest training "
+                                                         "loss (else those of the last epoch)")
     seed: int = Field(default=0, ge=0, description="seed of the mini-batch shuffle")
     key_bits: int = Field(default=2048, ge=256, description="Paillier modulus size")
     insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
@@ -158,7 +178,14 @@ class VerticalLRConfig(BaseModel):
             return self.learning_rate / (1.0 + self.lr_decay * epoch)
         if self.lr_schedule == "step":
             return self.learning_rate * self.lr_decay ** (epoch // self.lr_step_epochs)
+        if self.lr_schedule == "cosine":
+            return self.learning_rate * 0.5 * (1.0 + math.cos(math.pi * epoch / self.epochs))
         return self.learning_rate
+
+    def step(self, w: np.ndarray, velocity: np.ndarray, grad: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
+        """One heavy-ball update of a party's own block: returns (new weights, new velocity), float64 like ``w``."""
+        velocity = self.momentum * velocity - lr * grad
+        return w + velocity, velocity
 
 
 def batch_plan(n_rows: int, batch_size: int | None, seed: int, epoch: int) -> list[np.ndarray]:
@@ -179,6 +206,7 @@ class FitResult:
         losses: decrypted Taylor loss per epoch (guest only; empty elsewhere).
         epoch_seconds: wall time of each epoch.
         stopped_early: True when early stopping ended training before ``epochs``.
+        best_epoch: 0-based epoch whose end-of-epoch weights are kept (see ``restore_best``).
     """
 
     weights: np.ndarray
@@ -186,6 +214,7 @@ class FitResult:
     losses: list[float] = field(default_factory=list)
     epoch_seconds: list[float] = field(default_factory=list)
     stopped_early: bool = False
+    best_epoch: int = -1
 
     @property
     def epochs(self) -> int:
@@ -251,6 +280,29 @@ def _scalars_parser(keys: Sequence[str]):
             raise ProtocolError(f"missing scalar(s) {missing}")
         return m
     return parse_message(messages_pb2.Scalars, validate)
+
+
+def _best_epoch_parser(epochs_run: int):
+    """``parse`` callback for the guest's ``vlr.best``: an integer epoch in [0, epochs_run)."""
+    def validate(m: messages_pb2.Scalars):
+        best = m.values.get("epoch", -1.0)
+        if best != int(best) or not 0 <= best < epochs_run:
+            raise ProtocolError(f"{TAG_BEST}: epoch {best!r} is not one of the {epochs_run} epochs trained")
+        return int(best)
+    return parse_message(messages_pb2.Scalars, validate)
+
+
+class _BestWeights:
+    """End-of-epoch weights of one party, and the rule that picks the one every party keeps."""
+
+    def __init__(self):
+        self.history: list[np.ndarray] = []
+
+    def record(self, w: np.ndarray) -> None:
+        self.history.append(w.copy())
+
+    def pick(self, best_epoch: int) -> np.ndarray:
+        return self.history[best_epoch].copy()
 
 
 # --------------------------------------------------------------------------- guest
@@ -324,12 +376,13 @@ class VerticalLRGuest(PredictionGuest, _Role):
             raise ValueError(f"batch_size: {cfg.batch_size} gives too many batches for {n} rows")
         Xd = self._design(self.X)
         keys = self._key_exchange(n, Xd.shape[1])
-        w = np.zeros(Xd.shape[1])
-        losses, seconds = [], []
+        w, v = np.zeros(Xd.shape[1]), np.zeros(Xd.shape[1])
+        losses, seconds, kept = [], [], _BestWeights()
         best, bad, stopped = math.inf, 0, False
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
-            w, loss = self._train_epoch(epoch, Xd, w, *keys)
+            w, v, loss = self._train_epoch(epoch, Xd, w, v, *keys)
+            kept.record(w)
             losses.append(loss)
             if loss < best - cfg.tol:
                 best, bad = loss, 0
@@ -349,9 +402,15 @@ class VerticalLRGuest(PredictionGuest, _Role):
                 log.info("%s: early stopping after epoch %d (no improvement > %g for %d epochs)",
                          self.party_id, epoch + 1, cfg.tol, cfg.patience)
                 break
+        best_epoch = int(np.argmin(losses)) if cfg.restore_best else len(losses) - 1
+        for h in self.host_ids:
+            self.t.send(h, TAG_BEST, messages_pb2.Scalars(values={"epoch": best_epoch}), round=0)
+        log.info("%s: keeping the weights after epoch %d (loss %.6f)", self.party_id, best_epoch + 1,
+                 losses[best_epoch])
+        w = kept.pick(best_epoch)
         self.weights = w[:-1].copy() if cfg.fit_intercept else w.copy()
         self.intercept = float(w[-1]) if cfg.fit_intercept else None
-        return FitResult(self.weights, self.intercept, losses, seconds, stopped)
+        return FitResult(self.weights, self.intercept, losses, seconds, stopped, best_epoch)
 
     def _key_exchange(self, n: int, d_g: int):
         """Setup to every peer; the key pair (arbiter mode: the arbiter's public key); each host's width.
@@ -372,8 +431,9 @@ class VerticalLRGuest(PredictionGuest, _Role):
                      for h in self.host_ids}
         return pub, priv, host_dims
 
-    def _train_epoch(self, epoch: int, Xd: np.ndarray, w: np.ndarray, pub, priv, host_dims) -> tuple[np.ndarray, float]:
-        """One epoch of mini-batch gradient descent with the hosts; returns (weights, mean batch loss)."""
+    def _train_epoch(self, epoch: int, Xd: np.ndarray, w: np.ndarray, v: np.ndarray, pub, priv,
+                     host_dims) -> tuple[np.ndarray, np.ndarray, float]:
+        """One epoch of mini-batch gradient descent with the hosts; returns (weights, velocity, mean batch loss)."""
         cfg = self.config
         penal = np.ones(Xd.shape[1])
         if cfg.fit_intercept:
@@ -389,9 +449,9 @@ class VerticalLRGuest(PredictionGuest, _Role):
                 g_sum, loss_b = self._batch_arbiter(pub, Xb, yb, u_g, reg_g, rnd)
             else:
                 g_sum, loss_b = self._batch_two_party(pub, priv, Xb, yb, u_g, reg_g, rnd, host_dims)
-            w = w - lr * (g_sum / len(idx) + cfg.l2 * penal * w)
+            w, v = cfg.step(w, v, g_sum / len(idx) + cfg.l2 * penal * w, lr)
             batch_losses.append(loss_b)
-        return w, float(np.mean(batch_losses))
+        return w, v, float(np.mean(batch_losses))
 
     def _batch_arbiter(self, pub, Xb, yb, u_g, reg_g, rnd):
         he, t = self.he, self.t
@@ -532,8 +592,8 @@ class VerticalLRHost(PredictionHost, _Role):
         t.send(self.guest_id, TAG_HELLO, hello, round=0)
         if arbiter:
             t.send(self.arbiter_id, TAG_HELLO, hello, round=0)
-        w = np.zeros(d_h)
-        seconds, stopped = [], False
+        w, v = np.zeros(d_h), np.zeros(d_h)
+        seconds, stopped, kept = [], False, _BestWeights()
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
             lr = cfg.learning_rate_at(epoch)
@@ -560,12 +620,14 @@ class VerticalLRHost(PredictionHost, _Role):
                                parse=self._enc_parser(pub, (nb,), f"{TAG_CROSS_IN} from {self.guest_id}"))
                     t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(he.dot(u[:, None], S)), round=rnd + S_CROSS)
                 g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, (d_h,))
-                w = w - lr * (g_sum / nb + cfg.l2 * w)
+                w, v = cfg.step(w, v, g_sum / nb + cfg.l2 * w, lr)
+            kept.record(w)
             if self._end_epoch(epoch, t0, seconds, "done"):
                 stopped = True
                 break
-        self.weights = w
-        return FitResult(w.copy(), None, [], seconds, stopped)
+        best_epoch = t.recv(self.guest_id, TAG_BEST, parse=_best_epoch_parser(len(seconds)))
+        self.weights = kept.pick(best_epoch)
+        return FitResult(self.weights.copy(), None, [], seconds, stopped, best_epoch)
 
     # prediction (the loop is :meth:`PredictionHost.serve_predictions`): u_h = X[rows] @ w_h per request
     def _prediction_matrix(self, X) -> np.ndarray:

@@ -30,7 +30,8 @@ from vlr_harness import reference_taylor_lr  # noqa: E402  (independent numpy re
 
 pytestmark = pytest.mark.slow
 
-PARAMS = {"epochs": 3, "batch_size": 128, "learning_rate": 0.15, "l2": 0.01, "key_bits": 1024,
+PARAMS = {"epochs": 3, "batch_size": 128, "learning_rate": 0.15, "lr_schedule": "constant", "momentum": 0.0,
+          "l2": 0.01, "key_bits": 1024,
           "early_stopping": False, "test_fraction": 0.25, "split_seed": 5, "seed": 7}
 
 

@@ -61,3 +61,15 @@ def test_three_parties_with_early_stopping(mode):
                early_stopping=True, tol=0.02, patience=2)
     results, losses_ref = _check(X, y, [4, 1], [[0, 3], [5, 2]], cfg)
     assert len(losses_ref) < 12 and results["guest"].stopped_early
+
+
+@pytest.mark.parametrize("mode", ["arbiter", "two_party"])
+def test_momentum_cosine_keeps_the_lowest_loss_epoch(mode):
+    X, y = _data(seed=6, n=50, d=6)
+    # a large step with momentum overshoots, so the lowest loss is not at the last epoch
+    cfg = dict(KEY, mode=mode, epochs=5, batch_size=25, learning_rate=1.0, momentum=0.9, lr_schedule="cosine",
+               l2=0.01, seed=2, early_stopping=False, restore_best=True)
+    results, losses_ref = _check(X, y, [0, 4], [[1, 2, 3, 5]], cfg)
+    best = int(np.argmin(losses_ref))
+    assert best < len(losses_ref) - 1
+    assert all(res.best_epoch == best for pid, res in results.items() if pid != "server")

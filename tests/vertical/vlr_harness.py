@@ -11,51 +11,57 @@ from secureflhv.transport import InProcessNetwork
 from secureflhv.vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
 
 
-def reference_taylor_lr(X, y01, *, epochs, batch_size, learning_rate, l2, seed, lr_schedule="constant",
-                        lr_decay=0.0, lr_step_epochs=10, early_stopping=True, tol=1e-4, patience=2,
-                        fit_intercept=True, **_ignored):
+def reference_taylor_lr(X, y01, **cfg):
     """Centralised mini-batch GD on mean(log2 - y wx/2 + (wx)^2/8) + l2/2 |w|^2, y in {-1,+1}.
 
-    Batches: per epoch, numpy.random.default_rng([seed, epoch]).permutation(n) cut into chunks of
-    batch_size (full batch: rows in order). Returns (w, b, losses)."""
+    ``cfg``: VerticalLRConfig fields (others ignored; missing ones take the config's defaults, only the
+    values are read from it). Batches: per epoch, numpy.random.default_rng([seed, epoch]).permutation(n)
+    cut into chunks of batch_size (full batch: rows in order). Heavy-ball momentum on every weight;
+    with restore_best the weights after the epoch of lowest epoch loss are returned.
+    Returns (w, b, losses)."""
+    c = VerticalLRConfig(**{k: v for k, v in cfg.items() if k in VerticalLRConfig.model_fields and "key" not in k})
     X = np.asarray(X, float)
     y = np.where(np.asarray(y01) == 1, 1.0, -1.0)
     n, d = X.shape
-    w = np.zeros(d)
-    b = 0.0
-    losses = []
+    w, b = np.zeros(d), 0.0
+    vw, vb = np.zeros(d), 0.0
+    losses, kept = [], []
     best, bad = math.inf, 0
-    for epoch in range(epochs):
-        if lr_schedule == "constant":
-            lr = learning_rate
-        elif lr_schedule == "inverse_time":
-            lr = learning_rate / (1.0 + lr_decay * epoch)
+    for epoch in range(c.epochs):
+        if c.lr_schedule == "constant":
+            lr = c.learning_rate
+        elif c.lr_schedule == "inverse_time":
+            lr = c.learning_rate / (1.0 + c.lr_decay * epoch)
+        elif c.lr_schedule == "cosine":
+            lr = c.learning_rate * (1.0 + math.cos(math.pi * epoch / c.epochs)) / 2.0
         else:
-            lr = learning_rate * lr_decay ** (epoch // lr_step_epochs)
-        if batch_size is None or batch_size >= n:
+            lr = c.learning_rate * c.lr_decay ** (epoch // c.lr_step_epochs)
+        if c.batch_size is None or c.batch_size >= n:
             batches = [np.arange(n)]
         else:
-            order = np.random.default_rng([seed, epoch]).permutation(n)
-            batches = [order[s:s + batch_size] for s in range(0, n, batch_size)]
+            order = np.random.default_rng([c.seed, epoch]).permutation(n)
+            batches = [order[s:s + c.batch_size] for s in range(0, n, c.batch_size)]
         epoch_losses = []
         for rows in batches:
-            z = X[rows] @ w + (b if fit_intercept else 0.0)
+            z = X[rows] @ w + (b if c.fit_intercept else 0.0)
             yy = y[rows]
-            epoch_losses.append(np.mean(math.log(2) - 0.5 * yy * z + 0.125 * z ** 2) + 0.5 * l2 * (w @ w))
+            epoch_losses.append(np.mean(math.log(2) - 0.5 * yy * z + 0.125 * z ** 2) + 0.5 * c.l2 * (w @ w))
             resid = 0.25 * z - 0.5 * yy
-            gw = X[rows].T @ resid / len(rows) + l2 * w
-            gb = resid.mean()
-            w = w - lr * gw
-            if fit_intercept:
-                b = b - lr * gb
+            vw = c.momentum * vw - lr * (X[rows].T @ resid / len(rows) + c.l2 * w)
+            w = w + vw
+            if c.fit_intercept:
+                vb = c.momentum * vb - lr * resid.mean()
+                b = b + vb
+        kept.append((w.copy(), b))
         loss = float(np.mean(epoch_losses))
         losses.append(loss)
-        if loss < best - tol:
+        if loss < best - c.tol:
             best, bad = loss, 0
         else:
             bad += 1
-        if early_stopping and bad >= patience:
+        if c.early_stopping and bad >= c.patience:
             break
+    w, b = kept[int(np.argmin(losses)) if c.restore_best else -1]
     return w, b, losses
 
 

@@ -24,7 +24,10 @@ from ..reports import classification_metrics, evaluate_split, log_summary, save_
 class VerticalLRJobParams(VerticalLRConfig, StandardisedSplitParams):
     """The job file's ``params`` for ``algorithm: vertical_lr``: :class:`VerticalLRConfig` plus the split.
 
-    ``insecure_test_key`` is not set here: it follows ``security.insecure_test_keys``.
+    ``insecure_test_key`` is not set here: it follows ``security.insecure_test_keys``. Every field, its
+    default and meaning: ``docs/parameters.md``. The model saved is the one :class:`VerticalLRConfig`'s
+    ``restore_best`` names (default: the epoch of lowest training loss; ``metrics.json`` history
+    ``best_epoch``, 1-based).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -72,8 +75,10 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      classification_metrics)
     guest.end_prediction()
-    history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds, "stopped_early": result.stopped_early}
-    plot = save_guest_reports(out_dir, cfg, data, metrics, history, p_test, "vertical LR")
+    history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds, "stopped_early": result.stopped_early,
+               "best_epoch": result.best_epoch + 1}
+    plot = save_guest_reports(out_dir, cfg, data, metrics, history, p_test, "vertical LR",
+                              loss_label="training Taylor loss (mean over the epoch's batches)")
     save({"weights": dict(zip(data.feature_names, guest.weights)), "intercept": guest.intercept},
          {**data.meta, "metrics": metrics})
     log_summary(party.id, metrics, result.losses, plot)

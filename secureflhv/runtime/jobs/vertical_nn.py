@@ -71,6 +71,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     guest.end_prediction()
     history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds}
     plot = save_guest_reports(out_dir, cfg, data, metrics, history, p_test, "vertical NN",
+                              loss_label="training cross-entropy (mean over the epoch's batches)",
                               n_classes=guest.n_classes)
     save({"state": guest.state_arrays(), "n_classes": guest.n_classes},
          {**data.meta, "metrics": metrics, "checkpoints": result.checkpoints})
