@@ -51,11 +51,13 @@ Parameters: t defaults to ceil(2n/3); field p = 2^521 − 1 (> 2^256, holds ever
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
 from typing import Sequence
 
 from ..crypto import shamir
-from ..crypto.secagg_primitives import agree, derive_key
+from ..crypto.secagg_primitives import agree, check_public_key, commitment, derive_key, share_ad
+
+log = logging.getLogger("secureflhv.secagg.bonawitz")
 
 TAG_ADVERTISE = "agg.advertise"
 TAG_SHARE = "agg.share"
@@ -68,9 +70,64 @@ SHARE_PLAINTEXT = 2 * shamir.SHARE_BYTES
 SHARE_CIPHERTEXT = SHARE_PLAINTEXT + 16  # GCM tag
 
 
-def advert_bytes(job: str, round_id: int, client: str, c_pk: bytes, s_pk: bytes) -> bytes:
-    """What a client's Ed25519 key signs in AdvertiseKeys (its two X25519 public keys, bound to the round)."""
-    return f"secagg-advertise|{job}|{round_id}|{client}|".encode() + c_pk + s_pk
+def advert_bytes(job: str, round_id: int, client: str, adv) -> bytes:
+    """What a client's certificate key signs in AdvertiseKeys: job, round, its id, c^PK, s^PK, the
+    Ed25519 ConsistencyCheck key and the commitment to b_u (each field length-prefixed)."""
+    fields = (adv.c_pk, adv.s_pk, adv.signing_pk, adv.b_commit)
+    return f"secagg-advertise|{job}|{round_id}|{client}|".encode() + b"".join(
+        len(f).to_bytes(2, "big") + f for f in fields)
+
+
+def check_advert(job: str, round_id: int, client: str, adv, verifier) -> None:
+    """Validate one client's AdvertiseKeys (the server on arrival, every client on the relayed copy).
+
+    Checks: c^PK and s^PK are 32-byte X25519 keys of large order and differ, the Ed25519 key and the
+    b_u commitment are 32 bytes, and, with a ``verifier`` (:class:`~secureflhv.transport.identity.PeerVerifier`),
+    the certificate is the job CA's for ``client`` and signs :func:`advert_bytes`.
+
+    Raises:
+        ValueError: names what is wrong (``IdentityError``, a ValueError, for the signature/certificate).
+    """
+    for name, pk in (("c_pk", adv.c_pk), ("s_pk", adv.s_pk)):
+        try:
+            check_public_key(pk)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    if adv.c_pk == adv.s_pk:
+        raise ValueError("c_pk and s_pk are the same key")
+    if len(adv.signing_pk) != 32 or len(adv.b_commit) != 32:
+        raise ValueError(f"signing_pk and b_commit must be 32 bytes, got {len(adv.signing_pk)} and "
+                         f"{len(adv.b_commit)}")
+    if verifier is not None:
+        verifier.verify(client, adv.certificate, adv.signature, advert_bytes(job, round_id, client, adv))
+
+
+def seed_commitment(job: str, round_id: int, client: str, seed: bytes) -> bytes:
+    """Commitment to ``client``'s self-mask seed b_u (in its signed AdvertiseKeys); checked after reconstruction."""
+    return commitment("secagg-seed-commit", job, round_id, client, value=seed)
+
+
+def share_commitment(kind: str, job: str, round_id: int, owner: str, holder: str, value: int) -> bytes:
+    """Commitment to ``holder``'s Shamir share of ``owner``'s secret (``kind`` "b": b_owner, "s": s_owner^SK)."""
+    return commitment("secagg-share-commit", kind, job, round_id, owner, holder, value=shamir.to_bytes(value))
+
+
+def share_pair_ad(job: str, round_id: int, sender: str, recipient: str, commit) -> bytes:
+    """AES-GCM associated data of a share pair: ids, round, and the dealer's commitments (``ShareCommit``),
+    so the server cannot change the commitments it forwards without the recipient noticing."""
+    return share_ad(job, round_id, sender, recipient) + commit.b + commit.s
+
+
+_warned_unauthenticated: set[str] = set()
+
+
+def warn_unauthenticated(party: str) -> None:
+    """Log once per party that its AdvertiseKeys are not certificate-signed (semi-honest server only)."""
+    if party not in _warned_unauthenticated:
+        _warned_unauthenticated.add(party)
+        log.warning("%s: no certificate identity on this transport: secure-aggregation key advertisements "
+                    "are unauthenticated, so the protocol is secure against a semi-honest server only "
+                    "(use mutual TLS or InProcessNetwork(cert_dir=...))", party)
 
 
 def survivors_bytes(job: str, round_id: int, survivors: Sequence[str]) -> bytes:
@@ -91,12 +148,3 @@ def mask_seed(private, peer_pk: bytes, job: str, round_id: int, a: str, b: str) 
 def share_points(participants: Sequence[str]) -> dict[str, int]:
     """Shamir x-coordinate of each participant: 1 + its index in the sorted participant list."""
     return {p: i + 1 for i, p in enumerate(sorted(participants))}
-
-
-@dataclass
-class PeerKeys:
-    """A client's advertised public keys: share encryption c^PK, mask agreement s^PK, Ed25519 (or b"")."""
-
-    c_pk: bytes
-    s_pk: bytes
-    signing_pk: bytes
