@@ -135,7 +135,10 @@ class SecAggServer(AggregationServer):
         """
         rnd.adv = collect(self.t, rnd.parts, TAG_ADVERTISE, rnd.base + 0, self.config.input_timeout_s,
                           parse_message(pb.AdvertiseKeys, lambda m: round_check(m, rnd.round_id, "AdvertiseKeys")))
-        self._refuse_bad_adverts(rnd)
+        refused = self._refuse_bad_adverts(rnd)
+        send_all(self.t, refused, TAG_SERVER, rnd.base + 1, {c: pb.ServerMessage(  # they stop now, not at a deadline
+            round_id=rnd.round_id, stage=1, abort=f"your AdvertiseKeys was refused: {rnd.offenders[c]}")
+            for c in refused}, self.config.stage_timeout_s)
         rnd.u1 = self._survive(rnd, rnd.parts, rnd.adv, 0)
         keylist = pb.KeyList(keys=[pb.ClientKeys(client_id=c, advert=rnd.adv[c]) for c in rnd.u1])
         live = self._broadcast(rnd, rnd.u1, 1, pb.ServerMessage(round_id=rnd.round_id, stage=1, keys=keylist))
@@ -273,9 +276,11 @@ class SecAggServer(AggregationServer):
             raise AggregationError(reason)
         return alive
 
-    def _refuse_bad_adverts(self, rnd: _ServerRound) -> None:
+    def _refuse_bad_adverts(self, rnd: _ServerRound) -> list[str]:
         """Drop (as offenders at AdvertiseKeys) clients whose advertisement is invalid, or whose public keys
-        another client of this round also advertised, or that were advertised in the last rounds."""
+        another client of this round also advertised, or that were advertised in the last rounds.
+
+        Returns the refused clients."""
         identity = self.t.identity
         if identity is None:
             warn_unauthenticated(self.party_id)
@@ -298,6 +303,7 @@ class SecAggServer(AggregationServer):
                         f"advertised by {sorted(holders)}" if len(holders) > 1 else "reused from an earlier round"))
         for c in rnd.offenders:
             rnd.adv.pop(c, None)
+        return sorted(rnd.offenders)
 
     def _drop_uncommitted_shares(self, rnd: _ServerRound, resp: dict[str, _UnmaskShares]) -> None:
         """Remove from ``resp`` every holder with a share that does not match its dealer's commitment
