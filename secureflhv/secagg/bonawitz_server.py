@@ -269,7 +269,7 @@ class SecAggServer(AggregationServer):
             if c not in got:
                 rnd.dropped_at.setdefault(c, STAGE_NAMES[stage])
         if len(alive) < rnd.need:
-            reason = fail_message(STAGE_NAMES[stage], rnd.parts, alive, rnd.t, rnd.dropped_at, self.config.min_clients)
+            reason = self._fail_reason(rnd, stage, alive, rnd.dropped_at)
             log.error("round %d: %s", rnd.round_id, reason)
             abort = pb.ServerMessage(round_id=rnd.round_id, stage=stage + 1, abort=reason)
             send_all(self.t, alive, TAG_SERVER, rnd.base + stage + 1, abort, self.config.stage_timeout_s)
@@ -338,15 +338,17 @@ class SecAggServer(AggregationServer):
 
     def _fail_late(self, rnd: _ServerRound, stage: int, alive: list[str]) -> None:
         """Raise AggregationError for fewer than t answers after U3 was fixed (signers are told first)."""
-        reason = fail_message(STAGE_NAMES[stage], rnd.parts, alive, rnd.t, {**rnd.dropped_at, **rnd.late},
-                              self.config.min_clients)
-        if rnd.offenders:
-            reason += f"; offenders: {rnd.offenders}"
+        reason = self._fail_reason(rnd, stage, alive, {**rnd.dropped_at, **rnd.late})
         log.error("round %d: %s", rnd.round_id, reason)
         if stage == 3:  # the signers wait for the signature list
             send_all(self.t, alive, TAG_SERVER, rnd.base + 4,
                      pb.ServerMessage(round_id=rnd.round_id, stage=4, abort=reason), self.config.stage_timeout_s)
         raise AggregationError(reason)
+
+    def _fail_reason(self, rnd: _ServerRound, stage: int, alive: list[str], dropped: dict[str, str]) -> str:
+        """The error text of a round left with too few clients at ``stage`` (with the offenders, if any)."""
+        reason = fail_message(STAGE_NAMES[stage], rnd.parts, alive, rnd.t, dropped, self.config.min_clients)
+        return reason + (f"; offenders: {rnd.offenders}" if rnd.offenders else "")
 
     def _remove_self_masks(self, rnd: _ServerRound, b_shares: dict[str, dict[int, int]]) -> None:
         """Reconstruct b_v for each v ∈ U3 from >= t shares and subtract PRG(b_v) from ``rnd.acc``."""
