@@ -10,7 +10,14 @@ All primitives come from ``cryptography`` (OpenSSL):
 * PRG: AES-256-CTR keyed with the full 256-bit seed, zero nonce (each seed keys exactly one stream:
   self-mask seeds are fresh per round, pairwise seeds are derived per round), expanded to ``n``
   little-endian uint64/uint32 words;
-* signatures: Ed25519 (ConsistencyCheck and signed AdvertiseKeys).
+* public-key validation: :func:`check_public_key` refuses a key of the wrong length or of low order
+  (an X25519 exchange with it yields the all-zero secret, which OpenSSL refuses), so one peer's bad
+  key cannot make the others' key agreement fail or yield a predictable secret;
+* commitments: :func:`commitment`, SHA-256 over a domain label, the context (job, round, owner,
+  holder) and the committed value; it hides the value when the value has >= 256 bits of min-entropy
+  (the self-mask seed b_u, and Shamir shares of a polynomial with >= 1 random coefficient, i.e.
+  t >= 2) and binds it (collision resistance); Bonawitz et al. Sec. 6 use commitments likewise;
+* signatures: Ed25519 (the per-round ConsistencyCheck key).
 
 Nothing here touches the network.
 """
@@ -27,9 +34,9 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["InvalidSignature", "InvalidTag", "KeyPair", "agree", "derive_key", "prg", "encrypt_share",
-           "decrypt_share", "share_ad", "private_from_int", "private_to_int", "new_seed", "SigningKey",
-           "verify_signature"]
+__all__ = ["InvalidSignature", "InvalidTag", "KeyPair", "agree", "check_public_key", "commitment", "derive_key",
+           "prg", "encrypt_share", "decrypt_share", "share_ad", "private_from_int", "private_to_int", "new_seed",
+           "SigningKey", "verify_signature"]
 
 KEY_BYTES = 32
 _NONCE = bytes(16)  # AES-CTR initial counter block; safe because every PRG key is used once
@@ -63,7 +70,30 @@ def agree(private: X25519PrivateKey, peer_public: bytes) -> bytes:
     """X25519 shared secret (32 bytes). Raises ValueError for an invalid/low-order public key."""
     if len(peer_public) != KEY_BYTES:
         raise ValueError(f"X25519 public key must be {KEY_BYTES} bytes, got {len(peer_public)}")
-    return private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    try:
+        return private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as exc:
+        raise ValueError(f"X25519 public key of low order (all-zero shared secret): {exc}") from None
+
+
+_PROBE = X25519PrivateKey.generate()  # any scalar: a low-order point times a clamped scalar is the identity
+
+
+def check_public_key(public: bytes) -> None:
+    """Raise ValueError unless ``public`` is a 32-byte X25519 public key of large order.
+
+    A low-order point (e.g. all zeros, or the other 11 of RFC 7748's small-subgroup encodings) gives
+    the all-zero shared secret with every private key; OpenSSL refuses that exchange, which is the test.
+    """
+    agree(_PROBE, public)
+
+
+def commitment(label: str, *context: str | int, value: bytes) -> bytes:
+    """SHA-256(label | context... | value): a 32-byte hash commitment to ``value`` (see the module notes)."""
+    h = hashes.Hash(hashes.SHA256())
+    h.update(("|".join([label, *map(str, context)]) + "|").encode())
+    h.update(value)
+    return h.finalize()
 
 
 def derive_key(shared: bytes, label: str, *context: str | int) -> bytes:

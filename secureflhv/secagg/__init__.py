@@ -17,9 +17,15 @@ Kinds (``AggregationConfig.kind``):
   only the sum over survivors (plus who survived and the total clipped count), even when clients
   drop out at any stage, as long as at least ``t`` remain.
 
-Threshold ``t``: ``config.threshold`` as an absolute count, or a fraction of the selected clients,
-default ``ceil(2n/3)``. Fewer than ``t`` survivors raises :class:`AggregationError` naming who dropped
-at which stage, for every kind (so the kinds are interchangeable in tests).
+Threshold ``t``: ``config.threshold`` as an absolute count, or a fraction in (1/2, 1] of the selected
+clients, default ``ceil(2n/3)``; n/2 < t <= n is enforced (a ValueError naming threshold, n and the
+minimum). Fewer than ``t`` survivors raises :class:`AggregationError` naming who dropped at which
+stage, for every kind (so the kinds are interchangeable in tests); secagg also keeps at least
+``config.min_clients`` (>= 2) at every stage, at the server and at each client.
+
+Dishonest parties: with certificate identities on the transports (mutual TLS, or
+``InProcessNetwork(cert_dir=...)``) secagg is secure against a malicious server and detects dishonest
+clients (see :mod:`.bonawitz`); the result's ``offenders`` names clients whose input was refused.
 
 Timeouts: the server waits ``input_timeout_s`` for the first message of each client (it covers the
 clients' local training), then ``stage_timeout_s`` per later stage; a client silent past the

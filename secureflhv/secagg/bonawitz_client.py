@@ -6,6 +6,16 @@
 :meth:`~SecAggClient.unmasking`. What the client reveals: its public keys, t-1 or fewer shares of its
 secrets to each other client, its masked input y_u, and (only when listed among the survivors U3)
 shares of b_v for v ∈ U3 and of s_v^SK for v ∈ U2 \\ U3 — never both for one v.
+
+Checks against a malicious server (Bonawitz et al. Sec. 6): every relayed advertisement must carry a
+valid signature by the named client's CA-issued certificate (when this client has an identity) and
+keys of large order, distinct across clients — otherwise the round is aborted with
+:class:`AggregationError` naming that client: the server validates advertisements itself, so a bad
+relayed key means the server is lying, and going on with a partial view would give clients
+inconsistent masks. A share whose plaintext does not match the dealer's commitment is refused (the
+dealer is logged; the others' shares recover its secrets). Before sending y_u the client requires
+max(t, min_clients) clients in U1 and U2; before unmasking it requires U3 ⊆ U2, |U3| >= t, and (with
+the ConsistencyCheck) >= t valid signatures of that same U3; it answers one unmask request per round.
 """
 from __future__ import annotations
 
@@ -18,12 +28,13 @@ import numpy as np
 from ..crypto import shamir
 from ..crypto.quantise import QuantParams, quantise, rounding_rng
 from ..crypto.secagg_primitives import (InvalidTag, KeyPair, SigningKey, decrypt_share, encrypt_share, new_seed,
-                                        private_to_int, prg, share_ad, verify_signature)
+                                        private_to_int, prg, verify_signature)
 from ..proto import secagg_pb2 as pb
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
 from ..transport.codec import tensor_to_proto
 from .bonawitz import (SHARE_PLAINTEXT, STAGE_NAMES, TAG_ADVERTISE, TAG_MASKED, TAG_SHARE, TAG_SIGN, TAG_UNMASK,
-                       PeerKeys, advert_bytes, mask_seed, share_key, share_points, survivors_bytes)
+                       advert_bytes, check_advert, mask_seed, seed_commitment, share_commitment, share_key,
+                       share_pair_ad, share_points, survivors_bytes, warn_unauthenticated)
 from .config import AggregationConfig
 from .exchange import STAGES, TAG_SERVER, check_participants, round_check
 from .result import AggregationError
@@ -51,14 +62,16 @@ class _ClientRound:
     round_id: int
     parts: list[str]
     t: int
+    need: int                            # max(t, min_clients): the fewest clients U1, U2, U3 may hold
     qp: QuantParams
     words: np.ndarray | None            # quantised x_u (with weight and clipped count), until masked
     points: dict[str, int]               # Shamir x-coordinate per participant
     ck: KeyPair = field(default_factory=KeyPair)          # (c_u^PK, c_u^SK): share encryption
     sk: KeyPair = field(default_factory=KeyPair)          # (s_u^PK, s_u^SK): pairwise masks
-    signer: SigningKey | None = None
-    keys: dict[str, PeerKeys] = field(default_factory=dict)   # U1's public keys
+    signer: SigningKey = field(default_factory=SigningKey)  # Ed25519 key of this round's ConsistencyCheck
+    keys: dict[str, pb.AdvertiseKeys] = field(default_factory=dict)   # U1's (verified) advertisements
     b_seed: bytes = b""                                   # self-mask seed b_u
+    mine: pb.AdvertiseKeys | None = None                  # this client's advertisement
     held: dict[str, _HeldShares] = field(default_factory=dict)
     u2: set[str] = field(default_factory=set)
     u3: list[str] = field(default_factory=list)
@@ -82,14 +95,24 @@ class SecAggClient(AggregationClient):
         self._unmasked_rounds: set[int] = set()
 
     def submit(self, round_id: int, participants: Sequence[str], vector: np.ndarray, weight: float) -> None:
-        """Run the client side of one round. ``vector``: float (d,); ``weight``: in (0, max_weight]."""
+        """Run the client side of one round. ``vector``: float (d,); ``weight``: in (0, max_weight].
+
+        Raises:
+            AggregationError: fewer than min_clients participants, a server abort or silence, or a failed
+                check (see the module docstring; the error names the offending client or the server).
+            ValueError: bad ``participants`` or ``weight``; a threshold with t <= n/2.
+        """
         cfg, me = self.config, self.party_id
         parts = check_participants(participants, me)
+        if len(parts) < cfg.min_clients:
+            raise AggregationError(f"{me}: round {round_id} has {len(parts)} participant(s), fewer than min_clients="
+                                   f"{cfg.min_clients}: refusing to submit (a sum of so few reveals the inputs)")
+        t = cfg.resolve_threshold(len(parts))
         x = np.asarray(vector, dtype=np.float64).ravel()
         qp = cfg.quant_params(len(parts), x.size)
         words, self.last_n_clipped = quantise(x, weight, qp, rounding_rng(cfg.seed, round_id, me), me)
         self.included = False
-        rnd = _ClientRound(round_id, parts, cfg.resolve_threshold(len(parts)), qp, words, share_points(parts))
+        rnd = _ClientRound(round_id, parts, t, max(t, cfg.min_clients), qp, words, share_points(parts))
         self.advertise_keys(rnd)
         self.share_keys(rnd)
         self.masked_input_collection(rnd)
@@ -98,14 +121,20 @@ class SecAggClient(AggregationClient):
 
     # ------------------------------------------------------------------------------ stages
     def advertise_keys(self, rnd: _ClientRound) -> None:
-        """Stage 0: send c_u^PK, s_u^PK (signed with a fresh Ed25519 key when consistency_check is on)."""
-        if self.config.consistency_check:
-            rnd.signer = SigningKey()
-        adv = pb.AdvertiseKeys(round_id=rnd.round_id, c_pk=rnd.ck.public, s_pk=rnd.sk.public)
-        if rnd.signer is not None:
-            adv.signing_pk = rnd.signer.public
-            adv.signature = rnd.signer.sign(advert_bytes(self.t.job_id, rnd.round_id, self.party_id,
-                                                         rnd.ck.public, rnd.sk.public))
+        """Stage 0: draw b_u; send c_u^PK, s_u^PK, the Ed25519 ConsistencyCheck key and a commitment to b_u,
+        signed with this party's certificate key (unsigned, with a warning, without an identity)."""
+        me, job = self.party_id, self.t.job_id
+        rnd.b_seed = new_seed()
+        adv = pb.AdvertiseKeys(round_id=rnd.round_id, c_pk=rnd.ck.public, s_pk=rnd.sk.public,
+                               signing_pk=rnd.signer.public,
+                               b_commit=seed_commitment(job, rnd.round_id, me, rnd.b_seed))
+        identity = self.t.identity
+        if identity is None:
+            warn_unauthenticated(me)
+        else:
+            adv.certificate = identity.certificate
+            adv.signature = identity.sign(advert_bytes(job, rnd.round_id, me, adv))
+        rnd.mine = adv
         self._send(rnd.round_id, 0, TAG_ADVERTISE, adv)
 
     def share_keys(self, rnd: _ClientRound) -> None:
@@ -113,26 +142,25 @@ class SecAggClient(AggregationClient):
         me, job = self.party_id, self.t.job_id
         rnd.keys = self._check_keys(self._from_server(rnd.round_id, 1, "keys"), rnd)
         u1 = sorted(rnd.keys)
-        rnd.b_seed = new_seed()
         b_sh = shamir.split(int.from_bytes(rnd.b_seed, "big"), [rnd.points[v] for v in u1], rnd.t)
         s_sh = shamir.split(private_to_int(rnd.sk.private), [rnd.points[v] for v in u1], rnd.t)
         rnd.held = {me: _HeldShares(b_sh[rnd.points[me]], s_sh[rnd.points[me]])}
-        out = pb.ShareKeys(round_id=rnd.round_id)
+        out = pb.ShareKeys(round_id=rnd.round_id, own=self._commit(rnd, me, rnd.held[me]))
         for v in u1:
             if v == me:
                 continue
+            pair = _HeldShares(b_sh[rnd.points[v]], s_sh[rnd.points[v]])
+            commit = self._commit(rnd, v, pair)
             key = share_key(rnd.ck.private, rnd.keys[v].c_pk, job, rnd.round_id, me, v)
-            plain = shamir.to_bytes(b_sh[rnd.points[v]]) + shamir.to_bytes(s_sh[rnd.points[v]])
-            nonce, ct = encrypt_share(key, plain, share_ad(job, rnd.round_id, me, v))
-            out.shares.add(sender=me, recipient=v, nonce=nonce, ciphertext=ct)
+            nonce, ct = encrypt_share(key, shamir.to_bytes(pair.b) + shamir.to_bytes(pair.s),
+                                      share_pair_ad(job, rnd.round_id, me, v, commit))
+            out.shares.add(sender=me, recipient=v, nonce=nonce, ciphertext=ct, commit=commit)
         self._send(rnd.round_id, 1, TAG_SHARE, out)
 
     def masked_input_collection(self, rnd: _ClientRound) -> None:
         """Stage 2: keep the shares addressed to us (U2 = who shared); send y_u = x_u + PRG(b_u) ± PRG(s_uv)."""
         self._receive_shares(rnd, self._from_server(rnd.round_id, 2, "shares"))
-        if len(rnd.u2) < rnd.t:
-            raise AggregationError(f"{self.party_id}: only {len(rnd.u2)} clients shared keys (U2), "
-                                   f"fewer than t={rnd.t}")
+        self._require(rnd, len(rnd.u2), "clients shared keys (U2)")
         y = self._mask(rnd)
         rnd.words = None
         self._send(rnd.round_id, 2, TAG_MASKED, pb.MaskedInput(round_id=rnd.round_id, k_bits=rnd.qp.k_bits,
@@ -147,22 +175,26 @@ class SecAggClient(AggregationClient):
         rnd.u3 = u3 = list(self._from_server(rnd.round_id, 3, "survivors").clients)
         if len(set(u3)) != len(u3) or not set(u3) <= rnd.u2:
             raise AggregationError(f"{me}: survivor list {u3} is not a subset of U2 {sorted(rnd.u2)}")
-        if len(u3) < t:
-            raise AggregationError(f"{me}: survivor list has {len(u3)} clients, fewer than t={t}")
+        self._require(rnd, len(u3), "clients in the survivor list (U3)")
         if me not in u3:
             log.warning("%s: the server lists this client as dropped in round %d; stopping", me, rnd.round_id)
             return False
         self.included = True
-        if rnd.signer is not None:
+        if self.config.consistency_check:
             signed = survivors_bytes(job, rnd.round_id, u3)
             self._send(rnd.round_id, 3, TAG_SIGN, pb.ConsistencySignature(round_id=rnd.round_id,
                                                                           signature=rnd.signer.sign(signed)))
             sigs = self._from_server(rnd.round_id, 4, "signatures")
             good = [v for v, sig in sigs.signatures.items()
                     if v in u3 and verify_signature(rnd.keys[v].signing_pk, sig, signed)]
-            if len(good) < t or sorted(sigs.survivors) != sorted(u3):
+            if sorted(sigs.survivors) != sorted(u3):
+                raise AggregationError(f"{me}: consistency check failed: the server changed the survivor set from "
+                                       f"{sorted(u3)} to {sorted(sigs.survivors)}")
+            if len(good) < t:
+                bad = sorted(set(sigs.signatures) - set(good))
                 raise AggregationError(f"{me}: consistency check failed: {len(good)} valid signatures of the "
-                                       f"survivor set (t={t}), or the server changed the survivor set")
+                                       f"survivor set {sorted(u3)}, fewer than t={t} (invalid: {bad}); the "
+                                       f"server may be showing clients different survivor sets")
         return True
 
     def unmasking(self, rnd: _ClientRound) -> None:
@@ -181,8 +213,23 @@ class SecAggClient(AggregationClient):
         self._send(rnd.round_id, 4, TAG_UNMASK, resp)
 
     # ------------------------------------------------------------------------------ helpers
+    def _commit(self, rnd: _ClientRound, holder: str, pair: _HeldShares) -> pb.ShareCommit:
+        """The commitments to ``holder``'s share pair of this client's secrets."""
+        me, job = self.party_id, self.t.job_id
+        return pb.ShareCommit(b=share_commitment("b", job, rnd.round_id, me, holder, pair.b),
+                              s=share_commitment("s", job, rnd.round_id, me, holder, pair.s))
+
+    def _require(self, rnd: _ClientRound, count: int, what: str) -> None:
+        """AggregationError unless ``count`` >= max(t, min_clients)."""
+        if count < rnd.need:
+            raise AggregationError(f"{self.party_id}: only {count} {what}, fewer than t={rnd.t} or min_clients="
+                                   f"{self.config.min_clients}; refusing to go on with round {rnd.round_id}")
+
     def _receive_shares(self, rnd: _ClientRound, sharelist) -> None:
-        """Decrypt the share pairs forwarded by the server into ``rnd.held``; U2 = us + every sender."""
+        """Decrypt the share pairs forwarded by the server into ``rnd.held``; U2 = us + every sender.
+
+        A pair failing AES-GCM (its AD binds the dealer's commitments) or not matching the commitments
+        is refused and logged: the dealer dealt badly (or the server tampered); we hold no share of it."""
         me, job = self.party_id, self.t.job_id
         rnd.u2 = {me}
         for e in sharelist.shares:
@@ -193,14 +240,19 @@ class SecAggClient(AggregationClient):
             rnd.u2.add(v)  # v shared: v masks with us, whatever happens to its ciphertext
             try:
                 key = share_key(rnd.ck.private, rnd.keys[v].c_pk, job, rnd.round_id, v, me)
-                plain = decrypt_share(key, e.nonce, e.ciphertext, share_ad(job, rnd.round_id, v, me))
+                plain = decrypt_share(key, e.nonce, e.ciphertext, share_pair_ad(job, rnd.round_id, v, me, e.commit))
                 if len(plain) != SHARE_PLAINTEXT:
                     raise ValueError(f"{len(plain)} plaintext bytes")
-                rnd.held[v] = _HeldShares(shamir.from_bytes(plain[:shamir.SHARE_BYTES]),
-                                          shamir.from_bytes(plain[shamir.SHARE_BYTES:]))
+                pair = _HeldShares(shamir.from_bytes(plain[:shamir.SHARE_BYTES]),
+                                   shamir.from_bytes(plain[shamir.SHARE_BYTES:]))
+                if (share_commitment("b", job, rnd.round_id, v, me, pair.b) != e.commit.b
+                        or share_commitment("s", job, rnd.round_id, v, me, pair.s) != e.commit.s):
+                    raise ValueError(f"the shares do not match {v!r}'s commitments")
+                rnd.held[v] = pair
             except (InvalidTag, ValueError) as exc:
                 self._reject(2, f"share from {v!r} failed authentication/decoding "
-                                f"({type(exc).__name__}); it is ignored, others' shares suffice to recover {v!r}")
+                                f"({type(exc).__name__}: {exc}); it is ignored, others' shares suffice to "
+                                f"recover {v!r}")
 
     def _mask(self, rnd: _ClientRound) -> np.ndarray:
         """y_u = x_u + PRG(b_u) + Σ_{v∈U2, u<v} PRG(s_uv) − Σ_{v∈U2, u>v} PRG(s_uv) mod 2^k.
@@ -220,25 +272,38 @@ class SecAggClient(AggregationClient):
         y &= wd.type(rnd.qp.modulus_mask)
         return y
 
-    def _check_keys(self, keylist, rnd: _ClientRound) -> dict[str, PeerKeys]:
-        """U1's keys from the server's list; AggregationError if malformed, reused, unsigned or < t."""
+    def _check_keys(self, keylist, rnd: _ClientRound) -> dict[str, pb.AdvertiseKeys]:
+        """U1's advertisements from the server's list, each verified (:func:`~.bonawitz.check_advert`).
+
+        Raises:
+            AggregationError: an entry outside the participants or twice, an invalid key or signature,
+                a key also advertised by another client (each names the client), our own advertisement
+                altered, or fewer than max(t, min_clients) clients.
+        """
         me, job = self.party_id, self.t.job_id
-        keys: dict[str, PeerKeys] = {}
-        seen: set[bytes] = set()
+        identity = self.t.identity
+        verifier = identity.verifier if identity is not None else None
+        keys: dict[str, pb.AdvertiseKeys] = {}
+        owner: dict[bytes, str] = {}
         for k in keylist.keys:
-            if k.client_id not in rnd.parts or k.client_id in keys:
-                raise AggregationError(f"{me}: key list names {k.client_id!r} twice or outside the participants")
-            if len(k.c_pk) != 32 or len(k.s_pk) != 32 or k.c_pk in seen or k.s_pk in seen or k.c_pk == k.s_pk:
-                raise AggregationError(f"{me}: public keys of {k.client_id!r} are malformed or reused")
-            if self.config.consistency_check and not verify_signature(
-                    k.signing_pk, k.signature, advert_bytes(job, rnd.round_id, k.client_id, k.c_pk, k.s_pk)):
-                raise AggregationError(f"{me}: keys of {k.client_id!r} carry an invalid signature")
-            seen.update((k.c_pk, k.s_pk))
-            keys[k.client_id] = PeerKeys(k.c_pk, k.s_pk, k.signing_pk)
-        if me not in keys or keys[me].c_pk != rnd.ck.public or keys[me].s_pk != rnd.sk.public:
-            raise AggregationError(f"{me}: the server's key list does not carry this client's keys")
-        if len(keys) < rnd.t:
-            raise AggregationError(f"{me}: only {len(keys)} clients advertised keys, fewer than t={rnd.t}")
+            c, adv = k.client_id, k.advert
+            if c not in rnd.parts or c in keys:
+                raise AggregationError(f"{me}: key list names {c!r} twice or outside the participants")
+            try:
+                check_advert(job, rnd.round_id, c, adv, verifier)
+            except ValueError as exc:
+                raise AggregationError(f"{me}: the server relayed an invalid advertisement of {c!r} ({exc}); the "
+                                       f"server must refuse those itself, so it is faulty or malicious: "
+                                       f"aborting round {rnd.round_id}") from None
+            for pk in (adv.c_pk, adv.s_pk):
+                if pk in owner:
+                    raise AggregationError(f"{me}: {c!r} advertises a public key of {owner[pk]!r}: aborting "
+                                           f"round {rnd.round_id}")
+                owner[pk] = c
+            keys[c] = adv
+        if keys.get(me) != rnd.mine:
+            raise AggregationError(f"{me}: the server's key list does not carry this client's advertisement")
+        self._require(rnd, len(keys), "clients advertised keys (U1)")
         return keys
 
     def _on_stage(self, stage: int) -> None:

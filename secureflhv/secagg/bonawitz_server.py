@@ -4,14 +4,21 @@
 :meth:`~SecAggServer.advertise_keys` (U1), :meth:`~SecAggServer.share_keys` (U2),
 :meth:`~SecAggServer.masked_input_collection` (U3), :meth:`~SecAggServer.consistency_check` (U4,
 optional) and :meth:`~SecAggServer.unmasking`. Each stage waits for the clients it expects up to its
-deadline, counts the silent or unreachable ones as dropped at that stage, and, when fewer than t
-remain, tells the remaining clients (``ServerMessage.abort``) and raises :class:`AggregationError`.
-What the server learns: see :mod:`.bonawitz`.
+deadline, counts the silent or unreachable ones as dropped at that stage, and, when fewer than
+max(t, min_clients) remain, tells the remaining clients (``ServerMessage.abort``) and raises
+:class:`AggregationError`. Checks against dishonest clients (Bonawitz et al. Sec. 6): each
+advertisement is validated on arrival (:func:`~.bonawitz.check_advert`: key order, certificate
+signature when the server has an identity) and keys duplicated across clients or reused from the
+last rounds are refused — such a client is an offender dropped at AdvertiseKeys; each share
+submitted at Unmasking must match its dealer's commitment — a holder whose share does not is an
+offender whose shares are all dropped; each reconstructed secret must match its commitment (b_v) or
+public key (s_v^SK) — else the error names the dealer. What the server learns: see :mod:`.bonawitz`.
 """
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -24,13 +31,16 @@ from ..proto import secagg_pb2 as pb
 from ..transport.base import ProtocolError, parse_message
 from ..transport.codec import tensor_from_proto
 from .bonawitz import (SHARE_CIPHERTEXT, STAGE_NAMES, TAG_ADVERTISE, TAG_MASKED, TAG_SHARE, TAG_SIGN, TAG_UNMASK,
-                       mask_seed, share_points, survivors_bytes)
+                       check_advert, mask_seed, seed_commitment, share_commitment, share_points, survivors_bytes,
+                       warn_unauthenticated)
 from .config import AggregationConfig
 from .exchange import STAGES, TAG_SERVER, check_participants, collect, collect_each, round_check, send_all
 from .result import AggregateResult, AggregationError, fail_message
 from .roles import AggregationServer
 
 log = logging.getLogger("secureflhv.secagg.bonawitz")
+
+KEY_MEMORY_ROUNDS = 100  # public keys of this many past rounds are remembered and refused if re-advertised
 
 
 @dataclass
@@ -61,12 +71,15 @@ class _ServerRound:
     round_id: int
     parts: list[str]
     t: int
+    need: int   # max(t, min_clients): the fewest clients a stage may keep
     qp: QuantParams
     dim: int
     clock: _Stopwatch
     dropped_at: dict[str, str] = field(default_factory=dict)  # lost before its input was fixed
     late: dict[str, str] = field(default_factory=dict)        # input in the sum, client gone later (logs)
+    offenders: dict[str, str] = field(default_factory=dict)   # client -> what it did wrong
     adv: dict[str, pb.AdvertiseKeys] = field(default_factory=dict)
+    commits: dict[tuple[str, str], pb.ShareCommit] = field(default_factory=dict)  # (owner, holder) -> commit
     u1: list[str] = field(default_factory=list)
     u2: list[str] = field(default_factory=list)
     u3: list[str] = field(default_factory=list)
@@ -87,6 +100,7 @@ class SecAggServer(AggregationServer):
     def __init__(self, transport, config: AggregationConfig):
         super().__init__(transport, config)
         self.last_timings: dict[str, float] = {}
+        self._past_keys: deque[set[bytes]] = deque(maxlen=KEY_MEMORY_ROUNDS)
 
     def aggregate(self, round_id: int, participants: Sequence[str], dim: int) -> AggregateResult:
         """Run the five stages of round ``round_id``; returns Σ_{u∈U3} (dequantised) with who dropped where."""
@@ -94,10 +108,10 @@ class SecAggServer(AggregationServer):
         parts = check_participants(participants)
         n = len(parts)
         t = cfg.resolve_threshold(n)
-        if t <= n // 2:
-            log.warning("secagg threshold t=%d <= n/2=%d: a server colluding with t clients learns inputs; "
-                        "Bonawitz et al. recommend t > n/2", t, n // 2)
-        rnd = _ServerRound(round_id, parts, t, cfg.quant_params(n, dim), dim, _Stopwatch())
+        if n < cfg.min_clients:
+            raise AggregationError(f"round {round_id} selects {n} client(s), fewer than min_clients="
+                                   f"{cfg.min_clients}: a secure sum of so few would reveal their updates")
+        rnd = _ServerRound(round_id, parts, t, max(t, cfg.min_clients), cfg.quant_params(n, dim), dim, _Stopwatch())
         self.last_timings = rnd.clock.laps
         live = self.advertise_keys(rnd)
         live = self.share_keys(rnd, live)
@@ -108,28 +122,25 @@ class SecAggServer(AggregationServer):
         if rnd.late:
             log.info("round %d: clients %s left after sending their input (still in the sum)", round_id, rnd.late)
         res = AggregateResult(total, weight, rnd.u3, sorted(rnd.dropped_at), cfg.clip, cfg.scale, rnd.qp.k_bits,
-                              n_clipped, dict(rnd.dropped_at))
+                              n_clipped, dict(rnd.dropped_at), dict(rnd.offenders))
         self._log_result(round_id, res)
         return res
 
     # ------------------------------------------------------------------------------ stages
     def advertise_keys(self, rnd: _ServerRound) -> list[str]:
-        """Stage 0: collect every participant's public keys (U1) and send U1's key list to U1.
+        """Stage 0: collect every participant's advertisement, refuse the invalid ones (offenders, dropped
+        here), and send U1's advertisements, verbatim, to U1.
 
         Returns the clients of U1 the key list reached.
         """
-        def check(m):
-            round_check(m, rnd.round_id, "AdvertiseKeys")
-            if len(m.c_pk) != 32 or len(m.s_pk) != 32:
-                raise ProtocolError("X25519 public keys must be 32 bytes")
-            return m
         rnd.adv = collect(self.t, rnd.parts, TAG_ADVERTISE, rnd.base + 0, self.config.input_timeout_s,
-                          parse_message(pb.AdvertiseKeys, check))
+                          parse_message(pb.AdvertiseKeys, lambda m: round_check(m, rnd.round_id, "AdvertiseKeys")))
+        refused = self._refuse_bad_adverts(rnd)
+        send_all(self.t, refused, TAG_SERVER, rnd.base + 1, {c: pb.ServerMessage(  # they stop now, not at a deadline
+            round_id=rnd.round_id, stage=1, abort=f"your AdvertiseKeys was refused: {rnd.offenders[c]}")
+            for c in refused}, self.config.stage_timeout_s)
         rnd.u1 = self._survive(rnd, rnd.parts, rnd.adv, 0)
-        adv = rnd.adv
-        keylist = pb.KeyList(keys=[pb.ClientKeys(client_id=c, c_pk=adv[c].c_pk, s_pk=adv[c].s_pk,
-                                                 signing_pk=adv[c].signing_pk, signature=adv[c].signature)
-                                   for c in rnd.u1])
+        keylist = pb.KeyList(keys=[pb.ClientKeys(client_id=c, advert=rnd.adv[c]) for c in rnd.u1])
         live = self._broadcast(rnd, rnd.u1, 1, pb.ServerMessage(round_id=rnd.round_id, stage=1, keys=keylist))
         rnd.clock.lap("advertise")
         return live
@@ -147,13 +158,17 @@ class SecAggServer(AggregationServer):
                     raise ProtocolError(f"shares must go from {sender!r} to each other client of U1 once")
                 if any(len(e.nonce) != 12 or len(e.ciphertext) != SHARE_CIPHERTEXT for e in m.shares):
                     raise ProtocolError("share ciphertext or nonce has the wrong length")
+                if any(len(c.b) != 32 or len(c.s) != 32 for c in [m.own, *(e.commit for e in m.shares)]):
+                    raise ProtocolError("share commitments must be 32 bytes")
                 return m
             return parse_message(pb.ShareKeys, check)
         shares = collect_each(self.t, live, TAG_SHARE, rnd.base + 1, self.config.stage_timeout_s, parse_for)
         rnd.u2 = u2 = self._survive(rnd, rnd.u1, shares, 1)
         to_each: dict[str, list] = {v: [] for v in u2}   # in sender order (u2), one pass over all shares
         for u in u2:
+            rnd.commits[(u, u)] = shares[u].own
             for e in shares[u].shares:
+                rnd.commits[(u, e.recipient)] = e.commit
                 if e.recipient != u and e.recipient in to_each:
                     to_each[e.recipient].append(e)
         per_recipient = {v: pb.ServerMessage(round_id=rnd.round_id, stage=2, shares=pb.ShareList(shares=to_each[v]))
@@ -208,7 +223,7 @@ class SecAggServer(AggregationServer):
             if c not in sigs:
                 rnd.late[c] = STAGE_NAMES[3]
         u4 = sorted(sigs)
-        if len(u4) < rnd.t:
+        if len(u4) < rnd.need:
             self._fail_late(rnd, 3, u4)
         live = self._broadcast(rnd, u4, 4, pb.ServerMessage(round_id=rnd.round_id, stage=4, signatures=pb.SignatureList(
             signatures=sigs, survivors=rnd.u3)))
@@ -216,7 +231,8 @@ class SecAggServer(AggregationServer):
         return live
 
     def unmasking(self, rnd: _ServerRound, live: list[str]) -> None:
-        """Stage 4: collect shares of b_v (v ∈ U3) and s_v^SK (v ∈ U2 \\ U3); remove every mask from ``rnd.acc``."""
+        """Stage 4: collect shares of b_v (v ∈ U3) and s_v^SK (v ∈ U2 \\ U3), drop those of holders whose
+        shares do not match the dealers' commitments; remove every mask from ``rnd.acc``."""
         u3_set, dropped = set(rnd.u3), set(rnd.u2) - set(rnd.u3)
 
         def check(m):
@@ -233,6 +249,7 @@ class SecAggServer(AggregationServer):
         for c in live:
             if c not in resp:
                 rnd.late[c] = STAGE_NAMES[4]
+        self._drop_uncommitted_shares(rnd, resp)
         if len(resp) < rnd.t:
             self._fail_late(rnd, 4, sorted(resp))
         rnd.clock.lap("collect_unmask")
@@ -251,13 +268,66 @@ class SecAggServer(AggregationServer):
         for c in expected:
             if c not in got:
                 rnd.dropped_at.setdefault(c, STAGE_NAMES[stage])
-        if len(alive) < rnd.t:
-            reason = fail_message(STAGE_NAMES[stage], rnd.parts, alive, rnd.t, rnd.dropped_at)
+        if len(alive) < rnd.need:
+            reason = self._fail_reason(rnd, stage, alive, rnd.dropped_at)
             log.error("round %d: %s", rnd.round_id, reason)
             abort = pb.ServerMessage(round_id=rnd.round_id, stage=stage + 1, abort=reason)
             send_all(self.t, alive, TAG_SERVER, rnd.base + stage + 1, abort, self.config.stage_timeout_s)
             raise AggregationError(reason)
         return alive
+
+    def _refuse_bad_adverts(self, rnd: _ServerRound) -> list[str]:
+        """Drop (as offenders at AdvertiseKeys) clients whose advertisement is invalid, or whose public keys
+        another client of this round also advertised, or that were advertised in the last rounds.
+
+        Returns the refused clients."""
+        identity = self.t.identity
+        if identity is None:
+            warn_unauthenticated(self.party_id)
+        verifier = identity.verifier if identity is not None else None
+        for c, m in list(rnd.adv.items()):
+            try:
+                check_advert(self.t.job_id, rnd.round_id, c, m, verifier)
+            except ValueError as exc:
+                self._offend(rnd, c, 0, f"invalid AdvertiseKeys: {exc}")
+        owners: dict[bytes, set[str]] = {}
+        for c, m in rnd.adv.items():
+            for key in (m.c_pk, m.s_pk):
+                owners.setdefault(key, set()).add(c)
+        past = set().union(*self._past_keys)
+        self._past_keys.append(set(owners))
+        for key, holders in owners.items():
+            if len(holders) > 1 or key in past:
+                for c in sorted(holders):
+                    self._offend(rnd, c, 0, f"public key {key[:8].hex()}... " + (
+                        f"advertised by {sorted(holders)}" if len(holders) > 1 else "reused from an earlier round"))
+        for c in rnd.offenders:
+            rnd.adv.pop(c, None)
+        return sorted(rnd.offenders)
+
+    def _drop_uncommitted_shares(self, rnd: _ServerRound, resp: dict[str, _UnmaskShares]) -> None:
+        """Remove from ``resp`` every holder with a share that does not match its dealer's commitment
+        (the holder checked that commitment when it accepted the share, so the holder is the offender)."""
+        job, rid = self.t.job_id, rnd.round_id
+        for c, r in list(resp.items()):
+            bad = sorted({u for kind, shares in (("b", r.b), ("s", r.s)) for u, value in shares.items()
+                          if (u, c) not in rnd.commits
+                          or share_commitment(kind, job, rid, u, c, value) != getattr(rnd.commits[(u, c)], kind)})
+            if bad:
+                self._offend(rnd, c, 4, f"submitted shares of {bad} that do not match their dealers' "
+                                        f"commitments; all its shares are ignored")
+                del resp[c]
+
+    def _offend(self, rnd: _ServerRound, client: str, stage: int, reason: str) -> None:
+        """Record ``client`` as an offender (first reason kept); before its input was fixed it drops here."""
+        rnd.offenders.setdefault(client, reason)
+        if stage < 2:
+            rnd.dropped_at.setdefault(client, STAGE_NAMES[stage])
+        log.warning("round %d: client %s refused at %s: %s", rnd.round_id, client, STAGE_NAMES[stage], reason)
+
+    @staticmethod
+    def _offender_note(rnd: _ServerRound) -> str:
+        return f" (shares of offenders ignored: {rnd.offenders})" if rnd.offenders else ""
 
     def _broadcast(self, rnd: _ServerRound, receivers: list[str], stage: int, msgs) -> list[str]:
         """Send the stage-``stage`` server message(s); the unreachable drop at ``stage``. Returns the reached."""
@@ -268,36 +338,50 @@ class SecAggServer(AggregationServer):
 
     def _fail_late(self, rnd: _ServerRound, stage: int, alive: list[str]) -> None:
         """Raise AggregationError for fewer than t answers after U3 was fixed (signers are told first)."""
-        reason = fail_message(STAGE_NAMES[stage], rnd.parts, alive, rnd.t, {**rnd.dropped_at, **rnd.late})
+        reason = self._fail_reason(rnd, stage, alive, {**rnd.dropped_at, **rnd.late})
         log.error("round %d: %s", rnd.round_id, reason)
         if stage == 3:  # the signers wait for the signature list
             send_all(self.t, alive, TAG_SERVER, rnd.base + 4,
                      pb.ServerMessage(round_id=rnd.round_id, stage=4, abort=reason), self.config.stage_timeout_s)
         raise AggregationError(reason)
 
+    def _fail_reason(self, rnd: _ServerRound, stage: int, alive: list[str], dropped: dict[str, str]) -> str:
+        """The error text of a round left with too few clients at ``stage`` (with the offenders, if any)."""
+        reason = fail_message(STAGE_NAMES[stage], rnd.parts, alive, rnd.t, dropped, self.config.min_clients)
+        return reason + (f"; offenders: {rnd.offenders}" if rnd.offenders else "")
+
     def _remove_self_masks(self, rnd: _ServerRound, b_shares: dict[str, dict[int, int]]) -> None:
         """Reconstruct b_v for each v ∈ U3 from >= t shares and subtract PRG(b_v) from ``rnd.acc``."""
+        job = self.t.job_id
         for v in rnd.u3:
             sh = b_shares[v]
             if len(sh) < rnd.t:
-                raise AggregationError(f"cannot unmask {v!r}: {len(sh)} b-shares received, t={rnd.t} needed")
+                raise AggregationError(f"cannot unmask {v!r}: {len(sh)} valid b-shares received, t={rnd.t} "
+                                       f"needed{self._offender_note(rnd)}")
             b = shamir.reconstruct(sh, rnd.t)
-            if b >= 1 << 256:
-                raise AggregationError(f"reconstructed self-mask seed of {v!r} is out of range (bad shares)")
-            rnd.acc -= prg(b.to_bytes(32, "big"), rnd.acc.size, rnd.acc.dtype)
+            seed = b.to_bytes(32, "big") if b < 1 << 256 else b""
+            if seed_commitment(job, rnd.round_id, v, seed) != rnd.adv[v].b_commit:
+                raise AggregationError(f"client {v!r} dealt inconsistent shares of its self-mask seed: the seed "
+                                       f"reconstructed from shares matching its commitments does not match its "
+                                       f"advertised commitment; round {rnd.round_id} cannot be unmasked")
+            rnd.acc -= prg(seed, rnd.acc.size, rnd.acc.dtype)
 
     def _remove_pairwise_masks(self, rnd: _ServerRound, s_shares: dict[str, dict[int, int]]) -> None:
         """Reconstruct s_v^SK of each dropped v ∈ U2 \\ U3 (checked against s_v^PK); cancel its PRG(s_uv)."""
         job, acc = self.t.job_id, rnd.acc
         for v, sh in s_shares.items():
             if len(sh) < rnd.t:
-                raise AggregationError(f"cannot remove masks of dropped {v!r}: {len(sh)} s-shares, t={rnd.t} needed")
+                raise AggregationError(f"cannot remove masks of dropped {v!r}: {len(sh)} valid s-shares, t={rnd.t} "
+                                       f"needed{self._offender_note(rnd)}")
             try:
                 s_v = private_from_int(shamir.reconstruct(sh, rnd.t))
             except ValueError as exc:
-                raise AggregationError(f"reconstructed mask key of {v!r} is invalid: {exc}") from None
+                raise AggregationError(f"client {v!r} dealt inconsistent shares of its mask key: the "
+                                       f"reconstructed key is invalid ({exc})") from None
             if s_v.public_key().public_bytes_raw() != rnd.adv[v].s_pk:
-                raise AggregationError(f"reconstructed mask key of dropped {v!r} does not match its public key")
+                raise AggregationError(f"client {v!r} dealt inconsistent shares of its mask key: the key "
+                                       f"reconstructed from shares matching its commitments does not match its "
+                                       f"advertised s_pk; round {rnd.round_id} cannot be unmasked")
             for u in rnd.u3:
                 p = prg(mask_seed(s_v, rnd.adv[u].s_pk, job, rnd.round_id, u, v), acc.size, acc.dtype)
                 if u < v:  # u added +PRG(s_uv)

@@ -26,6 +26,10 @@ class AggregateResult:
         n_clipped: clipped coordinates summed over survivors (aggregated like the update, so for
             secagg the server learns only the total).
         dropped_at: client -> stage name where it was lost.
+        offenders: client -> what it did wrong (secagg: invalid, duplicate or reused public keys or
+            signature at AdvertiseKeys; shares not matching their dealer's commitments at Unmasking).
+            An offender at AdvertiseKeys is also in ``dropped``; one at Unmasking may still be in
+            ``survivors`` (its own input is unmasked from the others' shares); its shares were not used.
     """
 
     total: np.ndarray
@@ -37,6 +41,7 @@ class AggregateResult:
     k_bits: int
     n_clipped: int
     dropped_at: dict[str, str] = field(default_factory=dict)
+    offenders: dict[str, str] = field(default_factory=dict)
 
     @property
     def mean(self) -> np.ndarray:
@@ -45,8 +50,10 @@ class AggregateResult:
 
 
 def fail_message(stage: str, selected: Sequence[str], alive: Sequence[str], t: int,
-                 dropped_at: dict[str, str]) -> str:
-    """The error text of a round that kept fewer than ``t`` clients: the stage and who dropped where."""
+                 dropped_at: dict[str, str], min_clients: int = 0) -> str:
+    """The error text of a round that kept fewer than max(``t``, ``min_clients``) clients: the stage and
+    who dropped where."""
     lost = ", ".join(f"{c} (at {s})" for c, s in sorted(dropped_at.items())) or "none"
+    floor = f"the threshold t={t}" if t >= min_clients else f"min_clients={min_clients} (threshold t={t})"
     return (f"secure aggregation failed at stage {stage!r}: {len(alive)} of {len(selected)} selected clients "
-            f"remain, fewer than the threshold t={t}; dropped: {lost}")
+            f"remain, fewer than {floor}; dropped: {lost}")

@@ -203,11 +203,14 @@ class Transport(ABC):
         party_id: this party's id (as in the job file and its certificate).
         job_id: the job id stamped on every message.
         deadline: default seconds to wait in :meth:`recv` and to keep retrying in :meth:`send`.
+        identity: this party's :class:`~secureflhv.transport.identity.PartyIdentity` (certificate and
+            signing key; verifies peers' certificate-signed data), or ``None`` without certificates.
     """
 
     party_id: str
     job_id: str
     deadline: float
+    identity = None
 
     @abstractmethod
     def send(self, receiver: str, tag: str, payload, round: int = 0, timeout: float | None = None) -> None:

@@ -53,6 +53,7 @@ from ..proto import transport_pb2_grpc as pb_grpc
 from .base import (DEFAULT_DEADLINE_S, Mailbox, Message, MessageRejected, PeerUnavailable, Transport,
                    TransportError, _as_bytes)
 from .certs import TlsConfig
+from .identity import PartyIdentity
 from .tls import channel_credentials, peer_identity, server_credentials, target_name_options
 
 log = logging.getLogger("secureflhv.transport.grpc")
@@ -179,6 +180,7 @@ class GrpcTransport(Transport):
         self.sent_bytes = 0  # payload bytes accepted by receivers
         self.received_bytes = 0  # payload bytes queued in this party's mailbox
         self._tls = tls
+        self.identity = PartyIdentity(tls) if tls is not None else None
         self._box = Mailbox(party_id, job_id, [*self._peers, party_id])
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, pb_grpc.PartyServiceStub]] = {}

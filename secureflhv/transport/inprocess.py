@@ -7,6 +7,11 @@ Example::
 
     net = InProcessNetwork("job-1", ["guest", "host-1", "server"])
     guest, host = net.transport("guest"), net.transport("host-1")
+
+With ``cert_dir`` (a folder written by :func:`~secureflhv.transport.certs.generate_certificates` for
+these parties) every transport carries its party's
+:class:`~secureflhv.transport.identity.PartyIdentity`, so protocols that sign relayed messages run
+authenticated in tests too.
 """
 from __future__ import annotations
 
@@ -14,15 +19,26 @@ import threading
 import time
 
 from .base import DEFAULT_DEADLINE_S, Mailbox, Message, PeerUnavailable, Transport, _as_bytes
+from .identity import PartyIdentity
 
 
 class InProcessNetwork:
-    """A set of parties of one job whose mailboxes live in this process."""
+    """A set of parties of one job whose mailboxes live in this process.
 
-    def __init__(self, job_id: str, party_ids, deadline: float = DEFAULT_DEADLINE_S):
+    Args:
+        job_id: the job id.
+        party_ids: the parties.
+        deadline: default seconds of ``recv`` / ``send``.
+        cert_dir: optional folder with ``ca.pem`` and ``<party>.pem`` / ``<party>.key`` of every party:
+            each transport then has that party's ``identity`` (else ``identity`` is None).
+    """
+
+    def __init__(self, job_id: str, party_ids, deadline: float = DEFAULT_DEADLINE_S, cert_dir=None):
         self.job_id = job_id
         self.party_ids = list(party_ids)
         self.deadline = deadline
+        self.identities = ({p: PartyIdentity.from_cert_dir(cert_dir, p) for p in self.party_ids}
+                           if cert_dir is not None else {})
         self._mailboxes = {p: Mailbox(p, job_id, self.party_ids) for p in self.party_ids}
         self._down: set[str] = set()
         self._lock = threading.Lock()
@@ -68,6 +84,7 @@ class InProcessTransport(Transport):
         self.party_id = party_id
         self.job_id = network.job_id
         self.deadline = network.deadline
+        self.identity = network.identities.get(party_id)
 
     def _mailbox(self) -> Mailbox:
         return self.network.mailbox(self.party_id)

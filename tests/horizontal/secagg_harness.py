@@ -1,4 +1,12 @@
-"""Threads-over-InProcessNetwork harness for secure-aggregation tests (not a test module)."""
+"""Threads-over-InProcessNetwork harness for secure-aggregation tests (not a test module).
+
+Certificates: ``conftest.py`` has a session-scoped, autouse fixture that generates one job CA and
+certificates for ``server``, ``client0``..``client11``, ``silo0``..``silo5`` and ``mallory`` once per
+test session (worker), about 20 ms of EC key generation, and stores the folder in :data:`CERT_DIR`.
+:func:`run_round` builds its :class:`InProcessNetwork` with that ``cert_dir``, so every party has a
+:class:`~secureflhv.transport.identity.PartyIdentity` and rounds run authenticated (certificate-signed
+advertisements) as over mutual TLS; ``authenticated=False`` runs one without identities.
+"""
 from __future__ import annotations
 
 import threading
@@ -9,6 +17,16 @@ from secureflhv.crypto.quantise import EXTRA_COORDS, dequantise, quantise, round
 from secureflhv.secagg import AggregationConfig, make_aggregation
 from secureflhv.secagg.bonawitz_client import SecAggClient, _Vanished
 from secureflhv.transport.inprocess import InProcessNetwork, InProcessTransport
+
+CERT_DIR = None  # set by conftest.py's session fixture
+CERT_PARTIES = ["server", "mallory", *(f"client{i}" for i in range(12)), *(f"silo{i}" for i in range(6))]
+
+
+def network(ids, authenticated: bool = True, deadline: float = 10) -> InProcessNetwork:
+    """An in-process network of ``server`` + ``ids``, with certificate identities when ``authenticated``."""
+    parties = ["server", *ids]
+    return InProcessNetwork("job-secagg", parties, deadline=deadline,
+                            cert_dir=CERT_DIR if authenticated else None)
 
 
 def config(**kw) -> AggregationConfig:
@@ -65,15 +83,22 @@ def vanishing_client(network, stage: int, base=SecAggClient):
 
 
 def run_round(cfg, ids, xs, ws, round_id=1, *, vanish=None, network=None, client_classes=None,
-              server_transport=None, before_clients=None, participants=None):
-    """Run one round; return (result or exception, {client: error}, clients, server transport)."""
+              server_transport=None, before_clients=None, participants=None, server_cls=None, server=None,
+              authenticated=True, client_configs=None):
+    """Run one round; return (result or exception, {client: error}, clients, server transport, network).
+
+    ``server_cls`` replaces the server class (a malicious server), ``server`` reuses a server object
+    (and its transport) across rounds, ``client_configs`` gives some clients their own config."""
     vanish = vanish or {}
     client_classes = dict(client_classes or {})
+    client_configs = dict(client_configs or {})
     participants = participants or ids
-    net = network or InProcessNetwork("job-secagg", ["server", *ids], deadline=10)
-    client_cls, server_cls = make_aggregation(cfg)
-    st = server_transport or RecordingTransport(net, "server")
-    server = server_cls(st, cfg)
+    net = network or globals()["network"](ids, authenticated)
+    client_cls, default_server_cls = make_aggregation(cfg)
+    if server is None:
+        st = server_transport or RecordingTransport(net, "server")
+        server = (server_cls or default_server_cls)(st, cfg)
+    st = server.t
     d = next(iter(xs.values())).size
     out, errors, clients = {}, {}, {}
 
@@ -85,7 +110,7 @@ def run_round(cfg, ids, xs, ws, round_id=1, *, vanish=None, network=None, client
 
     def client(c):
         cls = client_classes.get(c) or (vanishing_client(net, vanish[c]) if c in vanish else client_cls)
-        clients[c] = cli = cls(net.transport(c), "server", cfg)
+        clients[c] = cli = cls(net.transport(c), "server", client_configs.get(c, cfg))
         try:
             cli.submit(round_id, participants, xs[c], ws[c])
         except Exception as exc:  # noqa: BLE001

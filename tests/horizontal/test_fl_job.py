@@ -74,6 +74,9 @@ def job_dict(data_paths, params=PARAMS, *, tls=False, ports=None, certs=None):
     ({"aggregation": {"kind": "paillier"}}, "params.aggregation.kind"),
     ({"aggregation": {"clip": -1}}, "params.aggregation.clip"),
     ({"aggregation": {"threshold": 5}}, "params.aggregation.threshold"),
+    ({"aggregation": {"threshold": 0.5}}, "params.aggregation.threshold: threshold fraction must be in (1/2, 1]"),
+    ({"aggregation": {"threshold": 1}}, "params.aggregation.threshold: threshold must be >= 2"),
+    ({"aggregation": {"min_clients": 1}}, "params.aggregation.min_clients"),
     ({"fraction": 0.3}, "params.fraction"),
     ({"part_clips": {"weights": 3.0}}, "params.part_clips"),
 ])

@@ -63,7 +63,8 @@ class AggregationParams(BaseModel):
     clip: float = Field(default=1.0, gt=0)
     precision_bits: int = Field(default=16, ge=0, le=40)
     max_weight: float = Field(default=float(1 << 20), gt=0)
-    consistency_check: bool = False
+    consistency_check: bool = True
+    min_clients: int = Field(default=2, ge=2, description="fewest clients a secure sum may hold")
     stage_timeout_s: float = Field(default=30.0, gt=0)
     input_timeout_s: float | None = Field(default=None, gt=0)
     seed: int | None = Field(default=None, ge=0, description="stochastic rounding seed (tests)")
@@ -99,7 +100,8 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     try:
         agg = fl_config(cfg, params).aggregation
     except ValueError as exc:
-        raise JobConfigError(f"params.aggregation: {exc}") from None
+        field = next((f".{f}" for f in ("threshold", "min_clients") if str(exc).startswith(f)), "")
+        raise JobConfigError(f"params.aggregation{field}: {exc}") from None
     n = len(cfg.clients)
     m = max(1, int(n * params.fraction))
     try:
