@@ -13,17 +13,23 @@ from __future__ import annotations
 import threading
 import time
 
-from .base import DEFAULT_DEADLINE_S, Mailbox, Message, PeerUnavailable, Transport, _as_bytes
+from .base import (DEFAULT_DEADLINE_S, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_PENDING, Mailbox, Message,
+                   PeerUnavailable, Transport, _as_bytes)
 
 
 class InProcessNetwork:
-    """A set of parties of one job whose mailboxes live in this process."""
+    """A set of parties of one job whose mailboxes live in this process.
 
-    def __init__(self, job_id: str, party_ids, deadline: float = DEFAULT_DEADLINE_S):
+    ``max_payload_bytes``, ``max_pending``: every mailbox's limits (see :class:`~secureflhv.transport.base.Mailbox`).
+    """
+
+    def __init__(self, job_id: str, party_ids, deadline: float = DEFAULT_DEADLINE_S, *,
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, max_pending: int = DEFAULT_MAX_PENDING):
         self.job_id = job_id
         self.party_ids = list(party_ids)
         self.deadline = deadline
-        self._mailboxes = {p: Mailbox(p, job_id, self.party_ids) for p in self.party_ids}
+        self._mailboxes = {p: Mailbox(p, job_id, self.party_ids, max_payload_bytes=max_payload_bytes,
+                                      max_pending=max_pending) for p in self.party_ids}
         self._down: set[str] = set()
         self._lock = threading.Lock()
         self.sent_bytes = 0  # payload bytes sent over this network, all parties together
