@@ -5,5 +5,6 @@ from .base import (ABORT_TAG, DEFAULT_DEADLINE_S, DEFAULT_MAX_PAYLOAD_BYTES, Job
 from .inprocess import InProcessNetwork, InProcessTransport
 
 __all__ = ["ABORT_TAG", "DEFAULT_DEADLINE_S", "DEFAULT_MAX_PAYLOAD_BYTES", "JobAborted", "Mailbox", "Message",
-           "MessageRejected", "PeerTimeout", "PeerUnavailable", "ProtocolError", "Rejected", "Transport", "TransportError", "parse_message",
+           "MessageRejected", "PeerTimeout", "PeerUnavailable", "ProtocolError", "Rejected", "Transport",
+           "TransportError", "parse_message",
            "InProcessNetwork", "InProcessTransport"]

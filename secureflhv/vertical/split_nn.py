@@ -64,7 +64,7 @@ What each party learns (semi-honest, non-colluding):
 
 Messages are protobuf (``messages.proto`` Bundle/EncryptedTensor/PaillierPublicKey/Control/Tensor,
 MaskedValues/RowsRequest). Every payload is checked in the ``parse`` callback of
-:meth:`~secureflhv.transport.Transport.recv` (shape, key fingerprint, range), so a wrong-shape or
+:meth:`~secureflhv.transport.Transport.recv` (shape, key fingerprint, agreed exponent, range), so a wrong-shape or
 wrong-key message is rejected and logged while training continues. Round ids
 ``epoch * 10 * MAX_BATCHES + batch * 10 + step``. On any failure a role tells its peers and re-raises;
 a dead peer surfaces as :class:`~secureflhv.transport.PeerTimeout` naming it.

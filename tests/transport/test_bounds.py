@@ -6,6 +6,7 @@ import threading
 import time
 
 import grpc
+import numpy as np
 import pytest
 
 from secureflhv.proto import transport_pb2 as pb
@@ -225,3 +226,74 @@ def test_stalled_honest_transport_send_fails_with_an_error_naming_the_receiver(g
     gate.set()
     assert time.monotonic() - t0 < 5
     assert "CANCELLED" in str(err.value)
+
+
+# ------------------------------------------------------------------ homomorphic codec: agreed exponent, exact count
+@pytest.fixture(scope="module")
+def paillier_setup():
+    from secureflhv.transport.he_codec import backend_and_codec
+
+    he, wire = backend_and_codec("paillier", 40)
+    pub, priv = he.generate_keypair(512, True)
+    return he, wire, pub, priv
+
+
+def test_codec_requires_the_agreed_exponent_and_exact_count(paillier_setup):
+    he, wire, pub, _ = paillier_setup
+    msg = wire.to_proto(he.encrypt(pub, np.array([0.5, -2.0, 3.0])))
+    assert msg.exponent == -40
+    assert wire.from_proto(msg, pub, (3,), "x", exponent=-40).exponent == -40
+    for exponent in (2 ** 31 - 1, -(2 ** 31 - 1), -41):
+        bad = type(msg)()
+        bad.CopyFrom(msg)
+        bad.exponent = exponent
+        t0 = time.monotonic()
+        with pytest.raises(ProtocolError, match=rf"x: EncryptedTensor.exponent {exponent} != the agreed -40"):
+            wire.from_proto(bad, pub, (3,), "x", exponent=-40)
+        assert time.monotonic() - t0 < 0.5
+    with pytest.raises(ProtocolError, match="x: EncryptedTensor.exponent -40 != the agreed -72"):
+        wire.from_proto(msg, pub, (3,), "x", exponent=-72)  # an honest value where another is agreed
+    for data in (msg.ciphertexts[:-msg.byte_width], msg.ciphertexts + msg.ciphertexts[:msg.byte_width]):
+        bad = type(msg)()
+        bad.CopyFrom(msg)
+        bad.ciphertexts = data
+        with pytest.raises(ProtocolError, match="ciphertexts has .* bytes, expected"):
+            wire.from_proto(bad, pub, (3,), "x", exponent=-40)
+    with pytest.raises(TypeError, match="exponent"):
+        wire.from_proto(msg, pub, (3,), "x")  # the exponent is not optional for protocol receivers
+
+
+def test_masked_values_require_the_mask_exponent(paillier_setup):
+    he, wire, pub, priv = paillier_setup
+    masked, mask = he.mask(pub, he.encrypt(pub, np.array([1.5, -0.25])))
+    reply = wire.masked_to_proto(he.decrypt_masked(priv, masked), priv)
+    got = wire.masked_from_proto(reply, pub, (2,), "dec", exponent=mask.exponent)
+    np.testing.assert_array_equal(he.unmask(pub, got, mask), [1.5, -0.25])
+    reply.exponent = 2 ** 31 - 1
+    with pytest.raises(ProtocolError, match="dec: exponent 2147483647, the protocol agreed -40"):
+        wire.masked_from_proto(reply, pub, (2,), "dec", exponent=mask.exponent)
+
+
+def test_identity_codec_values_carry_exponent_zero():
+    from secureflhv.transport.he_codec import backend_and_codec
+
+    he, wire = backend_and_codec("identity")
+    key, _ = he.generate_keypair(0, True)
+    msg = wire.to_proto(he.encrypt(key, np.array([1.0, 2.0])))
+    np.testing.assert_array_equal(wire.from_proto(msg, key, (2,), "x", exponent=-40), [1.0, 2.0])
+    msg.exponent = 7
+    with pytest.raises(ProtocolError, match="x: exponent 7, the protocol agreed 0"):
+        wire.from_proto(msg, key, (2,), "x", exponent=-40)
+
+
+def test_secureboost_row_pairs_at_another_exponent_are_refused(paillier_setup):
+    from secureflhv.proto import tree_pb2
+
+    he, wire, pub, priv = paillier_setup
+    sums = he.pair_sums(pub, 20, 2, 4)
+    start = tree_pb2.SbTreeStart()
+    wire.put_pairs(start, sums.encrypt(priv, np.array([1, -2, 3, 0]), np.array([4, 1, 2, 3])))
+    assert len(wire.pairs_from(start, pub, sums, 4)) == 4
+    start.gh.exponent = 2 ** 31 - 1
+    with pytest.raises(ProtocolError, match="encrypted gradients: EncryptedTensor.exponent 2147483647 != the agreed"):
+        wire.pairs_from(start, pub, sums, 4)
