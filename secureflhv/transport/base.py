@@ -222,9 +222,9 @@ class Mailbox:
 
     def _reject(self, msg: Message, reason: str, size: int | None = None, digest: bytes | None = None) -> None:
         rec = Rejected.of(msg, reason, size, digest)
-        self.rejected.append((rec, reason))
         log.warning("%s rejected a message from %s (tag %r, round %d, %d bytes, sha256 %s): %s",
                     self.party_id, rec.sender, rec.tag, rec.round, rec.size, rec.digest, reason)
+        self.rejected.append((rec, reason))  # after the log: a recorded refusal has been logged
 
     def _unqueue(self, msg: Message) -> None:
         count, queued = self._queued[msg.sender]

@@ -193,6 +193,9 @@ def test_stalled_stream_is_cut_within_the_deadline_and_receiver_keeps_serving(gr
         host2.send("guest", "t", b"while stalled", round=1)  # served while the stall holds a thread
         assert guest.recv("host-2", "t", round=1, timeout=5) == b"while stalled"
         th.join(10)
+        end = time.monotonic() + 5
+        while not guest.rejected and time.monotonic() < end:  # the receiver records it after the cut
+            time.sleep(0.01)
     release.set()
     channel.close()
     assert not th.is_alive(), "the stalled stream was never cut"
