@@ -13,6 +13,7 @@ Example (see ``examples/vertical_lr.py``, which writes one)::
       algorithm: vertical_lr
       output_dir: out            # each party writes out/<party id>/
       startup_timeout_s: 7200    # how long a party waits for its partners to start (default 2 h)
+      max_message_mb: 256        # largest message a party accepts (MiB, default 256); raise it for big batches
     security:
       ca: certs/ca.pem           # omit only with insecure: true
     parties:
@@ -39,6 +40,10 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+DEFAULT_MAX_MESSAGE_MB = 256.0  # = transport.DEFAULT_MAX_PAYLOAD_BYTES
+MAX_MESSAGE_MB = 16384.0  # 16 GiB: far above any message of the shipped algorithms on one machine
 
 
 class JobConfigError(ValueError):
@@ -90,6 +95,17 @@ class JobSection(_Strict):
                                      description="seconds a party waits at start for its partners to come up")
     startup_log_interval_s: float = Field(default=10.0, gt=0,
                                           description="seconds between 'waiting for PARTY' lines at start")
+    max_message_mb: float = Field(
+        default=DEFAULT_MAX_MESSAGE_MB, gt=0, le=MAX_MESSAGE_MB,
+        description="largest message (payload, MiB) a party accepts from a peer; bigger is refused from its header "
+                    "before it is read, and each peer may have at most twice this queued. Raise it when a "
+                    "legitimate message is refused (e.g. full-batch vertical LR on millions of rows: about "
+                    "rows x 512 bytes per encrypted vector with 2048-bit keys)")
+
+    @property
+    def max_message_bytes(self) -> int:
+        """``max_message_mb`` in bytes (the transport's ``max_payload_bytes``)."""
+        return int(self.max_message_mb * (1 << 20))
 
 
 class SecuritySection(_Strict):

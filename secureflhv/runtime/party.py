@@ -45,7 +45,7 @@ def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transpor
         tls = TlsConfig.from_files(ca_cert=cfg.resolve(cfg.security.ca), cert=cfg.resolve(spec.cert),
                                    key=cfg.resolve(spec.key))
     return GrpcTransport(party_id=spec.id, job_id=cfg.job.id, listen=spec.listen or spec.address, peers=peers, tls=tls,
-                         insecure=insecure, deadline=cfg.job.deadline_s)
+                         insecure=insecure, deadline=cfg.job.deadline_s, max_payload_bytes=cfg.job.max_message_bytes)
 
 
 def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:

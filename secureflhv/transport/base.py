@@ -12,14 +12,26 @@ Wire rules enforced here (DESIGN.md, "Wire rules"):
 * a message from a party that is not in the job is rejected;
 * a message whose (sender, tag, round) was already consumed, or whose round is not newer than
   the last round consumed for that (sender, tag), is rejected as stale / replayed;
+* a payload larger than ``max_payload_bytes`` is rejected (gRPC: from the declared size in the
+  header, before any payload byte is read);
+* a sender may have at most ``max_pending`` messages and ``max_pending_bytes`` payload bytes queued
+  (delivered, not yet consumed) at a receiver; more is rejected as a flood, so a peer sending
+  future-round messages cannot exhaust the receiver's memory;
 * a payload that fails the caller's ``parse`` check (wrong shape, wrong key, ...) is rejected
   and logged, and the receiver keeps waiting for a valid message until its deadline.
 
 Rejections raise :class:`MessageRejected` to the *sender* (gRPC answers with an error Ack) and are
-logged at the receiver; they never crash the receiving party.
+logged at the receiver; they never crash the receiving party. A rejected payload is not kept: the
+log and :attr:`Mailbox.rejected` hold a :class:`Rejected` record (envelope, size, SHA-256 prefix).
+
+Limits (defaults; the runtime sets ``max_payload_bytes`` from the job file's ``job.max_message_mb``):
+``max_payload_bytes`` 256 MiB, ``max_pending`` 64 messages per sender, ``max_pending_bytes`` twice
+``max_payload_bytes`` per sender. Memory held for queued messages is therefore at most
+``peers * max_pending_bytes``.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -33,6 +45,11 @@ T = TypeVar("T")
 
 ABORT_TAG = "__abort__"
 DEFAULT_DEADLINE_S = 120.0
+MiB = 1 << 20
+DEFAULT_MAX_PAYLOAD_BYTES = 256 * MiB  # largest payload a party accepts unless the job raises it
+DEFAULT_MAX_PENDING = 64  # messages one sender may have queued (delivered, not yet consumed) at a receiver
+MAX_ABORT_REASON = 2000  # characters of a peer's abort reason kept
+DIGEST_HEX = 16  # hex digits of the SHA-256 prefix that names a rejected payload in logs
 
 
 class TransportError(RuntimeError):
@@ -75,6 +92,29 @@ class Message:
     payload: bytes
 
 
+@dataclass(frozen=True)
+class Rejected:
+    """What a receiver keeps of a message it refused: the envelope, the payload's size and a SHA-256
+    prefix (``digest``, hex; the declared one when refused from a gRPC header), and the reason.
+    Never the payload itself, so refusals cost no memory beyond this record."""
+
+    job_id: str
+    round: int
+    sender: str
+    receiver: str
+    tag: str
+    size: int
+    digest: str
+    reason: str
+
+    @classmethod
+    def of(cls, msg: Message, reason: str, size: int | None = None, digest: bytes | None = None) -> "Rejected":
+        """The record of ``msg``; ``size``/``digest`` override the payload's (header-only refusals)."""
+        size = len(msg.payload) if size is None else int(size)
+        digest = hashlib.sha256(msg.payload).digest() if digest is None else bytes(digest)
+        return cls(msg.job_id, msg.round, msg.sender, msg.receiver, msg.tag, size, digest.hex()[:DIGEST_HEX], reason)
+
+
 def _as_bytes(payload) -> bytes:
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return bytes(payload)
@@ -91,28 +131,57 @@ class Mailbox:
         party_id: the owner of the mailbox; messages addressed elsewhere are rejected.
         job_id: the job; messages of other jobs are rejected.
         peers: party ids allowed to send here (``None`` accepts any sender).
+        max_payload_bytes: largest payload accepted (default 256 MiB).
+        max_pending: messages one sender may have queued here (default 64).
+        max_pending_bytes: payload bytes one sender may have queued here (default 2 * max_payload_bytes).
+
+    Raises:
+        ValueError: a limit is not positive.
     """
 
-    def __init__(self, party_id: str, job_id: str, peers: Iterable[str] | None = None):
+    def __init__(self, party_id: str, job_id: str, peers: Iterable[str] | None = None, *,
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, max_pending: int = DEFAULT_MAX_PENDING,
+                 max_pending_bytes: int | None = None):
         self.party_id = party_id
         self.job_id = job_id
         self.peers = None if peers is None else frozenset(peers)
+        self.max_payload_bytes = int(max_payload_bytes)
+        self.max_pending = int(max_pending)
+        self.max_pending_bytes = 2 * self.max_payload_bytes if max_pending_bytes is None else int(max_pending_bytes)
+        for name in ("max_payload_bytes", "max_pending", "max_pending_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{party_id}: {name} must be > 0, got {getattr(self, name)}")
         self._cond = threading.Condition()
         self._pending: dict[tuple[str, str, int], Message] = {}
+        self._queued: dict[str, tuple[int, int]] = {}  # sender -> (messages, payload bytes) pending
         self._last_round: dict[tuple[str, str], int] = {}
         self._abort: tuple[str, str] | None = None
         self._closed = False
-        self.rejected: list[tuple[Message, str]] = []  # (message, reason), for logs and tests
+        self.rejected: list[tuple[Rejected, str]] = []  # (record, reason): no payloads kept
+
+    def queued(self, sender: str) -> tuple[int, int]:
+        """(messages, payload bytes) that ``sender`` has queued here, not yet consumed."""
+        with self._cond:
+            return self._queued.get(sender, (0, 0))
 
     # ------------------------------------------------------------------ receiving side
-    def check(self, msg: Message) -> str | None:
-        """Return why ``msg`` must be rejected, or ``None`` when it is acceptable."""
+    def check(self, msg: Message, size: int | None = None) -> str | None:
+        """Return why ``msg`` must be rejected, or ``None`` when it is acceptable.
+
+        ``size``: the payload size to judge (default ``len(msg.payload)``; gRPC passes the size its
+        header declares, to refuse before reading the payload).
+        """
+        size = len(msg.payload) if size is None else int(size)
         if msg.job_id != self.job_id:
             return f"message for job {msg.job_id!r}, this party runs job {self.job_id!r}"
         if msg.receiver != self.party_id:
             return f"message addressed to {msg.receiver!r} delivered to {self.party_id!r}"
         if self.peers is not None and msg.sender not in self.peers:
             return f"sender {msg.sender!r} is not a party of job {self.job_id!r}"
+        if size > self.max_payload_bytes:
+            return (f"payload of {size} bytes from {msg.sender!r} exceeds this party's limit of "
+                    f"{self.max_payload_bytes} bytes at {self.party_id!r} (max_payload_bytes; job file: "
+                    f"job.max_message_mb)")
         if msg.tag == ABORT_TAG:
             return None
         last = self._last_round.get((msg.sender, msg.tag))
@@ -121,6 +190,11 @@ class Mailbox:
                     f"round {last} already consumed")
         if (msg.sender, msg.tag, msg.round) in self._pending:
             return f"duplicate message: tag {msg.tag!r} round {msg.round} from {msg.sender!r} already queued"
+        count, queued = self._queued.get(msg.sender, (0, 0))
+        if count + 1 > self.max_pending or queued + size > self.max_pending_bytes:
+            return (f"flood: {msg.sender!r} already has {count} messages ({queued} bytes) queued at "
+                    f"{self.party_id!r} and not consumed; limit {self.max_pending} messages / "
+                    f"{self.max_pending_bytes} bytes per sender (tag {msg.tag!r} round {msg.round}, {size} bytes)")
         return None
 
     def deliver(self, msg: Message) -> None:
@@ -131,21 +205,33 @@ class Mailbox:
                 self._reject(msg, reason)
                 raise MessageRejected(reason)
             if msg.tag == ABORT_TAG:
-                self._abort = (msg.sender, msg.payload.decode("utf-8", "replace"))
+                self._abort = (msg.sender, msg.payload[:4 * MAX_ABORT_REASON].decode("utf-8", "replace")
+                               [:MAX_ABORT_REASON])
             else:
                 self._pending[(msg.sender, msg.tag, msg.round)] = msg
+                count, queued = self._queued.get(msg.sender, (0, 0))
+                self._queued[msg.sender] = (count + 1, queued + len(msg.payload))
             self._cond.notify_all()
 
-    def reject(self, msg: Message, reason: str) -> None:
+    def reject(self, msg: Message, reason: str, size: int | None = None, digest: bytes | None = None) -> None:
         """Record and log a message refused before it reached the mailbox (e.g. by the transport's
-        certificate or integrity checks), so that :attr:`rejected` lists every refusal."""
+        certificate or integrity checks), so that :attr:`rejected` lists every refusal.
+        ``size``/``digest``: the declared ones when the payload was never read."""
         with self._cond:
-            self._reject(msg, reason)
+            self._reject(msg, reason, size, digest)
 
-    def _reject(self, msg: Message, reason: str) -> None:
-        self.rejected.append((msg, reason))
-        log.warning("%s rejected a message from %s (tag %r, round %d): %s",
-                    self.party_id, msg.sender, msg.tag, msg.round, reason)
+    def _reject(self, msg: Message, reason: str, size: int | None = None, digest: bytes | None = None) -> None:
+        rec = Rejected.of(msg, reason, size, digest)
+        log.warning("%s rejected a message from %s (tag %r, round %d, %d bytes, sha256 %s): %s",
+                    self.party_id, rec.sender, rec.tag, rec.round, rec.size, rec.digest, reason)
+        self.rejected.append((rec, reason))  # after the log: a recorded refusal has been logged
+
+    def _unqueue(self, msg: Message) -> None:
+        count, queued = self._queued[msg.sender]
+        if count == 1:
+            del self._queued[msg.sender]
+        else:
+            self._queued[msg.sender] = (count - 1, queued - len(msg.payload))
 
     def take(self, sender: str, tag: str, round: int, timeout: float,
              parse: Callable[[bytes], T] | None = None):
@@ -164,6 +250,7 @@ class Mailbox:
                     raise JobAborted(f"party {who!r} aborted the job: {why}")
                 msg = self._pending.pop(key, None)
                 if msg is not None:
+                    self._unqueue(msg)
                     if parse is None:
                         self._consumed(sender, tag, round)
                         return msg.payload
@@ -246,8 +333,8 @@ class Transport(ABC):
                 log.debug("could not tell %s about the abort: %s", peer, exc)
 
     @property
-    def rejected(self) -> list[tuple[Message, str]]:
-        """Messages this party rejected, with reasons (for logs and tests)."""
+    def rejected(self) -> list[tuple[Rejected, str]]:
+        """Messages this party rejected, as (record without payload, reason) (for logs and tests)."""
         return self._mailbox().rejected
 
     def close(self) -> None:

@@ -12,11 +12,20 @@ recorded in :attr:`Transport.rejected`, and never crashes the party):
 1. the first chunk must carry a header; later chunks must not;
 2. the header's ``sender`` must equal the CN of the client's TLS certificate (mutual TLS proves the
    certificate; this binds the claimed sender to it);
-3. the declared payload size must not exceed ``max_payload_bytes``; the wire rules of
-   :class:`~secureflhv.transport.base.Mailbox` (job, receiver, known sender, stale/replayed round)
-   are checked before the payload is read, so a refused message costs one chunk;
+3. the wire rules of :class:`~secureflhv.transport.base.Mailbox` (job, receiver, known sender,
+   stale/replayed round, declared payload size <= ``max_payload_bytes``, the sender's queue under
+   ``max_pending`` messages / ``2 * max_payload_bytes`` bytes) are checked on the header, before the
+   payload is read, so a refused message costs one chunk;
 4. the reassembled payload must have exactly the declared size and SHA-256;
 5. :meth:`Mailbox.deliver` checks the wire rules again atomically and queues the message.
+
+Every incoming stream runs under a server-side deadline, whatever deadline the client set (or did
+not set): ``stream_timeout`` seconds (default 60) for the header, extended once the header is read to
+``stream_timeout + payload_size / MIN_STREAM_RATE`` (1 MiB/s) from the stream's start. A stream that
+is not complete by then (a client that stalls mid-payload) is cancelled by a timer (a stalled
+request iterator never returns, so checking the clock between chunks would not do): the receiver
+logs and records who stalled (:attr:`Transport.rejected`), frees the server thread and buffered
+chunks, and the sender's call fails with ``CANCELLED`` (a :class:`TransportError` naming the receiver).
 
 Sending side: stream the chunks with a per-call deadline; while the peer is unreachable
 (``UNAVAILABLE``: not started yet, restarting) retry with exponential backoff and jitter until
@@ -50,20 +59,20 @@ import grpc
 
 from ..proto import transport_pb2 as pb
 from ..proto import transport_pb2_grpc as pb_grpc
-from .base import (DEFAULT_DEADLINE_S, Mailbox, Message, MessageRejected, PeerUnavailable, Transport,
-                   TransportError, _as_bytes)
+from .base import (DEFAULT_DEADLINE_S, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_PENDING, MiB, Mailbox, Message,
+                   MessageRejected, PeerUnavailable, Transport, TransportError, _as_bytes)
 from .certs import TlsConfig
 from .identity import PartyIdentity
 from .tls import channel_credentials, peer_identity, server_credentials, target_name_options
 
 log = logging.getLogger("secureflhv.transport.grpc")
 
-MiB = 1 << 20
 DEFAULT_CHUNK_SIZE = 1 * MiB
 MIN_CHUNK_SIZE = 1024
 MAX_CHUNK_SIZE = 4 * MiB  # receivers accept chunks up to this, whatever their own chunk_size
 _SLACK = 64 * 1024  # room for the Envelope header and protobuf framing on top of a chunk
-DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * MiB
+DEFAULT_STREAM_TIMEOUT_S = 60.0  # server side: seconds an incoming stream may take, plus size / MIN_STREAM_RATE
+MIN_STREAM_RATE = 1 * MiB  # bytes per second an incoming stream must at least average
 _BACKOFF_BASE_S = 0.05
 _BACKOFF_CAP_S = 1.0
 
@@ -109,11 +118,55 @@ class _Progress:
 
 
 class _Refused(Exception):
-    """Internal: the incoming stream breaks a rule; carries the header-derived message if known."""
+    """Internal: the incoming stream breaks a rule; carries its Envelope header if one was read."""
 
-    def __init__(self, reason: str, msg: Message | None = None):
+    def __init__(self, reason: str, header: pb.Envelope | None = None):
         super().__init__(reason)
-        self.reason, self.msg = reason, msg
+        self.reason, self.header = reason, header
+
+
+def _head(h: pb.Envelope) -> Message:
+    """The message an Envelope announces, without its payload."""
+    return Message(h.job_id, int(h.round), h.sender, h.receiver, h.tag, b"")
+
+
+class _StreamWatch:
+    """Server-side deadline of one incoming stream: a timer that cancels the RPC when it fires.
+
+    ``extend(seconds)`` moves the deadline to ``seconds`` after the stream started (once the header
+    tells the payload size). ``header`` is the stream's Envelope once read (for the log).
+    """
+
+    def __init__(self, context, seconds: float):
+        self._context = context
+        self._start = time.monotonic()
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self.expired = False
+        self.seconds = 0.0
+        self.header: pb.Envelope | None = None
+        self.extend(seconds)
+
+    def extend(self, seconds: float) -> None:
+        with self._lock:
+            if self.expired:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+            self.seconds = float(seconds)
+            self._timer = threading.Timer(max(self._start + self.seconds - time.monotonic(), 0.0), self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.expired = True
+        self._context.cancel()  # the blocked request iterator raises grpc.RpcError
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
 
 
 class _Servicer(pb_grpc.PartyServiceServicer):
@@ -142,8 +195,13 @@ class GrpcTransport(Transport):
         chunk_size: payload bytes per gRPC message, in [1 KiB, 4 MiB] (default 1 MiB).
         retry_window: seconds :meth:`send` keeps retrying an unreachable peer (default: the
             send's whole deadline).
-        max_payload_bytes: largest payload this party accepts (default 2 GiB); bigger is refused
-            from the header, before any payload byte is buffered.
+        max_payload_bytes: largest payload this party accepts (default 256 MiB; the runtime sets it
+            from the job file's ``job.max_message_mb``); bigger is refused from the header, before
+            any payload byte is buffered.
+        max_pending: messages one peer may have queued here, not yet consumed (default 64); a peer
+            may also queue at most ``2 * max_payload_bytes`` payload bytes. More is refused (flood).
+        stream_timeout: seconds an incoming stream may take beyond ``payload_size / MIN_STREAM_RATE``
+            (default 60); a stream still incomplete then (a stalled sender) is cancelled and logged.
         max_workers: server threads, i.e. messages received concurrently (default 2 per peer + 2).
         close_grace: seconds :meth:`close` lets in-flight deliveries finish.
 
@@ -157,12 +215,15 @@ class GrpcTransport(Transport):
                  tls: TlsConfig | None = None, insecure: bool = False,
                  deadline: float = DEFAULT_DEADLINE_S, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  retry_window: float | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                 max_pending: int = DEFAULT_MAX_PENDING, stream_timeout: float = DEFAULT_STREAM_TIMEOUT_S,
                  max_workers: int | None = None, close_grace: float = 2.0):
         _check_security(party_id, tls, insecure)
         if not MIN_CHUNK_SIZE <= int(chunk_size) <= MAX_CHUNK_SIZE:
             raise ValueError(f"chunk_size must be in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}] bytes, got {chunk_size}")
         if deadline <= 0:
             raise ValueError(f"deadline must be > 0 seconds, got {deadline}")
+        if stream_timeout <= 0:
+            raise ValueError(f"stream_timeout must be > 0 seconds, got {stream_timeout}")
         self._listen_host, _ = _parse_address(listen, "listen address")
         self._peers: dict[str, str] = {}
         for pid, addr in peers.items():
@@ -176,12 +237,14 @@ class GrpcTransport(Transport):
         self.chunk_size = int(chunk_size)
         self.retry_window = None if retry_window is None else float(retry_window)
         self.max_payload_bytes = int(max_payload_bytes)
+        self.stream_timeout = float(stream_timeout)
         self.close_grace = float(close_grace)
         self.sent_bytes = 0  # payload bytes accepted by receivers
         self.received_bytes = 0  # payload bytes queued in this party's mailbox
         self._tls = tls
         self.identity = PartyIdentity(tls) if tls is not None else None
-        self._box = Mailbox(party_id, job_id, [*self._peers, party_id])
+        self._box = Mailbox(party_id, job_id, [*self._peers, party_id], max_payload_bytes=self.max_payload_bytes,
+                            max_pending=max_pending)
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, pb_grpc.PartyServiceStub]] = {}
         self._closing = threading.Event()
@@ -376,21 +439,26 @@ class GrpcTransport(Transport):
     # ------------------------------------------------------------------ receiving
     def _handle_deliver(self, request_iterator, context) -> pb.Ack:
         peer = context.peer()
+        watch = _StreamWatch(context, self.stream_timeout)
         try:
-            msg = self._receive(request_iterator, context)
+            msg = self._receive(request_iterator, context, watch)
         except _Refused as ref:
-            if ref.msg is not None:
-                self._box.reject(ref.msg, ref.reason)
-            else:
-                log.warning("%s refused a stream from %s: %s", self.party_id, peer, ref.reason)
+            self._refuse(ref.reason, ref.header, peer)
             return pb.Ack(accepted=False, error=ref.reason)
-        except grpc.RpcError as err:  # the sender went away mid-stream; nothing was queued
+        except grpc.RpcError as err:  # the sender went away mid-stream, or stalled and was cut
+            if watch.expired:
+                reason = (f"stream stalled: not complete within {watch.seconds:.0f}s (stream_timeout "
+                          f"{self.stream_timeout:.0f}s + payload size / {MIN_STREAM_RATE} bytes/s); cut")
+                self._refuse(reason, watch.header, peer)
+                return pb.Ack(accepted=False, error=reason)
             log.warning("%s: stream from %s broke before the message was complete: %s", self.party_id, peer,
                         err.details() if hasattr(err, "details") else err)
             return pb.Ack(accepted=False, error="stream broken")
         except Exception as exc:  # noqa: BLE001 - bad input must never take the party down
             log.exception("%s: error while receiving from %s", self.party_id, peer)
             return pb.Ack(accepted=False, error=f"receiver error: {type(exc).__name__}: {exc}")
+        finally:
+            watch.stop()
         try:
             self._box.deliver(msg)  # atomic re-check of the wire rules (logs refusals itself)
         except MessageRejected as exc:
@@ -401,7 +469,14 @@ class GrpcTransport(Transport):
                   len(msg.payload))
         return pb.Ack(accepted=True)
 
-    def _receive(self, request_iterator, context) -> Message:
+    def _refuse(self, reason: str, header: pb.Envelope | None, peer: str) -> None:
+        """Record and log a refused stream: by its header (declared size and digest) when one was read."""
+        if header is None:
+            log.warning("%s refused a stream from %s: %s", self.party_id, peer, reason)
+        else:
+            self._box.reject(_head(header), reason, int(header.payload_size), bytes(header.payload_sha256))
+
+    def _receive(self, request_iterator, context, watch: _StreamWatch) -> Message:
         it = iter(request_iterator)
         first = next(it, None)
         if first is None:
@@ -409,37 +484,36 @@ class GrpcTransport(Transport):
         if not first.HasField("header"):
             raise _Refused("first chunk carries no Envelope header")
         h = first.header
-        head = Message(h.job_id, int(h.round), h.sender, h.receiver, h.tag, b"")
+        head = _head(h)
         if self._tls is not None:
             cn = peer_identity(context)
             if cn != h.sender:
                 raise _Refused(f"claimed sender {h.sender!r} does not match the TLS certificate of the "
-                               f"connection (CN {cn!r})", head)
+                               f"connection (CN {cn!r})", h)
+        watch.header = h
         size = int(h.payload_size)
-        if size > self.max_payload_bytes:
-            raise _Refused(f"payload of {size} bytes exceeds this party's limit of {self.max_payload_bytes} bytes",
-                           head)
         if len(h.payload_sha256) != hashlib.sha256().digest_size:
-            raise _Refused(f"payload_sha256 has {len(h.payload_sha256)} bytes, expected 32", head)
-        reason = self._box.check(head)  # refuse before reading the payload; deliver() re-checks atomically
+            raise _Refused(f"payload_sha256 has {len(h.payload_sha256)} bytes, expected 32", h)
+        reason = self._box.check(head, size)  # refuse before reading the payload; deliver() re-checks atomically
         if reason is not None:
-            raise _Refused(reason, head)
+            raise _Refused(reason, h)
+        watch.extend(self.stream_timeout + size / MIN_STREAM_RATE)
 
         digest = hashlib.sha256()
         parts, total = [], 0
         for index, chunk in enumerate(itertools.chain([first], it)):
             if index and chunk.HasField("header"):
-                raise _Refused(f"chunk {index} carries a second header", head)
+                raise _Refused(f"chunk {index} carries a second header", h)
             data = chunk.data
             total += len(data)
             if total > size:
-                raise _Refused(f"more payload bytes than the declared payload_size {size}", head)
+                raise _Refused(f"more payload bytes than the declared payload_size {size}", h)
             digest.update(data)
             parts.append(data)
         if total != size:
-            raise _Refused(f"payload truncated: {total} bytes received, {size} declared", head)
+            raise _Refused(f"payload truncated: {total} bytes received, {size} declared", h)
         if digest.digest() != h.payload_sha256:
-            raise _Refused("payload SHA-256 does not match the header (corrupted or tampered)", head)
+            raise _Refused("payload SHA-256 does not match the header (corrupted or tampered)", h)
         payload = parts[0] if len(parts) == 1 else b"".join(parts)
         return Message(head.job_id, head.round, head.sender, head.receiver, head.tag, payload)
 

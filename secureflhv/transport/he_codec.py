@@ -13,10 +13,13 @@ The identity backend (benchmarks only, NO encryption) sends the same messages wi
 (``byte_width`` 8, little-endian) under a fixed fingerprint, so a benchmark's messages and rounds are
 those of the real protocol.
 
-A receiver checks everything before the protocol sees a value: the key fingerprint, the shape, the
-byte counts, every ciphertext in Z*_{n^2}, every residue in Z_n, the packing metadata, a peer's
-modulus (odd, not a square, no small factor, not prime, at least 2048 bits unless the job allows test
-keys). The primitive functions raise :class:`~secureflhv.crypto.paillier.CiphertextError`; the
+A receiver checks everything before the protocol sees a value: the key fingerprint, the shape (so the
+ciphertext count) against the shape it expects, the fixed-point exponent against the one the protocol
+agreed for that message, the byte counts, every ciphertext in Z*_{n^2}, every residue in Z_n, the
+packing metadata, a peer's modulus (odd, not a square, no small factor, not prime, at least 2048 bits
+unless the job allows test keys). The exponent check matters: aligning two ciphertexts of exponents e1 <
+e2 costs an exponentiation by 2^(e2 - e1), so a peer-chosen exponent of 2^31 would stall the receiver for
+hours; the codecs' ``exponent`` argument is therefore required (identity backend: always 0). The primitive functions raise :class:`~secureflhv.crypto.paillier.CiphertextError`; the
 backend codecs (:func:`codec_for`) raise :class:`~secureflhv.transport.base.ProtocolError`, which makes
 ``Transport.recv`` reject and log the message and keep waiting.
 """
@@ -65,11 +68,14 @@ def encrypted_to_proto(enc: pl.EncryptedArray) -> messages_pb2.EncryptedTensor:
     return msg
 
 
-def encrypted_from_proto(msg, public_key: pl.PublicKey, expected_shape=None) -> pl.EncryptedArray:
+def encrypted_from_proto(msg, public_key: pl.PublicKey, expected_shape=None,
+                         expected_exponent: int | None = None) -> pl.EncryptedArray:
     """Parse and validate; raises CiphertextError naming the bad field.
 
-    Checks: key fingerprint, shape (if ``expected_shape``), byte width, every ciphertext in
-    Z*_{n^2}, packing metadata (see :meth:`~secureflhv.crypto.paillier.EncryptedArray.from_peer`).
+    Checks: key fingerprint, shape (if ``expected_shape``), exponent (if ``expected_exponent``), byte
+    width, every ciphertext in Z*_{n^2}, packing metadata (see
+    :meth:`~secureflhv.crypto.paillier.EncryptedArray.from_peer`). Protocol receivers go through
+    :class:`PaillierCodec`, which requires the shape and exponent.
     """
     pk = public_key
     if bytes(msg.key_fingerprint) != pk.fingerprint:
@@ -77,6 +83,8 @@ def encrypted_from_proto(msg, public_key: pl.PublicKey, expected_shape=None) -> 
     shape = shape_of(msg)
     if expected_shape is not None and shape != tuple(expected_shape):
         raise CiphertextError(f"EncryptedTensor.shape {shape} != expected {tuple(expected_shape)}")
+    if expected_exponent is not None and int(msg.exponent) != int(expected_exponent):
+        raise CiphertextError(f"EncryptedTensor.exponent {msg.exponent} != the agreed {expected_exponent}")
     w = pk.byte_width
     if msg.byte_width != w:
         raise CiphertextError(f"EncryptedTensor.byte_width {msg.byte_width} != {w} for this key")
@@ -104,7 +112,9 @@ class HECodec(ABC):
     """Encoding of one :class:`~secureflhv.crypto.he.HEBackend`'s keys and values.
 
     ``*_from_proto`` and the parsers raise ProtocolError naming ``what`` for a payload under another
-    key, of the wrong shape or size, or (Paillier) outside Z*_{n^2} / Z_n.
+    key, of the wrong shape or size, at another fixed-point exponent than ``exponent`` (the one the
+    protocol agreed for this message; the identity backend's values always carry 0), or (Paillier)
+    outside Z*_{n^2} / Z_n.
     """
 
     @abstractmethod
@@ -120,16 +130,16 @@ class HECodec(ABC):
         """Encode a ciphertext array."""
 
     @abstractmethod
-    def from_proto(self, msg, pub, expected_shape, what: str):
-        """A peer's ciphertext array under ``pub``, of ``expected_shape`` (None: any)."""
+    def from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int):
+        """A peer's ciphertext array under ``pub``, of ``expected_shape`` (None: any), at ``exponent``."""
 
     @abstractmethod
     def masked_to_proto(self, mv: MaskedValues, priv) -> messages_pb2.MaskedValues:
         """Encode the key holder's (``priv``) masked values."""
 
     @abstractmethod
-    def masked_from_proto(self, msg, pub, expected_shape, what: str) -> MaskedValues:
-        """The key holder's masked values for ciphertexts under ``pub`` (every residue in Z_n)."""
+    def masked_from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int) -> MaskedValues:
+        """The key holder's masked values for ciphertexts under ``pub`` at ``exponent`` (residues in Z_n)."""
 
     # SecureBoost (tree_pb2 messages): where the key, the row pairs and the candidate sums go
     @abstractmethod
@@ -157,11 +167,13 @@ class HECodec(ABC):
         """The candidate sums of an SbHistograms (input of :meth:`PairSums.decrypt`)."""
 
     # parse callbacks for Transport.recv
-    def enc_parser(self, pub, shape, what: str):
-        return parse_message(messages_pb2.EncryptedTensor, lambda m: self.from_proto(m, pub, shape, what))
+    def enc_parser(self, pub, shape, what: str, *, exponent: int):
+        return parse_message(messages_pb2.EncryptedTensor,
+                             lambda m: self.from_proto(m, pub, shape, what, exponent=exponent))
 
-    def masked_parser(self, pub, shape, what: str):
-        return parse_message(messages_pb2.MaskedValues, lambda m: self.masked_from_proto(m, pub, shape, what))
+    def masked_parser(self, pub, shape, what: str, *, exponent: int):
+        return parse_message(messages_pb2.MaskedValues,
+                             lambda m: self.masked_from_proto(m, pub, shape, what, exponent=exponent))
 
     def public_key_parser(self, insecure_test_key: bool, what: str = "public key"):
         return parse_message(messages_pb2.PaillierPublicKey,
@@ -172,6 +184,11 @@ def _check_fingerprint(msg, pub, what: str) -> None:
     if bytes(msg.key_fingerprint) != pub.fingerprint:
         raise ProtocolError(f"{what}: values for key {bytes(msg.key_fingerprint).hex()[:16]}, "
                             f"expected key {pub.fingerprint.hex()[:16]}")
+
+
+def _check_exponent(msg, exponent: int, what: str) -> None:
+    if int(msg.exponent) != int(exponent):
+        raise ProtocolError(f"{what}: exponent {msg.exponent}, the protocol agreed {exponent}")
 
 
 class PaillierCodec(HECodec):
@@ -189,10 +206,10 @@ class PaillierCodec(HECodec):
     def to_proto(self, enc):
         return encrypted_to_proto(enc)
 
-    def from_proto(self, msg, pub, expected_shape, what: str):
+    def from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int):
         try:
-            return encrypted_from_proto(msg, pub, expected_shape=None if expected_shape is None
-                                        else tuple(expected_shape))
+            return encrypted_from_proto(msg, pub, None if expected_shape is None else tuple(expected_shape),
+                                        int(exponent))
         except (ValueError, OverflowError) as exc:  # CiphertextError is a ValueError
             raise ProtocolError(f"{what}: {exc}") from exc
 
@@ -202,9 +219,10 @@ class PaillierCodec(HECodec):
                                          values=b"".join(int(v).to_bytes(w, "big") for v in mv.values),
                                          exponent=mv.exponent)
 
-    def masked_from_proto(self, msg, pub, expected_shape, what: str) -> MaskedValues:
+    def masked_from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int) -> MaskedValues:
         _check_fingerprint(msg, pub, what)
         check_shape(what, shape_of(msg), expected_shape)
+        _check_exponent(msg, exponent, what)
         count = math.prod(shape_of(msg))
         w = msg.byte_width
         if w == 0 or w > (pub.n.bit_length() + 7) // 8 or len(msg.values) != count * w:
@@ -225,7 +243,7 @@ class PaillierCodec(HECodec):
         start.gh.CopyFrom(encrypted_to_proto(rows))
 
     def pairs_from(self, start, pub, sums, n: int):
-        enc = self.from_proto(start.gh, pub, (n,), "encrypted gradients")
+        enc = self.from_proto(start.gh, pub, (n,), "encrypted gradients", exponent=sums.spec.exponent)
         if enc.packing != sums.spec:
             raise ProtocolError(f"encrypted gradients packed as {enc.packing}, expected {sums.spec}")
         return enc.ciphertexts.tolist()
@@ -234,7 +252,7 @@ class PaillierCodec(HECodec):
         msg.sums.CopyFrom(encrypted_to_proto(value))
 
     def pair_sums_from(self, msg, pub, sums, counts, what: str):
-        enc = self.from_proto(msg.sums, pub, (sums.n_elements(counts),), what)
+        enc = self.from_proto(msg.sums, pub, (sums.n_elements(counts),), what, exponent=sums.cspec.exponent)
         if enc.packing != sums.cspec:
             raise ProtocolError(f"{what}: packing {enc.packing} differs from {sums.cspec}")
         return enc
@@ -256,7 +274,7 @@ class IdentityCodec(HECodec):
         return messages_pb2.EncryptedTensor(key_fingerprint=IdentityKey().fingerprint, shape=list(a.shape),
                                             byte_width=8, ciphertexts=a.tobytes(), exponent=0, slots=1)
 
-    def from_proto(self, msg, pub, expected_shape, what: str) -> np.ndarray:
+    def from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int) -> np.ndarray:
         return self._floats(msg, msg.ciphertexts, pub, expected_shape, what)
 
     def masked_to_proto(self, mv, priv):
@@ -264,14 +282,16 @@ class IdentityCodec(HECodec):
         return messages_pb2.MaskedValues(key_fingerprint=mv.key_fingerprint, shape=list(mv.shape), byte_width=8,
                                          values=a.tobytes(), exponent=0)
 
-    def masked_from_proto(self, msg, pub, expected_shape, what: str) -> MaskedValues:
+    def masked_from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int) -> MaskedValues:
         vals = self._floats(msg, msg.values, pub, expected_shape, what)
         return MaskedValues(bytes(msg.key_fingerprint), vals.shape, 0, vals)
 
     @staticmethod
     def _floats(msg, data: bytes, pub, expected_shape, what: str) -> np.ndarray:
+        """float64 values of ``msg``; the Paillier exponent the caller expects does not apply (always 0)."""
         _check_fingerprint(msg, pub, what)
         check_shape(what, shape_of(msg), expected_shape)
+        _check_exponent(msg, 0, what)  # float64 values: no fixed-point exponent, whatever Paillier would use
         if msg.byte_width != 8 or len(data) != 8 * math.prod(shape_of(msg)):
             raise ProtocolError(f"{what}: payload size does not match the shape: {len(data)} bytes of width "
                                 f"{msg.byte_width}, expected {8 * math.prod(shape_of(msg))} bytes of width 8")

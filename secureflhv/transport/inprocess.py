@@ -18,7 +18,8 @@ from __future__ import annotations
 import threading
 import time
 
-from .base import DEFAULT_DEADLINE_S, Mailbox, Message, PeerUnavailable, Transport, _as_bytes
+from .base import (DEFAULT_DEADLINE_S, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_PENDING, Mailbox, Message,
+                   PeerUnavailable, Transport, _as_bytes)
 from .identity import PartyIdentity
 
 
@@ -31,15 +32,18 @@ class InProcessNetwork:
         deadline: default seconds of ``recv`` / ``send``.
         cert_dir: optional folder with ``ca.pem`` and ``<party>.pem`` / ``<party>.key`` of every party:
             each transport then has that party's ``identity`` (else ``identity`` is None).
+        max_payload_bytes, max_pending: every mailbox's limits (see :class:`~secureflhv.transport.base.Mailbox`).
     """
 
-    def __init__(self, job_id: str, party_ids, deadline: float = DEFAULT_DEADLINE_S, cert_dir=None):
+    def __init__(self, job_id: str, party_ids, deadline: float = DEFAULT_DEADLINE_S, cert_dir=None, *,
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, max_pending: int = DEFAULT_MAX_PENDING):
         self.job_id = job_id
         self.party_ids = list(party_ids)
         self.deadline = deadline
         self.identities = ({p: PartyIdentity.from_cert_dir(cert_dir, p) for p in self.party_ids}
                            if cert_dir is not None else {})
-        self._mailboxes = {p: Mailbox(p, job_id, self.party_ids) for p in self.party_ids}
+        self._mailboxes = {p: Mailbox(p, job_id, self.party_ids, max_payload_bytes=max_payload_bytes,
+                                      max_pending=max_pending) for p in self.party_ids}
         self._down: set[str] = set()
         self._lock = threading.Lock()
         self.sent_bytes = 0  # payload bytes sent over this network, all parties together

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..crypto.he import Mask
+from ..crypto.paillier_encoding import DEFAULT_SCALAR_PRECISION_BITS
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.he_codec import backend_and_codec
@@ -34,11 +35,22 @@ class VerticalRole(ProtocolRole):
         super().__init__(transport)
         self.he, self.wire = backend_and_codec(backend, precision_bits, dot_precision_bits)
 
-    def _enc_parser(self, pub, shape, what: str):
-        return self.wire.enc_parser(pub, shape, what)
+    def _exponent(self, dots: int = 0, scaled: int = 0) -> int:
+        """The fixed-point exponent an honest sender's ciphertexts carry: a fresh encryption
+        (``-precision_bits``) after ``dots`` products with a plaintext (``-dot_precision_bits`` each:
+        dot / matmul / t_matmul / matmul_t) and ``scaled`` multiplications by a non-integral float
+        (``-DEFAULT_SCALAR_PRECISION_BITS`` each). Every party computes it from the shared config, so a
+        received tensor must carry exactly this (a peer-chosen exponent could stall the receiver:
+        :mod:`secureflhv.transport.he_codec`). The identity backend ignores it (always 0)."""
+        he = self.he
+        return -(he.precision_bits + dots * he.dot_precision_bits + scaled * DEFAULT_SCALAR_PRECISION_BITS)
 
-    def _masked_parser(self, pub, shape, what: str):
-        return self.wire.masked_parser(pub, shape, what)
+    def _enc_parser(self, pub, shape, what: str, exponent: int):
+        """``parse`` for a peer's EncryptedTensor under ``pub``: exactly ``shape`` and ``exponent``."""
+        return self.wire.enc_parser(pub, shape, what, exponent=exponent)
+
+    def _masked_parser(self, pub, shape, what: str, exponent: int):
+        return self.wire.masked_parser(pub, shape, what, exponent=exponent)
 
     def _send_enc(self, peer: str, tag: str, enc, rnd: int) -> None:
         self.t.send(peer, tag, self.wire.to_proto(enc), round=rnd)
@@ -51,7 +63,8 @@ class VerticalRole(ProtocolRole):
 
     def _take_decrypted(self, pub, mask: Mask, holder: str, tag: str, rnd: int, shape) -> np.ndarray:
         """Receive the key holder's masked plaintexts and unmask them -> float64 of ``shape``."""
-        msg = self.t.recv(holder, tag, round=rnd, parse=self._masked_parser(pub, shape, f"{tag} from {holder}"))
+        msg = self.t.recv(holder, tag, round=rnd,
+                          parse=self._masked_parser(pub, shape, f"{tag} from {holder}", mask.exponent))
         return self.he.unmask(pub, msg, mask)
 
     def _send_decrypted(self, priv, enc, peer: str, tag: str, rnd: int, add=None) -> None:

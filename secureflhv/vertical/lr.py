@@ -244,8 +244,20 @@ class _Role(VerticalRole):
 
     def _serve_decrypt(self, priv, pub, sender: str, tag_in: str, tag_out: str, rnd: int, shape) -> None:
         """Key holder: decrypt one masked vector for ``sender`` and send back the masked plaintexts."""
-        enc = self.t.recv(sender, tag_in, round=rnd, parse=self._enc_parser(pub, shape, f"{tag_in} from {sender}"))
+        enc = self.t.recv(sender, tag_in, round=rnd, parse=self._enc_parser(pub, shape, f"{tag_in} from {sender}",
+                                                                            self._wire_exponent(tag_in)))
         self._send_decrypted(priv, enc, sender, tag_out, rnd + 1)
+
+    def _wire_exponent(self, tag: str) -> int:
+        """The fixed-point exponent of every honest [[tag]] (the batch diagrams in the module docstring):
+        fresh encryptions [[u]], sums of them; [[d]] = 1/4 sum [[u_h]] + plain (arbiter mode; the key holder
+        encrypts d fresh in two-party mode); cross terms and gradients one plaintext product further; the
+        loss the finest of its terms. A received tensor at any other exponent is rejected."""
+        e, arbiter = self._exponent, self.config.mode == "arbiter"
+        if tag == TAG_LOSS:  # dot(coef, U), [[u2]] * 1/8, [[reg]] * n_b, and (2+ hosts) [[cross]] * 1/4
+            return min([e(dots=1), e(scaled=1)] + ([e(dots=1, scaled=1)] if len(self.host_ids) > 1 else []))
+        return {TAG_FWD: e(), TAG_CROSS_IN: e(), TAG_CROSS: e(dots=1), TAG_D: e(scaled=int(arbiter)),
+                TAG_GRAD: e(dots=1, scaled=int(arbiter))}[tag]
 
 
 def _setup_message(cfg: VerticalLRConfig, n_rows: int, host_ids: Sequence[str]) -> messages_pb2.Bundle:
@@ -462,9 +474,10 @@ class VerticalLRGuest(PredictionGuest, _Role):
                 missing = [k for k in ("u", "u2", "reg") if k not in m.encrypted]
                 if missing:
                     raise ProtocolError(f"{TAG_FWD} from {h}: missing {missing}")
-                return (self.wire.from_proto(m.encrypted["u"], pub, (nb,), f"{TAG_FWD}.u from {h}"),
-                        self.wire.from_proto(m.encrypted["u2"], pub, (1,), f"{TAG_FWD}.u2 from {h}"),
-                        self.wire.from_proto(m.encrypted["reg"], pub, (1,), f"{TAG_FWD}.reg from {h}"))
+                e = self._wire_exponent(TAG_FWD)
+                return (self.wire.from_proto(m.encrypted["u"], pub, (nb,), f"{TAG_FWD}.u from {h}", exponent=e),
+                        self.wire.from_proto(m.encrypted["u2"], pub, (1,), f"{TAG_FWD}.u2 from {h}", exponent=e),
+                        self.wire.from_proto(m.encrypted["reg"], pub, (1,), f"{TAG_FWD}.reg from {h}", exponent=e))
             return parse_message(messages_pb2.Bundle, validate)
 
         fwds = [t.recv(h, TAG_FWD, round=rnd + S_FWD, parse=fwd_parser(h)) for h in self.host_ids]
@@ -480,8 +493,8 @@ class VerticalLRGuest(PredictionGuest, _Role):
         for j, h in enumerate(self.host_ids[1:], start=1):
             t.send(h, TAG_CROSS_IN, self.wire.to_proto(S), round=rnd + S_D)
             S = S + fwds[j][0]
-        cross = [t.recv(h, TAG_CROSS, round=rnd + S_CROSS, parse=self._enc_parser(pub, (1,), f"{TAG_CROSS} from {h}"))
-                 for h in self.host_ids[1:]]
+        cross = [t.recv(h, TAG_CROSS, round=rnd + S_CROSS, parse=self._enc_parser(
+                     pub, (1,), f"{TAG_CROSS} from {h}", self._wire_exponent(TAG_CROSS))) for h in self.host_ids[1:]]
         # n_b * loss = sum_i[log2 - y u_g/2 + u_g^2/8] + coef . U + 1/8 sum_h |u_h|^2 + 1/4 sum cross + n_b * reg
         plain = nb * LOG2 + float(np.sum(-0.5 * yb * u_g + 0.125 * u_g * u_g)) + nb * reg_g
         coef = -0.5 * yb + 0.25 * u_g
@@ -613,11 +626,13 @@ class VerticalLRHost(PredictionHost, _Role):
                     fwd.tensors["u"].CopyFrom(tensor_to_proto(u))
                 t.send(self.guest_id, TAG_FWD, fwd, round=rnd + S_FWD)
                 d_enc = t.recv(self.guest_id, TAG_D, round=rnd + S_D,
-                               parse=self._enc_parser(pub, (nb,), f"{TAG_D} from {self.guest_id}"))
+                               parse=self._enc_parser(pub, (nb,), f"{TAG_D} from {self.guest_id}",
+                                                      self._wire_exponent(TAG_D)))
                 g_mask = self._ask_decrypt(pub, he.dot(Xb, d_enc), key_holder, TAG_GRAD, rnd + S_GRAD)
                 if arbiter and self.index > 0:
                     S = t.recv(self.guest_id, TAG_CROSS_IN, round=rnd + S_D,
-                               parse=self._enc_parser(pub, (nb,), f"{TAG_CROSS_IN} from {self.guest_id}"))
+                               parse=self._enc_parser(pub, (nb,), f"{TAG_CROSS_IN} from {self.guest_id}",
+                                                      self._wire_exponent(TAG_CROSS_IN)))
                     t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(he.dot(u[:, None], S)), round=rnd + S_CROSS)
                 g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, (d_h,))
                 w, v = cfg.step(w, v, g_sum / nb + cfg.l2 * w, lr)

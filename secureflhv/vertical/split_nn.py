@@ -36,8 +36,10 @@ interactive layer (V_h, W_g, c) is updated with plain SGD at ``interactive_lr`` 
 needs an update that is linear in the gradient; bottom and top models use the torch optimiser
 named by ``optimizer`` (sgd | adam) at ``learning_rate``.
 
-Batches: per epoch, ``numpy.random.default_rng([seed, epoch]).permutation(n)`` cut into chunks of
-``batch_size`` rows, computed identically at every party.
+Randomness: the job's ``seed`` / ``init_seed`` drive only what every party must agree on or may know
+(batches, model initialisation); secret noise (``host_grad_noise``, the hosts' ``weight_noise``) comes
+from OS randomness. Batches: per epoch, ``numpy.random.default_rng([seed, epoch]).permutation(n)`` cut
+into chunks of ``batch_size`` rows, computed identically at every party.
 
 What each party learns (semi-honest, non-colluding):
 
@@ -54,14 +56,15 @@ What each party learns (semi-honest, non-colluding):
   ICLR 2022). It learns nothing about the guest's features or other hosts (hosts never talk).
 * **mitigation switch** ``host_grad_noise = s > 0``: the guest perturbs the per-sample output gradient
   before it reaches the host, ``delta' = delta + N(0, (s * rms(delta))^2)`` (rms over the batch); the host
-  trains on G computed from delta'. Larger s hides more label information and costs accuracy (measured
+  trains on G computed from delta'. The noise is drawn from OS randomness, not from the job seed (which
+  the hosts know and could use to subtract it), so runs with s > 0 are not bit-for-bit reproducible. Larger s hides more label information and costs accuracy (measured
   in ``examples/vertical_nn.py`` and ``benchmarks/split_nn.py``). Equivalence with the centralised
   model holds only for s = 0.
 * prediction: the guest learns z_h for the rows it asks about; the host learns which rows are scored.
 
 Messages are protobuf (``messages.proto`` Bundle/EncryptedTensor/PaillierPublicKey/Control/Tensor,
 MaskedValues/RowsRequest). Every payload is checked in the ``parse`` callback of
-:meth:`~secureflhv.transport.Transport.recv` (shape, key fingerprint, range), so a wrong-shape or
+:meth:`~secureflhv.transport.Transport.recv` (shape, key fingerprint, agreed exponent, range), so a wrong-shape or
 wrong-key message is rejected and logged while training continues. Round ids
 ``epoch * 10 * MAX_BATCHES + batch * 10 + step``. On any failure a role tells its peers and re-raises;
 a dead peer surfaces as :class:`~secureflhv.transport.PeerTimeout` naming it.
@@ -82,6 +85,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +125,12 @@ TAG_PRED_DEC = "vnn.pred_dec"
 S_FWD, S_FWD_MASKED, S_FWD_DEC, S_GW, S_GW_DEC, S_GIN = 1, 2, 3, 4, 5, 6
 
 
+def _secret_rng() -> np.random.Generator:
+    """A generator for secret noise, seeded with 128 bits from the OS CSPRNG (``secrets``): not reproducible
+    from any job seed. (The job seed drives only what every party must agree on: batches and model init.)"""
+    return np.random.default_rng(secrets.randbits(128))
+
+
 def round_id(epoch: int, batch: int, step: int) -> int:
     """Round id of ``step`` (1..9) of ``batch`` in ``epoch``; strictly increasing in (epoch, batch, step)."""
     return epoch * 10 * MAX_BATCHES + batch * 10 + step
@@ -148,7 +158,7 @@ class SplitNNConfig(BaseModel):
     weight_noise: float = Field(default=1.0, ge=0, description="host noise per step: uniform(-s, s) added to E_h")
     host_grad_noise: float = Field(default=0.0, ge=0,
                                    description="label-leakage mitigation: N(0,(s*rms)^2) on the host's gradient")
-    seed: int = Field(default=0, ge=0, description="mini-batch shuffle (and mitigation noise) seed")
+    seed: int = Field(default=0, ge=0, description="mini-batch shuffle seed (secret noise never derives from it)")
     init_seed: int = Field(default=0, ge=0, description="model initialisation seed")
     key_bits: int = Field(default=2048, ge=256, description="Paillier modulus size of every host key")
     insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
@@ -320,7 +330,7 @@ class SplitNNGuest(PredictionGuest, _Role):
         self.top = build_mlp(o, cfg.top_hidden, cfg.activation, cfg.init_seed * 1000 + 2, out_dim=self.out_dim)
         self.checkpoint_dir = checkpoint_dir
         self._keys: dict[str, object] = {}
-        self._noise_rng = np.random.default_rng([cfg.seed, 99])
+        self._noise_rng = _secret_rng()  # a host knows the job seed: noise drawn from it would hide nothing
         self.result: FitResult | None = None
 
     def _peers(self):
@@ -401,7 +411,8 @@ class SplitNNGuest(PredictionGuest, _Role):
         tf, tm, td = tags
         enc_A, masks = {}, {}
         for h in self.host_ids:
-            enc_A[h] = t.recv(h, tf, round=rnd + S_FWD, parse=self._enc_parser(self._keys[h], (nb, k), f"{tf} from {h}"))
+            enc_A[h] = t.recv(h, tf, round=rnd + S_FWD,
+                              parse=self._enc_parser(self._keys[h], (nb, k), f"{tf} from {h}", self._exponent()))
             masks[h] = self._ask_decrypt(self._keys[h], he.matmul(enc_A[h], self.V[h]), h, tm, rnd + S_FWD_MASKED)
         z = np.zeros((nb, o))
         for h in self.host_ids:
@@ -426,15 +437,13 @@ class SplitNNGuest(PredictionGuest, _Role):
         masks = {}
         for h in self.host_ids:
             masks[h] = self._ask_decrypt(self._keys[h], he.t_matmul(self._enc_A[h], delta), h, TAG_GW, rnd + S_GW)
-        delta_h = delta
-        if cfg.host_grad_noise > 0:  # mitigation of label leakage through the host's gradient
-            rms = float(np.sqrt(np.mean(delta * delta)))
-            delta_h = delta + self._noise_rng.normal(0.0, cfg.host_grad_noise * rms, size=delta.shape)
+        delta_h = self._host_delta(delta)
         grads_V = {}
         for h in self.host_ids:
             pub = self._keys[h]
             grads_V[h] = self._take_decrypted(pub, masks[h], h, TAG_GW_DEC, rnd + S_GW_DEC, (k, o))
-            enc_E = t.recv(h, TAG_ACC, round=rnd + S_GW_DEC, parse=self._enc_parser(pub, (k, o), f"{TAG_ACC} from {h}"))
+            enc_E = t.recv(h, TAG_ACC, round=rnd + S_GW_DEC,
+                           parse=self._enc_parser(pub, (k, o), f"{TAG_ACC} from {h}", self._exponent()))
             # [[G]] = delta' (V_h + [[E_h]])^T : the host's bottom-output gradient, under its own key
             enc_G = he.add(he.matmul_t(delta_h, enc_E), delta_h @ self.V[h].T)
             self._send_enc(h, TAG_GIN, enc_G, rnd + S_GIN)
@@ -447,6 +456,16 @@ class SplitNNGuest(PredictionGuest, _Role):
             opt.step()
         self._enc_A = {}
         return float(loss.detach())
+
+    def _host_delta(self, delta: np.ndarray) -> np.ndarray:
+        """delta' (b, o) the hosts' gradients are computed from: delta plus N(0, (s * rms(delta))^2) per entry
+        when ``host_grad_noise`` = s > 0 (label-leakage mitigation), else delta. The noise comes from OS
+        randomness (:func:`_secret_rng`), never from the job seed the hosts know."""
+        s = self.config.host_grad_noise
+        if s <= 0:
+            return delta
+        rms = float(np.sqrt(np.mean(delta * delta)))
+        return delta + self._noise_rng.normal(0.0, s * rms, size=delta.shape)
 
     # ---- state ----------------------------------------------------------------------
     def state_arrays(self) -> dict[str, np.ndarray]:
@@ -539,7 +558,7 @@ class SplitNNHost(PredictionHost, _Role):
         self.checkpoint_dir = checkpoint_dir
         self.record_gradients = record_gradients
         self.gradient_norms = np.full(self.X.shape[0], np.nan)
-        self._noise_rng = np.random.default_rng()  # secret: never derived from a shared seed
+        self._noise_rng = _secret_rng()  # E_h's noise is secret: never derived from a shared seed
         self.result: FitResult | None = None
 
     def _peers(self):
@@ -602,7 +621,8 @@ class SplitNNHost(PredictionHost, _Role):
         A = alpha.detach().numpy().astype(np.float64)
         self._send_enc(self.guest_id, tf, he.encrypt(self._priv, A), rnd + S_FWD)
         enc = self._recv(tm, round=rnd + S_FWD_MASKED,
-                     parse=self._enc_parser(self.public_key, (nb, cfg.interactive_units), f"{tm} from {self.guest_id}"))
+                     parse=self._enc_parser(self.public_key, (nb, cfg.interactive_units), f"{tm} from {self.guest_id}",
+                                            self._exponent(dots=1)))
         self._send_decrypted(self._priv, enc, self.guest_id, td, rnd + S_FWD_DEC, A @ self.E)
         return alpha, A
 
@@ -615,14 +635,14 @@ class SplitNNHost(PredictionHost, _Role):
             opt.zero_grad()
         alpha, A = self._forward(self.X[idx], rnd)
         enc = self._recv(TAG_GW, round=rnd + S_GW,
-                     parse=self._enc_parser(pub, (k, o), f"{TAG_GW} from {self.guest_id}"))
+                     parse=self._enc_parser(pub, (k, o), f"{TAG_GW} from {self.guest_id}", self._exponent(dots=1)))
         w = cfg.weight_noise
         eps = self._noise_rng.uniform(-w, w, size=(k, o)) if w > 0 else np.zeros((k, o))
         self._send_decrypted(priv, enc, self.guest_id, TAG_GW_DEC, rnd + S_GW_DEC, eps / cfg.interactive_lr)
         self._send_enc(self.guest_id, TAG_ACC, he.encrypt(priv, self.E), rnd + S_GW_DEC)
         self.E = self.E + eps
         enc_G = self._recv(TAG_GIN, round=rnd + S_GIN,
-                       parse=self._enc_parser(pub, (nb, k), f"{TAG_GIN} from {self.guest_id}"))
+                       parse=self._enc_parser(pub, (nb, k), f"{TAG_GIN} from {self.guest_id}", self._exponent(dots=1)))
         G = he.decrypt(priv, enc_G)
         if self.record_gradients:
             self.gradient_norms[idx] = np.linalg.norm(G, axis=1)

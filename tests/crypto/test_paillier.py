@@ -282,18 +282,18 @@ def test_masked_decryption_round_trip_through_the_codec(keys, other_keys):
     he, wire = make_backend("paillier", 40, 24), C.codec_for(make_backend("paillier"))
     x = np.array([[0.5, -3.25], [1e-3, 7.0]])
     masked, mask = he.mask(pk, he.encrypt(pk, x))
-    enc = wire.from_proto(wire.to_proto(masked), pk, (2, 2), "masked")
+    enc = wire.from_proto(wire.to_proto(masked), pk, (2, 2), "masked", exponent=-40)
     msg = wire.masked_to_proto(he.decrypt_masked(sk, enc, add=np.ones((2, 2))), sk)
-    back = he.unmask(pk, wire.masked_from_proto(msg, pk, (2, 2), "dec"), mask)
+    back = he.unmask(pk, wire.masked_from_proto(msg, pk, (2, 2), "dec", exponent=-40), mask)
     np.testing.assert_array_equal(back, q(x, 40) + 1.0)
     bad = messages_pb2.MaskedValues()
     bad.CopyFrom(msg)
     bad.values = pk.n.to_bytes(msg.byte_width, "big") + msg.values[msg.byte_width:]
     with pytest.raises(ProtocolError, match="not in Z_n"):
-        wire.masked_from_proto(bad, pk, (2, 2), "dec")
+        wire.masked_from_proto(bad, pk, (2, 2), "dec", exponent=-40)
     with pytest.raises(ProtocolError, match="expected key"):
-        wire.masked_from_proto(msg, other_keys[0], (2, 2), "dec")
+        wire.masked_from_proto(msg, other_keys[0], (2, 2), "dec", exponent=-40)
     with pytest.raises(ProtocolError, match="shape"):
-        wire.masked_from_proto(msg, pk, (4,), "dec")
+        wire.masked_from_proto(msg, pk, (4,), "dec", exponent=-40)
     with pytest.raises(ValueError, match="backend"):
         make_backend("rot13")

@@ -1,4 +1,5 @@
 """Wire rules of the Mailbox and the in-process transport (secureflhv.transport.base / inprocess)."""
+import hashlib
 import logging
 import threading
 import time
@@ -7,7 +8,8 @@ import pytest
 
 from secureflhv.proto import messages_pb2
 from secureflhv.transport import (ABORT_TAG, InProcessNetwork, JobAborted, Mailbox, Message, MessageRejected,
-                                  PeerTimeout, PeerUnavailable, ProtocolError, TransportError, parse_message)
+                                  PeerTimeout, PeerUnavailable, ProtocolError, Rejected, TransportError,
+                                  parse_message)
 
 PARTIES = ["guest", "host-1", "server"]
 
@@ -37,7 +39,8 @@ def test_refuses_wrong_job_receiver_or_sender(box, caplog, bad, needle):
     with caplog.at_level(logging.WARNING, logger="secureflhv.transport"):
         with pytest.raises(MessageRejected, match=needle):
             box.deliver(bad)
-    assert len(box.rejected) == 1 and box.rejected[0][0] == bad
+    rec, reason = box.rejected[0]
+    assert len(box.rejected) == 1 and rec == Rejected.of(bad, reason) and needle in reason
     assert needle in caplog.text
     with pytest.raises(PeerTimeout):  # nothing was queued
         box.take(bad.sender, bad.tag, bad.round, timeout=0.05)
@@ -140,7 +143,8 @@ def test_mailbox_without_peer_list_accepts_any_sender():
 
 def test_reject_records_transport_level_refusals(box):
     box.reject(msg(), "certificate mismatch")
-    assert box.rejected == [(msg(), "certificate mismatch")]
+    assert box.rejected == [(Rejected("job-1", 1, "host-1", "guest", "t", 1, hashlib.sha256(b"x").hexdigest()[:16],
+                                      "certificate mismatch"), "certificate mismatch")]
 
 
 # ------------------------------------------------------------------ in-process network
