@@ -77,12 +77,13 @@ def test_drop_leaving_fewer_than_t_stops_the_job_naming_the_client():
 def test_threshold_of_at_most_half_the_clients_is_refused(threshold):
     ids = [f"client-{i}" for i in range(4)]
     net = InProcessNetwork("hsb-t", ["server", *ids], deadline=1.0)
-    cfg = tree_aggregation_config("secagg", threshold=threshold)
-    with pytest.raises(ValueError, match="t > n/2"):
-        HorizontalSecureBoostServer(net.transport("server"), ids, PARAMS, aggregation=cfg)
     X, y = _shards("binary", 4)[0]
+    with pytest.raises(ValueError, match="t > n/2"):  # refused by the config itself (1, 0.5) or for n=4 (2)
+        HorizontalSecureBoostServer(net.transport("server"), ids, PARAMS,
+                                    aggregation=tree_aggregation_config("secagg", threshold=threshold))
     with pytest.raises(ValueError, match="t > n/2"):
-        HorizontalSecureBoostClient(net.transport("client-0"), "server", ids, X, y, PARAMS, aggregation=cfg)
+        HorizontalSecureBoostClient(net.transport("client-0"), "server", ids, X, y, PARAMS,
+                                    aggregation=tree_aggregation_config("secagg", threshold=threshold))
 
 
 @pytest.mark.parametrize("threshold,ok", [(2, False), (0.5, False), (3, True), (None, True)])
