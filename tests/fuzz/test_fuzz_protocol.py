@@ -6,7 +6,7 @@ for a mutation of the honest one, through the real mailbox and the real parse (f
 * parse accepts it (a lie got in): every party either finishes or fails with a clear protocol error
   (transport errors, ProtocolError, AggregationError, the algorithms' documented errors), never another
   exception type (IndexError, KeyError, ZeroDivisionError, OverflowError, numpy errors ...), never a hang
-  (3 s deadlines); and the result is the honest one unless the lie only changed contents the receiver
+  (8 s deadlines); and the result is the honest one unless the lie only changed contents the receiver
   cannot check without integrity (floats, same-length bytes, entries of repeated ints: mutations.is_value_lie).
 """
 from __future__ import annotations
