@@ -287,8 +287,13 @@ class HorizontalServer(ProtocolRole):
         def validate(msg):
             vals = dict(msg.values)
             for k in ("test_correct", "test_n"):
-                if k not in vals or not math.isfinite(vals[k]) or vals[k] < 0:
-                    raise ProtocolError(f"metrics: {k!r} missing or invalid")
+                if k not in vals or not math.isfinite(vals[k]) or vals[k] < 0 or vals[k] != int(vals[k]):
+                    raise ProtocolError(f"metrics: {k!r} missing or not a count: {vals.get(k)!r}")
+            if vals["test_correct"] > vals["test_n"]:
+                raise ProtocolError(f"metrics: test_correct {vals['test_correct']} > test_n {vals['test_n']}")
+            loss = vals.get("test_loss_sum", 0.0)
+            if not math.isfinite(loss) or loss < 0:
+                raise ProtocolError(f"metrics: test_loss_sum {loss!r} is not a finite non-negative sum")
             return vals
 
         deadline = time.monotonic() + self.config.round_timeout_s

@@ -67,6 +67,7 @@ failing server tells every active client, a failing client tells nobody (it is a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -159,6 +160,24 @@ def _check_agg(cfg: AggregationConfig) -> AggregationConfig:
         raise ValueError("aggregation: use tree_aggregation_config(kind) (scale 2^40, clip 2^12, max_weight 1) "
                          "so histogram sums are exact")
     return cfg
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_ranges(m: tree_pb2.HsbRanges, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Validate an hsb.ranges payload: ``d`` (lo, hi) pairs, finite in float32 (the grid's dtype), lo <= hi.
+
+    Returns (lo, hi), float64 (d,) each. Raises ProtocolError naming the first bad feature.
+    """
+    if len(m.lo) != d or len(m.hi) != d:
+        raise ProtocolError(f"ranges: {len(m.lo)} lo and {len(m.hi)} hi values, expected {d} features")
+    lo, hi = np.array(m.lo, dtype=np.float64), np.array(m.hi, dtype=np.float64)
+    bad = ~(np.isfinite(lo) & np.isfinite(hi) & (np.abs(lo) <= _F32_MAX) & (np.abs(hi) <= _F32_MAX) & (lo <= hi))
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise ProtocolError(f"ranges: feature {j} has range [{lo[j]}, {hi[j]}], not a finite float32 interval")
+    return lo, hi
 
 
 @dataclass(frozen=True)
@@ -520,10 +539,7 @@ class HorizontalSecureBoostServer(ProtocolRole):
                 raise ValueError(f"feature_ranges: {len(lo)} ranges for {d} features")
             return lo, hi
 
-        def check(m: tree_pb2.HsbRanges):
-            if len(m.lo) != d or len(m.hi) != d or not np.all(np.isfinite(list(m.lo) + list(m.hi))):
-                raise ProtocolError(f"ranges: expected {d} finite (lo, hi)")
-            return np.array(m.lo), np.array(m.hi)
+        check = functools.partial(check_ranges, d=d)
         los, his = zip(*self._recv_all(TAG_RANGES, 1, parse_message(tree_pb2.HsbRanges, check), "ranges").values())
         return np.min(los, axis=0), np.max(his, axis=0)
 
@@ -716,12 +732,7 @@ class HorizontalSecureBoostClient(ProtocolRole):
         """Global ranges in; grid counts + row count + label sum into one aggregation; cuts and base margin out."""
         prm, (n, d) = self.params, self.X.shape
 
-        def check_ranges(m: tree_pb2.HsbRanges):
-            if len(m.lo) != d or len(m.hi) != d:
-                raise ProtocolError(f"ranges: expected {d} features")
-            return np.array(m.lo), np.array(m.hi)
-
-        lo, hi = self._recv(TAG_RANGES, 1, parse_message(tree_pb2.HsbRanges, check_ranges))
+        lo, hi = self._recv(TAG_RANGES, 1, parse_message(tree_pb2.HsbRanges, functools.partial(check_ranges, d=d)))
         counts = [grid_counts(self.X[:, j], grid(lo[j], hi[j], prm.sketch_bins)) for j in range(d)]
         label = np.sum(quantise(self.y, LABEL_BITS)) if prm.objective == "regression" else np.sum(self.y)
         self._submit(np.concatenate(counts + [[n, label]]) * 2.0 ** -AGG_SCALE_BITS)

@@ -1,0 +1,134 @@
+"""The fuzzing inventory: every tag a receiver parses, who receives it, with which parser and class.
+
+``INVENTORY[tag] = Entry(run, receivers, cls, parser)``: ``run`` names the in-process run in
+:mod:`protocols` that captures it (a real message of an honest run, and the receiver's real parse
+callback), ``receivers`` the receiving roles (party ids of that run), ``cls`` the protobuf class
+on the wire, ``parser`` where the parse callback comes from. ``RECV_SITES`` maps every ``.recv(``
+call site of secureflhv/ (file, function, tag expression) to the tags it receives: a new call site
+or tag fails ``test_inventory`` until it is added here, so every future receiver is fuzzed too.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from secureflhv.proto import messages_pb2 as m
+from secureflhv.proto import psi_pb2 as p
+from secureflhv.proto import secagg_pb2 as s
+from secureflhv.proto import tree_pb2 as t
+
+
+class Entry(NamedTuple):
+    run: str
+    receivers: tuple[str, ...]
+    cls: type
+    parser: str
+
+
+E = Entry
+INVENTORY: dict[str, Entry] = {
+    # ECDH-PSI (vertical/psi.py)
+    "psi/hello": E("psi", ("host-1",), p.PsiHello, "psi._hello_parser"),
+    "psi/points": E("psi", ("guest", "host-1"), p.PsiPoints, "psi._points_parser(points=True)"),
+    "psi/double": E("psi", ("guest",), p.PsiPoints, "psi._points_parser(points=False)"),
+    "psi/intersection": E("psi", ("host-1",), p.PsiIntersection, "psi._intersection_parser"),
+    # vertical LR (vertical/lr.py, vertical/common.py, transport/he_codec.py)
+    "vlr.setup": E("vlr_arbiter", ("host-1", "host-2", "server"), m.Bundle, "parse_message(Bundle) + _check_setup"),
+    "vlr.pubkey": E("vlr_arbiter", ("guest", "host-1", "host-2"), m.PaillierPublicKey, "_pubkey_parser"),
+    "vlr.hello": E("vlr_arbiter", ("guest", "server"), m.Scalars, "lr._scalars_parser"),
+    "vlr.fwd": E("vlr_arbiter", ("guest",), m.Bundle, "fwd_parser (in _batch_arbiter/_batch_two_party)"),
+    "vlr.d": E("vlr_arbiter", ("host-1", "host-2"), m.EncryptedTensor, "_enc_parser"),
+    "vlr.cross_in": E("vlr_arbiter", ("host-2",), m.EncryptedTensor, "_enc_parser"),
+    "vlr.cross": E("vlr_arbiter", ("guest",), m.EncryptedTensor, "_enc_parser"),
+    "vlr.grad": E("vlr_arbiter", ("server",), m.EncryptedTensor, "_enc_parser (_serve_decrypt)"),
+    "vlr.grad_dec": E("vlr_arbiter", ("guest", "host-1", "host-2"), m.MaskedValues, "common._masked_parser"),
+    "vlr.loss": E("vlr_arbiter", ("server",), m.EncryptedTensor, "_enc_parser (_serve_decrypt)"),
+    "vlr.loss_dec": E("vlr_arbiter", ("guest",), m.MaskedValues, "common._masked_parser"),
+    "vlr.ctl": E("vlr_arbiter", ("host-1", "host-2", "server"), m.Control, "common.control_parser"),
+    "vlr.pred_req": E("vlr_arbiter", ("host-1", "host-2"), m.RowsRequest, "prediction._request_parser"),
+    "vlr.pred": E("vlr_arbiter", ("guest",), m.Tensor, "parse_message(Tensor, float64 check) in _predict"),
+    # split NN (vertical/split_nn.py, transport/he_codec.py)
+    "vnn.setup": E("split_nn", ("host-1",), m.Bundle, "parse_message(Bundle) + _check_setup"),
+    "vnn.hello": E("split_nn", ("guest",), m.PaillierPublicKey, "wire.public_key_parser"),
+    "vnn.fwd": E("split_nn", ("guest",), m.EncryptedTensor, "_enc_parser"),
+    "vnn.fwd_masked": E("split_nn", ("host-1",), m.EncryptedTensor, "_enc_parser"),
+    "vnn.fwd_dec": E("split_nn", ("guest",), m.MaskedValues, "common._masked_parser"),
+    "vnn.gw": E("split_nn", ("host-1",), m.EncryptedTensor, "_enc_parser"),
+    "vnn.gw_dec": E("split_nn", ("guest",), m.MaskedValues, "common._masked_parser"),
+    "vnn.acc": E("split_nn", ("guest",), m.EncryptedTensor, "_enc_parser"),
+    "vnn.gin": E("split_nn", ("host-1",), m.EncryptedTensor, "_enc_parser"),
+    "vnn.ctl": E("split_nn", ("host-1",), m.Control, "common.control_parser"),
+    "vnn.pred_req": E("split_nn", ("host-1",), m.RowsRequest, "prediction._request_parser"),
+    "vnn.pred_fwd": E("split_nn", ("guest",), m.EncryptedTensor, "_enc_parser"),
+    "vnn.pred_masked": E("split_nn", ("host-1",), m.EncryptedTensor, "_enc_parser"),
+    "vnn.pred_dec": E("split_nn", ("guest",), m.MaskedValues, "common._masked_parser"),
+    # vertical SecureBoost (tree/vertical.py)
+    "sb.setup": E("sb_vertical", ("host-1",), t.SbSetup, "parse_message(SbSetup, _check_setup)"),
+    "sb.hello": E("sb_vertical", ("guest",), t.SbHello, "parse_message(SbHello)"),
+    "sb.start": E("sb_vertical", ("host-1",), t.SbTreeStart, "_parse_start"),
+    "sb.plan": E("sb_vertical", ("host-1",), t.SbLevelPlan, "parse_message(SbLevelPlan, ...) in _tree"),
+    "sb.hist": E("sb_vertical", ("guest",), t.SbHistograms, "_hist_parser"),
+    "sb.decide": E("sb_vertical", ("host-1",), t.SbDecision, "parse_message(SbDecision, ...) in _tree"),
+    "sb.split": E("sb_vertical", ("guest",), t.SbSplitResults, "_split_parser"),
+    "sb.route": E("sb_vertical", ("host-1",), t.SbRouteRequest, "_check_route"),
+    "sb.routed": E("sb_vertical", ("guest",), t.SbRouteReply, "_route_reply_parser"),
+    # horizontal SecureBoost (tree/horizontal.py)
+    "hsb.hello": E("sb_horizontal", ("server",), t.SbHello, "parse_message(SbHello)"),
+    "hsb.ranges": E("sb_horizontal", ("client-0", "client-1", "server"), t.HsbRanges, "check / check_ranges"),
+    "hsb.cuts": E("sb_horizontal", ("client-0", "client-1"), t.HsbCuts, "_check_cuts"),
+    "hsb.tree": E("sb_horizontal", ("client-0", "client-1"), t.HsbLevel, "parse_message(HsbLevel)"),
+    "hsb.bound": E("sb_horizontal", ("server",), t.HsbBound, "parse_message(HsbBound)"),
+    "hsb.level": E("sb_horizontal", ("client-0", "client-1"), t.HsbLevel, "parse_message(HsbLevel, ...) in level loop"),
+    # horizontal FL (horizontal/fl.py)
+    "fl.round": E("fl", ("c0", "c1"), m.Bundle, "HorizontalClient._parse_round"),
+    "fl.eval": E("fl", ("c0", "c1"), m.Bundle, "HorizontalClient._parse_round"),
+    "fl.metrics": E("fl", ("server",), m.Scalars, "_collect_metrics.validate"),
+    # secure aggregation (secagg/plain.py, bonawitz_server.py, bonawitz_client.py)
+    "agg.plain": E("fl", ("server",), s.PlainInput, "PlainServer._validate"),
+    "agg.advertise": E("secagg", ("server",), s.AdvertiseKeys, "advertise check"),
+    "agg.share": E("secagg", ("server",), s.ShareKeys, "share check (parse_for)"),
+    "agg.masked": E("secagg", ("server",), s.MaskedInput, "masked check"),
+    "agg.sign": E("secagg", ("server",), s.ConsistencySignature, "signature check (parse_for)"),
+    "agg.unmask": E("secagg", ("server",), s.UnmaskResponse, "unmask check"),
+    "agg.server": E("secagg", ("client0", "client1", "client2"), s.ServerMessage, "SecAggClient._from_server validate"),
+}
+
+_PSI = ("psi/hello", "psi/points", "psi/double", "psi/intersection")
+_HSB = ("hsb.hello", "hsb.ranges", "hsb.cuts", "hsb.tree", "hsb.bound", "hsb.level")
+_AGG = ("agg.plain", "agg.advertise", "agg.share", "agg.masked", "agg.sign", "agg.unmask")
+RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
+    ("horizontal/fl.py", "_collect_metrics", "TAG_METRICS"): ("fl.metrics",),
+    ("horizontal/fl.py", "run", "TAG_EVAL"): ("fl.eval",),
+    ("horizontal/fl.py", "run", "TAG_ROUND"): ("fl.round",),
+    ("secagg/bonawitz_client.py", "_from_server", "TAG_SERVER"): ("agg.server",),
+    ("secagg/exchange.py", "collect_each", "tag"): _AGG,
+    ("tree/horizontal.py", "_recv", "tag"): _HSB,
+    ("tree/horizontal.py", "_recv_all", "tag"): _HSB,
+    ("tree/vertical.py", "_fit", "TAG_SETUP"): ("sb.setup",),
+    ("tree/vertical.py", "_fit", "TAG_START"): ("sb.start",),
+    ("tree/vertical.py", "_recv", "tag"): ("sb.hello", "sb.hist", "sb.split", "sb.routed"),
+    ("tree/vertical.py", "_serve", "TAG_ROUTE"): ("sb.route",),
+    ("tree/vertical.py", "_tree", "TAG_DECIDE"): ("sb.decide",),
+    ("tree/vertical.py", "_tree", "TAG_PLAN"): ("sb.plan",),
+    ("vertical/common.py", "_take_decrypted", "tag"): ("vlr.grad_dec", "vlr.loss_dec", "vnn.fwd_dec", "vnn.gw_dec",
+                                                       "vnn.pred_dec"),
+    ("vertical/lr.py", "_batch_arbiter", "TAG_CROSS"): ("vlr.cross",),
+    ("vertical/lr.py", "_batch_arbiter", "TAG_FWD"): ("vlr.fwd",),
+    ("vertical/lr.py", "_batch_two_party", "TAG_FWD"): ("vlr.fwd",),
+    ("vertical/lr.py", "_end_epoch", "TAG_CTL"): ("vlr.ctl",),
+    ("vertical/lr.py", "_fit", "TAG_CROSS_IN"): ("vlr.cross_in",),
+    ("vertical/lr.py", "_fit", "TAG_D"): ("vlr.d",),
+    ("vertical/lr.py", "_fit", "TAG_HELLO"): ("vlr.hello",),
+    ("vertical/lr.py", "_fit", "TAG_PUBKEY"): ("vlr.pubkey",),
+    ("vertical/lr.py", "_fit", "TAG_SETUP"): ("vlr.setup",),
+    ("vertical/lr.py", "_key_exchange", "TAG_HELLO"): ("vlr.hello",),
+    ("vertical/lr.py", "_key_exchange", "TAG_PUBKEY"): ("vlr.pubkey",),
+    ("vertical/lr.py", "_predict", "TAG_PRED"): ("vlr.pred",),
+    ("vertical/lr.py", "_serve_decrypt", "tag_in"): ("vlr.grad", "vlr.loss"),
+    ("vertical/prediction.py", "_recv_request", "self.pred_request_tag"): ("vlr.pred_req", "vnn.pred_req"),
+    ("vertical/psi.py", "_recv", "tag"): _PSI,
+    ("vertical/split_nn.py", "_host_forward", "tf"): ("vnn.fwd", "vnn.pred_fwd"),
+    ("vertical/split_nn.py", "_recv", "tag"): ("vnn.setup", "vnn.ctl", "vnn.fwd_masked", "vnn.pred_masked", "vnn.gw",
+                                               "vnn.gin", "vnn.pred_req"),
+    ("vertical/split_nn.py", "_setup", "TAG_HELLO"): ("vnn.hello",),
+    ("vertical/split_nn.py", "_train_batch", "TAG_ACC"): ("vnn.acc",),
+}

@@ -1,0 +1,200 @@
+"""Tiny in-process runs of every protocol over a :class:`FuzzNetwork` (not a test module).
+
+Each runner takes a network class (see :func:`fuzz_net.network_class`) and returns
+``(fingerprint, errors, nets)``: a comparable fingerprint of every party's result (timings left out),
+the exceptions raised by the parties (by party id) and the networks the run used (their captures).
+The existing test harnesses are reused; their ``InProcessNetwork`` is swapped for the fuzz network.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+for sub in ("vertical", "tree", "horizontal"):
+    if str(TESTS / sub) not in sys.path:
+        sys.path.insert(0, str(TESTS / sub))
+
+import fl_harness  # noqa: E402
+import sb_harness  # noqa: E402
+import secagg_harness  # noqa: E402
+import snn_harness  # noqa: E402
+import vlr_harness  # noqa: E402
+
+from secureflhv.crypto import paillier as pl  # noqa: E402
+from secureflhv.horizontal.models import ModelSpec  # noqa: E402
+from secureflhv.tree.params import SecureBoostParams  # noqa: E402
+from secureflhv.vertical.psi import align_ids_guest, align_ids_host  # noqa: E402
+from secureflhv.vertical.split_nn import SplitNNConfig  # noqa: E402
+
+KEY = {"key_bits": 512, "insecure_test_key": True}
+DEADLINE = 8.0  # seconds a receiver waits: an attacked run that stalls ends with PeerTimeout (slack for loaded CI)
+SKIP_KEYS = ("second", "time", "timing", "duration")
+_SB_KEY = None
+
+
+def fingerprint(obj, depth: int = 0):
+    """A hashable, ==-comparable summary of a result object: arrays by bytes, floats exactly,
+    dataclasses / objects by their fields (fields naming timings skipped)."""
+    if depth > 8:
+        return "..."
+    if isinstance(obj, np.ndarray):
+        return ("nd", obj.shape, str(obj.dtype), obj.tobytes())
+    if isinstance(obj, (np.generic,)):
+        return fingerprint(obj.item(), depth)
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return obj
+    if isinstance(obj, dict):
+        return tuple(sorted(((str(k), fingerprint(v, depth + 1)) for k, v in obj.items()
+                             if not any(s in str(k) for s in SKIP_KEYS)), key=lambda kv: kv[0]))
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
+        return tuple(fingerprint(v, depth + 1) for v in items)
+    if dataclasses.is_dataclass(obj):
+        return (type(obj).__name__, fingerprint({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)},
+                                                depth + 1))
+    if hasattr(obj, "state_dict"):
+        return fingerprint({k: v.detach().numpy() for k, v in obj.state_dict().items()}, depth + 1)
+    if hasattr(obj, "__dict__"):
+        return (type(obj).__name__, fingerprint({k: v for k, v in vars(obj).items() if not k.startswith("_")},
+                                                depth + 1))
+    return repr(obj)
+
+
+def same(a, b, tol: float = 1e-9) -> bool:
+    """Fingerprints equal, floats (and float arrays) up to ``tol`` relative/absolute: the split NN's
+    fixed-point masking leaves ~1e-12 noise between two honest runs; any lie that matters is far bigger."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or abs(a - b) <= tol * (1 + abs(b)) or (a != a and b != b)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        if len(a) == 4 and len(b) == 4 and a[:1] == b[:1] == ("nd",):
+            if a[1:3] != b[1:3]:
+                return False
+            x, y = np.frombuffer(a[3], a[2]), np.frombuffer(b[3], b[2])
+            return bool(np.allclose(x, y, rtol=tol, atol=tol, equal_nan=True)) if x.dtype.kind == "f" else a == b
+        return len(a) == len(b) and all(same(u, v, tol) for u, v in zip(a, b))
+    return a == b
+
+
+@contextlib.contextmanager
+def _patched(module, net_cls):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(module, "InProcessNetwork", net_cls)
+        yield
+
+
+def run_psi(net_cls):
+    guest_ids = [f"id-{i}" for i in range(0, 12)]
+    host_ids = [f"id-{i}" for i in range(5, 16)]
+    net = net_cls("fuzz-psi", ["guest", "host-1"], deadline=DEADLINE)
+    results, errors = sb_harness.run_threads({
+        "guest": lambda: align_ids_guest(net.transport("guest"), guest_ids, ["host-1"], workers=1),
+        "host-1": lambda: align_ids_host(net.transport("host-1"), host_ids, "guest", workers=1),
+    }, timeout=30)
+    return fingerprint(results), errors, [net]
+
+
+def _lr_data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(12, 4))
+    y = (X @ rng.normal(size=4) > 0).astype(int)
+    return X, y
+
+
+def _run_vlr(net_cls, mode):
+    X, y = _lr_data()
+    cfg = dict(KEY, mode=mode, epochs=2, batch_size=6, learning_rate=0.3, l2=0.01, seed=3, early_stopping=False)
+    with _patched(vlr_harness, net_cls):
+        hosts = [X[:, 2:3], X[:, 3:]] if mode == "arbiter" else [X[:, 2:]]  # two hosts: the cross terms
+        results, errors, net, _ = vlr_harness.run_vertical_lr(X[:, :2], y, hosts, cfg, deadline=DEADLINE,
+                                                               predict_sets=(X[:3, :2], [h[:3] for h in hosts]),
+                                                               job_id=f"fuzz-vlr-{mode}")
+    return fingerprint(results), errors, [net]
+
+
+def run_vlr_arbiter(net_cls):
+    return _run_vlr(net_cls, "arbiter")
+
+
+def run_vlr_two_party(net_cls):
+    return _run_vlr(net_cls, "two_party")
+
+
+def run_split_nn(net_cls):
+    X, y = snn_harness.toy(n=8, d=4, seed=1)
+    cfg = SplitNNConfig(**KEY, host_bottom=[3], guest_bottom=[2], interactive_units=2, top_hidden=[2], epochs=1,
+                        batch_size=4, learning_rate=0.05, interactive_lr=0.2, weight_noise=1.0, seed=5, init_seed=2)
+    with _patched(snn_harness, net_cls):
+        net, guest, hosts = snn_harness.make_roles(X[:, :2], y, [X[:, 2:]], cfg, deadline=DEADLINE)
+    results, errors = snn_harness.run_roles(guest, hosts, predict_sets=(X[:3, :2], [X[:3, 2:]]), timeout=60)
+    return fingerprint(results), errors, [net]
+
+
+def run_sb_vertical(net_cls):
+    global _SB_KEY
+    if _SB_KEY is None:
+        _SB_KEY = pl.generate_keypair(512, insecure_test_key=True)
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(16, 4))
+    y = (X[:, 0] + X[:, 3] > 0).astype(float)
+    params = SecureBoostParams(n_trees=1, max_depth=2, max_bin=4, learning_rate=0.3, shuffle_seed=3, **KEY)
+    with _patched(sb_harness, net_cls):
+        run = sb_harness.vertical_run(X, y, [[0, 1], [2, 3]], params, X_pred=X[:4], deadline=DEADLINE,
+                                      keypair=_SB_KEY)
+    res = run.get("result")
+    fp = fingerprint((None if res is None else res.model, run.get("pred"),
+                      [h.records for h in run["hosts"]]))
+    return fp, run["errors"], [run["net"]]
+
+
+def run_sb_horizontal(net_cls):
+    rng = np.random.default_rng(4)
+    parts = []
+    for _ in range(2):
+        X = rng.normal(size=(10, 3))
+        parts.append((X, (X[:, 0] > 0).astype(float)))
+    params = SecureBoostParams(n_trees=1, max_depth=2, max_bin=4, sketch_bins=16, learning_rate=0.3)
+    with _patched(sb_harness, net_cls):
+        run = sb_harness.horizontal_run(parts, params, deadline=DEADLINE)
+    return fingerprint((run["server_model"], run["client_models"])), run["errors"], [run["net"]]
+
+
+def run_fl(net_cls):
+    shards, test = fl_harness.blobs(12, 2, n_features=3, n_classes=2, seed=0)
+    spec = ModelSpec(name="mlp", n_features=3, n_classes=2)
+    with _patched(fl_harness, net_cls):
+        server, clients, errors = fl_harness.run_fl(shards, (test[0][:10], test[1][:10]), spec, rounds=2,
+                                                    deadline=DEADLINE)
+    fp = fingerprint((server.global_vec, [c.global_vec for c in clients],
+                      [{k: v for k, v in vars(r).items() if "second" not in k} for r in server.history]))
+    nets = net_cls.instances[-1:]
+    return fp, errors, nets
+
+
+def run_secagg(net_cls):
+    cfg = secagg_harness.config(stage_timeout_s=DEADLINE, input_timeout_s=DEADLINE, consistency_check=True)
+    ids, xs, ws = secagg_harness.make_inputs(3, 4, seed=1)
+    net = net_cls("fuzz-secagg", ["server", *ids], deadline=DEADLINE)
+    res, errors, _, _, _ = secagg_harness.run_round(cfg, ids, xs, ws, network=net,
+                                                    server_transport=net.transport("server"))
+    if isinstance(res, BaseException):
+        errors = {**errors, "server": res}
+        res = None
+    return fingerprint(res), errors, [net]
+
+
+PROTOCOLS = {
+    "psi": run_psi,
+    "vlr_arbiter": run_vlr_arbiter,
+    "vlr_two_party": run_vlr_two_party,
+    "split_nn": run_split_nn,
+    "sb_vertical": run_sb_vertical,
+    "sb_horizontal": run_sb_horizontal,
+    "fl": run_fl,
+    "secagg": run_secagg,
+}
