@@ -69,7 +69,8 @@ from gmpy2 import mpz
 
 from secureflhv.crypto import paillier_engine as _eng
 from secureflhv.crypto import paillier_parallel as _par
-from secureflhv.crypto.paillier_encoding import (
+from secureflhv.crypto.paillier_encoding import (  # noqa: F401 - CiphertextError re-exported
+    CiphertextError, DecryptedRangeError,
     DEFAULT_DOT_PRECISION_BITS,
     DEFAULT_PRECISION_BITS,
     DEFAULT_SCALAR_PRECISION_BITS,
@@ -105,10 +106,6 @@ for _p in range(3, 2000, 2):
     if all(_p % d for d in range(3, int(_p ** 0.5) + 1, 2)):
         _SMALL_PRIMES *= _p
 _SMALL_PRIMES = mpz(_SMALL_PRIMES)
-
-
-class CiphertextError(ValueError):
-    """A ciphertext or public key received from a peer is malformed or made under another key."""
 
 
 def int_to_bytes(x) -> bytes:

@@ -24,6 +24,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+
+class CiphertextError(ValueError):
+    """A ciphertext or public key received from a peer is malformed or made under another key."""
+
+
+class DecryptedRangeError(CiphertextError, OverflowError):
+    """A decrypted value lies in the overflow gap: a peer's ciphertext was corrupted (or forged), or a
+    homomorphic result overflowed. Both a :class:`CiphertextError` and an :class:`OverflowError`."""
+
 DEFAULT_PRECISION_BITS = 40          # fraction bits of encrypted values (abs. error <= 2**-41)
 DEFAULT_SCALAR_PRECISION_BITS = 32   # fraction bits of non-integral plaintext multipliers
 DEFAULT_DOT_PRECISION_BITS = 24      # fraction bits of the plaintext matrix in dot()
@@ -79,14 +88,15 @@ def encode_mantissas(x, precision_bits: int, n: int) -> list[int]:
 def decode_residues(raw, exponent: int, n: int) -> np.ndarray:
     """Decode plaintext residues in [0, n) at ``exponent`` into float64 (flat array).
 
-    Raises OverflowError if a residue lies in the overflow gap (n//3, n - n//3).
+    Raises DecryptedRangeError (an OverflowError) if a residue lies in the overflow gap (n//3, n - n//3).
     """
     n = int(n)
     half, limit = n // 2, max_mantissa(n)
     signed = [r if r <= half else r - n for r in raw]
     if signed and max(max(signed), -min(signed)) > limit:
-        raise OverflowError("decrypted value out of the encodable range: a homomorphic result overflowed "
-                            "(too many additions/multiplications for this key and precision)")
+        raise DecryptedRangeError("decrypted value out of the encodable range: a peer's ciphertext was corrupted, "
+                                  "or a homomorphic result overflowed (too many additions/multiplications for "
+                                  "this key and precision)")
     return ints_to_float(signed, exponent)
 
 

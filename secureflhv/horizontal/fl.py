@@ -48,7 +48,7 @@ import numpy as np
 from ..proto import messages_pb2
 from ..secagg import AggregateResult, AggregationConfig, AggregationError, make_client, make_server
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
-from ..transport.codec import tensor_from_proto, tensor_to_proto
+from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..transport.role import ProtocolRole
 from .models import ModelSpec, build_model, evaluate, get_flat, param_shapes, set_flat
 from .strategies import LocalTrainConfig, Strategy, batch_rng
@@ -287,8 +287,7 @@ class HorizontalServer(ProtocolRole):
         def validate(msg):
             vals = dict(msg.values)
             for k in ("test_correct", "test_n"):
-                if k not in vals or not math.isfinite(vals[k]) or vals[k] < 0 or vals[k] != int(vals[k]):
-                    raise ProtocolError(f"metrics: {k!r} missing or not a count: {vals.get(k)!r}")
+                whole_count(vals.get(k, -1.0), f"metrics: {k!r}", hi=1 << 53)
             if vals["test_correct"] > vals["test_n"]:
                 raise ProtocolError(f"metrics: test_correct {vals['test_correct']} > test_n {vals['test_n']}")
             loss = vals.get("test_loss_sum", 0.0)

@@ -11,7 +11,7 @@ proves both identities (the sender's certificate CN is checked by the receiver, 
 sender), and its payload carries a digest of the job (id, algorithm, params, parties) so that two
 different job files are caught before any protocol message.
 
-Payload (JSON, at most 1 KiB, never unpickled): ``{"job": "<sha256 hex>"}``. What each party learns:
+Payload: a protobuf ``Bundle`` (at most 1 KiB) with ``text["job"]`` = the job digest (64 hex digits). What each party learns:
 that the peer is up and runs the same job description; nothing about its data.
 """
 from __future__ import annotations
@@ -22,16 +22,17 @@ import json
 import logging
 import time
 
+from ..proto import messages_pb2
 from ..transport import MessageRejected, PeerTimeout, PeerUnavailable, ProtocolError, Transport
 from .job_file import JobConfig, JobConfigError, PartySpec
 
 log = logging.getLogger("secureflhv.rendezvous")
 
-HELLO_TAG = "__hello__"
+TAG_HELLO = "__hello__"
 CHECK_TAG = "__check__"
 _MAX_HELLO_BYTES = 1024
 
-__all__ = ["CHECK_TAG", "HELLO_TAG", "PartnerMissing", "job_digest", "meet", "partners", "probe"]
+__all__ = ["CHECK_TAG", "TAG_HELLO", "PartnerMissing", "job_digest", "meet", "partners", "probe"]
 
 
 class PartnerMissing(PeerUnavailable):
@@ -64,11 +65,11 @@ def _clock(seconds: float) -> str:
 
 
 def _parse_hello(payload: bytes) -> str:
+    """``parse`` callback of a hello: the peer's job digest; ProtocolError when it is not one."""
     if len(payload) > _MAX_HELLO_BYTES:
         raise ProtocolError(f"hello of {len(payload)} bytes, at most {_MAX_HELLO_BYTES}")
-    doc = json.loads(payload.decode("utf-8"))
-    digest = doc.get("job") if isinstance(doc, dict) else None
-    if not isinstance(digest, str) or len(digest) != 64:
+    digest = messages_pb2.Bundle.FromString(payload).text.get("job", "")
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
         raise ProtocolError("hello without a job digest")
     return digest
 
@@ -100,7 +101,7 @@ def _reach(t: Transport, peer: str, address: str, payload: bytes, clock: _Clock)
     for attempt in range(1, 1_000_000):
         sent = time.monotonic()
         try:
-            t.send(peer, HELLO_TAG, payload, round=0, timeout=clock.slice())
+            t.send(peer, TAG_HELLO, payload, round=0, timeout=clock.slice())
             return time.monotonic() - sent
         except PeerUnavailable as exc:
             if "TLS handshake" in str(exc):  # a certificate problem does not heal by waiting
@@ -118,7 +119,7 @@ def _await(t: Transport, peer: str, clock: _Clock) -> str:
     """Wait for ``peer``'s hello; return its job digest."""
     for attempt in range(1, 1_000_000):
         try:
-            return t.recv(peer, HELLO_TAG, 0, timeout=clock.slice(), parse=_parse_hello)
+            return t.recv(peer, TAG_HELLO, 0, timeout=clock.slice(), parse=_parse_hello)
         except PeerTimeout:
             if clock.over():
                 raise PartnerMissing(f"{t.party_id}: no hello from {peer} within {_clock(clock.timeout_s)} "
@@ -150,7 +151,7 @@ def meet(t: Transport, cfg: JobConfig, peers: list[str], *, timeout_s: float | N
     clock = _Clock(cfg.job.startup_timeout_s if timeout_s is None else timeout_s,
                    cfg.job.startup_log_interval_s if every_s is None else every_s)
     mine = job_digest(cfg)
-    payload = json.dumps({"job": mine}).encode()
+    payload = messages_pb2.Bundle(text={"job": mine}).SerializeToString()
     addresses = {p.id: p.address for p in cfg.parties}
     took = {peer: _reach(t, peer, addresses[peer], payload, clock) for peer in peers}
     for peer in peers:

@@ -7,6 +7,7 @@ log the message and keep waiting.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -24,6 +25,13 @@ def check_shape(what: str, got: Sequence[int], expected: Sequence[int] | None) -
     """Raise ProtocolError naming ``what`` when ``got`` differs from ``expected`` (None: anything goes)."""
     if expected is not None and tuple(got) != tuple(expected):
         raise ProtocolError(f"{what}: shape {tuple(got)}, expected {tuple(expected)}")
+
+
+def whole_count(value: float, what: str, lo: int = 0, hi: int = 1 << 31) -> int:
+    """A peer's count sent as a float (``Scalars``): finite, whole and in [lo, hi), else ProtocolError."""
+    if not (math.isfinite(value) and value == int(value) and lo <= value < hi):
+        raise ProtocolError(f"{what}: {value!r} is not a whole number in [{lo}, {hi})")
+    return int(value)
 
 
 def tensor_to_proto(a, dtype: str | None = None) -> messages_pb2.Tensor:

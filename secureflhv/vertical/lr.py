@@ -87,7 +87,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..crypto.he import VERTICAL_DOT_PRECISION_BITS
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
-from ..transport.codec import tensor_from_proto, tensor_to_proto
+from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..data.dataset import check_matrix
 from .common import VerticalRole, control_parser
 from .prediction import PredictionGuest, PredictionHost
@@ -269,27 +269,30 @@ def _setup_message(cfg: VerticalLRConfig, n_rows: int, host_ids: Sequence[str]) 
 
 def _check_setup(msg: messages_pb2.Bundle, cfg: VerticalLRConfig, host_ids: Sequence[str] | None,
                  n_rows: int | None, who: str) -> int:
-    """Compare the guest's plan with ours; return the number of rows. ValueError names the field."""
+    """Compare the guest's plan with ours; return the number of rows. ProtocolError names the field."""
     theirs = {"batch_size": msg.scalars.get("batch_size"), "seed": msg.scalars.get("seed"),
               "epochs": msg.scalars.get("epochs"), "mode": msg.text.get("mode")}
     ours = {"batch_size": float(cfg.batch_size or 0), "seed": float(cfg.seed), "epochs": float(cfg.epochs),
             "mode": cfg.mode}
     for k in ours:
         if theirs[k] != ours[k]:
-            raise ValueError(f"{who}: config field {k!r} is {ours[k]!r} here but {theirs[k]!r} at the guest")
+            raise ProtocolError(f"{who}: config field {k!r} is {ours[k]!r} here but {theirs[k]!r} at the guest")
     if host_ids is not None and msg.text.get("hosts") != ",".join(host_ids):
-        raise ValueError(f"{who}: host list {list(host_ids)} differs from the guest's {msg.text.get('hosts')!r}")
-    rows = int(msg.scalars.get("n_rows", -1))
+        raise ProtocolError(f"{who}: host list {list(host_ids)} differs from the guest's {msg.text.get('hosts')!r}")
+    rows = whole_count(msg.scalars.get("n_rows", -1.0), f"{who}: the guest's n_rows")
     if n_rows is not None and rows != n_rows:
-        raise ValueError(f"{who}: {n_rows} aligned rows here but {rows} at the guest (run PSI first)")
+        raise ProtocolError(f"{who}: {n_rows} aligned rows here but {rows} at the guest (run PSI first)")
     return rows
 
 
 def _scalars_parser(keys: Sequence[str]):
+    """``parse`` callback for Scalars carrying ``keys``, each a whole count in [1, 2^31)."""
     def validate(m: messages_pb2.Scalars):
         missing = [k for k in keys if k not in m.values]
         if missing:
             raise ProtocolError(f"missing scalar(s) {missing}")
+        for k in keys:
+            whole_count(m.values[k], k, lo=1)
         return m
     return parse_message(messages_pb2.Scalars, validate)
 

@@ -97,7 +97,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..crypto.he import VERTICAL_DOT_PRECISION_BITS
 from ..proto import messages_pb2
-from ..transport import Transport, parse_message
+from ..transport import ProtocolError, Transport, parse_message
+from ..transport.codec import whole_count
 from ..data.dataset import check_matrix
 from .common import VerticalRole, control_parser
 from .prediction import PredictionGuest, PredictionHost
@@ -575,20 +576,26 @@ class SplitNNHost(PredictionHost, _Role):
         return self.result
 
     def _check_setup(self, msg: messages_pb2.Bundle) -> None:
-        theirs = json.loads(msg.text.get("config", "{}"))
+        """The guest's plan must equal ours (config, host list, row count); ProtocolError names the field."""
+        try:
+            theirs = json.loads(msg.text.get("config", "{}"))
+        except ValueError as exc:
+            raise ProtocolError(f"{self.party_id}: the guest's config is not JSON: {exc}") from None
+        if not isinstance(theirs, dict):
+            raise ProtocolError(f"{self.party_id}: the guest's config is not a JSON object")
         ours = self.config.protocol_fields()
         diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
         if diff:
             k = diff[0]
-            raise ValueError(f"{self.party_id}: config field {k!r} is {ours.get(k)!r} here but "
-                             f"{theirs.get(k)!r} at the guest" + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""))
+            raise ProtocolError(f"{self.party_id}: config field {k!r} is {ours.get(k)!r} here but "
+                                f"{theirs.get(k)!r} at the guest" + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""))
         if msg.text.get("hosts") != ",".join(self.host_ids):
-            raise ValueError(f"{self.party_id}: host list {self.host_ids} differs from the guest's "
-                             f"{msg.text.get('hosts')!r}")
-        rows = int(msg.scalars.get("n_rows", -1))
+            raise ProtocolError(f"{self.party_id}: host list {self.host_ids} differs from the guest's "
+                                f"{msg.text.get('hosts')!r}")
+        rows = whole_count(msg.scalars.get("n_rows", -1.0), f"{self.party_id}: the guest's n_rows")
         if rows != self.X.shape[0]:
-            raise ValueError(f"{self.party_id}: {self.X.shape[0]} aligned rows here but {rows} at the guest "
-                             "(run PSI first)")
+            raise ProtocolError(f"{self.party_id}: {self.X.shape[0]} aligned rows here but {rows} at the guest "
+                                "(run PSI first)")
 
     def _fit(self) -> FitResult:
         cfg, he, t = self.config, self.he, self.t

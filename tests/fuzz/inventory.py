@@ -26,6 +26,8 @@ class Entry(NamedTuple):
 
 E = Entry
 INVENTORY: dict[str, Entry] = {
+    # rendezvous before every protocol (runtime/rendezvous.py)
+    "__hello__": E("rendezvous", ("guest", "host-1"), m.Bundle, "rendezvous._parse_hello"),
     # ECDH-PSI (vertical/psi.py)
     "psi/hello": E("psi", ("host-1",), p.PsiHello, "psi._hello_parser"),
     "psi/points": E("psi", ("guest", "host-1"), p.PsiPoints, "psi._points_parser(points=True)"),
@@ -43,6 +45,7 @@ INVENTORY: dict[str, Entry] = {
     "vlr.grad_dec": E("vlr_arbiter", ("guest", "host-1", "host-2"), m.MaskedValues, "common._masked_parser"),
     "vlr.loss": E("vlr_arbiter", ("server",), m.EncryptedTensor, "_enc_parser (_serve_decrypt)"),
     "vlr.loss_dec": E("vlr_arbiter", ("guest",), m.MaskedValues, "common._masked_parser"),
+    "vlr.best": E("vlr_arbiter", ("host-1", "host-2"), m.Scalars, "lr._best_epoch_parser"),
     "vlr.ctl": E("vlr_arbiter", ("host-1", "host-2", "server"), m.Control, "common.control_parser"),
     "vlr.pred_req": E("vlr_arbiter", ("host-1", "host-2"), m.RowsRequest, "prediction._request_parser"),
     "vlr.pred": E("vlr_arbiter", ("guest",), m.Tensor, "parse_message(Tensor, float64 check) in _predict"),
@@ -115,6 +118,8 @@ RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("vertical/lr.py", "_batch_arbiter", "TAG_FWD"): ("vlr.fwd",),
     ("vertical/lr.py", "_batch_two_party", "TAG_FWD"): ("vlr.fwd",),
     ("vertical/lr.py", "_end_epoch", "TAG_CTL"): ("vlr.ctl",),
+    ("runtime/rendezvous.py", "_await", "TAG_HELLO"): ("__hello__",),
+    ("vertical/lr.py", "_fit", "TAG_BEST"): ("vlr.best",),
     ("vertical/lr.py", "_fit", "TAG_CROSS_IN"): ("vlr.cross_in",),
     ("vertical/lr.py", "_fit", "TAG_D"): ("vlr.d",),
     ("vertical/lr.py", "_fit", "TAG_HELLO"): ("vlr.hello",),

@@ -188,7 +188,24 @@ def run_secagg(net_cls):
     return fingerprint(res), errors, [net]
 
 
+def run_rendezvous(net_cls):
+    """Two parties meet (runtime/rendezvous.py) with a minimal job description (duck-typed JobConfig)."""
+    from types import SimpleNamespace as NS
+
+    from secureflhv.runtime.rendezvous import meet
+
+    parties = [NS(id="guest", role="guest", address="10.0.0.1:1"), NS(id="host-1", role="host", address="10.0.0.2:1")]
+    cfg = NS(job=NS(id="fuzz-meet", algorithm="vertical_lr", startup_timeout_s=DEADLINE, startup_log_interval_s=1.0),
+             params={"epochs": 1}, parties=parties, security=NS(insecure_test_keys=True))
+    net = net_cls("fuzz-meet", ["guest", "host-1"], deadline=DEADLINE)
+    results, errors = sb_harness.run_threads({
+        p.id: (lambda me=p.id, other=q.id: sorted(meet(net.transport(me), cfg, [other])))
+        for p, q in (parties, parties[::-1])}, timeout=30)
+    return fingerprint(results), errors, [net]
+
+
 PROTOCOLS = {
+    "rendezvous": run_rendezvous,
     "psi": run_psi,
     "vlr_arbiter": run_vlr_arbiter,
     "vlr_two_party": run_vlr_two_party,
