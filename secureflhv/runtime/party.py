@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..transport import Transport
+from ..transport import Transport, TransportError
 from .blame import NOTICE_ENV, Blame, Stopped, listen_for_notices, root_cause
 from .config import JobConfig, JobConfigError, PartySpec, load_job_params
 from .preflight import require_preflight
@@ -98,7 +98,9 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
         log.info("%s finished in %.1fs", party_id, time.monotonic() - started)
     except BaseException as exc:  # noqa: BLE001 - any failure must reach the peers, the log and the exit code
         stopping.set()
-        log.debug("%s: failure details", party_id, exc_info=True)
+        # expected failures are one line (below); anything else is a bug whose traceback the user needs
+        expected = isinstance(exc, (TransportError, JobConfigError, Stopped, SystemExit, KeyboardInterrupt))
+        log.log(logging.DEBUG if expected else logging.ERROR, "%s: failure details", party_id, exc_info=True)
         failure = blame.record(root_cause(exc, party_id, parties))
         code = EXIT_CONFIG if isinstance(exc, JobConfigError) else EXIT_FAILED
         told_by_launcher = isinstance(exc, Stopped) and exc.failure is not None  # it tells everyone itself
