@@ -23,16 +23,15 @@ import logging
 import time
 
 from ..proto import messages_pb2
-from ..transport import MessageRejected, PeerTimeout, PeerUnavailable, ProtocolError, Transport
+from ..transport import PROBE_TAG, MessageRejected, PeerTimeout, PeerUnavailable, ProtocolError, Transport
 from .job_file import JobConfig, JobConfigError, PartySpec
 
 log = logging.getLogger("secureflhv.rendezvous")
 
 TAG_HELLO = "__hello__"
-CHECK_TAG = "__check__"
 _MAX_HELLO_BYTES = 1024
 
-__all__ = ["CHECK_TAG", "TAG_HELLO", "PartnerMissing", "job_digest", "meet", "partners", "probe"]
+__all__ = ["TAG_HELLO", "PartnerMissing", "job_digest", "meet", "partners", "probe"]
 
 
 class PartnerMissing(PeerUnavailable):
@@ -174,7 +173,7 @@ def probe(t: Transport, peer: str, timeout_s: float) -> dict:
     try:
         for i in range(2):
             sent = time.monotonic()
-            t.send(peer, CHECK_TAG, b"check", round=base + i, timeout=timeout_s)
+            t.send(peer, PROBE_TAG, b"", round=base + i, timeout=timeout_s)  # accepted, never queued
             row["rtt_ms"] = (time.monotonic() - sent) * 1000
         row.update(reachable="yes", certificate="yes")
     except MessageRejected as exc:  # it answered, so TLS held both ways; it refused the message itself

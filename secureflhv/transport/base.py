@@ -44,6 +44,7 @@ log = logging.getLogger("secureflhv.transport")
 T = TypeVar("T")
 
 ABORT_TAG = "__abort__"
+PROBE_TAG = "__check__"  # a reachability probe (``secureflhv check``): accepted, answered, never queued
 DEFAULT_DEADLINE_S = 120.0
 MiB = 1 << 20
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * MiB  # largest payload a party accepts unless the job raises it
@@ -182,7 +183,7 @@ class Mailbox:
             return (f"payload of {size} bytes from {msg.sender!r} exceeds this party's limit of "
                     f"{self.max_payload_bytes} bytes at {self.party_id!r} (max_payload_bytes; job file: "
                     f"job.max_message_mb)")
-        if msg.tag == ABORT_TAG:
+        if msg.tag in (ABORT_TAG, PROBE_TAG):
             return None
         last = self._last_round.get((msg.sender, msg.tag))
         if last is not None and msg.round <= last:
@@ -207,7 +208,7 @@ class Mailbox:
             if msg.tag == ABORT_TAG:
                 self._abort = (msg.sender, msg.payload[:4 * MAX_ABORT_REASON].decode("utf-8", "replace")
                                [:MAX_ABORT_REASON])
-            else:
+            elif msg.tag != PROBE_TAG:
                 self._pending[(msg.sender, msg.tag, msg.round)] = msg
                 count, queued = self._queued.get(msg.sender, (0, 0))
                 self._queued[msg.sender] = (count + 1, queued + len(msg.payload))

@@ -442,17 +442,18 @@ class GrpcTransport(Transport):
         watch = _StreamWatch(context, self.stream_timeout)
         try:
             msg = self._receive(request_iterator, context, watch)
-        except _Refused as ref:
-            self._refuse(ref.reason, ref.header, peer)
-            return pb.Ack(accepted=False, error=ref.reason)
-        except grpc.RpcError as err:  # the sender went away mid-stream, or stalled and was cut
+        except (_Refused, grpc.RpcError) as exc:
+            # a cancelled stream may end as an error or as a short iterator: either way, the cut is the reason
             if watch.expired:
                 reason = (f"stream stalled: not complete within {watch.seconds:.0f}s (stream_timeout "
                           f"{self.stream_timeout:.0f}s + payload size / {MIN_STREAM_RATE} bytes/s); cut")
                 self._refuse(reason, watch.header, peer)
                 return pb.Ack(accepted=False, error=reason)
+            if isinstance(exc, _Refused):
+                self._refuse(exc.reason, exc.header, peer)
+                return pb.Ack(accepted=False, error=exc.reason)
             log.warning("%s: stream from %s broke before the message was complete: %s", self.party_id, peer,
-                        err.details() if hasattr(err, "details") else err)
+                        exc.details() if hasattr(exc, "details") else exc)
             return pb.Ack(accepted=False, error="stream broken")
         except Exception as exc:  # noqa: BLE001 - bad input must never take the party down
             log.exception("%s: error while receiving from %s", self.party_id, peer)
