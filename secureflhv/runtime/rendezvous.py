@@ -173,7 +173,7 @@ def probe(t: Transport, peer: str, timeout_s: float) -> dict:
     try:
         for i in range(2):
             sent = time.monotonic()
-            t.send(peer, PROBE_TAG, b"", round=base + i, timeout=timeout_s)  # accepted, never queued
+            t.send(peer, PROBE_TAG, b"check", round=base + i, timeout=timeout_s)  # accepted, never queued
             row["rtt_ms"] = (time.monotonic() - sent) * 1000
         row.update(reachable="yes", certificate="yes")
     except MessageRejected as exc:  # it answered, so TLS held both ways; it refused the message itself
