@@ -122,10 +122,36 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if all(r["reachable"] == r["certificate"] == "yes" for r in rows) else 1
 
 
+def _with_job_page(args: argparse.Namespace, cfg, run, party_ids=None, exit_codes=None) -> int:
+    """``run()`` with the job page served (``--dashboard``) until the job ends, plus ``--dashboard-wait``."""
+    if args.dashboard is None:
+        return run()
+    from .runtime.dashboard import open_job_page
+
+    try:
+        page = open_job_page(cfg, party_ids, host=args.dashboard_host, port=args.dashboard, exit_codes=exit_codes)
+    except OSError as exc:
+        print(f"secureflhv: cannot serve the job page on {args.dashboard_host}:{args.dashboard}: {exc}",
+              file=sys.stderr)
+        return 2
+    try:
+        rc = run()
+        page.linger(args.dashboard_wait)
+        return rc
+    finally:
+        page.stop()
+
+
 def _cmd_party(args: argparse.Namespace) -> int:
     from .runtime.party import run_party
 
-    return run_party(Path(args.job), args.party, insecure=args.insecure)
+    cfg = None
+    if args.dashboard is not None:
+        from .runtime.config import load_job
+
+        cfg = load_job(args.job)
+    return _with_job_page(args, cfg, lambda: run_party(Path(args.job), args.party, insecure=args.insecure),
+                          party_ids=[args.party])
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -134,7 +160,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_job(args.job)
     extra = ["--log-level", args.log_level] + (["--insecure"] if args.insecure else [])
-    return Launcher(Path(args.job), cfg, extra_args=extra).run(timeout_s=args.timeout)
+    launcher = Launcher(Path(args.job), cfg, extra_args=extra)
+    return _with_job_page(args, cfg, lambda: launcher.run(timeout_s=args.timeout),
+                          exit_codes=lambda: {c.party_id: c.proc.poll() for c in launcher.children})
+
+
+def _add_job_page_options(p: argparse.ArgumentParser, whom: str) -> None:
+    p.add_argument("--dashboard", nargs="?", type=int, const=8765, default=None, metavar="PORT",
+                   help=f"serve a read-only job page for {whom} at http://127.0.0.1:PORT/ (default port 8765; 0 "
+                        "picks a free one): state, step and ETA, live curves, bytes per peer, recent log lines, "
+                        "final metrics and plots; never data, keys or certificates")
+    p.add_argument("--dashboard-host", default="127.0.0.1", metavar="ADDR",
+                   help="address the job page binds (default %(default)s: this machine only; another address shows "
+                        "the page to anyone who can reach it, with a warning)")
+    p.add_argument("--dashboard-wait", type=float, default=0.0, metavar="SECONDS",
+                   help="keep the job page up this long after the job ends (default: close when the job ends)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--insecure", action="store_true",
                        help="plaintext gRPC without TLS or peer authentication (testing only; logs a warning)")
         p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+        _add_job_page_options(p, "every party of the job" if name == "run" else "this party")
         p.set_defaults(func=func)
 
     from .data import partition_cli

@@ -23,6 +23,7 @@ from .config import JobConfig, JobConfigError, PartySpec, load_job_params
 from .preflight import require_preflight
 from .registry import job_spec
 from .rendezvous import meet, partners
+from .status import PartyStatus
 
 log = logging.getLogger("secureflhv.party")
 
@@ -88,13 +89,17 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     told_on_failure = [] if job.family == "horizontal" and spec.role != "server" else peers
     started = time.monotonic()
     transport, failure, code = None, None, EXIT_OK
+    status = PartyStatus.for_party(cfg, spec).start()  # what the job page shows (status.json)
     try:
         transport = build_transport(cfg, spec, insecure)
+        status.attach(transport)
         log.info("%s (%s) of job %r listening on %s; peers: %s", party_id, spec.role, cfg.job.id, spec.address,
                  ", ".join(peers))
         meet(transport, cfg, partners(cfg, spec, job.family))
-        job.run(cfg, spec, transport, params)
+        status.set_state("running")
+        result = job.run(cfg, spec, transport, params)
         stopping.set()
+        status.finish(result)
         log.info("%s finished in %.1fs", party_id, time.monotonic() - started)
     except BaseException as exc:  # noqa: BLE001 - any failure must reach the peers, the log and the exit code
         stopping.set()
@@ -111,4 +116,6 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
             transport.close()
     if failure is not None:
         log.error("%s", failure.line_for(party_id))  # the last line: the job's first failure
+        status.fail(failure.line_for(party_id))
+    status.close()
     return code

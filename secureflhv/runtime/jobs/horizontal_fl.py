@@ -185,7 +185,8 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
                 config: FLConfig, strategy) -> dict:
     def on_round(rec: RoundRecord, _vec) -> None:
         emit_progress("rounds", rec.round, params.rounds,
-                      f"accuracy {rec.test_accuracy:.4f}" if rec.test_n else f"loss {rec.train_loss:.4f}")
+                      f"accuracy {rec.test_accuracy:.4f}" if rec.test_n else f"loss {rec.train_loss:.4f}",
+                      {"train loss": rec.train_loss, **({"test accuracy": rec.test_accuracy} if rec.test_n else {})})
 
     clients = [p.id for p in cfg.clients]
     server = HorizontalServer(transport, clients, params.model, strategy, config, on_round=on_round)

@@ -70,7 +70,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         return {}
 
     guest = VerticalLRGuest(transport, host_ids, X[train], data.y[train], config, arbiter_id,
-                            on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs, f"loss {loss:.5f}"))
+                            on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs, f"loss {loss:.5f}",
+                                                                  {"loss": loss}))
     result = guest.fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      classification_metrics)

@@ -64,7 +64,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: labels must be integers 0..C-1")
     data.y = data.y.astype(np.int64)
     guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config, checkpoint_dir=ckpt_dir)
-    guest.on_epoch = lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}")
+    guest.on_epoch = lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}",
+                                                       {"loss": loss})
     result = guest.fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      classification_metrics)
