@@ -57,6 +57,9 @@ svg.curve line { stroke: #bbc; }
 pre { background: #fff; border: 1px solid #dde; padding: 6px; font-size: 11.5px; max-height: 180px; overflow: auto;
       margin: 4px 0 10px; white-space: pre-wrap; }
 .log h3 { font-size: 13px; margin: 8px 0 0; }
+#logs { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 0 12px; }
+#final-section > div { display: inline-block; vertical-align: top; margin-right: 12px; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
 """
 
 APP_JS = r"""
@@ -85,6 +88,9 @@ function duration(s) {
   s = Math.round(s);
   return s >= 3600 ? Math.floor(s / 3600) + "h " + Math.floor(s % 3600 / 60) + "m"
        : s >= 60 ? Math.floor(s / 60) + "m " + (s % 60) + "s" : s + "s";
+}
+function number(v) {
+  return typeof v !== "number" ? String(v) : Number.isInteger(v) ? String(v) : v.toPrecision(5);
 }
 function replace(id, key, build) {
   if (shown[id] === key) return;
@@ -143,7 +149,7 @@ function render(job) {
   document.getElementById("final-section").hidden = finals.length === 0;
   replace("final", JSON.stringify(finals.map(p => [p.id, p.final])), () => {
     const rows = finals.flatMap(p => Object.entries(p.final || {}).map(([k, v]) =>
-      el("tr", {}, el("td", {}, p.id), el("td", {}, k), el("td", {}, typeof v === "number" ? v.toPrecision(5) : v))));
+      el("tr", {}, el("td", {}, p.id), el("td", {}, k), el("td", {class: "num"}, number(v)))));
     return rows.length ? [el("table", {id: "final-table"}, el("tr", {}, el("th", {}, "party"), el("th", {}, "metric"),
                                                            el("th", {}, "value")), ...rows)] : [];
   });
@@ -154,6 +160,7 @@ function render(job) {
       el("figcaption", {}, p.id + ": " + name)))));
   replace("logs", JSON.stringify(parties.map(p => p.log)), () =>
     parties.map(p => el("div", {class: "log"}, el("h3", {}, p.id), el("pre", {}, (p.log || []).join("\n") || "(no log yet)"))));
+  for (const pre of document.querySelectorAll("#logs pre")) pre.scrollTop = pre.scrollHeight;  // newest lines in view
 }
 
 async function tick() {
