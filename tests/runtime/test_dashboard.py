@@ -191,3 +191,58 @@ def test_status_dir_unwritable_does_not_fail(tmp_path, caplog):
         status.close()
     assert caplog.text.count("cannot write the status file") == 1
     assert not os.path.exists(blocker / STATUS_FILE)
+
+
+@pytest.mark.slow
+def test_party_dashboard_serves_its_own_party_only(tmp_path):
+    """Three real ``secureflhv party`` processes; the guest's organisation opens its own job page."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import urllib.request
+
+    import yaml
+    from job_harness import make_job
+
+    job = make_job(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    doc["params"]["epochs"] = 3
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def party(pid, *extra):
+        return subprocess.Popen([sys.executable, "-m", "secureflhv", "party", str(job), "--party", pid, *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    guest = party("guest", "--dashboard", "0", "--dashboard-wait", "60")
+    others = [party("server"), party("host-1")]
+    out: list[str] = []
+    threading.Thread(target=lambda: out.extend(line.rstrip("\n") for line in guest.stdout), daemon=True).start()
+    try:
+        end, url, seen = time.monotonic() + 180, None, []
+        while time.monotonic() < end:
+            url = url or next((m.group(1) for line in list(out) if (m := re.match(r"job page: (\S+)$", line))), None)
+            if url:
+                job_view = json.loads(urllib.request.urlopen(url + "api/job", timeout=5).read())
+                seen.append(job_view["state"])
+                if job_view["state"] in ("done", "failed") and any("stays up" in line for line in out):
+                    break
+            time.sleep(0.3)
+        assert url and seen and seen[-1] == "done", "\n".join(out[-30:])
+        assert [p["id"] for p in job_view["parties"]] == ["guest"]  # one organisation's page: its own party
+        mine = job_view["parties"][0]
+        assert [pt[0] for pt in mine["curves"]["loss"]] == [1, 2, 3] and mine["plots"] == ["loss.png"]
+        assert "train.accuracy" in mine["final"]
+        assert urllib.request.urlopen(url + "files/guest/loss.png", timeout=5).read()[:4] == b"\x89PNG"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url + "files/host-1/loss.png", timeout=5)
+        assert refused.value.code == 404
+        guest.send_signal(signal.SIGINT)  # closes the page early; the party's exit code stays
+        assert guest.wait(timeout=30) == 0
+        assert all(p.wait(timeout=60) == 0 for p in others)
+    finally:
+        for p in (guest, *others):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
