@@ -207,7 +207,7 @@ class DashboardServer:
 
     @property
     def url(self) -> str:
-        host = LOOPBACK if self.host in ("0.0.0.0", "localhost", "") else self.host
+        host = LOOPBACK if self.host in ("0.0.0.0", "::", "localhost", "") else self.host  # a wildcard: say here
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/"
 
     def start(self) -> "DashboardServer":

@@ -22,7 +22,8 @@ INDEX_HTML = """<!doctype html>
 <th>bytes per peer (sent / received)</th></tr></thead><tbody></tbody></table>
 <p id="errors"></p></section>
 <section><h2>Curves</h2><div id="curves"><p class="muted">no curve reported yet</p></div></section>
-<section id="final-section" hidden><h2>Final metrics and plots</h2><div id="final"></div><div id="plots"></div></section>
+<section id="final-section" hidden><h2>Final metrics and plots</h2>
+<div id="final"></div><div id="plots"></div></section>
 <section><h2>Recent log lines</h2><div id="logs"></div></section>
 </main>
 <script src="app.js"></script>
@@ -121,7 +122,9 @@ function chart(party, name, points) {
   const s = svg("svg", {class: "curve", width: W, height: H, viewBox: "0 0 " + W + " " + H,
                         "data-party": party, "data-curve": name, "data-points": points.length});
   s.append(svg("line", {x1: L, y1: H - B, x2: W - R, y2: H - B}), svg("line", {x1: L, y1: T, x2: L, y2: H - B}));
-  const label = (x, y, text, anchor) => { const t = svg("text", {x, y, "text-anchor": anchor}); t.textContent = text; s.append(t); };
+  const label = (x, y, text, anchor) => {
+    const t = svg("text", {x, y, "text-anchor": anchor}); t.textContent = text; s.append(t);
+  };
   label(L - 4, T + 8, y1.toPrecision(4), "end"); label(L - 4, H - B, y0.toPrecision(4), "end");
   label(L, H - 8, String(x0), "start"); label(W - R, H - 8, String(x1), "end");
   s.append(svg("polyline", {points: points.map(p => sx(p[0]) + "," + sy(p[1])).join(" ")}));
@@ -142,7 +145,8 @@ function render(job) {
   });
   replace("errors", JSON.stringify(parties.map(p => p.error)),
           () => parties.filter(p => p.error).map(p => el("div", {class: "err"}, p.error)));
-  const curves = parties.flatMap(p => Object.entries(p.curves || {}).filter(([, v]) => v.length).map(([k, v]) => [p.id, k, v]));
+  const curves = parties.flatMap(p => Object.entries(p.curves || {}).filter(([, v]) => v.length)
+                                            .map(([k, v]) => [p.id, k, v]));
   replace("curves", JSON.stringify(curves), () =>
     curves.length ? curves.map(([id, k, v]) => chart(id, k, v)) : [el("p", {class: "muted"}, "no curve reported yet")]);
   const finals = parties.filter(p => Object.keys(p.final || {}).length || (p.plots || []).length);
@@ -159,7 +163,8 @@ function render(job) {
                  alt: p.id + " " + name}),
       el("figcaption", {}, p.id + ": " + name)))));
   replace("logs", JSON.stringify(parties.map(p => p.log)), () =>
-    parties.map(p => el("div", {class: "log"}, el("h3", {}, p.id), el("pre", {}, (p.log || []).join("\n") || "(no log yet)"))));
+    parties.map(p => el("div", {class: "log"}, el("h3", {}, p.id),
+                        el("pre", {}, (p.log || []).join("\n") || "(no log yet)"))));
   for (const pre of document.querySelectorAll("#logs pre")) pre.scrollTop = pre.scrollHeight;  // newest lines in view
 }
 
