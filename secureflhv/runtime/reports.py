@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.metrics import plot_roc_ks, task_metrics
 from .artifacts import plot_curves, write_json
 from .data_prep import PartyData, RowSplit
 from .job_file import JobConfig
@@ -18,32 +19,17 @@ log = logging.getLogger("secureflhv.job")
 
 
 def classification_metrics(y: np.ndarray, p: np.ndarray) -> dict:
-    """accuracy (+ AUC and log loss for binary ``p`` of shape (m,); multi-class ``p`` is (m, C))."""
-    from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
+    """Binary metrics for ``p`` of shape (m,) (P(y=1)), multi-class ones for ``p`` of shape (m, C).
 
-    if p.ndim == 1:
-        out = {"accuracy": float(accuracy_score(y, p >= 0.5)), "n": int(len(y))}
-        if len(np.unique(y)) == 2:
-            out["auc"] = float(roc_auc_score(y, p))
-            out["log_loss"] = float(log_loss(y, np.clip(p, 1e-12, 1 - 1e-12), labels=[0, 1]))
-        return out
-    return {"accuracy": float(accuracy_score(y, p.argmax(axis=1))), "n": int(len(y))}
+    See :func:`secureflhv.data.metrics.task_metrics` for the list (AUC, KS, precision, recall, confusion
+    matrix; accuracy, macro-F1, log loss).
+    """
+    return task_metrics(y, p, "binary" if p.ndim == 1 else "multiclass")
 
 
 def objective_metrics(y: np.ndarray, pred: np.ndarray, objective: str) -> dict:
-    """Tree metrics: RMSE (``regression``), accuracy and AUC (``binary``, ``pred`` = P(y=1)), accuracy (multi-class)."""
-    from sklearn.metrics import accuracy_score, roc_auc_score
-
-    out = {"n": int(len(y))}
-    if objective == "regression":
-        out["rmse"] = float(np.sqrt(np.mean((pred - y) ** 2)))
-    elif objective == "binary":
-        out["accuracy"] = float(accuracy_score(y, pred >= 0.5))
-        if len(np.unique(y)) == 2:
-            out["auc"] = float(roc_auc_score(y, pred))
-    else:
-        out["accuracy"] = float(accuracy_score(y, np.argmax(pred, axis=1)))
-    return out
+    """Tree metrics for ``objective`` (``regression``, ``binary`` with ``pred`` = P(y=1), or multi-class)."""
+    return task_metrics(y, pred, objective if objective in ("regression", "binary") else "multiclass")
 
 
 def evaluate_split(y: np.ndarray, split: RowSplit, predict, metric) -> tuple[dict, np.ndarray | None]:
@@ -62,7 +48,8 @@ def evaluate_split(y: np.ndarray, split: RowSplit, predict, metric) -> tuple[dic
 def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: dict, history: dict,
                        p_test: np.ndarray | None, title: str, *, loss_label: str = "training loss",
                        **extra) -> Path:
-    """Write ``metrics.json``, ``predictions.csv`` (test rows), ``split.json`` and ``loss.png``; return the plot.
+    """Write ``metrics.json``, ``predictions.csv`` (test rows), ``split.json``, ``loss.png`` and, for a
+    binary task with both classes among the test rows, ``roc_ks.png``; return the loss plot.
 
     ``loss_label`` names the plotted loss on the y axis (which loss, on which rows, how averaged).
     """
@@ -77,6 +64,9 @@ def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: 
         else:
             cols.update({f"p{c}": p_test[:, c] for c in range(p_test.shape[1])})
         pd.DataFrame(cols).to_csv(out_dir / "predictions.csv", index=False)
+        y_test = data.y[data.test]
+        if p_test.ndim == 1 and set(np.unique(y_test)) == {0, 1}:
+            plot_roc_ks(y_test, p_test, out_dir / "roc_ks.png", title=f"{title}, job {cfg.job.id}, test rows")
     write_json(out_dir / "split.json", {"train": data.ids[data.train], "test": data.ids[data.test]})
     return plot_curves(out_dir / "loss.png", {loss_label: history["loss"]}, title=f"{title}, job {cfg.job.id}",
                        ylabel=loss_label)
