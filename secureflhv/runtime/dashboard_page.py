@@ -19,7 +19,7 @@ INDEX_HTML = """<!doctype html>
 <main>
 <section><h2>Parties</h2>
 <table id="parties"><thead><tr><th>party</th><th>role</th><th>state</th><th>step</th><th>ETA</th>
-<th>bytes per peer (sent / received)</th></tr></thead><tbody></tbody></table>
+<th>bytes on the wire per peer (sent / received)</th></tr></thead><tbody></tbody></table>
 <p id="errors"></p></section>
 <section><h2>Curves</h2><div id="curves"><p class="muted">no curve reported yet</p></div></section>
 <section id="final-section" hidden><h2>Final metrics and plots</h2>
@@ -106,7 +106,8 @@ function partyRow(p) {
   const eta = tasks.filter(([, v]) => v.done < v.total).map(([, v]) => duration(v.eta_s)).join("; ");
   const wire = el("td", {class: "wire"});
   for (const [peer, s] of Object.entries(p.wire || {}))
-    wire.append(el("div", {}, peer + ": " + bytes(s.sent || 0) + " / " + bytes(s.received || 0)));
+    wire.append(el("div", {}, peer + ": " + bytes((s.sent || 0) + (s.sent_framing || 0)) + " / " +
+                              bytes((s.received || 0) + (s.received_framing || 0))));
   return el("tr", {"data-party": p.id},
     el("td", {}, p.id), el("td", {}, p.role), el("td", {}, el("span", {class: "state " + p.state}, p.state)),
     el("td", {}, step), el("td", {}, p.state === "running" ? eta : ""), wire);

@@ -1,7 +1,9 @@
-"""Progress events from a party to the launcher: one JSON line on stdout, prefixed so it is not a log line.
+"""Events from a party to the launcher: one JSON line on stdout, prefixed so it is not a log line.
 
-In-process listeners (:func:`add_listener`) get the same events: the party's status file for the job
-page (:mod:`.status`) is written from them.
+``@progress``: a task's progress (a progress bar); ``@wire``: the party's bytes on the wire at the end of
+the job (``transport.wire_stats()``; the launcher's end-of-job table). In-process listeners
+(:func:`add_listener`) get the progress events too: the party's status file for the job page
+(:mod:`.status`) is written from them.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 from typing import Callable
 
 PROGRESS_PREFIX = "@progress "
+WIRE_PREFIX = "@wire "
 
 _listeners: list[Callable[[dict], None]] = []
 
@@ -33,3 +36,8 @@ def emit_progress(task: str, done: int, total: int, info: str = "", metrics: dic
     print(PROGRESS_PREFIX + json.dumps(ev), flush=True)
     for fn in list(_listeners):
         fn(ev)
+
+
+def emit_wire(stats: dict) -> None:
+    """Print the party's ``wire_stats()`` (bytes per peer and tag) on stdout for the launcher's summary."""
+    print(WIRE_PREFIX + json.dumps(stats), flush=True)

@@ -60,7 +60,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         save({}, {"params": params.model_dump(mode="json")})
         return {}
 
-    data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize)
+    data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize, preprocess=True)
     X, train = data.X, data.train
     if party.role == "host":
         host = VerticalLRHost(transport, cfg.guest.id, host_ids, X[train], config, arbiter_id)

@@ -45,7 +45,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     out_dir = cfg.output_dir(party.id)
     host_ids = [h.id for h in cfg.hosts]
     config = SplitNNConfig(**params.model_dump(exclude=set(StandardisedSplitParams.model_fields)))
-    data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize)
+    data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize, preprocess=True)
     X, train = data.X, data.train
     ckpt_dir = out_dir / "checkpoints"
 
