@@ -99,6 +99,8 @@ def test_job_page_in_a_browser_during_a_real_run(tmp_path):
 
         _wait("the finished job", lambda: browser.find_element(By.ID, "job-state").text == "done", 240, out)
         assert points() == EPOCHS and set(rows().values()) == {"done"}
+        wire = browser.find_element(By.CSS_SELECTOR, '#parties tr[data-party="guest"] td.wire').text
+        assert re.search(r"server: [\d.]+ [kM]?B / [\d.]+ [kM]?B", wire) and "host-1: " in wire  # bytes per peer
         final = browser.find_element(By.ID, "final-table").text
         assert "test.auc" in final and "test.accuracy" in final
         img = _wait("the loss plot", lambda: browser.execute_script(
