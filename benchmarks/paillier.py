@@ -199,7 +199,9 @@ def record_figures(rows: list[tuple], heu: dict | None, load: tuple[float, float
               f"add {add[0]:,.0f}/s; X^T·[[d]] {dot[0]:,.0f} entries/s." + note),
         baseline=baseline, ratio=ratio))
     w = {k.split(",")[0]: v for k, v in r.items() if "workers" in k}
-    if w:
+    if w and max(load) >= (os.cpu_count() or 1):
+        print("2-worker scaling not recorded: other processes held the cores (load average >= core count)")
+    elif w:
         record("paillier_workers", dict(
             what="Paillier 2048-bit, 2 workers vs 1, wall clock (`paillier.py`)",
             ours=", ".join(f"{k} {v[0] / v[1]:.2f}×" for k, v in w.items()) + "." + note,
