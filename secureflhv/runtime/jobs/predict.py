@@ -188,12 +188,40 @@ def _vertical_lr(cfg: JobConfig, party: PartySpec, transport: Transport, params:
     return write_predictions(cfg, party, bundle, ids, scores, y, own)
 
 
+def _secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
+                          bundle: ModelBundle) -> dict:
+    from ...tree.model import model_from_dict
+    from ...tree.params import SecureBoostParams, transform
+    from ...tree.vertical import SecureBoostGuest, SecureBoostHost
+
+    X, ids, y, own = aligned_rows(cfg, party, transport, bundle)
+    where = f"params.model_dir (party {party.id!r}): {bundle.path}"
+    if party.role == "host":
+        records = bundle.file("split_table.json")
+        if not all(isinstance(r, list) and len(r) == 3 and 0 <= int(r[0]) < X.shape[1] for r in records):
+            raise JobConfigError(f"{where}: files[split_table.json]: records must be [feature, bin, threshold] "
+                                 f"with a feature index below {X.shape[1]}")
+        host = SecureBoostHost.from_records(transport, cfg.guest.id, records, SecureBoostParams(**bundle.config))
+        host.serve_predictions(X)
+        return {}
+    try:
+        model = model_from_dict(bundle.file("model.json"))
+        guest = SecureBoostGuest.from_model(transport, model_hosts(bundle), model)
+    except ValueError as exc:
+        raise JobConfigError(f"{where}: files[model.json]: {exc}") from None
+    # one routing pass over every row: the hosts check each request against their whole prediction set
+    scores = transform(guest.predict_margin(X), model.params)
+    guest.end_prediction()
+    return write_predictions(cfg, party, bundle, ids, scores, y, own,
+                             "regression" if model.params.objective == "regression" else "binary")
+
+
 def _in_batches(n: int, size: int, fn) -> np.ndarray:
     parts = [fn(np.arange(s, min(n, s + size))) for s in range(0, n, size)]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-PREDICTORS = {"vertical_lr": _vertical_lr}
+PREDICTORS = {"vertical_lr": _vertical_lr, "secureboost_vertical": _secureboost_vertical}
 VERTICAL = {"vertical_lr", "vertical_nn", "secureboost_vertical"}
 
 

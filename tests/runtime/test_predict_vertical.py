@@ -1,6 +1,7 @@
-"""Vertical LR end to end: train (real processes, gRPC + mutual TLS), save bundles, then a prediction job
-on new tables (some ids unknown to one party) whose scores equal the in-job held-out predictions exactly;
-a damaged bundle, another party's bundle and another job's bundle are each refused with a clear error."""
+"""Vertical families end to end: train (real processes, gRPC + mutual TLS), save bundles, then a prediction
+job on new tables (some ids unknown to one party) whose scores equal the in-job held-out predictions on
+the shared rows (exactly for LR and SecureBoost); a damaged bundle, another party's bundle and another
+job's bundle are each refused with a clear error."""
 from __future__ import annotations
 
 import json
@@ -13,14 +14,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from secureflhv.runtime.demo import breast_cancer_tables, write_vertical_lr_job
+from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job
 from secureflhv.runtime.jobs.predict import write_predict_job
 from secureflhv.runtime.model_bundle import read_bundle
 
 pytestmark = pytest.mark.slow
 
-PARAMS = {"epochs": 2, "batch_size": 128, "learning_rate": 0.15, "key_bits": 1024, "test_fraction": 0.3,
-          "split_seed": 5, "seed": 7}
+SPLIT = {"test_fraction": 0.3, "split_seed": 5}
+FAMILIES = {
+    "vertical_lr": ({"mode": "arbiter", "epochs": 2, "batch_size": 128, "learning_rate": 0.15, "key_bits": 1024,
+                     "seed": 7, **SPLIT}, True),
+    "secureboost_vertical": ({"n_trees": 3, "max_depth": 3, "key_bits": 1024, **SPLIT}, False),
+}
 
 
 def secureflhv(*args) -> tuple[int, str]:
@@ -29,12 +34,14 @@ def secureflhv(*args) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("vlr")
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def trained(request, tmp_path_factory):
+    algorithm = request.param
+    params, server = FAMILIES[algorithm]
+    tmp = tmp_path_factory.mktemp(algorithm)
     guest_csv, host_csvs = breast_cancer_tables(tmp / "data", 1, seed=3, scheme="random")
-    job = write_vertical_lr_job(tmp / "job", guest_csv, host_csvs, PARAMS, job_id="vlr-train",
-                                deadline_s=60, insecure_test_keys=True)
+    parties = vertical_parties(guest_csv, host_csvs, server=server, id_column="id", label_column="label")
+    job = write_job(tmp / "job", "model-train", algorithm, parties, params, deadline_s=60, insecure_test_keys=True)
     code, out = secureflhv("run", str(job), "--timeout", "240")
     assert code == 0, out[-3000:]
     return tmp, job, guest_csv, host_csvs[0]
@@ -79,32 +86,38 @@ def test_predict_job_equals_in_job_predictions(trained):
 
 def test_bundle_manifest(trained):
     _, job, _, _ = trained
-    b = read_bundle(job.parent / "out" / "guest", expect_party="guest", expect_job="vlr-train")
-    assert b.algorithm == "vertical_lr" and b.role == "guest"
-    assert len(b.file("weights.npy")) == len(b.feature_names)
-    assert {p["id"]: p["role"] for p in b.peers} == {"server": "server", "host-1": "host"}
+    b = read_bundle(job.parent / "out" / "guest", expect_party="guest", expect_job="model-train")
+    algorithm = b.algorithm
+    assert algorithm in FAMILIES and b.role == "guest" and b.feature_names
+    peers = {"host-1": "host", **({"server": "server"} if FAMILIES[algorithm][1] else {})}
+    assert {p["id"]: p["role"] for p in b.peers} == peers
     assert all(p["cert_sha256"] and len(p["cert_sha256"]) == 64 for p in b.peers)
     assert len(b.paillier_key_sha256) == 64
-    host = read_bundle(job.parent / "out" / "host-1" / "model")
-    assert host.paillier_key_sha256 == b.paillier_key_sha256  # the arbiter's key, seen by both
-    assert set(b.preprocessing["standardisation"]) == {"mean", "std"}
+    host = read_bundle(job.parent / "out" / "host-1" / "model", expect_party="host-1")
+    assert host.paillier_key_sha256 == b.paillier_key_sha256  # the key every party used in training
+    if algorithm == "vertical_lr":
+        assert len(b.file("weights.npy")) == len(b.feature_names)
+        assert set(b.preprocessing["standardisation"]) == {"mean", "std"}
+    else:  # the guest holds no host threshold: host splits are (owner, record) only
+        nodes = [n for t in b.file("model.json")["trees"] for n in t["nodes"] if n.get("owner") == "host-1"]
+        assert nodes and all("threshold" not in n and n["feature"] == -1 for n in nodes)
+        assert all(len(r) == 3 for r in host.file("split_table.json"))
 
 
 @pytest.mark.parametrize("damage, expected", [
-    ("tamper", "files[weights.npy].sha256"),
+    ("tamper", ".sha256: the file does not match the manifest's hash"),
     ("other_party", "party_id: this bundle belongs to party 'host-1', not 'guest'"),
-    ("other_job", "job_id: this bundle belongs to job 'vlr-train', not 'another-job'"),
+    ("other_job", "job_id: this bundle belongs to job 'model-train', not 'another-job'"),
 ])
 def test_bad_bundle_is_refused(trained, tmp_path, damage, expected):
     tmp, job, guest_csv, host_csv = trained
     models = tmp_path / "models"
     shutil.copytree(job.parent / "out", models)
-    model_job = "vlr-train"
+    model_job = "model-train"
     if damage == "tamper":
-        w = models / "guest" / "model" / "weights.npy"
-        arr = np.load(w, allow_pickle=False)
-        arr[0] += 1.0
-        np.save(w, arr, allow_pickle=False)
+        files = sorted((models / "guest" / "model").glob("*.npy")) or [models / "guest" / "model" / "model.json"]
+        with open(files[-1], "ab") as fh:
+            fh.write(b" ")
     elif damage == "other_party":
         shutil.rmtree(models / "guest" / "model")
         shutil.copytree(models / "host-1" / "model", models / "guest" / "model")
@@ -112,8 +125,8 @@ def test_bad_bundle_is_refused(trained, tmp_path, damage, expected):
         model_job = "another-job"
     data = {"guest": guest_csv, "host-1": host_csv}
     pjob = write_predict_job(job, tmp_path / "p" / "job.yaml", data=data, model_dir=models, new_ports=True)
-    if model_job != "vlr-train":
-        text = pjob.read_text().replace("model_job_id: vlr-train", f"model_job_id: {model_job}")
+    if model_job != "model-train":
+        text = pjob.read_text().replace("model_job_id: model-train", f"model_job_id: {model_job}")
         pjob.write_text(text)
     code, log = secureflhv("run", str(pjob), "--timeout", "60")
     assert code != 0
