@@ -11,9 +11,13 @@ are the model's, then runs the prediction protocol of the bundle's algorithm on 
   asks the hosts for their partial scores ``u_h = X_h w_h`` of the aligned rows
   (:mod:`secureflhv.vertical.prediction`, ``vlr.pred_req`` / ``vlr.pred``) and adds its own
   ``X_g w_g + b``.
-* ``vertical_nn`` and ``secureboost_vertical``: see their predictors below (split NN: hosts run their
-  bottom models, the guest finishes; SecureBoost: the guest routes each row through host-owned splits
-  by asking the owning host left or right; hosts never reveal thresholds).
+* ``vertical_nn``: the guest sends its setup (config, hosts, rows: each host checks them against its own
+  bundle), each host sends a fresh Paillier public key, then per chunk of rows the hosts run their
+  bottom models and the interactive layer's encrypted exchange (``vnn.pred_*``), and the guest
+  finishes the forward pass (top model).
+* ``secureboost_vertical``: the guest routes every row through the trees, asking the owning host
+  which way a row goes at each host split (``sb.route`` / ``sb.routed``: record id and rows in, a
+  left/right bit per row out); hosts never reveal thresholds, the guest's splits stay at the guest.
 
 Example job file (``secureflhv run predict.yaml``; parties, addresses and certificates as in training,
 data pointing at the new tables)::
@@ -216,12 +220,39 @@ def _secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport
                              "regression" if model.params.objective == "regression" else "binary")
 
 
+def _vertical_nn(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
+                bundle: ModelBundle) -> dict:
+    from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
+
+    config = SplitNNConfig(**bundle.config)
+    X, ids, y, own = aligned_rows(cfg, party, transport, bundle)
+    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in bundle.file("state.safetensors").items()}
+    where = f"params.model_dir (party {party.id!r}): {bundle.path}: files[state.safetensors]"
+    if party.role == "host":
+        try:
+            host = SplitNNHost.from_state(transport, cfg.guest.id, [h.id for h in cfg.hosts], X, config, arrays)
+        except ValueError as exc:
+            raise JobConfigError(f"{where}: {exc}") from None
+        host.start_prediction()
+        host.serve_predictions(X)
+        return {}
+    try:
+        guest = SplitNNGuest.from_state(transport, model_hosts(bundle), X, int(bundle.extra["n_classes"]), config,
+                                        arrays)
+    except (ValueError, KeyError) as exc:
+        raise JobConfigError(f"{where}: {exc}") from None
+    guest.start_prediction()
+    scores = _in_batches(len(ids), params.batch_rows, lambda rows: guest.predict_proba(X, rows=rows))
+    guest.end_prediction()
+    return write_predictions(cfg, party, bundle, ids, scores, y, own)
+
+
 def _in_batches(n: int, size: int, fn) -> np.ndarray:
     parts = [fn(np.arange(s, min(n, s + size))) for s in range(0, n, size)]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-PREDICTORS = {"vertical_lr": _vertical_lr, "secureboost_vertical": _secureboost_vertical}
+PREDICTORS = {"vertical_lr": _vertical_lr, "secureboost_vertical": _secureboost_vertical, "vertical_nn": _vertical_nn}
 VERTICAL = {"vertical_lr", "vertical_nn", "secureboost_vertical"}
 
 
