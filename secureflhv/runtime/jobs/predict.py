@@ -18,6 +18,9 @@ are the model's, then runs the prediction protocol of the bundle's algorithm on 
 * ``secureboost_vertical``: the guest routes every row through the trees, asking the owning host
   which way a row goes at each host split (``sb.route`` / ``sb.routed``: record id and rows in, a
   left/right bit per row out); hosts never reveal thresholds, the guest's splits stay at the guest.
+* ``horizontal`` and ``secureboost_horizontal``: every client holds the whole global model; each scores
+  its own new rows locally (nothing is sent) and writes its own ``predictions.csv``. Without the
+  federation, :func:`secureflhv.load_model` does the same in a notebook.
 
 Example job file (``secureflhv run predict.yaml``; parties, addresses and certificates as in training,
 data pointing at the new tables)::
@@ -27,7 +30,7 @@ data pointing at the new tables)::
     parties: ...                      # guest and hosts of the training job (a server is not needed)
     params: {model_dir: out, model_job_id: breast-vlr}
 
-The guest writes ``<output_dir>/<guest>/predictions.csv`` — ``id``, ``score`` (P(y=1); multi-class:
+The guest (horizontal models: every client) writes ``<output_dir>/<party>/predictions.csv`` — ``id``, ``score`` (P(y=1); multi-class:
 ``p0 .. pC-1``; regression: the value) and ``label`` when ``data.label_column`` is set — and
 ``metrics.json`` (rows scored, ids without a partner, AUC / accuracy when labels are given).
 
@@ -247,12 +250,38 @@ def _vertical_nn(cfg: JobConfig, party: PartySpec, transport: Transport, params:
     return write_predictions(cfg, party, bundle, ids, scores, y, own)
 
 
+def _local(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
+           bundle: ModelBundle) -> dict:
+    """Horizontal FL / SecureBoost: this party holds the whole global model and scores its own rows."""
+    from ..model_api import LoadedModel
+
+    spec = party.data
+    names = list(bundle.feature_names) or spec.feature_columns
+    try:
+        table = load_table(cfg.resolve(spec.path), id_column=spec.id_column, label_column=spec.label_column,
+                           feature_columns=names)
+    except (OSError, ValueError) as exc:
+        raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
+    want = bundle.extra.get("n_features")
+    if want is not None and table.n_features != want:
+        raise JobConfigError(f"{cfg.where(party, 'data')}: {table.n_features} feature columns, the model takes "
+                             f"{want} (set data.feature_columns)")
+    try:
+        scores = LoadedModel(bundle).predict_proba(np.asarray(table.X, dtype=np.float64))
+    except ValueError as exc:
+        raise JobConfigError(f"params.model_dir (party {party.id!r}): {bundle.path}: {exc}") from None
+    regression = bundle.algorithm == "secureboost_horizontal" and bundle.config.get("objective") == "regression"
+    return write_predictions(cfg, party, bundle, np.asarray(table.ids), scores, table.y, table.n_rows,
+                             "regression" if regression else "binary")
+
+
 def _in_batches(n: int, size: int, fn) -> np.ndarray:
     parts = [fn(np.arange(s, min(n, s + size))) for s in range(0, n, size)]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-PREDICTORS = {"vertical_lr": _vertical_lr, "secureboost_vertical": _secureboost_vertical, "vertical_nn": _vertical_nn}
+PREDICTORS = {"vertical_lr": _vertical_lr, "secureboost_vertical": _secureboost_vertical, "vertical_nn": _vertical_nn,
+              "horizontal": _local, "secureboost_horizontal": _local}
 VERTICAL = {"vertical_lr", "vertical_nn", "secureboost_vertical"}
 
 
