@@ -27,7 +27,6 @@ from typing import Mapping
 
 import numpy as np
 
-from .data_prep import StandardisedSplitParams
 from .job_file import JobConfig, JobConfigError, PartySpec
 from .os_errors import plain_error, port_problem, port_sentence
 
@@ -226,8 +225,8 @@ def _data_columns(report: _Report, params, columns: list[str]) -> dict[str, tupl
     features = spec.feature_columns
     if features is None:
         features = [c for c in columns if c not in named]
-    # jobs that preprocess (vertical LR, split NN) impute missing cells; declared categories are text
-    numeric = replace(NUMERIC, allow_missing=True) if isinstance(params, StandardisedSplitParams) else NUMERIC
+    # jobs that preprocess (vertical LR, split NN, scoring with their bundles) impute missing cells
+    numeric = replace(NUMERIC, allow_missing=True) if getattr(params, "accepts_missing_values", False) else NUMERIC
     declared = (spec.table_schema or {})
     for col in features:
         kind = declared.get(col, {})

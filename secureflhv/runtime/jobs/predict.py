@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...data import load_table
+from ...data.tabular import Preprocessor
 from ...transport import Transport
 from ..artifacts import write_json
 from ..data_prep import align_by_psi
@@ -58,6 +60,9 @@ log = logging.getLogger("secureflhv.job")
 
 class PredictJobParams(BaseModel):
     """The job file's ``params`` for ``algorithm: predict``."""
+
+    # gaps are filled by the bundle's saved preprocessing; a model without one (trees) refuses NaN itself
+    accepts_missing_values: ClassVar[bool] = True
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -114,19 +119,25 @@ def load_new_rows(cfg: JobConfig, party: PartySpec, bundle: ModelBundle):
     Raises JobConfigError naming ``parties[i].data`` for a missing file or column.
     """
     spec = party.data
-    names = list(bundle.feature_names)
+    state = bundle.manifest.get("preprocessing") or {}
+    names = list(state.get("input_features") or bundle.feature_names)
     if spec.feature_columns is not None and list(spec.feature_columns) != names:
         raise JobConfigError(f"{cfg.where(party, 'data.feature_columns')}: {spec.feature_columns} differ from the "
                              f"model's features {names} (omit feature_columns to use the model's)")
     try:
         return load_table(cfg.resolve(spec.path), id_column=spec.id_column, label_column=spec.label_column,
-                          feature_columns=names)
+                          feature_columns=names, schema=spec.table_schema or state.get("schema"), predicting=True)
     except (OSError, ValueError) as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc} (the model uses features {names})") from None
 
 
 def _preprocess(X: np.ndarray, bundle: ModelBundle) -> np.ndarray:
-    state = (bundle.manifest.get("preprocessing") or {}).get("standardisation")
+    """The training job's preprocessing (impute, one-hot, standardise), refitted from nothing: the saved
+    state is applied as it is. Raises ValueError on a malformed state."""
+    saved = bundle.manifest.get("preprocessing") or {}
+    if saved.get("preprocessor"):
+        return Preprocessor.from_dict(saved["preprocessor"]).transform(X)
+    state = saved.get("standardisation")
     if not state:
         return X
     return (X - np.asarray(state["mean"], dtype=np.float64)) / np.asarray(state["std"], dtype=np.float64)

@@ -19,7 +19,7 @@ from pydantic import ConfigDict
 from ...transport import Transport
 from ...vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
 from ..artifacts import save_model
-from ..data_prep import StandardisedSplitParams, prepare_vertical
+from ..data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
 from ..model_bundle import save_job_bundle
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..progress import emit_progress
@@ -48,7 +48,7 @@ def check(cfg: JobConfig, params: VerticalLRJobParams) -> None:
 
 def _bundle_fields(data, config: VerticalLRConfig) -> dict:
     return {"feature_names": data.feature_names, "config": config.model_dump(mode="json"),
-            "preprocessing": {"standardisation": data.meta.get("standardisation")}}
+            "preprocessing": preprocessing_state(data)}
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams) -> dict:

@@ -19,7 +19,7 @@ from pydantic import ConfigDict
 from ...transport import Transport
 from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
 from ..artifacts import save_model
-from ..data_prep import StandardisedSplitParams, prepare_vertical
+from ..data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
 from ..model_bundle import save_job_bundle
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..progress import emit_progress
@@ -43,7 +43,7 @@ def check(cfg: JobConfig, params: VerticalNNJobParams) -> None:
 
 def _bundle_fields(data, config: SplitNNConfig) -> dict:
     return {"feature_names": data.feature_names, "config": config.model_dump(mode="json"),
-            "preprocessing": {"standardisation": data.meta.get("standardisation")}}
+            "preprocessing": preprocessing_state(data)}
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalNNJobParams) -> dict:
