@@ -14,6 +14,11 @@ One job = one server (no data) and N clients (same features, different rows). Pe
    ``r · 8 + part index``); the server's :class:`~secureflhv.secagg.AggregationServer`
    returns the weighted sum over the survivors — a client that fails or goes silent is dropped from
    the round by the aggregation layer and the round continues while at least ``t`` survive;
+   With ``FLConfig.contribution_temperature`` set (client contribution normalisation, Kundalwal et
+   al. 2024, :mod:`.contribution`), aggregation slots 0 and 1 of the round first sum the clients'
+   unit mean latents and then one exp score each (answers ``fl.latent_sum`` / ``fl.exp_sum``), and
+   every client multiplies its sample-weighted parts' weights by its Λ_r; the strategy's parts
+   then take slots 2, 3;
 3. the server applies the strategy's server half and sends the new global model (``fl.eval``) to
    every alive client; each evaluates it on its local test split and answers ``fl.metrics``
    (``Scalars``: test correct / n / loss sum; if it trained: train loss, samples, steps);
@@ -50,6 +55,7 @@ from ..secagg import AggregateResult, AggregationConfig, AggregationError, make_
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..transport.role import ProtocolRole
+from .contribution import MIN_WEIGHT, SLOTS, ContributionClient, ContributionServer, latent_dim
 from .models import ModelSpec, build_model, evaluate, get_flat, param_shapes, set_flat
 from .strategies import LocalTrainConfig, Strategy, batch_rng
 
@@ -62,6 +68,8 @@ TAG_EVAL = "fl.eval"
 TAG_METRICS = "fl.metrics"
 PARTS_PER_ROUND = 8  # aggregation round id = fl round * 8 + part index
 DEFAULT_PART_CLIPS = {"control": 10.0, "nova": 1e5}
+METRIC_KEYS = ("trained", "test_correct", "test_n", "test_loss_sum")  # fl.metrics of every client
+TRAIN_METRIC_KEYS = ("train_loss", "train_n", "steps")                 # ... and of one that trained
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,8 @@ class FLConfig:
         round_timeout_s: how long a client waits for the server's next message (covers the other
             clients' training and the aggregation), and the server for ``fl.metrics``.
         send_timeout_s: how long the server keeps trying to deliver one message to a client.
+        contribution_temperature: T of client contribution normalisation (Kundalwal et al. 2024,
+            :mod:`.contribution`), composable with every strategy; None = off.
     """
 
     rounds: int = 10
@@ -89,12 +99,21 @@ class FLConfig:
     part_clips: dict = field(default_factory=lambda: dict(DEFAULT_PART_CLIPS))
     round_timeout_s: float = 600.0
     send_timeout_s: float = 30.0
+    contribution_temperature: float | None = None
 
     def __post_init__(self):
         if self.rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {self.rounds}")
         if not 0 < self.fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+        t = self.contribution_temperature
+        if t is not None and not (t > 0 and math.isfinite(t)):
+            raise ValueError(f"contribution_temperature must be positive and finite (or None), got {t}")
+
+    @property
+    def part_offset(self) -> int:
+        """Aggregation slot of the strategy's first part in a round (after contribution's two sums)."""
+        return SLOTS if self.contribution_temperature is not None else 0
 
     def part_config(self, part: str) -> AggregationConfig:
         if part == "model":
@@ -118,6 +137,7 @@ class RoundRecord:
     seconds: float
     aggregation: dict = field(default_factory=dict)  # part -> {clip, scale, k_bits, n_clipped, weight}
     dead: list[str] = field(default_factory=list)
+    contribution: dict = field(default_factory=dict)  # status, n, latent_sum_norm, exp_sum (when on)
 
 
 # ------------------------------------------------------------------------------------ wire helpers
@@ -187,6 +207,9 @@ class HorizontalServer(ProtocolRole):
         self.dim = self.global_vec.size
         self.part_dims = strategy.part_dims(self.dim)
         self.agg_servers = {p: make_server(transport, config.part_config(p)) for p in strategy.parts}
+        self.contrib = None
+        if config.contribution_temperature is not None:
+            self.contrib = ContributionServer(transport, latent_dim(model), config.aggregation, self._send_all)
         self.dead: set[str] = set()
         self.suspect: set[str] = set()  # lost by the last aggregation; maybe dead
         self.history: list[RoundRecord] = []
@@ -220,6 +243,12 @@ class HorizontalServer(ProtocolRole):
         t0 = time.monotonic()
         selected = self._sample(r)
         self._send_all(self._alive(), TAG_ROUND, r, self._round_message(selected))
+        contribution = {}
+        if self.contrib is not None:
+            try:
+                contribution = vars(self.contrib.run(r, selected, r * PARTS_PER_ROUND))
+            except AggregationError as exc:
+                raise AggregationError(f"round {r}, contribution normalisation: {exc}") from None
         results = self._aggregate(r, selected)
         survivors = sorted(set.intersection(*(set(res.survivors) for res in results.values())))
         self.suspect.update(set(selected) - set(survivors))
@@ -229,6 +258,7 @@ class HorizontalServer(ProtocolRole):
         self._send_all(self._alive(), TAG_EVAL, r, lambda c: model_bundle(self.shapes, self.global_vec, command="eval"))
         metrics = self._collect_metrics(r, self._alive())
         record = self._record(r, selected, survivors, results, metrics, time.monotonic() - t0)
+        record.contribution = contribution
         self.history.append(record)
         return record
 
@@ -262,8 +292,8 @@ class HorizontalServer(ProtocolRole):
         results: dict[str, AggregateResult] = {}
         for i, part in enumerate(self.strategy.parts):
             try:
-                results[part] = self.agg_servers[part].aggregate(r * PARTS_PER_ROUND + i, selected,
-                                                                 self.part_dims[part])
+                results[part] = self.agg_servers[part].aggregate(
+                    r * PARTS_PER_ROUND + self.config.part_offset + i, selected, self.part_dims[part])
             except AggregationError as exc:
                 raise AggregationError(f"round {r}, part {part!r}: {exc}") from None
         return results
@@ -286,6 +316,19 @@ class HorizontalServer(ProtocolRole):
     def _collect_metrics(self, round_id: int, clients: Sequence[str]) -> dict[str, dict]:
         def validate(msg):
             vals = dict(msg.values)
+            # exactly the keys a client sends (a renamed key would silently drop a statistic)
+            trained = vals.get("trained")
+            if trained not in (0.0, 1.0):
+                raise ProtocolError(f"metrics: 'trained' is {trained!r}, expected 0 or 1")
+            expected = set(METRIC_KEYS) | (set(TRAIN_METRIC_KEYS) if trained else set())
+            unknown, missing = set(vals) - expected - {"contribution_factor"}, expected - set(vals)
+            if unknown or missing:
+                raise ProtocolError(f"metrics: unexpected keys {sorted(unknown)}, missing {sorted(missing)}")
+            if trained:
+                whole_count(vals["train_n"], "metrics: 'train_n'", lo=1, hi=1 << 53)
+                whole_count(vals["steps"], "metrics: 'steps'", lo=1, hi=1 << 53)
+                if not math.isfinite(vals["train_loss"]):
+                    raise ProtocolError(f"metrics: train_loss {vals['train_loss']!r} is not finite")
             for k in ("test_correct", "test_n"):
                 whole_count(vals.get(k, -1.0), f"metrics: {k!r}", hi=1 << 53)
             if vals["test_correct"] > vals["test_n"]:
@@ -367,6 +410,10 @@ class HorizontalClient(ProtocolRole):
         self.dim = sum(int(np.prod(s)) for s in self.shapes.values())
         self.part_dims = strategy.part_dims(self.dim)
         self.agg_clients = {p: make_client(transport, server_id, config.part_config(p)) for p in strategy.parts}
+        self.contrib = None
+        if config.contribution_temperature is not None:
+            self.contrib = ContributionClient(transport, server_id, latent_dim(self.model), config.aggregation,
+                                              config.contribution_temperature, config.round_timeout_s)
         self.history: list[dict] = []
         self.global_vec: np.ndarray | None = None
 
@@ -404,10 +451,20 @@ class HorizontalClient(ProtocolRole):
                 # nothing sensible to aggregate: this client drops out of the round (lower lr?)
                 raise FloatingPointError(f"{self.party_id}: local training diverged in round {round_id} (non-finite "
                                          f"{part!r} update); lower the learning rate")
+        factor = None
+        if self.contrib is not None:  # Λ_r from the locally trained model (Kundalwal et al., Alg. 1)
+            factor = self.contrib.factor_for(round_id, participants, self.model, self.X_train,
+                                             round_id * PARTS_PER_ROUND)
         for i, part in enumerate(self.strategy.parts):
             vec, weight = upd.parts[part]
-            self.agg_clients[part].submit(round_id * PARTS_PER_ROUND + i, participants, vec, weight)
-        return {"trained": 1.0, "train_loss": upd.loss, "train_n": float(upd.n_samples), "steps": float(upd.steps)}
+            if factor is not None and part in self.strategy.sample_weighted_parts:
+                weight = max(weight * factor, MIN_WEIGHT)
+            self.agg_clients[part].submit(round_id * PARTS_PER_ROUND + self.config.part_offset + i, participants,
+                                          vec, weight)
+        stats = {"trained": 1.0, "train_loss": upd.loss, "train_n": float(upd.n_samples), "steps": float(upd.steps)}
+        if factor is not None:
+            stats["contribution_factor"] = factor
+        return stats
 
     def run(self) -> list[dict]:
         """Serve rounds until the server says stop; return this client's per-round metrics."""

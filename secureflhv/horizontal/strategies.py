@@ -143,10 +143,13 @@ class Strategy(ABC):
     Attributes:
         name: strategy name.
         parts: names of the aggregated parts, in aggregation order.
+        sample_weighted_parts: the parts weighted by the client's sample count ν_r: contribution
+            normalisation (:mod:`.contribution`) multiplies their weight by Λ_r.
     """
 
     name: str = ""
     parts: tuple[str, ...] = ("model",)
+    sample_weighted_parts: tuple[str, ...] = ("model",)
 
     # ---------------------------------------------------------------- shared
     def part_dims(self, dim: int) -> dict[str, int]:
@@ -273,6 +276,7 @@ class FedNova(Strategy):
 
     name = "fednova"
     parts = ("model", "nova")
+    sample_weighted_parts = ("model", "nova")  # p_i weights both Σ p_i d_i and Σ p_i a_i
 
     def part_dims(self, dim):
         return {"model": dim, "nova": 1}

@@ -1,4 +1,5 @@
-"""Horizontal FL as a job (``job.algorithm: horizontal``): FedAvg / FedProx / SCAFFOLD / FedNova.
+"""Horizontal FL as a job (``job.algorithm: horizontal``): FedAvg / FedProx / SCAFFOLD / FedNova, each
+optionally with client contribution normalisation (``contribution_temperature``).
 
 Clients are the job's guest and hosts (``cfg.clients``); the server aggregates and holds no data.
 Each client reads ``parties[i].data.path`` — an ``.npz`` shard written by ``secureflhv partition``
@@ -11,6 +12,7 @@ Example ``params``::
     params:
       strategy: fedprox          # fedavg | fedprox | scaffold | fednova
       mu: 0.01                   # FedProx only
+      contribution_temperature: 1.0   # client contribution normalisation (Kundalwal et al.), T; null = off
       model: {name: cnn, n_features: 784, n_classes: 10}   # or {name: mlp, n_features: 54, n_classes: 7}
       rounds: 20
       fraction: 1.0              # clients sampled per round
@@ -77,6 +79,9 @@ class HorizontalJobParams(BaseModel):
 
     strategy: Literal["fedavg", "fedprox", "scaffold", "fednova"] = "fedavg"
     mu: float = Field(default=0.01, ge=0, description="FedProx proximal weight")
+    contribution_temperature: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="T of client contribution normalisation (secureflhv.horizontal.contribution); null = off")
     model: ModelSpec
     rounds: int = Field(default=10, ge=1)
     fraction: float = Field(default=1.0, gt=0, le=1, description="share of clients sampled per round")
@@ -127,6 +132,7 @@ def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
     timeout = params.round_timeout_s or cfg.job.deadline_s
     return FLConfig(rounds=params.rounds, fraction=params.fraction, seed=params.seed, local=local,
                     aggregation=_aggregation(cfg, params), part_clips={**DEFAULT_PART_CLIPS, **params.part_clips},
+                    contribution_temperature=params.contribution_temperature,
                     # a send may retry for a quarter of a client's wait, so a slow delivery to one
                     # client never makes the others give up on the server
                     round_timeout_s=timeout, send_timeout_s=min(30.0, timeout / 4))

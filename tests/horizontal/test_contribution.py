@@ -1,0 +1,179 @@
+"""Client contribution normalisation (Kundalwal et al. 2024, Alg. 1, eqs. 3–8) under secure aggregation:
+the factors Λ_r the clients obtain from the two secure sums equal the paper's formula computed in the
+clear from every client's z_r; it composes with every strategy (secagg = plain_quantised bit for bit);
+lying values never produce NaN/inf weights; a job file turns it on."""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fl_harness import blobs, run_fl  # noqa: E402
+
+from secureflhv.horizontal.contribution import ContributionClient, exp_score, unit  # noqa: E402
+from secureflhv.horizontal.models import ModelSpec  # noqa: E402
+from secureflhv.horizontal.strategies import STRATEGIES, LocalTrainConfig  # noqa: E402
+from secureflhv.proto import messages_pb2  # noqa: E402
+from secureflhv.transport.base import ProtocolError  # noqa: E402
+from secureflhv.transport.codec import tensor_to_proto  # noqa: E402
+
+SPEC = ModelSpec(name="mlp", n_features=6, n_classes=3, hidden=(16, 8))
+LOCAL = LocalTrainConfig(epochs=1, batch_size=16, lr=0.1)
+T = 0.5
+
+
+def paper_factors(Z: np.ndarray, temperature: float) -> np.ndarray:
+    """Λ in the clear, as the paper writes it: S(q,p) = cos(z_q, z_p), s = row sums, softmax(s/T)."""
+    n = len(Z)
+    S = np.empty((n, n))
+    for q in range(n):
+        for p in range(n):
+            S[q, p] = Z[q] @ Z[p] / (np.linalg.norm(Z[q]) * np.linalg.norm(Z[p]))
+    s = S.sum(axis=1)
+    return np.exp(s / temperature) / np.exp(s / temperature).sum()
+
+
+def test_secure_factors_equal_the_paper_formula(secagg_cert_dir):
+    shards, test = blobs(40, 4, n_features=6, n_classes=3, seed=4, skew=True)
+    server, clients, errors = run_fl(shards, test, SPEC, "fedavg", "secagg", rounds=1, seed=2, local=LOCAL,
+                                     fl_kw={"contribution_temperature": T}, cert_dir=secagg_cert_dir)
+    assert not errors, errors
+    Z = np.stack([c.contrib.z for c in clients])
+    lam = np.array([c.contrib.factor for c in clients])
+    expected = paper_factors(Z, T)
+    assert not np.allclose(expected, 0.25, atol=1e-3)  # the skew makes the factors differ
+    np.testing.assert_allclose(lam, expected, rtol=1e-5)
+    rec = server.history[0].contribution
+    assert rec["status"] == "ok" and rec["n"] == 4
+    # the server learnt Σẑ (its norm) and Σ e: both as the clear formula gives them
+    zsum = sum(unit(z) for z in Z)
+    assert rec["latent_sum_norm"] == pytest.approx(np.linalg.norm(zsum), rel=1e-5)
+    assert rec["exp_sum"] == pytest.approx(sum(exp_score(unit(z), zsum, T)[1] for z in Z), rel=1e-5)
+    # the model was aggregated with weights Λ_r n_r: the total weight the server saw is Σ Λ_r n_r
+    n = np.array([len(y) for _, y in shards])
+    assert server.history[0].aggregation["model"]["weight"] == pytest.approx(float(lam @ n), abs=4 / 2 ** 16)
+    assert all(c.history[0]["contribution_factor"] == pytest.approx(f) for c, f in zip(clients, lam))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_composes_with_every_strategy_secagg_equals_plain_quantised(strategy):
+    shards, test = blobs(24, 3, n_features=6, n_classes=3, seed=1, skew=True)
+    runs = {}
+    for kind in ("secagg", "plain_quantised"):
+        server, clients, errors = run_fl(shards, test, SPEC, strategy, kind, rounds=1, seed=5, local=LOCAL,
+                                         fl_kw={"contribution_temperature": T})
+        assert not errors, errors
+        runs[kind] = (server, [c.contrib.factor for c in clients])
+    (sec, f_sec), (pq, f_pq) = runs["secagg"], runs["plain_quantised"]
+    assert np.array_equal(sec.global_vec, pq.global_vec) and f_sec == f_pq
+    assert np.all(np.isfinite(sec.global_vec)) and sec.history[0].contribution["status"] == "ok"
+    # ... and the factors changed the model: without normalisation it differs
+    off, _, errors = run_fl(shards, test, SPEC, strategy, "plain_quantised", rounds=1, seed=5, local=LOCAL)
+    assert not errors and not np.array_equal(off.global_vec, sec.global_vec)
+
+
+def _liar(client, which: str):
+    """Make ``client`` lie in one of the two sums: a negative exp term, or a latent with weight 0.5."""
+    agg = client.contrib.exp_client if which == "exp" else client.contrib.latent_client
+    honest = agg.submit
+
+    def lying(round_id, participants, vector, weight):
+        if which == "exp":
+            return honest(round_id, participants, np.array([-1.0]), weight)
+        return honest(round_id, participants, vector, 0.5)
+
+    agg.submit = lying
+
+
+@pytest.mark.parametrize("which", ["exp", "latent"])
+def test_a_lying_client_is_rejected_never_nan(which, caplog, monkeypatch):
+    import fl_harness
+
+    class Lying(fl_harness.HorizontalClient):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            if self.party_id == "c1":
+                _liar(self, which)
+
+    monkeypatch.setattr(fl_harness, "HorizontalClient", Lying)
+    caplog.set_level(logging.WARNING, logger="secureflhv.horizontal.contribution")
+    shards, test = blobs(24, 2, n_features=6, n_classes=3, seed=3)
+    server, clients, errors = run_fl(shards, test, SPEC, "fedavg", "secagg", rounds=1, seed=1, local=LOCAL,
+                                     fl_kw={"contribution_temperature": T})
+    assert not errors, errors
+    assert server.history[0].contribution["status"] == "rejected"
+    assert "a client lied" in caplog.text
+    assert np.all(np.isfinite(server.global_vec))
+    assert all(c.contrib.factor is None for c in clients)  # plain weights this round
+    assert all("contribution_factor" not in c.history[0] for c in clients)
+
+
+def _client(dim=3):
+    from secureflhv.secagg import AggregationConfig
+    from secureflhv.transport.inprocess import InProcessNetwork
+    net = InProcessNetwork("unit", ["server", "c0"])
+    return ContributionClient(net.transport("c0"), "server", dim, AggregationConfig(), T, 1.0)
+
+
+@pytest.mark.parametrize("value, n", [(float("nan"), 3), (float("inf"), 3), (0.0, 3), (-0.5, 3), (0.2, 3),
+                                      (3.5, 3), (1.0, 1), (1.0, 4), (1.0, 2.5)])
+def test_client_refuses_a_bad_exp_sum(value, n):
+    parse = _client()._exp_parser(3, own=0.5)
+    msg = messages_pb2.Bundle(scalars={"exp_sum": value, "n": n}, text={"status": "ok"})
+    with pytest.raises(ProtocolError):
+        parse(msg.SerializeToString())
+
+
+def test_client_accepts_a_good_exp_sum_and_refuses_bad_latent_sums():
+    c = _client()
+    ok = messages_pb2.Bundle(scalars={"exp_sum": 1.25, "n": 3}, text={"status": "ok"})
+    assert c._exp_parser(3, own=0.5)(ok.SerializeToString()) == ("ok", 1.25)
+    parse = c._latent_parser(3)
+    good = messages_pb2.Bundle(tensors={"latent_sum": tensor_to_proto(np.array([1.0, 1.5, 0.5]), "<f8")},
+                               scalars={"n": 3}, text={"status": "ok"})
+    status, total, n = parse(good.SerializeToString())
+    assert status == "ok" and n == 3 and np.array_equal(total, [1.0, 1.5, 0.5])
+    for tensor, status in ((np.array([3.0, 3.0, 0.0]), "ok"), (np.array([np.nan, 0, 0]), "ok"),
+                           (np.array([1.0, 1.0]), "ok"), (np.array([1.0, 1.0, 1.0]), "maybe")):
+        bad = messages_pb2.Bundle(tensors={"latent_sum": tensor_to_proto(tensor, "<f8")}, scalars={"n": 3},
+                                  text={"status": status})
+        with pytest.raises(ProtocolError):
+            parse(bad.SerializeToString())
+
+
+def test_job_file_turns_it_on_and_runs_through_secagg(tmp_path):
+    from test_fl_job import PARAMS, check_artifacts, job_dict, shards as job_shards
+
+    from secureflhv.runtime.config import JobConfigError, parse_job
+    from secureflhv.runtime.jobs import horizontal_fl as hj
+    from secureflhv.runtime.registry import job_params
+    from secureflhv.transport.inprocess import InProcessNetwork
+
+    npz, _ = job_shards(tmp_path, 3)
+    with pytest.raises(JobConfigError, match=r"params\.contribution_temperature"):
+        parse_job(job_dict(npz, {**PARAMS, "contribution_temperature": 0}), tmp_path)
+    cfg = parse_job(job_dict(npz, {**PARAMS, "strategy": "fednova", "contribution_temperature": 1.0}), tmp_path)
+    assert hj.fl_config(cfg, job_params(cfg)).contribution_temperature == 1.0
+    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
+    errors = {}
+
+    def run(spec):
+        try:
+            hj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
+        except BaseException as exc:  # noqa: BLE001
+            errors[spec.id] = exc
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not errors, errors
+    metrics = check_artifacts(cfg, tmp_path / "out", 2)
+    assert all(r["contribution"]["status"] == "ok" and r["contribution"]["n"] == 3 for r in metrics["rounds"])
+    assert all(r["aggregation"]["model"]["k_bits"] > 0 for r in metrics["rounds"])
