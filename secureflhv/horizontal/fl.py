@@ -22,7 +22,10 @@ One job = one server (no data) and N clients (same features, different rows). Pe
 3. the server applies the strategy's server half and sends the new global model (``fl.eval``) to
    every alive client; each evaluates it on its local test split and answers ``fl.metrics``
    (``Scalars``: test correct / n / loss sum; if it trained: train loss, samples, steps);
-4. the server logs the round (accuracy = Σ correct / Σ n over the reporting clients).
+4. the server logs the round (accuracy = Σ correct / Σ n over the reporting clients; each client's
+   own accuracy and the worst client's, which personalisation and clustering aim to raise). A client
+   evaluates what its strategy says (:meth:`Strategy.eval_vector`): the global model, its IFCA
+   cluster's model, or the global base with its own FedPer head.
 
 After the last round the server sends ``fl.round`` with ``text.command = stop``. A client whose
 message cannot be delivered, or that misses ``fl.metrics``, is marked dead and not selected again.
@@ -138,6 +141,8 @@ class RoundRecord:
     aggregation: dict = field(default_factory=dict)  # part -> {clip, scale, k_bits, n_clipped, weight}
     dead: list[str] = field(default_factory=list)
     contribution: dict = field(default_factory=dict)  # status, n, latent_sum_norm, exp_sum (when on)
+    client_accuracy: dict = field(default_factory=dict)  # client -> its local test accuracy (clients with rows)
+    worst_client_accuracy: float = float("nan")          # min of client_accuracy (personalisation's measure)
 
 
 # ------------------------------------------------------------------------------------ wire helpers
@@ -163,6 +168,14 @@ def read_model(b: messages_pb2.Bundle, shapes: dict[str, tuple[int, ...]]) -> np
         raise ProtocolError(f"model parameters {sorted(names)} do not match {sorted(shapes)}")
     return np.concatenate([float32_tensor(b.tensors[f"model/{n}"], s, f"model/{n}").reshape(-1)
                            for n, s in shapes.items()]).astype(np.float32)
+
+
+def check_slots(strategy: Strategy, config: FLConfig) -> None:
+    """ValueError when the strategy's parts (after contribution's two sums) exceed a round's aggregation slots."""
+    if config.part_offset + len(strategy.parts) > PARTS_PER_ROUND:
+        raise ValueError(f"{strategy.name}: {len(strategy.parts)} aggregated parts"
+                         f"{' + 2 contribution sums' if config.part_offset else ''} exceed the {PARTS_PER_ROUND} "
+                         f"aggregation slots of a round (fewer IFCA clusters?)")
 
 
 def _parallel(fn, items) -> list:
@@ -205,7 +218,11 @@ class HorizontalServer(ProtocolRole):
         self.shapes = param_shapes(model)
         self.global_vec = get_flat(model)
         self.dim = self.global_vec.size
+        # IFCA's k cluster models: the global model, then one fresh initialisation per extra seed
+        self.initial = [self.global_vec] + [get_flat(build_model(spec, seed=config.seed + 7919 * j))
+                                            for j in range(1, strategy.n_models)]
         self.part_dims = strategy.part_dims(self.dim)
+        check_slots(strategy, config)
         self.agg_servers = {p: make_server(transport, config.part_config(p)) for p in strategy.parts}
         self.contrib = None
         if config.contribution_temperature is not None:
@@ -222,16 +239,16 @@ class HorizontalServer(ProtocolRole):
         return self._guarded(self._run)
 
     def _run(self) -> list[RoundRecord]:
-        self.strategy.server_init(self.dim)
+        self.strategy.server_init(self.dim, self.initial)
         cfg = self.config
         log.info("server: %s, %d clients, %d rounds, fraction %g, %d parameters, aggregation %s",
                  self.strategy.name, len(self.clients), cfg.rounds, cfg.fraction, self.dim, cfg.aggregation.kind)
         for r in range(1, cfg.rounds + 1):
             record = self.run_round(r)
-            log.info("round %d/%d: %d selected, %d survived%s; test accuracy %.4f (n=%d), train loss %.4f, %.1fs",
-                     r, cfg.rounds, len(record.selected), len(record.survivors),
+            log.info("round %d/%d: %d selected, %d survived%s; test accuracy %.4f (n=%d, worst client %.4f), "
+                     "train loss %.4f, %.1fs", r, cfg.rounds, len(record.selected), len(record.survivors),
                      f" (dropped {', '.join(record.dropped)})" if record.dropped else "", record.test_accuracy,
-                     record.test_n, record.train_loss, record.seconds)
+                     record.test_n, record.worst_client_accuracy, record.train_loss, record.seconds)
             if self.on_round is not None:
                 self.on_round(record, self.global_vec)
         self._send_all(self._alive(), TAG_ROUND, cfg.rounds + 1,
@@ -255,7 +272,7 @@ class HorizontalServer(ProtocolRole):
         self.global_vec = self.strategy.server_update(self.global_vec, results)
         if not np.all(np.isfinite(self.global_vec)):
             raise FloatingPointError(f"round {r}: the global model became non-finite (lower lr?)")
-        self._send_all(self._alive(), TAG_EVAL, r, lambda c: model_bundle(self.shapes, self.global_vec, command="eval"))
+        self._send_all(self._alive(), TAG_EVAL, r, self._eval_message())
         metrics = self._collect_metrics(r, self._alive())
         record = self._record(r, selected, survivors, results, metrics, time.monotonic() - t0)
         record.contribution = contribution
@@ -287,6 +304,13 @@ class HorizontalServer(ProtocolRole):
                 b.tensors[f"extra/{k}"].CopyFrom(tensor_to_proto(v, "<f4"))
             return b
         return round_msg
+
+    def _eval_message(self) -> Callable[[str], messages_pb2.Bundle]:
+        """``fl.eval``: the new global model and the strategy's evaluation extras (IFCA: every cluster)."""
+        b = model_bundle(self.shapes, self.global_vec, command="eval")
+        for k, v in self.strategy.eval_extras().items():
+            b.tensors[f"extra/{k}"].CopyFrom(tensor_to_proto(v, "<f4"))
+        return lambda c: b
 
     def _aggregate(self, r: int, selected: list[str]) -> dict[str, AggregateResult]:
         results: dict[str, AggregateResult] = {}
@@ -360,10 +384,12 @@ class HorizontalServer(ProtocolRole):
         train_loss = sum(m["train_loss"] * m["train_n"] for m in trained) / n_train if n_train else float("nan")
         agg = {p: {"clip": res.clip, "scale": res.scale, "k_bits": res.k_bits, "n_clipped": res.n_clipped,
                    "weight": res.weight, "survivors": len(res.survivors)} for p, res in results.items()}
+        per_client = {c: m["test_correct"] / m["test_n"] for c, m in sorted(metrics.items()) if m["test_n"] > 0}
         return RoundRecord(r, list(selected), survivors, dropped,
                            correct / n_test if n_test else float("nan"),
                            loss_sum / n_test if n_test else float("nan"), int(n_test), train_loss, seconds, agg,
-                           sorted(self.dead))
+                           sorted(self.dead), client_accuracy=per_client,
+                           worst_client_accuracy=min(per_client.values()) if per_client else float("nan"))
 
 
 # ------------------------------------------------------------------------------------ client
@@ -409,6 +435,7 @@ class HorizontalClient(ProtocolRole):
         self.shapes = param_shapes(self.model)
         self.dim = sum(int(np.prod(s)) for s in self.shapes.values())
         self.part_dims = strategy.part_dims(self.dim)
+        check_slots(strategy, config)
         self.agg_clients = {p: make_client(transport, server_id, config.part_config(p)) for p in strategy.parts}
         self.contrib = None
         if config.contribution_temperature is not None:
@@ -427,7 +454,7 @@ class HorizontalClient(ProtocolRole):
             raise ProtocolError(f"unknown command {cmd!r}")
         if cmd in ("train", "eval"):
             read_model(b, self.shapes)  # validate now, so a bad model is rejected and we keep waiting
-        if cmd == "train":
+        if cmd in ("train", "eval"):
             for k in b.tensors:
                 if k.startswith("extra/"):
                     float32_tensor(b.tensors[k], (self.dim,), k)
@@ -481,7 +508,10 @@ class HorizontalClient(ProtocolRole):
                 stats = self.train_round(r, bundle)
             ev = self.t.recv(self.server_id, TAG_EVAL, r, timeout=timeout, parse=self._parse_round)
             self.global_vec = read_model(ev, self.shapes)
-            metrics = self.evaluate(self.global_vec)
+            extras = {k[len("extra/"):]: float32_tensor(t, (self.dim,), k) for k, t in ev.tensors.items()
+                      if k.startswith("extra/")}
+            metrics = self.evaluate(self.strategy.eval_vector(self.model, self.global_vec, extras, self.X_train,
+                                                              self.y_train))
             stats.update(test_correct=metrics["correct"], test_n=metrics["n"],
                          test_loss_sum=metrics["loss"] * metrics["n"] if metrics["n"] else 0.0)
             self.t.send(self.server_id, TAG_METRICS, messages_pb2.Scalars(values=stats), round=r,

@@ -1,5 +1,6 @@
 """Horizontal FL as a job (``job.algorithm: horizontal``): FedAvg / FedProx / SCAFFOLD / FedNova, each
-optionally with client contribution normalisation (``contribution_temperature``).
+optionally with client contribution normalisation (``contribution_temperature``); IFCA (clustered) and
+FedPer (personal head); all through the job's aggregation (secure by default).
 
 Clients are the job's guest and hosts (``cfg.clients``); the server aggregates and holds no data.
 Each client reads ``parties[i].data.path`` — an ``.npz`` shard written by ``secureflhv partition``
@@ -10,8 +11,10 @@ feature) — and holds out ``params.test_fraction`` of its rows as its local tes
 Example ``params``::
 
     params:
-      strategy: fedprox          # fedavg | fedprox | scaffold | fednova
+      strategy: fedprox          # fedavg | fedprox | scaffold | fednova | ifca | fedper
       mu: 0.01                   # FedProx only
+      clusters: 2                # IFCA only: k cluster models (Ghosh et al. 2020)
+      personal_layers: 1         # FedPer only: final linear layers kept local
       contribution_temperature: 1.0   # client contribution normalisation (Kundalwal et al.), T; null = off
       model: {name: cnn, n_features: 784, n_classes: 10}   # or {name: mlp, n_features: 54, n_classes: 7}
       rounds: 20
@@ -40,9 +43,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...secagg import AggregationConfig
-from ...horizontal.fl import DEFAULT_PART_CLIPS, FLConfig, HorizontalClient, HorizontalServer, RoundRecord
+from ...horizontal.fl import DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, HorizontalClient, HorizontalServer, RoundRecord
 from ...horizontal.models import ModelSpec, build_model, named_arrays
-from ...horizontal.strategies import LocalTrainConfig, make_strategy
+from ...horizontal.registry import make_strategy
+from ...horizontal.strategies import LocalTrainConfig
 from ...transport import Transport
 from ..artifacts import plot_curves, save_model, write_json
 from ..data_prep import load_party_table, local_split
@@ -77,7 +81,9 @@ class HorizontalJobParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    strategy: Literal["fedavg", "fedprox", "scaffold", "fednova"] = "fedavg"
+    strategy: Literal["fedavg", "fedprox", "scaffold", "fednova", "ifca", "fedper"] = "fedavg"
+    clusters: int = Field(default=2, ge=2, le=8, description="IFCA: number of cluster models k")
+    personal_layers: int = Field(default=1, ge=1, description="FedPer: final linear layers kept local")
     mu: float = Field(default=0.01, ge=0, description="FedProx proximal weight")
     contribution_temperature: float | None = Field(
         default=None, gt=0, allow_inf_nan=False,
@@ -117,6 +123,10 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     if m < 2 and agg.kind == "secagg":
         raise JobConfigError(f"params.fraction: selects {m} client per round; secure aggregation of one client "
                              f"would reveal its update (select at least 2)")
+    slots = (params.clusters if params.strategy == "ifca" else 2) + (2 if params.contribution_temperature else 0)
+    if slots > PARTS_PER_ROUND:
+        raise JobConfigError(f"params.clusters: {params.clusters} IFCA clusters plus contribution normalisation's 2 "
+                             f"sums exceed the {PARTS_PER_ROUND} aggregations of a round")
 
 
 def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConfig:
@@ -178,7 +188,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     AggregationError when a round keeps fewer than t clients.
     """
     config = fl_config(cfg, params)
-    strategy = make_strategy(params.strategy, mu=params.mu)
+    strategy = make_strategy(params.strategy, mu=params.mu, clusters=params.clusters,
+                             personal_layers=params.personal_layers)
     if config.aggregation.kind in ("plain", "plain_quantised"):
         log.warning("%s: aggregation kind %r: the server sees every client's update", party.id,
                     config.aggregation.kind)
