@@ -345,7 +345,7 @@ class HorizontalServer(ProtocolRole):
             if trained not in (0.0, 1.0):
                 raise ProtocolError(f"metrics: 'trained' is {trained!r}, expected 0 or 1")
             expected = set(METRIC_KEYS) | (set(TRAIN_METRIC_KEYS) if trained else set())
-            unknown, missing = set(vals) - expected - {"contribution_factor"}, expected - set(vals)
+            unknown, missing = set(vals) - expected, expected - set(vals)
             if unknown or missing:
                 raise ProtocolError(f"metrics: unexpected keys {sorted(unknown)}, missing {sorted(missing)}")
             if trained:
@@ -480,6 +480,7 @@ class HorizontalClient(ProtocolRole):
                                          f"{part!r} update); lower the learning rate")
         factor = None
         if self.contrib is not None:  # Λ_r from the locally trained model (Kundalwal et al., Alg. 1)
+            self.contrib.factor = None
             factor = self.contrib.factor_for(round_id, participants, self.model, self.X_train,
                                              round_id * PARTS_PER_ROUND)
         for i, part in enumerate(self.strategy.parts):
@@ -488,10 +489,7 @@ class HorizontalClient(ProtocolRole):
                 weight = max(weight * factor, MIN_WEIGHT)
             self.agg_clients[part].submit(round_id * PARTS_PER_ROUND + self.config.part_offset + i, participants,
                                           vec, weight)
-        stats = {"trained": 1.0, "train_loss": upd.loss, "train_n": float(upd.n_samples), "steps": float(upd.steps)}
-        if factor is not None:
-            stats["contribution_factor"] = factor
-        return stats
+        return {"trained": 1.0, "train_loss": upd.loss, "train_n": float(upd.n_samples), "steps": float(upd.steps)}
 
     def run(self) -> list[dict]:
         """Serve rounds until the server says stop; return this client's per-round metrics."""
@@ -516,7 +514,10 @@ class HorizontalClient(ProtocolRole):
                          test_loss_sum=metrics["loss"] * metrics["n"] if metrics["n"] else 0.0)
             self.t.send(self.server_id, TAG_METRICS, messages_pb2.Scalars(values=stats), round=r,
                                 timeout=timeout)
-            self.history.append({"round": r, **stats, "test_accuracy": metrics["accuracy"]})
+            local = {}  # kept here, never sent: the server must not learn a client's Λ_r
+            if cmd == "train" and self.contrib is not None and self.contrib.factor is not None:
+                local["contribution_factor"] = self.contrib.factor
+            self.history.append({"round": r, **stats, "test_accuracy": metrics["accuracy"], **local})
             log.info("%s: round %d %s; local test accuracy %.4f (n=%d)", self.party_id, r,
                      f"trained {int(stats['steps'])} steps, loss {stats['train_loss']:.4f}" if cmd == "train"
                      else "not selected", metrics["accuracy"], metrics["n"])

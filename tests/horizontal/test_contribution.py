@@ -39,10 +39,24 @@ def paper_factors(Z: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def test_secure_factors_equal_the_paper_formula(secagg_cert_dir):
+    from secagg_harness import RecordingTransport
+    recs = []
+
+    class Rec(RecordingTransport):
+        def __init__(self, net, pid):
+            super().__init__(net, pid)
+            recs.append(self)
+
     shards, test = blobs(40, 4, n_features=6, n_classes=3, seed=4, skew=True)
     server, clients, errors = run_fl(shards, test, SPEC, "fedavg", "secagg", rounds=1, seed=2, local=LOCAL,
-                                     fl_kw={"contribution_temperature": T}, cert_dir=secagg_cert_dir)
+                                     fl_kw={"contribution_temperature": T}, cert_dir=secagg_cert_dir,
+                                     server_transport_cls=Rec)
     assert not errors, errors
+    # the server's transcript holds no client's ẑ_r, e_r or Λ_r (as float64, the clients' own values)
+    transcript = b"".join(p for _, _, p in recs[0].received)
+    for c in clients:
+        for secret in (unit(c.contrib.z)[:4], [c.contrib.e], [c.contrib.factor]):
+            assert np.asarray(secret, dtype="<f8").tobytes() not in transcript
     Z = np.stack([c.contrib.z for c in clients])
     lam = np.array([c.contrib.factor for c in clients])
     expected = paper_factors(Z, T)
@@ -58,6 +72,24 @@ def test_secure_factors_equal_the_paper_formula(secagg_cert_dir):
     n = np.array([len(y) for _, y in shards])
     assert server.history[0].aggregation["model"]["weight"] == pytest.approx(float(lam @ n), abs=4 / 2 ** 16)
     assert all(c.history[0]["contribution_factor"] == pytest.approx(f) for c, f in zip(clients, lam))
+
+
+def test_plain_transcript_does_show_the_latents():
+    """Control for the transcript check above: with ``plain`` aggregation the server sees every ẑ_r."""
+    from secagg_harness import RecordingTransport
+    recs = []
+
+    class Rec(RecordingTransport):
+        def __init__(self, net, pid):
+            super().__init__(net, pid)
+            recs.append(self)
+
+    shards, test = blobs(20, 3, n_features=6, n_classes=3, seed=4, skew=True)
+    _, clients, errors = run_fl(shards, test, SPEC, "fedavg", "plain", rounds=1, seed=2, local=LOCAL,
+                                fl_kw={"contribution_temperature": T}, server_transport_cls=Rec)
+    assert not errors, errors
+    transcript = b"".join(p for _, _, p in recs[0].received)
+    assert all(np.asarray(unit(c.contrib.z)[:4], dtype="<f8").tobytes() in transcript for c in clients)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -177,3 +209,19 @@ def test_job_file_turns_it_on_and_runs_through_secagg(tmp_path):
     metrics = check_artifacts(cfg, tmp_path / "out", 2)
     assert all(r["contribution"]["status"] == "ok" and r["contribution"]["n"] == 3 for r in metrics["rounds"])
     assert all(r["aggregation"]["model"]["k_bits"] > 0 for r in metrics["rounds"])
+
+
+def test_a_client_dropping_in_training_leaves_a_normalised_round_of_the_others():
+    """c3 crashes in local training: the latent and exp sums, and the model, are over the 3 survivors,
+    whose factors are the paper's formula over those 3 (t = 3 of 4)."""
+    shards, test = blobs(30, 4, n_features=6, n_classes=3, seed=6, skew=True)
+    server, clients, errors = run_fl(shards, test, SPEC, "fedprox", "secagg", rounds=1, seed=2, local=LOCAL,
+                                     fl_kw={"contribution_temperature": T}, fail={3: 1}, deadline=20,
+                                     agg_kw={"threshold": 3, "stage_timeout_s": 3, "input_timeout_s": 10})
+    assert set(errors) == {"c3"}
+    rec = server.history[0]
+    assert rec.contribution["status"] == "ok" and rec.contribution["n"] == 3 and rec.dropped == ["c3"]
+    alive = clients[:3]
+    lam = np.array([c.contrib.factor for c in alive])
+    np.testing.assert_allclose(lam, paper_factors(np.stack([c.contrib.z for c in alive]), T), rtol=1e-5)
+    assert np.all(np.isfinite(server.global_vec))

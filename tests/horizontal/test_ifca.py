@@ -168,3 +168,43 @@ def test_job_params_pick_ifca_and_bound_the_clusters(tmp_path):
     with pytest.raises(JobConfigError, match=r"params\.clusters"):
         parse_job(job_dict(paths, {**PARAMS, "strategy": "ifca", "clusters": 7, "contribution_temperature": 1.0}),
                   tmp_path)
+
+
+def test_ifca_job_saves_every_cluster_model(tmp_path):
+    import threading
+
+    from test_fl_job import PARAMS, job_dict, shards as job_shards
+
+    from secureflhv.runtime.artifacts import load_model
+    from secureflhv.runtime.config import parse_job
+    from secureflhv.runtime.jobs import horizontal_fl as hj
+    from secureflhv.runtime.registry import job_params
+    from secureflhv.transport.inprocess import InProcessNetwork
+
+    npz, _ = job_shards(tmp_path, 3)
+    cfg = parse_job(job_dict(npz, {**PARAMS, "strategy": "ifca", "clusters": 3, "rounds": 1}), tmp_path)
+    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
+    errors = {}
+
+    def run(spec):
+        try:
+            hj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
+        except BaseException as exc:  # noqa: BLE001
+            errors[spec.id] = exc
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not errors, errors
+    out = tmp_path / "out" / "server"
+    doc = load_model(out / "model.json")
+    meta = doc["cluster_models"]
+    with np.load(out / meta["file"], allow_pickle=False) as z:
+        names = sorted(z.files)
+        global_arrays = np.load(out / "global_model.npz", allow_pickle=False)
+        # the saved global model is one of the clusters
+        assert any(all(np.array_equal(z[f"cluster{j}/{k}"], global_arrays[k]) for k in global_arrays.files)
+                   for j in range(3))
+    assert meta["k"] == 3 and {n.split("/")[0] for n in names} == {"cluster0", "cluster1", "cluster2"}

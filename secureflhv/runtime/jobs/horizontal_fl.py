@@ -28,7 +28,8 @@ Example ``params``::
       test_fraction: 0.2
 
 Artifacts under ``<output_dir>/<party id>/``: at the server ``global_model.npz`` (named float32
-arrays, ``np.load(..., allow_pickle=False)``), ``model.json`` (architecture, parameter shapes, the npz's
+arrays, ``np.load(..., allow_pickle=False)``; IFCA: the most chosen cluster, and every cluster in
+``cluster_models.npz``), ``model.json`` (architecture, parameter shapes, the npz's
 SHA-256, params, final metrics), ``metrics.json`` (per round) and ``accuracy.png``; at each client
 ``metrics.json`` (its local test metrics per round).
 """
@@ -213,6 +214,14 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     npz = out_dir / "global_model.npz"
     np.savez(npz, **arrays)
     final = _record_json(history[-1]) if history else {}
+    extra_meta = {}
+    if params.strategy == "ifca":  # every cluster model (the global one is the most chosen cluster)
+        blank = build_model(params.model)
+        cl = out_dir / "cluster_models.npz"
+        np.savez(cl, **{f"cluster{j}/{k}": v for j, vec in enumerate(strategy.clusters)
+                        for k, v in named_arrays(blank, vec).items()})
+        extra_meta["cluster_models"] = {"file": cl.name, "sha256": hashlib.sha256(cl.read_bytes()).hexdigest(),
+                                        "k": len(strategy.clusters), "format": "npz, arrays 'cluster<j>/<name>'"}
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "strategy": params.strategy,
                                           "rounds": [_record_json(r) for r in history], "final": final})
     acc = [r.test_accuracy for r in history]
@@ -225,7 +234,8 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
                       "format": "npz (named float32 arrays)",
                       "parameters": {k: list(v.shape) for k, v in arrays.items()}},
                metadata={"architecture": params.model.model_dump(mode="json"),
-                         "params": params.model_dump(mode="json"), "clients": clients, "final_metrics": final})
+                         "params": params.model_dump(mode="json"), "clients": clients, "final_metrics": final,
+                         **extra_meta})
     log.info("%s: done: %d rounds, final accuracy %.4f; model %s; plot %s", party.id, len(history),
              history[-1].test_accuracy if history else float("nan"), npz, plot)
     return final
