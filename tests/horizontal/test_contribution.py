@@ -225,3 +225,38 @@ def test_a_client_dropping_in_training_leaves_a_normalised_round_of_the_others()
     lam = np.array([c.contrib.factor for c in alive])
     np.testing.assert_allclose(lam, paper_factors(np.stack([c.contrib.z for c in alive]), T), rtol=1e-5)
     assert np.all(np.isfinite(server.global_vec))
+
+
+@pytest.mark.slow
+def test_multiprocess_grpc_tls_job_with_contribution_normalisation(tmp_path):
+    """Server and 3 clients as real processes over gRPC with mutual TLS: contribution normalisation's two
+    secure sums and answers run every round, and the model is saved."""
+    import json
+    import subprocess
+
+    import yaml
+    from test_fl_job import PARAMS, check_artifacts, job_dict, shards as job_shards
+
+    from secureflhv.runtime.config import parse_job
+    from secureflhv.runtime.demo import free_ports
+    from secureflhv.transport.certs import generate_certificates
+
+    npz, _ = job_shards(tmp_path, 3)
+    ids = ["server", "client-1", "client-2", "client-3"]
+    generate_certificates(tmp_path / "certs", ids, overwrite=True)
+    params = {**PARAMS, "strategy": "scaffold", "contribution_temperature": 1.0}
+    job = job_dict(npz, params, tls=True, ports=free_ports(4), certs="certs")
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(path), "--timeout", "240"],
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    metrics = check_artifacts(parse_job(job, tmp_path), tmp_path / "out", 2)
+    assert all(r["contribution"]["status"] == "ok" and r["contribution"]["n"] == 3 for r in metrics["rounds"])
+    for c in ids[1:]:  # each client kept its own factor; together they sum to 1 (up to quantisation)
+        rounds = json.loads((tmp_path / "out" / c / "metrics.json").read_text())["rounds"]
+        assert all(0 < r["contribution_factor"] <= 1 for r in rounds)
+    total = sum(json.loads((tmp_path / "out" / c / "metrics.json").read_text())["rounds"][-1]["contribution_factor"]
+                for c in ids[1:])
+    assert total == pytest.approx(1.0, abs=1e-6)
