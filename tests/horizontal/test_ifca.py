@@ -165,9 +165,10 @@ def test_job_params_pick_ifca_and_bound_the_clusters(tmp_path):
     params = job_params(cfg)
     assert make_strategy(params.strategy, clusters=params.clusters).parts == ("cluster0", "cluster1", "cluster2")
     assert hj.HorizontalJobParams.model_fields["strategy"].annotation.__args__[-2:] == ("ifca", "fedper")
-    with pytest.raises(JobConfigError, match=r"params\.clusters"):
-        parse_job(job_dict(paths, {**PARAMS, "strategy": "ifca", "clusters": 7, "contribution_temperature": 1.0}),
-                  tmp_path)
+    with pytest.raises(JobConfigError, match=r"params\.clusters: 9 IFCA clusters exceed"):
+        parse_job(job_dict(paths, {**PARAMS, "strategy": "ifca", "clusters": 9}), tmp_path)
+    with pytest.raises(JobConfigError, match=r"params\.contribution_temperature: .* IFCA"):
+        parse_job(job_dict(paths, {**PARAMS, "strategy": "ifca", "contribution_temperature": 1.0}), tmp_path)
 
 
 def test_ifca_job_saves_every_cluster_model(tmp_path):

@@ -83,7 +83,7 @@ class HorizontalJobParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     strategy: Literal["fedavg", "fedprox", "scaffold", "fednova", "ifca", "fedper"] = "fedavg"
-    clusters: int = Field(default=2, ge=2, le=8, description="IFCA: number of cluster models k")
+    clusters: int = Field(default=2, ge=2, description="IFCA: number of cluster models k (at most 8)")
     personal_layers: int = Field(default=1, ge=1, description="FedPer: final linear layers kept local")
     mu: float = Field(default=0.01, ge=0, description="FedProx proximal weight")
     contribution_temperature: float | None = Field(
@@ -124,10 +124,12 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     if m < 2 and agg.kind == "secagg":
         raise JobConfigError(f"params.fraction: selects {m} client per round; secure aggregation of one client "
                              f"would reveal its update (select at least 2)")
-    slots = (params.clusters if params.strategy == "ifca" else 2) + (2 if params.contribution_temperature else 0)
-    if slots > PARTS_PER_ROUND:
-        raise JobConfigError(f"params.clusters: {params.clusters} IFCA clusters plus contribution normalisation's 2 "
-                             f"sums exceed the {PARTS_PER_ROUND} aggregations of a round")
+    if params.strategy == "ifca" and params.contribution_temperature is not None:
+        raise JobConfigError("params.contribution_temperature: contribution normalisation re-weights sample-weighted "
+                             "updates (FedAvg family, FedPer); IFCA's cluster averages are unweighted (set it to null)")
+    if params.strategy == "ifca" and params.clusters > PARTS_PER_ROUND:
+        raise JobConfigError(f"params.clusters: {params.clusters} IFCA clusters exceed the {PARTS_PER_ROUND} "
+                             f"aggregations of a round")
 
 
 def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConfig:
