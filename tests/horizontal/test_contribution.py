@@ -209,6 +209,9 @@ def test_job_file_turns_it_on_and_runs_through_secagg(tmp_path):
     metrics = check_artifacts(cfg, tmp_path / "out", 2)
     assert all(r["contribution"]["status"] == "ok" and r["contribution"]["n"] == 3 for r in metrics["rounds"])
     assert all(r["aggregation"]["model"]["k_bits"] > 0 for r in metrics["rounds"])
+    # each client's own accuracy (on its own split) and the worst one are in the job's metrics
+    assert all(sorted(r["client_accuracy"]) == ["client-1", "client-2", "client-3"] and
+               r["worst_client_accuracy"] == min(r["client_accuracy"].values()) for r in metrics["rounds"])
 
 
 def test_a_client_dropping_in_training_leaves_a_normalised_round_of_the_others():

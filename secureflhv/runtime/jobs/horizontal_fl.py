@@ -30,7 +30,8 @@ Example ``params``::
 Artifacts under ``<output_dir>/<party id>/``: at the server ``global_model.npz`` (named float32
 arrays, ``np.load(..., allow_pickle=False)``; IFCA: the most chosen cluster, and every cluster in
 ``cluster_models.npz``), ``model.json`` (architecture, parameter shapes, the npz's
-SHA-256, params, final metrics), ``metrics.json`` (per round) and ``accuracy.png``; at each client
+SHA-256, params, final metrics), ``metrics.json`` (per round, with each client's own accuracy and the
+worst client's) and ``accuracy.png`` (overall and worst client); at each client
 ``metrics.json`` (its local test metrics per round).
 """
 from __future__ import annotations
@@ -229,7 +230,8 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     acc = [r.test_accuracy for r in history]
     plot = None
     if any(math.isfinite(a) for a in acc):
-        plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc},
+        plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc,
+                                                      "worst client": [r.worst_client_accuracy for r in history]},
                            title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="accuracy")
     save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm="horizontal",
                model={"file": npz.name, "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
