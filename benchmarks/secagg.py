@@ -191,7 +191,7 @@ def main(argv=None):
                 "what": (f"secure aggregation, actively secure (signed keys, consistency check), {a.clients} clients "
                          f"× {a.dim:,} float32, {'plaintext gRPC' if a.insecure else 'TLS'} (`secagg.py`)"),
                 "ours": f"{med['secagg']:.2f} s/round; unmasking with {n_drop} of {a.clients} dropped: "
-                        f"{t['unmask']:.2f} s",
+                        f"{t['unmask']:.2f} s (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)",
                 "baseline": f"plain aggregation {med['plain']:.2f} s/round",
                 "ratio": f"{med['secagg'] / med['plain']:.1f}× (Flower 1.41, semi-honest: 3.4×)",
                 "bytes": f"secagg: {traffic['secagg']}; plain: {traffic['plain']}"})
