@@ -46,7 +46,7 @@ GRPC_PREFIX = 5  # gRPC length-prefixed message: 1 flag byte + 4-byte big-endian
 H2_FRAME_HEADER = 9  # HTTP/2 frame header (RFC 9113, 4.1)
 H2_MAX_FRAME = 16 * 1024  # SETTINGS_MAX_FRAME_SIZE default; gRPC keeps it unless configured
 REQUEST_HEADERS = 100  # estimated HPACK bytes of a Deliver call's request headers (after the first call)
-RESPONSE_HEADERS = 60  # estimated HPACK bytes of the response headers plus trailers (grpc-status)
+RESPONSE_HEADERS = 60  # estimated HPACK bytes of the response headers and trailers (grpc-status) together
 TLS_RECORD = 16 * 1024  # largest TLS plaintext record (RFC 8446, 5.1)
 TLS_RECORD_OVERHEAD = 22  # TLS 1.3 AES-GCM: 5-byte header + 16-byte tag + 1 inner content type
 DEFAULT_CHUNK = 1 << 20  # GrpcTransport's default chunk_size (1 MiB)
@@ -107,8 +107,9 @@ def request_framing(header_size: int, chunk_lengths: Sequence[int], tls: bool = 
 
 
 def reply_framing(tls: bool = True) -> int:
-    """Bytes of the reply to an accepted message: an ``Ack`` (exact) in estimated HTTP/2 and TLS framing."""
-    return _h2_tls([_ACK_BYTES], RESPONSE_HEADERS, tls)
+    """Bytes of the reply to an accepted message: an ``Ack`` (exact) in estimated HTTP/2 framing (a HEADERS
+    frame, one DATA frame, a trailers HEADERS frame) and TLS."""
+    return _h2_tls([_ACK_BYTES], RESPONSE_HEADERS + H2_FRAME_HEADER, tls)
 
 
 def envelope_size(job_id: str, round: int, sender: str, receiver: str, tag: str, payload_size: int) -> int:

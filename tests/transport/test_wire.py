@@ -47,7 +47,7 @@ def test_request_framing_on_a_known_size():
 
 def test_reply_framing_is_an_ack_in_frames():
     ack = pb.Ack(accepted=True).ByteSize()
-    assert wire.reply_framing(tls=False) == (9 + 60) + (5 + ack + 9)
+    assert wire.reply_framing(tls=False) == (9 + 60) + (5 + ack + 9) + 9  # headers, DATA, trailers frames
     assert wire.reply_framing(tls=True) == wire.reply_framing(tls=False) + 22
 
 
