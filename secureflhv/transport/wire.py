@@ -19,9 +19,10 @@ process and is not counted):
     :class:`Envelope` header (job, round, sender, receiver, tag, size, SHA-256), every chunk a field tag
     and length prefix around its slice of the payload (``chunk_size`` 1 MiB by default);
   - gRPC's message prefix — **exact**: 5 bytes (flag + 4-byte length) per chunk;
-  - HTTP/2 — **estimated**: a 9-byte frame header per DATA frame of at most 16 KiB (gRPC's default
-    maximum frame size) plus one closing DATA frame, and ``REQUEST_HEADERS`` bytes for the call's
-    HEADERS frame (HPACK-compressed; the first call on a connection sends more, later ones less);
+  - HTTP/2 — **estimated**: a 9-byte frame header per DATA frame of at most 16 KiB (HTTP/2's default
+    maximum frame size; gRPC may use larger frames, so this errs high by < 0.1%) plus one closing DATA
+    frame, and ``REQUEST_HEADERS`` bytes for the call's HEADERS frame (HPACK-compressed; the first call
+    on a connection sends more, later ones less);
   - TLS — **estimated** (when the transport uses TLS): ``TLS_RECORD_OVERHEAD`` bytes (TLS 1.3 with
     AES-GCM: 5-byte record header, 16-byte tag, 1 content-type byte) per record of at most 16 KiB, plus
     ``TLS_EXTRA_RECORDS`` for the call's separate writes (headers, data, end of stream).
@@ -50,7 +51,7 @@ from ..proto import transport_pb2 as pb
 
 GRPC_PREFIX = 5  # gRPC length-prefixed message: 1 flag byte + 4-byte big-endian length (exact)
 H2_FRAME_HEADER = 9  # HTTP/2 frame header (RFC 9113, 4.1)
-H2_MAX_FRAME = 16 * 1024  # SETTINGS_MAX_FRAME_SIZE default; gRPC keeps it unless configured
+H2_MAX_FRAME = 16 * 1024  # SETTINGS_MAX_FRAME_SIZE default (RFC 9113); larger frames, where allowed, cost less
 # Estimates calibrated on loopback against the kernel's per-connection byte counts (``ss -ti``), grpcio 1.x:
 REQUEST_HEADERS = 40  # HPACK bytes of a Deliver call's request headers (indexed after the first call)
 RESPONSE_HEADERS = 30  # HPACK bytes of the response headers and trailers (grpc-status) together
