@@ -42,6 +42,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import _wire  # noqa: E402  (bytes per party beside the time)
 
 PARTITIONS = [  # (label, scheme, params) — NIID-Bench's FMNIST settings
     ("iid", "iid", {}),
@@ -56,8 +58,9 @@ PARTITIONS = [  # (label, scheme, params) — NIID-Bench's FMNIST settings
 STRATEGIES = [("FedAvg", "fedavg"), ("FedProx", "fedprox"), ("SCAFFOLD", "scaffold"), ("FedNova", "fednova")]
 
 
-def run_fl(shards, spec, strategy, fl_cfg, mu, deadline=900.0):
-    """One FL run: server + one thread per client over InProcessNetwork; returns the server."""
+def run_fl(shards, spec, strategy, fl_cfg, mu, deadline=900.0, wire_out: dict | None = None):
+    """One FL run: server + one thread per client over InProcessNetwork; returns the server.
+    ``wire_out``, if given, receives ``{party: wire_stats()}`` (bytes per peer and tag)."""
     from secureflhv.horizontal.fl import HorizontalClient, HorizontalServer
     from secureflhv.horizontal.strategies import make_strategy
     from secureflhv.transport.inprocess import InProcessNetwork
@@ -84,6 +87,8 @@ def run_fl(shards, spec, strategy, fl_cfg, mu, deadline=900.0):
         t.start()
     for t in threads:
         t.join()
+    if wire_out is not None:
+        wire_out.update(net.wire_stats())
     if server.history and len(server.history) == fl_cfg.rounds:
         return server  # clients that dropped out are reported above; the run completed without them
     raise RuntimeError(f"FL run failed: {errors[-1]!r}" if errors else "FL run failed")
@@ -182,8 +187,9 @@ def main(argv=None) -> int:
         results[plabel] = {}
         for sname, strategy in strategies:
             t0 = time.perf_counter()
+            wire = {}
             try:
-                server = run_fl(shards, spec, strategy, fl_cfg, args.mu)
+                server = run_fl(shards, spec, strategy, fl_cfg, args.mu, wire_out=wire)
             except RuntimeError as exc:  # e.g. every client diverged: report it, go on with the grid
                 secs = time.perf_counter() - t0
                 results[plabel][sname] = {"accuracy": float("nan"), "seconds": secs, "n_clipped": 0,
@@ -198,7 +204,8 @@ def main(argv=None) -> int:
             results[plabel][sname] = {"accuracy": acc, "seconds": secs, "n_clipped": clipped, "dropped": dropped,
                                       "sizes": part.sizes.tolist()}
             print(f"{plabel:>18} {sname:>8}: accuracy {acc:.4f} ({acc / base_acc:.2f}x baseline), "
-                  f"{clipped} clipped coords, {secs:.1f}s" + (f", dropped {dropped}" if dropped else ""), flush=True)
+                  f"{clipped} clipped coords, {secs:.1f}s" + (f", dropped {dropped}" if dropped else "")
+                  + f"; bytes: {_wire.hub_and_spokes(wire)}", flush=True)
         partial = out_dir / "niid_accuracy.partial.json"
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps({"settings": settings, "baseline_accuracy": base_acc, "baseline_seconds": base_s,
