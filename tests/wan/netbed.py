@@ -252,6 +252,10 @@ class NetBed:
     def thaw(self, party: str) -> None:
         self._relay_cmd(f"thaw {self.ip(party)}")
 
+    def set_delay(self, seconds: float, party: str | None = None) -> None:
+        """Change the relay's delay each way: for every connection, or (``party``) for that party's only."""
+        self._relay_cmd(f"delay {float(seconds)}" + (f" {self.ip(party)}" if party else ""))
+
     def cut(self, party: str) -> None:
         """Cut ``party`` off for good: its bytes in flight are lost and its link goes down."""
         self.freeze(party)
