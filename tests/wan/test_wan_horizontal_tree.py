@@ -71,7 +71,8 @@ def test_secure_aggregation_recovers_a_client_cut_off_mid_round(tmp_path):
             bed.set_delay(FAR_S, "client-3")
             def on_line(party, line):
                 # the server holds client-3's key shares (stage 1 of round 1): cut it off before its masked input
-                if party == "server" and "received 'agg.share'" in line and "from client-3" in line and not cut.is_set():
+                if (party == "server" and "received 'agg.share'" in line and "from client-3" in line
+                        and not cut.is_set()):
                     cut.set()
                     bed.cut("client-3")
 

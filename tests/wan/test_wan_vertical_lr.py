@@ -89,12 +89,16 @@ def test_link_down_20s_mid_epoch_is_survived_with_the_same_model(vlr):
             if party == "guest" and "epoch 1/2" in line and "down" not in events:
                 events["down"] = time.monotonic()
                 bed.link("host-1", False)
-                threading.Timer(OUTAGE_S, lambda: (bed.link("host-1", True), events.update(up=time.monotonic()))).start()
+                back = lambda: (bed.link("host-1", True), events.update(up=time.monotonic()))  # noqa: E731
+                threading.Timer(OUTAGE_S, back).start()
 
         wan_job = bed.adopt_job(job, tmp / "flap")
-        runs = run_on_bed(bed, wan_job, on_line=on_line)
+        runs = run_on_bed(bed, wan_job, on_line=on_line, log_level="DEBUG")
     assert all(r.code == 0 for r in runs.values()), failures(runs)
     assert events["up"] - events["down"] >= OUTAGE_S
+    # the dead connection was noticed during the outage (keep-alive), and the message sent again
+    assert any(events["down"] < t < events["up"] and "unreachable at" in line
+               for r in runs.values() for t, line in r.lines), failures(runs)
     # epoch 2 was under way during the outage and finished only after the link came back
     assert runs["guest"].when("epoch 2/2") > events["up"]
     assert trained(tmp / "flap" / "out") == reference()
