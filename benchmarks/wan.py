@@ -7,7 +7,8 @@ Families (small jobs, real party processes over gRPC + mutual TLS in both settin
   10 classes (label-Dirichlet(0.5) shards), MLP, FedAvg, ``--rounds`` rounds;
 * vertical SecureBoost: guest + host-1, breast cancer, ``--trees`` trees of depth 3.
 
-Settings: ``loopback`` = every party on 127.0.0.1 (``secureflhv run``); ``wan`` = every party on its
+Settings: ``loopback`` = every party on 127.0.0.1 (``secureflhv party`` each, watched like the WAN
+runs; no launcher in between); ``wan`` = every party on its
 own network host of the WAN test bed (tests/wan/netbed.py: 40 ms each way through a delaying relay,
 100 Mbit/s per link with tbf; needs root). Paillier keys are ``--key-bits`` (default 1024: test-only
 keys, to keep the run short on 2 cores; pass 2048 for deployment figures).
@@ -33,20 +34,20 @@ import datetime as _dt
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "wan"))
 
 import netbed  # noqa: E402
-from wan_harness import run_on_bed  # noqa: E402
+from wan_harness import run_local, run_on_bed  # noqa: E402
 
 from secureflhv.data import Dataset, partition, write_shards  # noqa: E402
 from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job  # noqa: E402
@@ -109,7 +110,7 @@ def wire_bytes(out: Path, party: str) -> dict | None:
 
 
 def summarise(job: Path, out: Path, finished: dict[str, float], wall: float) -> dict:
-    parties = [p["id"] for p in __import__("yaml").safe_load(job.read_text())["parties"]]
+    parties = [p["id"] for p in yaml.safe_load(job.read_text())["parties"]]
     missing = [p for p in parties if p not in finished]
     if missing:
         raise RuntimeError(f"{job}: no 'finished' line from {missing}")
@@ -120,35 +121,27 @@ def summarise(job: Path, out: Path, finished: dict[str, float], wall: float) -> 
 
 def run_loopback(job: Path) -> dict:
     start = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(job), "--timeout", "1200"],
-                       capture_output=True, text=True, env=dict(os.environ, COLUMNS="200"))
+    runs = run_local(job, timeout=1200)
     wall = time.monotonic() - start
-    if r.returncode:
-        raise RuntimeError(f"loopback run of {job} failed:\n{r.stdout[-3000:]}")
-    finished = {m.group(1): float(m.group(2)) for m in _FINISHED.finditer(r.stdout)}
-    return summarise(job, job.parent / "out", finished, wall)
+    return _summarise_runs(job, job.parent / "out", runs, wall, "loopback")
+
+
+def _summarise_runs(job: Path, out: Path, runs: dict, wall: float, setting: str) -> dict:
+    bad = {p: r.text[-2000:] for p, r in runs.items() if r.code != 0}
+    if bad:
+        raise RuntimeError(f"{setting} run of {job} failed: {bad}")
+    finished = {m.group(1): float(m.group(2)) for r in runs.values() for m in _FINISHED.finditer(r.text)}
+    return summarise(job, out, finished, wall)
 
 
 def run_wan(job: Path, work: Path) -> dict:
-    import yaml
-
     ids = [p["id"] for p in yaml.safe_load(job.read_text())["parties"]]
     with netbed.NetBed(ids) as bed:
         wan_job = bed.adopt_job(job, work)
         start = time.monotonic()
         runs = run_on_bed(bed, wan_job, timeout=1200)
         wall = time.monotonic() - start
-    bad = {p: r.text[-2000:] for p, r in runs.items() if r.code != 0}
-    if bad:
-        raise RuntimeError(f"WAN run of {job} failed: {bad}")
-    finished = {m.group(1): float(m.group(2)) for r in runs.values() for m in _FINISHED.finditer(r.text)}
-    return summarise(job, work / "out", finished, wall)
-
-
-def best(runs: list[dict]) -> dict:
-    """The fastest of repeated runs (the least disturbed by other load), with every sample's job seconds."""
-    fastest = min(runs, key=lambda r: r["job_s"])
-    return {**fastest, "samples_job_s": [r["job_s"] for r in runs]}
+    return _summarise_runs(job, work / "out", runs, wall, "WAN")
 
 
 # ---------------------------------------------------------------------------------- report

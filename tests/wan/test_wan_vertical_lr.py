@@ -106,7 +106,7 @@ def test_link_down_20s_mid_epoch_is_survived_with_the_same_model(vlr):
 
 def test_link_down_for_good_stops_every_party_naming_the_unreachable_peer(vlr):
     tmp, _, guest_csv, host_csvs, _ = vlr
-    deadline = 6
+    deadline = 10
     job = write_vertical_lr_job(tmp / "dead", guest_csv, host_csvs, PARAMS, deadline_s=deadline,
                                 insecure_test_keys=True)
     events = {}
