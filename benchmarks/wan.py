@@ -144,13 +144,23 @@ def run_wan(job: Path, work: Path) -> dict:
     return _summarise_runs(job, work / "out", runs, wall, "WAN")
 
 
+def best(runs: list[dict]) -> dict:
+    """The fastest of repeated runs (the least disturbed by other load), with every sample's job seconds."""
+    fastest = min(runs, key=lambda r: r["job_s"])
+    return {**fastest, "samples_job_s": [r["job_s"] for r in runs]}
+
+
 # ---------------------------------------------------------------------------------- report
+def _size(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
 def _mb(b: dict | None) -> str:
-    return "not measured" if b is None else f"{b['sent'] / 1e6:.2f} / {b['received'] / 1e6:.2f}"
+    return "not measured" if b is None else f"{_size(b['sent'])} / {_size(b['received'])}"
 
 
 def table(results: dict) -> str:
-    rows = ["| family | setting | job s | wall s | network share | bytes per party, MB sent / received |",
+    rows = ["| family | setting | job s | wall s | network share | bytes per party, sent / received |",
             "|---|---|---:|---:|---:|---|"]
     for fam, r in results.items():
         for setting in ("loopback", "wan"):
