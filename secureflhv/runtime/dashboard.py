@@ -125,7 +125,8 @@ class JobPage:
         state = doc.get("state", "waiting")
         error = doc.get("error")
         if rc not in (None, 0) and state not in ("done", "failed"):
-            state, error = "failed", f"{p.id} exited with code {rc}"
+            how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+            state, error = "failed", f"{p.id} {how}"
         view = {
             "id": p.id, "role": p.role, "state": state, "error": error,
             "started": doc.get("started"), "updated": doc.get("updated"),

@@ -159,7 +159,8 @@ def test_stale_status_and_dead_party(job_dir):
     assert page.party_view(page.parties["host-1"], None)["state"] == "waiting"
     _write_status(out / "host-1", "host-1", state="running")
     killed = page.party_view(page.parties["host-1"], -9)
-    assert killed["state"] == "failed" and "exited with code -9" in killed["error"]
+    assert killed["state"] == "failed" and killed["error"] == "host-1 was killed by signal 9"
+    assert page.party_view(page.parties["host-1"], 1)["error"] == "host-1 exited with code 1"
 
 
 def test_non_local_bind_warns(job_dir, caplog):
