@@ -132,7 +132,7 @@ class JobPage:
             "started": doc.get("started"), "updated": doc.get("updated"),
             "tasks": doc.get("tasks", {}), "wire": doc.get("wire", {}), "log": doc.get("log", [])[-40:],
             "curves": {k: v[-MAX_CURVE_POINTS:] for k, v in doc.get("curves", {}).items()},
-            "final": doc.get("final", {}), "plots": [],
+            "curve_steps": doc.get("curve_steps", {}), "final": doc.get("final", {}), "plots": [],
         }
         if state in ("done", "failed"):
             view["plots"] = self._plots(p)

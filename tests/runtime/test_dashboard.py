@@ -40,6 +40,7 @@ def test_status_file_follows_progress_logs_and_end(tmp_path):
     doc = read_status(path)
     assert doc["state"] == "done" and doc["job_id"] == "job-1" and doc["role"] == "guest"
     assert doc["curves"] == {"loss": [[1, 0.7], [2, 0.5]]}  # NaN left out: JSON has none
+    assert doc["curve_steps"] == {"loss": "epochs"}
     task = doc["tasks"]["epochs"]
     assert (task["done"], task["total"], task["info"]) == (2, 4, "loss 0.5")
     assert task["eta_s"] is not None and 0 < task["eta_s"] < 5  # two steps to go at the measured rate
