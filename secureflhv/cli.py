@@ -6,6 +6,7 @@
     secureflhv party JOB --party ID       run one party (what each organisation runs on its machine)
     secureflhv run JOB                    run every party of a job on this machine, as separate processes
     secureflhv partition ...              split a dataset into non-IID party shards, with statistics and a plot
+    secureflhv predict TRAIN_JOB --data ID=NEW.csv ...   write the prediction job of a trained job (then `run` it)
 """
 from __future__ import annotations
 
@@ -177,6 +178,30 @@ def _add_job_page_options(p: argparse.ArgumentParser, whom: str) -> None:
                    help="keep the job page up this long after the job ends (default: close when the job ends)")
 
 
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from .runtime.config import load_job
+    from .runtime.jobs.predict import write_predict_job
+
+    data = {}
+    for value in args.data:
+        pid, sep, path = value.partition("=")
+        if not sep or not path:
+            print(f"secureflhv predict: --data {value}: expected PARTY_ID=PATH", file=sys.stderr)
+            return 2
+        data[pid] = Path(path)
+    try:
+        path = write_predict_job(args.train_job, args.out, data=data, job_id=args.job_id, model_dir=args.model,
+                                 output_dir=args.output_dir)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"secureflhv predict: {exc}", file=sys.stderr)
+        return 2
+    cfg = load_job(path)  # the written job is valid (JobConfigError otherwise)
+    print(f"wrote {path}: job {cfg.job.id!r} scores {', '.join(sorted(data)) or 'the training data'} with the "
+          f"bundles in {cfg.params['model_dir']}; run it with `secureflhv run {path}` (one machine) or "
+          f"`secureflhv party {path} --party ID` at each party")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="secureflhv",
@@ -232,6 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         _add_job_page_options(p, "every party of the job" if name == "run" else "this party")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("predict", help="write the prediction job of a trained job (new rows, same parties)",
+                       description="Write a job file with algorithm: predict from a training job file: the same "
+                                   "parties, addresses and certificates, data pointing at the new tables, "
+                                   "params.model_dir at the trained bundles (<output_dir>/<party>/model/). "
+                                   "Run it like any job; the guest writes predictions.csv.")
+    p.add_argument("train_job", type=Path, help="the training job file")
+    p.add_argument("--data", action="append", default=[], metavar="ID=PATH",
+                   help="party ID's new table (repeatable; parties not named keep their training data path)")
+    p.add_argument("--out", type=Path, default=Path("predict.yaml"), help="job file to write (default %(default)s)")
+    p.add_argument("--model", type=Path, help="the bundles' folder (default: the training job's output_dir)")
+    p.add_argument("--job-id", help="id of the prediction job (default: TRAIN-ID-predict)")
+    p.add_argument("--output-dir", default="predictions", help="its output_dir (default %(default)s)")
+    p.set_defaults(func=_cmd_predict)
 
     from .data import partition_cli
 

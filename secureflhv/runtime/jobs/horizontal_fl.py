@@ -25,7 +25,9 @@ Example ``params``::
 Artifacts under ``<output_dir>/<party id>/``: at the server ``global_model.npz`` (named float32
 arrays, ``np.load(..., allow_pickle=False)``), ``model.json`` (architecture, parameter shapes, the npz's
 SHA-256, params, final metrics), ``metrics.json`` (per round) and ``accuracy.png``; at each client
-``metrics.json`` (its local test metrics per round).
+``metrics.json`` (its local test metrics per round). The server and every client also write the final
+global model as a bundle (``model/``, :mod:`secureflhv.runtime.model_bundle`: ``model.safetensors``),
+which :func:`secureflhv.load_model` scores locally.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from ...transport import Transport
 from ..artifacts import plot_curves, save_model, write_json
 from ..data_prep import load_party_table, local_split
 from ..job_file import JobConfig, JobConfigError, PartySpec
+from ..model_bundle import save_job_bundle
 from ..progress import emit_progress
 
 log = logging.getLogger("secureflhv.job")
@@ -165,6 +168,13 @@ def _record_json(rec: RoundRecord) -> dict:
     return _finite(dict(vars(rec)))
 
 
+def _save_bundle(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, arrays: dict, metrics: dict) -> None:
+    """The global model as a bundle: ``model.safetensors`` (the torch ``state_dict``, float32) and the
+    architecture in the config (:func:`secureflhv.load_model` rebuilds and runs it)."""
+    save_job_bundle(cfg, party, files={"model.safetensors": arrays}, config=params.model_dump(mode="json"),
+                    metrics=metrics, extra={"n_features": params.model.n_features})
+
+
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams) -> dict:
     """Run this party's role of a horizontal job; return a summary (also saved as artifacts).
 
@@ -210,6 +220,7 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
                       "parameters": {k: list(v.shape) for k, v in arrays.items()}},
                metadata={"architecture": params.model.model_dump(mode="json"),
                          "params": params.model_dump(mode="json"), "clients": clients, "final_metrics": final})
+    _save_bundle(cfg, party, params, arrays, final)
     log.info("%s: done: %d rounds, final accuracy %.4f; model %s; plot %s", party.id, len(history),
              history[-1].test_accuracy if history else float("nan"), npz, plot)
     return final
@@ -228,6 +239,9 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     except ValueError as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     history = client.run()
+    if client.global_vec is not None:  # the last global model the server sent: every client can score with it
+        _save_bundle(cfg, party, params, named_arrays(build_model(params.model), client.global_vec),
+                     _finite(history[-1]) if history else {})
     write_json(cfg.output_dir(party.id) / "metrics.json",
                {"job_id": cfg.job.id, "party_id": party.id, "n_train": len(train), "n_test": len(test),
                 "rounds": _finite(history)})
