@@ -248,3 +248,20 @@ def test_party_dashboard_serves_its_own_party_only(tmp_path):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def test_busy_port_is_a_clear_error_before_any_party_starts(tmp_path, capsys):
+    import socket
+
+    from job_harness import make_job
+
+    from secureflhv.cli import main
+
+    job = make_job(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        rc = main(["run", str(job), "--dashboard", str(busy.getsockname()[1])])
+    assert rc == 2
+    assert "cannot serve the job page on 127.0.0.1:" in capsys.readouterr().err
+    assert not (job.parent / "out").exists()  # nothing ran
