@@ -108,8 +108,10 @@ class JobPage:
     # ------------------------------------------------------------------ data
     def _status(self, p: PartyEntry) -> dict | None:
         doc = read_status(p.out_dir / STATUS_FILE)
-        if doc is None or doc.get("party_id") != p.id or float(doc.get("started", 0)) < self.since - 1.0:
-            return None  # absent, foreign or from an earlier run
+        started = doc.get("started") if doc else None
+        if doc is None or doc.get("party_id") != p.id or not isinstance(started, (int, float)) \
+                or started < self.since - 1.0:
+            return None  # absent, foreign, malformed or from an earlier run
         return doc
 
     def _plots(self, p: PartyEntry) -> list[str]:

@@ -158,6 +158,8 @@ def test_stale_status_and_dead_party(job_dir):
     _write_status(out / "host-1", "host-1", started=time.time() - 3600, state="done")  # an earlier run's file
     page = JobPage("j", [PartyEntry("host-1", "host", out / "host-1")], since=time.time() - 5)
     assert page.party_view(page.parties["host-1"], None)["state"] == "waiting"
+    _write_status(out / "host-1", "host-1", started="soon", state="done")  # malformed: ignored, no crash
+    assert page.party_view(page.parties["host-1"], None)["state"] == "waiting"
     _write_status(out / "host-1", "host-1", state="running")
     killed = page.party_view(page.parties["host-1"], -9)
     assert killed["state"] == "failed" and killed["error"] == "host-1 was killed by signal 9"
