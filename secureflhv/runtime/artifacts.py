@@ -7,6 +7,7 @@ Files, under ``<output_dir>/<party id>/``:
 * ``metrics.json`` — per-epoch history and final metrics (guest); at every party that finished, ``wire``:
   bytes sent to and received from each peer, per message tag, and totals (:mod:`secureflhv.transport.wire`).
 * ``loss.png`` — the training-loss curve (guest).
+* ``status.json`` — the live state, progress, curves and last log lines the job page shows (:mod:`.status`).
 """
 from __future__ import annotations
 
