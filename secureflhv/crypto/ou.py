@@ -75,7 +75,7 @@ MIN_SECURE_BITS = 2048
 RANDOM_BITS = 256            # bits of the randomness exponent r (generic attacks: 2^(RANDOM_BITS/2))
 TEST_MIN_BITS = 1024         # HEU refuses smaller OU keys (its 160-bit t needs |p| >= 320)
 FP_DOMAIN = b"secureflhv/ou/public-key/v1"
-_H_WINDOW, _G_WINDOW = 10, 8  # fixed-base windows: r digits (26 rows of 1024), m digits (86 rows of 256)
+_H_WINDOW, _G_WINDOW = 12, 10  # fixed-base windows: r (22 rows of 4096, ~26 MB at 2048 bits), m (69 rows of 1024, x2)
 _TABLE_MIN_BATCH = 16
 _CACHE_SIZE = 2
 
