@@ -28,7 +28,7 @@ from secureflhv.crypto import paillier as P  # noqa: E402
 from secureflhv.crypto import paillier_engine as E  # noqa: E402
 
 
-CLOCK = time.process_time  # one-core rows: ops per CPU-second of this process, best of 3 runs (robust to a busy machine)
+CLOCK = time.process_time  # one-core rows: ops per CPU-second of this process, best of 3 (robust to a busy machine)
 
 
 def rate(fn, count: int, min_time: float = 0.0, clock=None) -> float:
@@ -223,10 +223,12 @@ def record_figures(rows: list[tuple], heu: dict | None, load: tuple[float, float
     hp = heu["paillier"] if heu else None
     baseline = (f"phe 1.5 + gmpy2: encrypt {enc[1]:,.0f}/s; decrypt {dec[1]:,.0f}/s; add {add[1]:,.0f}/s; "
                 f"X^T·[[d]] {dot[1]:,.0f}/s")
-    ratio = (f"phe: {enc[0] / enc[1]:.1f}× ({crt[0] / crt[1]:.1f}×); {dec[0] / dec[1]:.1f}×; {add[0] / add[1]:.1f}×; "
+    ratio = (f"phe: {enc[0] / enc[1]:.1f}× ({crt[0] / crt[1]:.1f}×); {dec[0] / dec[1]:.1f}×; "
+             f"{add[0] / add[1]:.1f}×; "
              f"{dot[0] / dot[1]:.1f}×")
     if hp:
-        baseline += (f". HEU 0.5 ZPaillier, one thread: encrypt {hp['encrypt']:,.0f}/s; decrypt {hp['decrypt']:,.0f}/s; "
+        baseline += (f". HEU 0.5 ZPaillier, one thread: encrypt {hp['encrypt']:,.0f}/s; "
+                     f"decrypt {hp['decrypt']:,.0f}/s; "
                      f"add {hp['add']:,.0f}/s")
         ratio += (f". HEU: {enc[0] / hp['encrypt']:.2f}×; {dec[0] / hp['decrypt']:.2f}×; "
                   f"{add[0] / hp['add']:.2f}×")
@@ -264,7 +266,8 @@ def record_ou(heu: dict, p_enc: float, p_dec: float, p_add: float, note: str) ->
                   f"{h['decrypt']:,.0f}/s; add {h['add']:,.0f}/s. Our Paillier 2048-bit: encrypt {p_enc:,.0f}/s; "
                   f"decrypt {p_dec:,.0f}/s; add {p_add:,.0f}/s"),
         ratio=(f"HEU OU: {o['encrypt'] / h['encrypt']:.2f}×; {o['decrypt'] / h['decrypt']:.2f}×; "
-               f"{o['add'] / h['add']:.2f}×. Our Paillier: {o['encrypt'] / p_enc:.1f}×; {o['decrypt'] / p_dec:.1f}×; "
+               f"{o['add'] / h['add']:.2f}×. Our Paillier: {o['encrypt'] / p_enc:.1f}×; "
+               f"{o['decrypt'] / p_dec:.1f}×; "
                f"{o['add'] / p_add:.1f}×")))
 
 

@@ -461,9 +461,9 @@ class OUHE(PaillierHE):
     ``R = plain_bits - 2`` (678+ bits at 2048-bit keys) and sends ``[[m + r]]`` re-randomised (r is
     encrypted with fresh randomness). The key holder learns the integer m + r (+ its own term t): for
     |m| < 2^(R-1-OU_HIDE_BITS) its distribution is within statistical distance 2^-OU_HIDE_BITS
-    (OU_HIDE_BITS = 40) of one that does not depend on m — statistical hiding, where Paillier's pad is perfect. The sender
-    checks that bound when it removes r (a larger |m| raises CiphertextError instead of silently
-    weakening the mask); vertical values are far smaller (|m| < 2^200 or so).
+    (OU_HIDE_BITS = 40) of one that does not depend on m — statistical hiding, where Paillier's pad is
+    perfect. The sender checks that bound when it removes r (a larger |m| raises CiphertextError
+    instead of silently weakening the mask); vertical values are far smaller (|m| < 2^200 or so).
     Vertical SecureBoost's packed pair sums: :class:`OUPairSums`.
     """
 

@@ -214,7 +214,8 @@ def _unpack_msgpack_array(data: bytes) -> list:
     return out
 
 
-def generate_keypair(n_bits: int = DEFAULT_BITS, *, insecure_test_key: bool = False) -> tuple[OUPublicKey, OUPrivateKey]:
+def generate_keypair(n_bits: int = DEFAULT_BITS, *,
+                     insecure_test_key: bool = False) -> tuple[OUPublicKey, OUPrivateKey]:
     """New OU key pair from HEU's key generator (n of about n_bits bits; HEU rounds |p|, |q| up).
 
     Raises ValueError below 2048 bits without ``insecure_test_key`` (and below 1024 bits at all:
