@@ -30,7 +30,9 @@ data pointing at the new tables)::
     parties: ...                      # guest and hosts of the training job (a server is not needed)
     params: {model_dir: out, model_job_id: breast-vlr}
 
-The guest (horizontal models: every client) writes ``<output_dir>/<party>/predictions.csv`` — ``id``, ``score`` (P(y=1); multi-class:
+Every data party's new table needs its id column (``data.id_column``) and the model's feature columns
+(taken by name; other columns are ignored). The guest (horizontal models: every client) writes
+``<output_dir>/<party>/predictions.csv`` — ``id``, ``score`` (P(y=1); multi-class:
 ``p0 .. pC-1``; regression: the value) and ``label`` when ``data.label_column`` is set — and
 ``metrics.json`` (rows scored, ids without a partner, AUC / accuracy when labels are given).
 
