@@ -78,6 +78,15 @@ def roles(cfg: JobConfig) -> None:
         raise JobConfigError("parties: a prediction job needs the data parties (guest / hosts) of the model")
 
 
+def check(cfg: JobConfig, params: PredictJobParams) -> None:
+    """Verify, before anyone starts, every party's bundle that is on this machine (on a party's own
+    machine: its own; with ``secureflhv run``: all). A party whose bundle folder is absent here is
+    checked when it starts. Raises JobConfigError naming ``params.model_dir``, the party and the field."""
+    for party in cfg.clients:
+        if (cfg.resolve(params.model_dir) / party.id / "model").is_dir():
+            load_party_bundle(cfg, party, params)
+
+
 def load_party_bundle(cfg: JobConfig, party: PartySpec, params: PredictJobParams) -> ModelBundle:
     """This party's verified bundle; JobConfigError naming ``params.model_dir`` / the mismatching field."""
     try:
