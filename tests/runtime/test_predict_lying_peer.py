@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from secureflhv.proto import messages_pb2, tree_pb2
+from secureflhv.proto import tree_pb2
 from secureflhv.transport import TransportError
 from secureflhv.transport.base import Message
 from secureflhv.transport.codec import tensor_to_proto
@@ -130,9 +130,10 @@ def test_secureboost_host_refuses_unknown_records_and_rows():
     host = SecureBoostHost.from_records(net.transport("host-1"), "guest", [[0, 3, 0.5]], prm)
     t = threading.Thread(target=host.serve_predictions, args=(np.ones((5, 1)),), daemon=True)
     t.start()
-    for bad in (tree_pb2.SbRouteRequest(dataset="predict", n_rows=5, queries=[tree_pb2.SbRouteQuery(record=1, rows=[0])]),
-                tree_pb2.SbRouteRequest(dataset="predict", n_rows=5, queries=[tree_pb2.SbRouteQuery(record=0, rows=[5])]),
-                tree_pb2.SbRouteRequest(dataset="train", n_rows=5)):
+    query = tree_pb2.SbRouteQuery
+    for bad in (tree_pb2.SbRouteRequest(dataset="predict", n_rows=5, queries=[query(record=1, rows=[0])]),  # no record
+                tree_pb2.SbRouteRequest(dataset="predict", n_rows=5, queries=[query(record=0, rows=[5])]),  # no row
+                tree_pb2.SbRouteRequest(dataset="train", n_rows=5)):                                        # no data
         reason = net.inject_until_rejected(Message("p", 1, "guest", "host-1", "sb.route", bad.SerializeToString()))
         assert "route request" in reason
     net.inject(Message("p", 1, "guest", "host-1", "sb.route", tree_pb2.SbRouteRequest(stop=True).SerializeToString()))

@@ -314,8 +314,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJ
     return predictor(cfg, party, transport, params, bundle)
 
 
-def write_predict_job(train_job: Path | str, path: Path | str, *, data: dict[str, Path | str], job_id: str | None = None,
-                      output_dir: str = "predictions", model_dir: Path | str | None = None,
+def write_predict_job(train_job: Path | str, path: Path | str, *, data: dict[str, Path | str],
+                      job_id: str | None = None, output_dir: str = "predictions", model_dir: Path | str | None = None,
                       new_ports: bool = False) -> Path:
     """Write a prediction job file derived from a training job file; returns ``path``.
 
