@@ -30,7 +30,9 @@ data pointing at the new tables)::
     parties: ...                      # guest and hosts of the training job (a server is not needed)
     params: {model_dir: out, model_job_id: breast-vlr}
 
-The guest (horizontal models: every client) writes ``<output_dir>/<party>/predictions.csv`` — ``id``, ``score`` (P(y=1); multi-class:
+Every data party's new table needs its id column (``data.id_column``) and the model's feature columns
+(taken by name; other columns are ignored). The guest (horizontal models: every client) writes
+``<output_dir>/<party>/predictions.csv`` — ``id``, ``score`` (P(y=1); multi-class:
 ``p0 .. pC-1``; regression: the value) and ``label`` when ``data.label_column`` is set — and
 ``metrics.json`` (rows scored, ids without a partner, AUC / accuracy when labels are given).
 
@@ -79,6 +81,15 @@ def roles(cfg: JobConfig) -> None:
         raise JobConfigError(f"parties: a prediction job has at most one guest, found {kinds.count('guest')}")
     if not cfg.clients:
         raise JobConfigError("parties: a prediction job needs the data parties (guest / hosts) of the model")
+
+
+def check(cfg: JobConfig, params: PredictJobParams) -> None:
+    """Verify, before anyone starts, every party's bundle that is on this machine (on a party's own
+    machine: its own; with ``secureflhv run``: all). A party whose bundle folder is absent here is
+    checked when it starts. Raises JobConfigError naming ``params.model_dir``, the party and the field."""
+    for party in cfg.clients:
+        if (cfg.resolve(params.model_dir) / party.id / "model").is_dir():
+            load_party_bundle(cfg, party, params)
 
 
 def load_party_bundle(cfg: JobConfig, party: PartySpec, params: PredictJobParams) -> ModelBundle:
@@ -314,8 +325,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJ
     return predictor(cfg, party, transport, params, bundle)
 
 
-def write_predict_job(train_job: Path | str, path: Path | str, *, data: dict[str, Path | str], job_id: str | None = None,
-                      output_dir: str = "predictions", model_dir: Path | str | None = None,
+def write_predict_job(train_job: Path | str, path: Path | str, *, data: dict[str, Path | str],
+                      job_id: str | None = None, output_dir: str = "predictions", model_dir: Path | str | None = None,
                       new_ports: bool = False) -> Path:
     """Write a prediction job file derived from a training job file; returns ``path``.
 
