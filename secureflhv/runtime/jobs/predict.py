@@ -333,7 +333,8 @@ def write_predict_job(train_job: Path | str, path: Path | str, *, data: dict[str
     Keeps the training job's parties, certificates and security settings; sets ``algorithm: predict``,
     ``params.model_dir`` (default: the training job's output_dir) and ``params.model_job_id`` (the
     training job's id), and points each party in ``data`` (party id -> new table) at its new rows.
-    Relative paths are rewritten relative to the new file's folder. ``new_ports``: fresh loopback ports.
+    Relative paths (certificates, data, the default model_dir) are rewritten relative to the new file's
+    folder, so the same file works on every party's machine with the same layout. ``new_ports``: fresh loopback ports.
     """
     import os
 
@@ -369,8 +370,8 @@ def write_predict_job(train_job: Path | str, path: Path | str, *, data: dict[str
         if p.get("data"):
             p["data"] = {**p["data"], "path": str(Path(data[p["id"]]).resolve()) if p["id"] in data
                          else moved(p["data"]["path"])}
-    model = Path(model_dir) if model_dir is not None else (train_out if train_out.is_absolute() else base / train_out)
-    doc["params"] = {"model_dir": str(model.resolve()), "model_job_id": train_id}
+    doc["params"] = {"model_dir": moved(train_out) if model_dir is None else str(Path(model_dir).resolve()),
+                     "model_job_id": train_id}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path
