@@ -141,3 +141,25 @@ def test_federated_auc_with_missing_values_close_to_xgboost():
                          "seed": 0}, xgb.DMatrix(Xtr, ytr), params.n_trees)
     theirs = roc_auc_score(yte, booster.predict(xgb.DMatrix(Xte)))
     assert ours > 0.95 and abs(ours - theirs) <= 0.005, (ours, theirs)
+
+
+def test_host_claiming_too_many_candidates_is_rejected():
+    """The guest bounds a host's candidates by 2 * max_bin per declared feature (two virtual columns
+    per feature with missing values): a histogram message claiming more is rejected, training goes on."""
+    from test_secureboost_vertical import _CorruptFirstHistogram
+    from secureflhv.tree.vertical import TAG_HIST
+
+    def too_many(msg):
+        msg.nodes[0].n_candidates = 2 * 12 * 5 + 1     # host-1 declares 5 features, max_bin 12
+        return msg
+
+    _, X, y, _ = _data()
+    cols = [np.arange(0, 10), np.arange(10, 15), np.arange(15, 30)]
+    params = _params(n_trees=1, max_depth=2)
+    run = vertical_run(X, y, cols, params, keypair=KEY,
+                       host_wrappers={"host-1": lambda tr, net: _CorruptFirstHistogram(tr, net, too_many)})
+    assert not run["errors"], run["errors"]
+    rejected = run["net"].mailbox("guest").rejected
+    assert any(m.sender == "host-1" and m.tag == TAG_HIST and "more candidates" in why for m, why in rejected)
+    ref = fit_reference(X, y, run["guest"].cuts + [c for h in run["hosts"] for c in h.cuts], params)
+    assert vertical_structure(run["guest"], run["hosts"], run["result"].model.trees[0], cols) == ref.trees[0].structure()
