@@ -163,3 +163,44 @@ def test_host_claiming_too_many_candidates_is_rejected():
     assert any(m.sender == "host-1" and m.tag == TAG_HIST and "more candidates" in why for m, why in rejected)
     ref = fit_reference(X, y, run["guest"].cuts + [c for h in run["hosts"] for c in h.cuts], params)
     assert vertical_structure(run["guest"], run["hosts"], run["result"].model.trees[0], cols) == ref.trees[0].structure()
+
+
+# ------------------------------------------------------------------------------------------ horizontal
+@pytest.mark.parametrize("scheme", ["iid", "label_dirichlet"])
+def test_horizontal_with_missing_values_equals_centralised_twin(scheme):
+    """Horizontal SecureBoost (secure aggregation) on NaN-bearing shards: the missing counts join the
+    sketch aggregation, the clients' histograms carry the missing bucket; the model equals the twin on
+    the pooled rows with the federated cuts (default directions included) and exports to xgboost."""
+    from sb_harness import horizontal_run
+    from secureflhv.data import partition
+    from secureflhv.tree.binning import cuts_from_grid_counts, grid, grid_counts
+
+    ds = load_dataset("breast_cancer_missing")
+    X_all = ds.X.copy()
+    X_all[:, 3] = load_dataset("breast_cancer").X[:, 3]                    # one complete column
+    part = partition(scheme, ds.y, 3, seed=2, **({"beta": 0.5} if scheme == "label_dirichlet" else {}))
+    shards = [(X_all[idx], ds.y[idx]) for idx in part.indices]
+    shards[0][0][:, 5] = np.nan                                            # a client with a column all missing
+    params = SecureBoostParams(n_trees=3, max_depth=3, max_bin=16, sketch_bins=256)
+    run = horizontal_run(shards, params, kind="secagg")
+    assert not run["errors"], run["errors"]
+    model = run["server_model"]
+    X = np.concatenate([s[0] for s in shards])
+    y = np.concatenate([s[1] for s in shards])
+    ref = fit_reference(X, y, model.cuts, params, base=model.base_margin)
+    for tf, tr in zip(model.trees, ref.trees):
+        assert tf.structure() == tr.structure()
+    assert any(n.default_left for t in model.trees for n in t.nodes.values() if not n.leaf)
+    np.testing.assert_allclose(model.predict(X), ref.predict(X), rtol=1e-9, atol=1e-12)
+    for cm in run["client_models"]:
+        assert [t.structure() for t in cm.trees] == [t.structure() for t in model.trees]
+    # cuts: those of the pooled present values on the same public grid (nanmin / nanmax range)
+    lo, hi = np.nanmin(X, axis=0), np.nanmax(X, axis=0)
+    for j, cuts in enumerate(model.cuts):
+        v = X[~np.isnan(X[:, j]), j]
+        g = grid(lo[j], hi[j], params.sketch_bins)
+        np.testing.assert_array_equal(cuts, cuts_from_grid_counts(grid_counts(v, g), g, params.max_bin))
+    X_pred = X[:100].copy()
+    X_pred[::7, 3] = np.nan                                                # complete in training
+    np.testing.assert_allclose(_booster(model, X.shape[1]).predict(xgb.DMatrix(X_pred)), model.predict(X_pred),
+                               rtol=1e-5, atol=1e-6)
