@@ -85,15 +85,19 @@ class Dataset:
                        categories={n: v for n, v in self.categories.items() if n in names})
 
 
-def check_matrix(X, name: str) -> np.ndarray:
+def check_matrix(X, name: str, allow_nan: bool = False) -> np.ndarray:
     """``X`` as a finite float64 (rows, features) array, for a protocol's input.
 
     Raises ValueError naming ``name``: not 2-D, or NaN / infinite values (missing values are not
-    supported by the protocols that call this).
+    supported by the protocols that call this). ``allow_nan``: NaN marks a missing value and passes
+    (trees handle it); infinities are still rejected.
     """
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D (rows, features) array, got shape {X.shape}")
-    if not np.all(np.isfinite(X)):
+    if allow_nan:
+        if np.isinf(X).any():
+            raise ValueError(f"{name}: contains infinite values")
+    elif not np.all(np.isfinite(X)):
         raise ValueError(f"{name}: contains NaN or infinite values (missing values are not supported)")
     return X

@@ -225,8 +225,9 @@ def _data_columns(report: _Report, params, columns: list[str]) -> dict[str, tupl
     features = spec.feature_columns
     if features is None:
         features = [c for c in columns if c not in named]
-    # jobs that preprocess (vertical LR, split NN, scoring with their bundles) impute missing cells
-    numeric = replace(NUMERIC, allow_missing=True) if getattr(params, "accepts_missing_values", False) else NUMERIC
+    # jobs that preprocess (vertical LR, split NN, scoring with their bundles) impute missing cells, trees
+    # learn default directions for them: their params say so (``accepts_missing_values``)
+    numeric = replace(NUMERIC, allow_missing=True) if _accepts_missing(params) else NUMERIC
     declared = (spec.table_schema or {})
     for col in features:
         kind = declared.get(col, {})
@@ -242,6 +243,11 @@ def _data_columns(report: _Report, params, columns: list[str]) -> dict[str, tupl
             report.add(fld, f"no column {col!r} in {cfg.resolve(spec.path)}; its columns are: {shown}",
                        file=cfg.resolve(spec.path), column=col)
     return out
+
+
+def _accepts_missing(params) -> bool:
+    """Whether the job takes empty numeric cells (NaN): its params class says so."""
+    return bool(getattr(type(params), "accepts_missing_values", False))
 
 
 def _read_frame(path: Path):
@@ -305,7 +311,8 @@ def _check_array_file(report: _Report, params, path: Path) -> None:
     except (OSError, ValueError) as exc:
         report.add("data", plain_error(exc), file=path)
         return
-    bad = ~np.isfinite(np.asarray(table.X, dtype=np.float64))
+    X = np.asarray(table.X, dtype=np.float64)
+    bad = np.isinf(X) if _accepts_missing(params) else ~np.isfinite(X)
     if bad.any():
         row, col = (int(i) for i in np.argwhere(bad)[0])
         name = table.feature_names[col]

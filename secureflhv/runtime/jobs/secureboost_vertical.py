@@ -12,12 +12,13 @@ as record ids); each host writes its private split table. Both also write a mode
 from __future__ import annotations
 
 import logging
+from typing import ClassVar
 
 import numpy as np
 from pydantic import ConfigDict
 
 from ...transport import Transport
-from ...tree.model import model_to_dict
+from ...tree.model import json_number, model_to_dict
 from ...tree.params import SecureBoostParams, transform
 from ...tree.vertical import SecureBoostGuest, SecureBoostHost
 from ..artifacts import save_model, write_json
@@ -32,10 +33,12 @@ log = logging.getLogger("secureflhv.job")
 class SecureBoostJobParams(SecureBoostParams, ValidationSplitParams):
     """``params``: :class:`secureflhv.tree.params.SecureBoostParams` plus the split (with validation rows).
 
-    ``insecure_test_key`` follows ``security.insecure_test_keys``.
+    ``insecure_test_key`` follows ``security.insecure_test_keys``. Empty numeric cells are accepted
+    (``accepts_missing_values``): the trees learn a default direction for missing values.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    accepts_missing_values: ClassVar[bool] = True
 
 
 def tree_params(params: SecureBoostParams) -> SecureBoostParams:
@@ -73,8 +76,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
         host = SecureBoostHost(transport, cfg.guest.id, X[data.train], algo, X_val=X_val)
         host.fit()
         host.serve_predictions(X)
-        table = [{"record": i, "feature": data.feature_names[j], "bin": b, "threshold": thr}
-                 for i, (j, b, thr) in enumerate(host.records)]
+        table = [{"record": i, "feature": data.feature_names[j], "bin": b, "threshold": json_number(thr),
+                  "default_left": dl} for i, (j, b, thr, dl) in enumerate(host.records)]
         save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="host", algorithm=cfg.job.algorithm,
                    model={"split_table": table}, metadata=data.meta)
         save_job_bundle(cfg, party, files={"split_table.json": [list(r) for r in host.records]},
