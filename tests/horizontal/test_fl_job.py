@@ -30,6 +30,24 @@ PARAMS = {"strategy": "fedprox", "mu": 0.01, "model": MODEL, "rounds": 2, "local
           "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 20}}
 
 
+def run_in_process(cfg) -> None:
+    """Every party of the horizontal job ``cfg`` in its own thread over one InProcessNetwork; no party may fail."""
+    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
+    errors = {}
+
+    def run(spec):
+        try:
+            hj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
+        except BaseException as exc:  # noqa: BLE001
+            errors[spec.id] = exc
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not errors, errors
+
 def blobs() -> Dataset:
     """10 well-separated Gaussian classes in 16 dimensions (600 rows)."""
     rng = np.random.default_rng(0)
@@ -144,22 +162,7 @@ def test_run_job_in_process_npz_and_csv(tmp_path):
     npz, csv = shards(tmp_path, 3)
     paths = [npz[0], csv[1], npz[2]]  # one client reads CSV (id column excluded from the features)
     cfg = parse_job(job_dict(paths), tmp_path)
-    ids = [p.id for p in cfg.parties]
-    net = InProcessNetwork(cfg.job.id, ids, deadline=60)
-    errors = {}
-
-    def run(spec):
-        try:
-            hj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
-        except BaseException as exc:  # noqa: BLE001
-            errors[spec.id] = exc
-
-    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    assert not errors, errors
+    run_in_process(cfg)
     check_artifacts(cfg, tmp_path / "out", 2)
 
 
