@@ -152,7 +152,8 @@ def _cmd_party(args: argparse.Namespace) -> int:
         from .runtime.config import load_job
 
         cfg = load_job(args.job)
-    return _with_job_page(args, cfg, lambda: run_party(Path(args.job), args.party, insecure=args.insecure),
+    return _with_job_page(args, cfg, lambda: run_party(Path(args.job), args.party, insecure=args.insecure,
+                                                          resume=args.resume),
                           party_ids=[args.party])
 
 
@@ -161,7 +162,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .runtime.launcher import Launcher
 
     cfg = load_job(args.job)
-    extra = ["--log-level", args.log_level] + (["--insecure"] if args.insecure else [])
+    extra = ["--log-level", args.log_level] + (["--insecure"] if args.insecure else []) + \
+        (["--resume"] if args.resume else [])
     launcher = Launcher(Path(args.job), cfg, extra_args=extra)
     return _with_job_page(args, cfg, lambda: launcher.run(timeout_s=args.timeout),
                           exit_codes=lambda: {c.party_id: c.proc.poll() for c in launcher.children})
@@ -256,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--insecure", action="store_true",
                        help="plaintext gRPC without TLS or peer authentication (testing only; logs a warning)")
         p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+        p.add_argument("--resume", action="store_true",
+                       help="continue from the last checkpoint every party completed (vertical LR)")
         _add_job_page_options(p, "every party of the job" if name == "run" else "this party")
         p.set_defaults(func=func)
 

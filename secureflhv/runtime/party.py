@@ -81,7 +81,7 @@ def _live_wire(transport: Transport, stopping: threading.Event) -> threading.Thr
     return thread
 
 
-def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
+def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: bool = False) -> int:
     """Run party ``party_id`` of the job in ``job_path``; return the process exit code.
 
     Order: load and validate the job, preflight (:mod:`.preflight`: files, certificate, data, port),
@@ -91,7 +91,12 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
 
     Exit codes: 0 success, 1 the job failed (the log says which party and why), 2 bad job file, flags
     or preflight finding (nothing was sent to any party).
+
+    ``resume``: continue from the last checkpoint every party holds (:mod:`.resume`; jobs with checkpoints).
     """
+    from .resume import request_resume
+
+    request_resume(resume)
     try:
         cfg, params = load_job_params(job_path)  # every check, before any network traffic
         spec = cfg.party(party_id)

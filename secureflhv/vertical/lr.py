@@ -75,6 +75,13 @@ wrong-key or stale message is rejected and logged while training continues. Roun
 :class:`~secureflhv.transport.PeerTimeout` / :class:`~secureflhv.transport.TransportError` naming it.
 
 Progress is logged per epoch on logger ``secureflhv.vertical.lr``.
+
+Checkpoints (``on_checkpoint(epochs_done, arrays, state)``, called by every role at the end of each
+epoch) hold what the next epoch needs: weights, momentum velocity, the end-of-epoch weights kept for
+``restore_best``, loss history, epoch times and the early-stopping counters; a role built with
+``resume=(arrays, state)`` continues after that epoch. The batch order needs no RNG state (it is drawn
+from ``[seed, epoch]``). The Paillier key is not checkpointed: a resumed session runs the usual setup
+with a fresh key pair, which changes no trained value (every decryption is exact fixed-point).
 """
 from __future__ import annotations
 
@@ -244,6 +251,28 @@ class _Role(VerticalRole):
 
     def _pubkey_parser(self):
         return self.wire.public_key_parser(self.config.insecure_test_key)
+
+    resume_from: tuple[dict, dict] | None = None  # (arrays, state) of a checkpoint to continue after
+    on_checkpoint = None  # callback(epochs_done, arrays, state) at the end of each epoch
+
+    def _restored(self, names: Sequence[str], width: int | None) -> tuple[int, dict, dict]:
+        """(epochs done, arrays, state) of ``resume_from`` (0, {}, {} without one); ValueError if it does not fit."""
+        if self.resume_from is None:
+            return 0, {}, {}
+        arrays, state = self.resume_from
+        done = state.get("epochs_done")
+        if not isinstance(done, int) or not 1 <= done <= self.config.epochs or set(names) - set(arrays):
+            raise ValueError(f"checkpoint: not a vertical LR checkpoint of this configuration ({sorted(arrays)})")
+        for name in names:
+            rows = arrays[name].shape[0] if arrays[name].ndim else -1
+            if (name in ("seconds", "losses", "kept") and rows != done) or \
+                    (width is not None and name in ("w", "v", "kept") and arrays[name].shape[-1] != width):
+                raise ValueError(f"checkpoint: {name} has shape {arrays[name].shape}, which does not fit")
+        return done, arrays, state
+
+    def _checkpoint(self, done: int, arrays: dict, state: dict) -> None:
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(done, arrays, {"epochs_done": done, **state})
 
     def _end_epoch(self, epoch: int, t0: float, seconds: list[float], done: str) -> bool:
         """Host / arbiter: wait for the guest's end-of-epoch Control; log and time the epoch; True to stop."""
@@ -419,7 +448,13 @@ class VerticalLRGuest(PredictionGuest, _Role):
         w, v = np.zeros(Xd.shape[1]), np.zeros(Xd.shape[1])
         losses, seconds, kept = [], [], _BestWeights()
         best, bad, stopped = math.inf, 0, False
-        for epoch in range(cfg.epochs):
+        first, arr, st = self._restored(("w", "v", "kept", "losses", "seconds"), Xd.shape[1])
+        if first:
+            w, v, kept.history = arr["w"].copy(), arr["v"].copy(), [r.copy() for r in arr["kept"]]
+            losses, seconds = arr["losses"].tolist(), arr["seconds"].tolist()
+            best = math.inf if st.get("best") is None else float(st["best"])
+            bad, stopped = int(st.get("bad", 0)), bool(st.get("stopped", False))
+        for epoch in range(first, first if stopped else cfg.epochs):
             t0 = time.perf_counter()
             w, v, loss = self._train_epoch(epoch, Xd, w, v, *keys)
             kept.record(w)
@@ -435,6 +470,9 @@ class VerticalLRGuest(PredictionGuest, _Role):
             seconds.append(time.perf_counter() - t0)
             log.info("%s: epoch %d/%d loss %.6f lr %.4g %.2fs", self.party_id, epoch + 1, cfg.epochs, loss,
                      cfg.learning_rate_at(epoch), seconds[-1])
+            self._checkpoint(epoch + 1, {"w": w, "v": v, "kept": np.array(kept.history), "losses": np.array(losses),
+                                         "seconds": np.array(seconds)},
+                             {"best": None if math.isinf(best) else best, "bad": bad, "stopped": stop})
             if self.on_epoch is not None:
                 self.on_epoch(epoch, loss)
             if stop:
@@ -647,7 +685,11 @@ class VerticalLRHost(PredictionHost, _Role):
             t.send(self.arbiter_id, TAG_HELLO, hello, round=0)
         w, v = np.zeros(d_h), np.zeros(d_h)
         seconds, stopped, kept = [], False, _BestWeights()
-        for epoch in range(cfg.epochs):
+        first, arr, st = self._restored(("w", "v", "kept", "seconds"), d_h)
+        if first:
+            w, v, kept.history = arr["w"].copy(), arr["v"].copy(), [r.copy() for r in arr["kept"]]
+            seconds, stopped = arr["seconds"].tolist(), bool(st.get("stopped", False))
+        for epoch in range(first, first if stopped else cfg.epochs):
             t0 = time.perf_counter()
             lr = cfg.learning_rate_at(epoch)
             for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
@@ -677,8 +719,10 @@ class VerticalLRHost(PredictionHost, _Role):
                 g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, (d_h,))
                 w, v = cfg.step(w, v, g_sum / nb + cfg.l2 * w, lr)
             kept.record(w)
-            if self._end_epoch(epoch, t0, seconds, "done"):
-                stopped = True
+            stopped = self._end_epoch(epoch, t0, seconds, "done")
+            self._checkpoint(epoch + 1, {"w": w, "v": v, "kept": np.array(kept.history), "seconds": np.array(seconds)},
+                             {"stopped": stopped})
+            if stopped:
                 break
         best_epoch = t.recv(self.guest_id, TAG_BEST, parse=_best_epoch_parser(len(seconds)))
         self.weights = kept.pick(best_epoch)
@@ -735,7 +779,10 @@ class VerticalLRArbiter(_Role):
         dims = {p: int(t.recv(p, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
                 for p in self._peers()}
         seconds, stopped = [], False
-        for epoch in range(cfg.epochs):
+        first, arr, st = self._restored(("seconds",), None)
+        if first:
+            seconds, stopped = arr["seconds"].tolist(), bool(st.get("stopped", False))
+        for epoch in range(first, first if stopped else cfg.epochs):
             t0 = time.perf_counter()
             for b, _ in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
                 rnd = round_id(epoch, b, S_GRAD)
@@ -743,7 +790,8 @@ class VerticalLRArbiter(_Role):
                 for p in self.host_ids + [self.guest_id]:
                     self._serve_decrypt(priv, pub, p, TAG_GRAD, TAG_GRAD_DEC, rnd, (dims[p],))
                 self._serve_decrypt(priv, pub, self.guest_id, TAG_LOSS, TAG_LOSS_DEC, rnd, (1,))
-            if self._end_epoch(epoch, t0, seconds, "served"):
-                stopped = True
+            stopped = self._end_epoch(epoch, t0, seconds, "served")
+            self._checkpoint(epoch + 1, {"seconds": np.array(seconds)}, {"stopped": stopped})
+            if stopped:
                 break
         return FitResult(np.zeros(0), None, [], seconds, stopped)

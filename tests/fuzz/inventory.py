@@ -28,6 +28,8 @@ E = Entry
 INVENTORY: dict[str, Entry] = {
     # rendezvous before every protocol (runtime/rendezvous.py)
     "__hello__": E("rendezvous", ("guest", "host-1"), m.Bundle, "rendezvous._parse_hello"),
+    # checkpoint step agreement at start-up (runtime/resume.py)
+    "resume.steps": E("resume", ("guest", "host-1", "server"), m.Bundle, "resume.parse_steps"),
     # ECDH-PSI (vertical/psi.py)
     "psi/hello": E("psi", ("host-1",), p.PsiHello, "psi._hello_parser"),
     "psi/points": E("psi", ("guest", "host-1"), p.PsiPoints, "psi._points_parser(points=True)"),
@@ -124,6 +126,7 @@ RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("vertical/lr.py", "_batch_two_party", "TAG_FWD"): ("vlr.fwd",),
     ("vertical/lr.py", "_end_epoch", "TAG_CTL"): ("vlr.ctl",),
     ("runtime/rendezvous.py", "_await", "TAG_HELLO"): ("__hello__",),
+    ("runtime/resume.py", "agree_step", "TAG_STEPS"): ("resume.steps",),
     ("vertical/lr.py", "_fit", "TAG_BEST"): ("vlr.best",),
     ("vertical/lr.py", "_fit", "TAG_CROSS_IN"): ("vlr.cross_in",),
     ("vertical/lr.py", "_fit", "TAG_D"): ("vlr.d",),

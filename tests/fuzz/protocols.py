@@ -209,8 +209,21 @@ def run_rendezvous(net_cls):
     return fingerprint(results), errors, [net]
 
 
+def run_resume(net_cls):
+    """Three parties agree on a checkpoint step (runtime/resume.py): honest answer step 4."""
+    from secureflhv.runtime.resume import agree_step
+
+    held = {"guest": [3, 4], "host-1": [4, 5], "server": [2, 4]}
+    net = net_cls("fuzz-resume", list(held), deadline=DEADLINE)
+    results, errors = sb_harness.run_threads({
+        me: (lambda me=me: agree_step(net.transport(me), [p for p in held if p != me], held[me])) for me in held},
+        timeout=30)
+    return fingerprint(results), errors, [net]
+
+
 PROTOCOLS = {
     "rendezvous": run_rendezvous,
+    "resume": run_resume,
     "psi": run_psi,
     "vlr_arbiter": run_vlr_arbiter,
     "vlr_two_party": run_vlr_two_party,

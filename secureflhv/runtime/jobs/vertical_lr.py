@@ -10,8 +10,15 @@ Artifacts (:mod:`secureflhv.runtime.artifacts`): every party's ``model.json``; a
 model bundle (:mod:`secureflhv.runtime.model_bundle`): ``weights.npy`` (float64, the party's features in
 ``feature_names`` order), at the guest ``intercept.npy``; the standardisation state; the config. A
 prediction job (:mod:`secureflhv.runtime.jobs.predict`) scores new rows with them.
+
+Checkpoints (:mod:`secureflhv.runtime.checkpoint`): every party saves its training state after each
+epoch under ``<output_dir>/<party>/checkpoints/`` (step = epochs done). At start-up (after PSI) the
+parties agree on a step (:mod:`secureflhv.runtime.resume`); with ``--resume`` they continue after it,
+and the finished model equals an uninterrupted run's.
 """
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 from pydantic import ConfigDict
@@ -19,11 +26,16 @@ from pydantic import ConfigDict
 from ...transport import Transport
 from ...vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
 from ..artifacts import save_model
+from ..checkpoint import CHECKPOINT_DIR, CheckpointError, CheckpointStore
 from ..data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
 from ..model_bundle import save_job_bundle
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..progress import emit_progress
+from ..rendezvous import job_digest
 from ..reports import classification_metrics, evaluate_split, log_summary, save_guest_reports
+from ..resume import agree_step, resume_requested
+
+log = logging.getLogger("secureflhv.vertical_lr_job")
 
 
 class VerticalLRJobParams(VerticalLRConfig, StandardisedSplitParams):
@@ -51,6 +63,31 @@ def _bundle_fields(data, config: VerticalLRConfig) -> dict:
             "preprocessing": preprocessing_state(data)}
 
 
+def _resumable(cfg: JobConfig, party: PartySpec, transport: Transport, role) -> object:
+    """Agree on the checkpoint step with every other party; give ``role`` the agreed state (if any) and a
+    callback that checkpoints each epoch. Checkpoints of another job description are not offered."""
+    store = CheckpointStore(cfg.output_dir(party.id) / CHECKPOINT_DIR, job_id=cfg.job.id, party_id=party.id)
+    digest = job_digest(cfg)
+    loaded = {}
+    if resume_requested():
+        for step in store.steps():
+            try:
+                arrays, state = store.load(step)
+            except CheckpointError as exc:
+                log.warning("%s: checkpoint step %d not usable: %s", party.id, step, exc)
+                continue
+            if state.get("job_digest") == digest:
+                loaded[step] = (arrays, state)
+    step = agree_step(transport, [p.id for p in cfg.parties if p.id != party.id], loaded)
+    if step is None:
+        store.clear()
+    else:
+        role.resume_from = loaded[step]
+    role.on_checkpoint = lambda done, arrays, state: store.save(done, arrays=arrays,
+                                                                state={**state, "job_digest": digest})
+    return role
+
+
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams) -> dict:
     """Run this party's role of a vertical LR job; return the guest's metrics (others: ``{}``).
 
@@ -66,14 +103,15 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                    model=model, metadata=meta)
 
     if party.role == "server":
-        VerticalLRArbiter(transport, cfg.guest.id, host_ids, config).fit()
+        _resumable(cfg, party, transport, VerticalLRArbiter(transport, cfg.guest.id, host_ids, config)).fit()
         save({}, {"params": params.model_dump(mode="json")})
         return {}
 
     data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize, preprocess=True)
     X, train = data.X, data.train
     if party.role == "host":
-        host = VerticalLRHost(transport, cfg.guest.id, host_ids, X[train], config, arbiter_id)
+        host = _resumable(cfg, party, transport,
+                          VerticalLRHost(transport, cfg.guest.id, host_ids, X[train], config, arbiter_id))
         host.fit()
         host.serve_predictions(X)  # the guest asks for training and test rows by index
         save({"weights": dict(zip(data.feature_names, host.weights))}, data.meta)
@@ -84,7 +122,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     guest = VerticalLRGuest(transport, host_ids, X[train], data.y[train], config, arbiter_id,
                             on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs, f"loss {loss:.5f}",
                                                                   {"loss": loss}))
-    result = guest.fit()
+    result = _resumable(cfg, party, transport, guest).fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      classification_metrics)
     guest.end_prediction()
