@@ -23,7 +23,7 @@ from typing import Iterable
 
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport
-from .checkpoint import MAX_STEP
+from .checkpoint import CHECKPOINT_DIR, MAX_STEP, CheckpointError, CheckpointStore
 
 log = logging.getLogger("secureflhv.resume")
 
@@ -89,3 +89,37 @@ def agree_step(transport: Transport, peers: Iterable[str], available: Iterable[i
     log.info("%s: %s", transport.party_id,
              f"resuming after checkpoint step {choice}" if choice is not None else "starting from scratch")
     return choice
+
+
+def attach_checkpoints(cfg, party, transport: Transport, role, peers: Iterable[str] | None = None):
+    """Agree on the checkpoint step with ``peers`` (default: every other party of the job); give ``role``
+    the agreed state as ``role.resume_from`` (if any) and ``role.on_checkpoint(step, arrays, state)``,
+    which saves a step in ``<output_dir>/<party>/checkpoints``. Returns ``role``.
+
+    Checkpoints that fail their hashes or were written under another job description
+    (:func:`~.rendezvous.job_digest`) are not offered. Without an agreed step the store is cleared.
+    """
+    from .rendezvous import job_digest
+
+    store = CheckpointStore(cfg.output_dir(party.id) / CHECKPOINT_DIR, job_id=cfg.job.id, party_id=party.id)
+    digest = job_digest(cfg)
+    loaded = {}
+    if resume_requested():
+        for step in store.steps():
+            try:
+                arrays, state = store.load(step)
+            except CheckpointError as exc:
+                log.warning("%s: checkpoint step %d not usable: %s", party.id, step, exc)
+                continue
+            if state.get("job_digest") == digest:
+                loaded[step] = (arrays, state)
+    if peers is None:
+        peers = [p.id for p in cfg.parties if p.id != party.id]
+    step = agree_step(transport, peers, loaded)
+    if step is None:
+        store.clear()
+    else:
+        role.resume_from = loaded[step]
+    role.on_checkpoint = lambda done, arrays, state: store.save(done, arrays=arrays,
+                                                                state={**state, "job_digest": digest})
+    return role

@@ -84,7 +84,7 @@ from ..transport.he_codec import backend_and_codec
 from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, TransportError, parse_message
 from .binning import Binner, goes_left
-from .model import BoostedModel, Node, Tree, plan_children
+from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children
 from .params import (SecureBoostParams, base_margin, bound_log2, check_labels, dequantise, gradients, loss,
                      precision_bits_for, quantise, transform)
 
@@ -195,6 +195,23 @@ class _GrowingTree:
 
 class _Role(ProtocolRole):
     protocol = "SecureBoost"
+    # checkpoints (runtime/resume.py): state after each boosting round (step = rounds done); the key is
+    # not kept: a resumed session makes a fresh one, which changes no tree (every decryption is exact)
+    resume_from: tuple[dict, dict] | None = None
+    on_checkpoint = None  # callback(rounds_done, arrays, state)
+
+    def _checkpoint(self, done: int, arrays: dict, state: dict) -> None:
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(done, arrays, {"rounds_done": done, **state})
+
+    def _restored(self, n_rounds: int) -> tuple[int, dict, dict]:
+        if self.resume_from is None:
+            return 0, {}, {}
+        arrays, state = self.resume_from
+        done = state.get("rounds_done")
+        if not isinstance(done, int) or not 1 <= done <= n_rounds or not isinstance(state.get("trees_done"), int):
+            raise ValueError("checkpoint: not a SecureBoost checkpoint of this configuration")
+        return done, arrays, state
 
     def __init__(self, transport: Transport, params, backend):
         super().__init__(transport)
@@ -273,7 +290,15 @@ class SecureBoostGuest(_Role):
         vmargin = None if self.X_val is None else np.tile(bm, (len(self.X_val), 1)).astype(np.float64)
         result = TrainResult(model)
         seq = 0
-        for r in range(prm.n_trees):
+        first, arr, st = self._restored(prm.n_trees)
+        if first:
+            model = result.model = model_from_dict(st["model"])
+            if arr["margin"].shape != margin.shape or (vmargin is not None) != ("vmargin" in arr) or \
+                    (vmargin is not None and arr["vmargin"].shape != vmargin.shape):
+                raise ValueError("checkpoint: margins of another shape")
+            margin, vmargin = arr["margin"].copy(), arr["vmargin"].copy() if vmargin is not None else None
+            result.tree_seconds, seq = arr["tree_seconds"].tolist(), st["trees_done"]
+        for r in range(first, prm.n_trees):
             g, h = gradients(margin, self.y, prm)
             for k in range(prm.trees_per_round):
                 ts = time.perf_counter()
@@ -293,6 +318,9 @@ class SecureBoostGuest(_Role):
                 if model.record_validation(r, loss(vmargin, self.y_val, prm)):
                     result.stopped_early = True
                     break
+            self._checkpoint(r + 1, {"margin": margin, "tree_seconds": np.array(result.tree_seconds),
+                                     **({} if vmargin is None else {"vmargin": vmargin})},
+                             {"trees_done": seq, "model": model_to_dict(model)})
         for h_id in self.host_ids:
             t.send(h_id, TAG_START, tree_pb2.SbTreeStart(tree=seq, stop=True, keep_trees=len(model.trees)),
                    round=seq + 1)
@@ -647,6 +675,10 @@ class SecureBoostHost(_Role):
         self._validating = setup.n_val_rows > 0
         t.send(self.guest_id, TAG_HELLO, tree_pb2.SbHello(n_features=self.X.shape[1]))
         seq = 0
+        first, _, st = self._restored(prm.n_trees)
+        if first:
+            seq = st["trees_done"]
+            self.records = [(int(j), int(b), float(thr), bool(dl)) for j, b, thr, dl in st["records"]]
         while True:
             start = t.recv(self.guest_id, TAG_START, round=seq + 1,
                            parse=parse_message(tree_pb2.SbTreeStart, lambda m: self._parse_start(m, seq)))
@@ -658,6 +690,8 @@ class SecureBoostHost(_Role):
             seq += 1
             if self._validating:
                 self._serve(None)  # the guest routes its validation rows through the new tree
+            if seq % prm.trees_per_round == 0:  # a round ends: the guest checkpoints it too
+                self._checkpoint(seq // prm.trees_per_round, {}, {"trees_done": seq, "records": list(self.records)})
 
     def _check_setup(self, m: tree_pb2.SbSetup):
         prm = self.params

@@ -26,6 +26,7 @@ from ..data_prep import ValidationSplitParams, prepare_vertical
 from ..job_file import JobConfig, PartySpec
 from ..model_bundle import save_job_bundle
 from ..reports import evaluate_split, objective_metrics
+from ..resume import attach_checkpoints
 
 log = logging.getLogger("secureflhv.job")
 
@@ -62,6 +63,11 @@ def _save_test_predictions(out_dir, data, pred: np.ndarray) -> None:
     pd.DataFrame(cols).to_csv(out_dir / "predictions.csv", index=False, float_format="%.17g")
 
 
+def _data_parties(cfg: JobConfig, party: PartySpec) -> list[str]:
+    """The parties that agree on a checkpoint with ``party``: guest and hosts (a server takes no part)."""
+    return [p.id for p in cfg.parties if p.id != party.id and p.role in ("guest", "host")]
+
+
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBoostJobParams) -> dict:
     """Run this party's role; returns the guest's metrics (empty dict elsewhere)."""
     if party.role == "server":
@@ -74,7 +80,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
     X_val = data.split.validation(X)
     if party.role == "host":
         host = SecureBoostHost(transport, cfg.guest.id, X[data.train], algo, X_val=X_val)
-        host.fit()
+        attach_checkpoints(cfg, party, transport, host, _data_parties(cfg, party)).fit()
         host.serve_predictions(X)
         table = [{"record": i, "feature": data.feature_names[j], "bin": b, "threshold": json_number(thr),
                   "default_left": dl} for i, (j, b, thr, dl) in enumerate(host.records)]
@@ -86,7 +92,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
     y = data.y
     guest = SecureBoostGuest(transport, [h.id for h in cfg.hosts], X[data.train], y[data.train], algo,
                              X_val=X_val, y_val=data.split.validation(y))
-    res = guest.fit()
+    res = attach_checkpoints(cfg, party, transport, guest, _data_parties(cfg, party)).fit()
     pred = transform(guest.predict_margin(X), algo)
     guest.end_prediction()
     metrics, _ = evaluate_split(y, data.split, lambda rows: pred[rows],

@@ -18,24 +18,18 @@ and the finished model equals an uninterrupted run's.
 """
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 from pydantic import ConfigDict
 
 from ...transport import Transport
 from ...vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
 from ..artifacts import save_model
-from ..checkpoint import CHECKPOINT_DIR, CheckpointError, CheckpointStore
 from ..data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
 from ..model_bundle import save_job_bundle
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..progress import emit_progress
-from ..rendezvous import job_digest
 from ..reports import classification_metrics, evaluate_split, log_summary, save_guest_reports
-from ..resume import agree_step, resume_requested
-
-log = logging.getLogger("secureflhv.vertical_lr_job")
+from ..resume import attach_checkpoints
 
 
 class VerticalLRJobParams(VerticalLRConfig, StandardisedSplitParams):
@@ -63,31 +57,6 @@ def _bundle_fields(data, config: VerticalLRConfig) -> dict:
             "preprocessing": preprocessing_state(data)}
 
 
-def _resumable(cfg: JobConfig, party: PartySpec, transport: Transport, role) -> object:
-    """Agree on the checkpoint step with every other party; give ``role`` the agreed state (if any) and a
-    callback that checkpoints each epoch. Checkpoints of another job description are not offered."""
-    store = CheckpointStore(cfg.output_dir(party.id) / CHECKPOINT_DIR, job_id=cfg.job.id, party_id=party.id)
-    digest = job_digest(cfg)
-    loaded = {}
-    if resume_requested():
-        for step in store.steps():
-            try:
-                arrays, state = store.load(step)
-            except CheckpointError as exc:
-                log.warning("%s: checkpoint step %d not usable: %s", party.id, step, exc)
-                continue
-            if state.get("job_digest") == digest:
-                loaded[step] = (arrays, state)
-    step = agree_step(transport, [p.id for p in cfg.parties if p.id != party.id], loaded)
-    if step is None:
-        store.clear()
-    else:
-        role.resume_from = loaded[step]
-    role.on_checkpoint = lambda done, arrays, state: store.save(done, arrays=arrays,
-                                                                state={**state, "job_digest": digest})
-    return role
-
-
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams) -> dict:
     """Run this party's role of a vertical LR job; return the guest's metrics (others: ``{}``).
 
@@ -103,7 +72,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                    model=model, metadata=meta)
 
     if party.role == "server":
-        _resumable(cfg, party, transport, VerticalLRArbiter(transport, cfg.guest.id, host_ids, config)).fit()
+        attach_checkpoints(cfg, party, transport, VerticalLRArbiter(transport, cfg.guest.id, host_ids, config)).fit()
         save({}, {"params": params.model_dump(mode="json")})
         return {}
 
@@ -122,7 +91,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     guest = VerticalLRGuest(transport, host_ids, X[train], data.y[train], config, arbiter_id,
                             on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs, f"loss {loss:.5f}",
                                                                   {"loss": loss}))
-    result = _resumable(cfg, party, transport, guest).fit()
+    result = attach_checkpoints(cfg, party, transport, guest).fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      classification_metrics)
     guest.end_prediction()
