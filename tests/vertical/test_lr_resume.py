@@ -1,6 +1,6 @@
 """Vertical LR resumed from any epoch's checkpoint ends exactly where the uninterrupted run ends.
 
-In-process (the process-level SIGKILL test is tests/runtime/test_resume_vertical_lr.py): every role
+In-process (the process-level SIGKILL test is tests/runtime/test_resume_vertical.py): every role
 records its ``on_checkpoint`` states; new roles built with ``resume_from`` = the states of epoch k
 (all parties the same k) must give the same weights, intercept, losses and kept epoch, bit for bit,
 with a fresh Paillier key. Covers both modes, several hosts, momentum and early stopping.

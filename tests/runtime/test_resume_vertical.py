@@ -1,4 +1,4 @@
-"""Resume after a crash, end to end: real server / guest / host processes over gRPC with mutual TLS.
+"""Resume after a crash, end to end: real party processes over gRPC with mutual TLS (vertical LR, SecureBoost).
 
 A host is SIGKILLed mid-training; ``secureflhv run JOB --resume`` continues from the last epoch every
 party checkpointed, and the finished model equals an uninterrupted run's exactly (same seed).
@@ -82,3 +82,52 @@ def test_resume_without_checkpoints_starts_from_scratch(tmp_path):
     out = _run(job, "--resume")
     assert out.count("starting from scratch") == 3, out[-3000:]
     assert (job.parent / "out" / "guest" / "checkpoints" / "step-00000002").is_dir()
+
+
+SB_PARAMS = {"n_trees": 6, "max_depth": 3, "key_bits": 1024, "shuffle_seed": 3, "test_fraction": 0.3,
+             "split_seed": 5}
+
+
+def _sb_job(tmp: Path) -> Path:
+    from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job
+
+    guest_csv, host_csvs = breast_cancer_tables(tmp / "data", 1, seed=3, scheme="random")
+    parties = vertical_parties(guest_csv, host_csvs, server=False, id_column="id", label_column="label")
+    return write_job(tmp / "job", "sb-resume", "secureboost_vertical", parties, SB_PARAMS, deadline_s=10,
+                     insecure_test_keys=True)
+
+
+def _sb_model(out_dir: Path) -> tuple:
+    return (json.loads((out_dir / "guest" / "model" / "model.json").read_text()),
+            json.loads((out_dir / "host-1" / "model" / "split_table.json").read_text()))
+
+
+def test_secureboost_killed_host_then_resume_equals_uninterrupted_run(tmp_path):
+    ref_job = _sb_job(tmp_path / "ref")
+    _run(ref_job)
+    reference = _sb_model(ref_job.parent / "out")
+    assert len(reference[0]["trees"]) == SB_PARAMS["n_trees"]
+
+    job = _sb_job(tmp_path / "crash")
+    procs = {pid: secureflhv("party", str(job), "--party", pid) for pid in ("guest", "host-1")}
+    guest = procs["guest"]
+    try:
+        for line in guest.stdout:
+            if "tree 3 (" in line:
+                break
+        else:
+            pytest.fail("the guest never finished tree 3")
+        os.killpg(procs["host-1"].pid, signal.SIGKILL)
+        procs["host-1"].wait()
+        out, _ = guest.communicate(timeout=60)
+        assert guest.returncode not in (0, None), out[-2000:]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    out = _run(job, "--resume")
+    steps = {int(s) for s in __import__("re").findall(r"resuming after checkpoint step (\d+)", out)}
+    assert len(steps) == 1 and 2 <= steps.pop() <= 4, out[-3000:]
+    assert _sb_model(job.parent / "out") == reference
