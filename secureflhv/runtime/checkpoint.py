@@ -193,21 +193,29 @@ class CheckpointStore:
                   "party_id": self.party_id, "step": step}
         for key, want in expect.items():
             if manifest.get(key) != want:
-                raise CheckpointError(f"checkpoint step {step}: manifest {key} is {manifest.get(key)!r}, expected {want!r}")
+                raise CheckpointError(f"checkpoint step {step}: manifest {key} is {manifest.get(key)!r}, "
+                                      f"expected {want!r}")
         hashes = manifest.get("files")
         if not isinstance(hashes, dict) or STATE not in hashes:
             raise CheckpointError(f"checkpoint step {step}: manifest lists no files")
         present = {p.name for p in folder.iterdir()} - {MANIFEST}
         if present != set(hashes):
-            raise CheckpointError(f"checkpoint step {step}: files {sorted(present ^ set(hashes))} differ from the manifest")
+            raise CheckpointError(f"checkpoint step {step}: files {sorted(present ^ set(hashes))} "
+                                  "differ from the manifest")
         arrays: dict[str, np.ndarray] = {}
         state: dict[str, Any] = {}
         for name, want in hashes.items():
             data = (folder / name).read_bytes()
             if _sha256(data) != want:
-                raise CheckpointError(f"checkpoint step {step}: {name} does not match its SHA-256 (damaged or tampered)")
+                raise CheckpointError(f"checkpoint step {step}: {name} does not match its SHA-256 "
+                                      "(damaged or tampered)")
             if name == STATE:
-                state = json.loads(data)
+                try:
+                    state = json.loads(data)
+                except ValueError:
+                    state = None
+                if not isinstance(state, dict):
+                    raise CheckpointError(f"checkpoint step {step}: {STATE} is not a JSON object")
             elif name.endswith(".npy"):
                 try:
                     arrays[name[:-4]] = np.load(io.BytesIO(data), allow_pickle=False)

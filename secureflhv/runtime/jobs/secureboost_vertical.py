@@ -8,6 +8,10 @@ job file takes no part) and federated prediction of all aligned rows. The guest 
 as record ids); each host writes its private split table. Both also write a model bundle
 (:mod:`secureflhv.runtime.model_bundle`): the guest's ``model.json``, a host's ``split_table.json``
 (record id -> [feature index, bin, threshold]), for the prediction job.
+
+Checkpoints (:mod:`secureflhv.runtime.checkpoint`): guest and hosts save their state after each boosting
+round (step = rounds done); with ``--resume`` they agree on a step (:mod:`secureflhv.runtime.resume`) and
+continue after it, ending with the uninterrupted run's trees (given ``shuffle_seed``).
 """
 from __future__ import annotations
 
