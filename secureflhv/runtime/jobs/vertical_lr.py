@@ -79,8 +79,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize, preprocess=True)
     X, train = data.X, data.train
     if party.role == "host":
-        host = _resumable(cfg, party, transport,
-                          VerticalLRHost(transport, cfg.guest.id, host_ids, X[train], config, arbiter_id))
+        host = attach_checkpoints(cfg, party, transport,
+                                  VerticalLRHost(transport, cfg.guest.id, host_ids, X[train], config, arbiter_id))
         host.fit()
         host.serve_predictions(X)  # the guest asks for training and test rows by index
         save({"weights": dict(zip(data.feature_names, host.weights))}, data.meta)
