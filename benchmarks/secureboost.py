@@ -22,10 +22,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's secureflhv, not an installed one
 
 
 def _descendants_cpu(pid: int) -> float:
@@ -98,6 +102,7 @@ def run(Xg, Xh, y, params, backend: str) -> dict:
     return {"first": first, "further": res.tree_seconds[1:], "total": total, "binning": setup, "cpu": cpu,
             "trees": len(res.tree_seconds),
             "guest": dict(guest.timings), "host": dict(host.timings), "bytes": net.sent_bytes,
+            "wire": net.wire_stats(),  # per party, per peer and tag: see print_bytes
             "model": res.model}
 
 
@@ -127,6 +132,8 @@ def main(argv=None) -> None:
     ap.add_argument("--trees", type=int, default=3, help="trees per scenario (default 3: first + 2 further)")
     ap.add_argument("--only", choices=["a", "b"], help="run one scenario")
     ap.add_argument("--key-bits", type=int, default=2048)
+    ap.add_argument("--he-scheme", nargs="+", choices=["paillier", "ou"], default=["paillier"],
+                    help="homomorphic scheme(s) of the guest's key (default paillier; 'ou': Okamoto-Uchiyama)")
     ap.add_argument("--plot", metavar="PNG", help="write a bar chart of seconds per tree (e.g. docs/img/secureboost_bench.png)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -149,13 +156,54 @@ def main(argv=None) -> None:
         params = SecureBoostParams(n_trees=2 if quick else args.trees, max_depth=depth, max_bin=32,
                                    learning_rate=0.3, key_bits=bits, insecure_test_key=bits < 2048)
         plain = run(Xg, Xh, y, params, "identity")
-        enc = run(Xg, Xh, y, params, "paillier")
-        same = all(a.structure() == b.structure() for a, b in zip(enc["model"].trees, plain["model"].trees))
-        report(name + (" [quick: smaller]" if quick else ""), enc, plain)
-        print(f"  same trees with and without encryption: {same}; load average now: {os.getloadavg()[0]:.2f}")
-        rows.append((name.split(" ")[0], enc, plain))
+        for scheme in args.he_scheme:
+            enc = run(Xg, Xh, y, params, scheme)
+            same = all(a.structure() == b.structure() for a, b in zip(enc["model"].trees, plain["model"].trees))
+            label = "" if args.he_scheme == ["paillier"] else f" [{scheme}: the 'paillier' columns below]"
+            report(name + (" [quick: smaller]" if quick else "") + label, enc, plain)
+            print(f"  same trees with and without encryption: {same}; load average now: {os.getloadavg()[0]:.2f}")
+            print_bytes(enc, scheme)
+            rows.append((name.split(" ")[0] + ("" if scheme == "paillier" else f" {scheme}"), enc, plain))
     if args.plot and rows:
         plot(rows, args.plot, bits)
+    if not quick:
+        record_bytes_rows(rows, scen)
+
+
+def _wire_module():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _report
+    import _wire
+
+    return _report, _wire
+
+
+def print_bytes(enc: dict, scheme: str) -> None:
+    """Bytes each party sent / received per tree (payload + framing, as over gRPC with TLS)."""
+    _, _wire = _wire_module()
+    print(f"  bytes per tree ({scheme}): {_wire.line(enc['wire'], 1 / enc['trees'])}")
+
+
+def record_bytes_rows(rows, scen) -> None:
+    """The ``secureboost_a`` / ``secureboost_b`` rows of docs/benchmarks.json, with bytes per tree."""
+    _report, _wire = _wire_module()
+    names = {name.split(" ")[0]: name for name, _, _ in scen}
+    for tag, enc, plain in rows:
+        if " " in tag:
+            continue  # other schemes are printed, the table's rows are Paillier's
+        key = "secureboost_" + tag.strip("()")
+        fe = float(np.mean(enc["further"])) if enc["further"] else enc["first"]
+        fp = float(np.mean(plain["further"])) if plain["further"] else plain["first"]
+        cpu = enc["cpu"] / enc["trees"]
+        _report.record(key, {
+            "what": f"SecureBoost {names[tag]} (`secureboost.py --only {tag.strip('()')}`)",
+            "ours": (f"first tree {enc['first']:.1f} s (key generation and encryption included), further trees "
+                     f"{fe:.1f} s; {cpu:.0f} CPU-s per tree"),
+            "baseline": f"plaintext {fp:.2f} s", "ratio": f"{enc['first'] / plain['first']:,.0f}×, {fe / fp:,.0f}×",
+            "bytes": _wire.cell(enc["wire"], 1 / enc["trees"], "tree")})
 
 
 def plot(rows, path: str, bits: int) -> None:

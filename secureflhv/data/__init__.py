@@ -16,7 +16,7 @@ Quick tour::
     write_vertical_csvs(bc, vp, "vfl/")                  # guest.csv (id, features, y), host_1.csv, ...
     guest = load_party_csv("vfl/guest.csv", id_column="id", label_column="y")
 """
-from .dataset import Dataset
+from .dataset import DataError, Dataset
 from .fcube import make_fcube, octant_pair
 from .horizontal import (
     ALIASES,
@@ -42,29 +42,33 @@ from .horizontal import (
 )
 from .loaders import (
     BUILTIN_DATASETS,
-    DataError,
+    PENGUIN_SCHEMA,
     load_dataset,
+    load_diabetes,
     load_fashion_mnist,
     load_idx,
     load_mnist_5k,
     load_party_csv,
+    load_penguins,
     load_shuttle,
     load_sklearn,
     load_table,
     read_idx,
+    with_missing_cells,
 )
 from .plots import plot_label_distribution
+from .schema import ColumnSchema, SchemaError, TableSchema, parse_schema
 from .shards import write_shards
 from .stats import PartitionStats, divergences, partition_stats, print_stats, stats_markdown, stats_table
 from .vertical import VerticalPartition, default_ids, vertical_split, write_vertical_csvs
 
 __all__ = [
-    "ALIASES", "BUILTIN_DATASETS", "SCHEMES", "DataError", "Dataset", "HorizontalPartition", "PartitionStats",
-    "SchemeSpec", "VerticalPartition", "apply_feature_noise", "available_schemes", "default_ids", "divergences",
+    "ALIASES", "BUILTIN_DATASETS", "PENGUIN_SCHEMA", "SCHEMES", "ColumnSchema", "DataError", "Dataset", "HorizontalPartition", "PartitionStats",
+    "SchemaError", "SchemeSpec", "TableSchema", "VerticalPartition", "apply_feature_noise", "available_schemes", "default_ids", "divergences",
     "feature_natural", "feature_noise", "feature_synthetic", "iid", "label_dirichlet",
     "label_dirichlet_feature_noise", "label_noise", "label_quantity", "label_quantity_dirichlet", "load_dataset",
-    "load_fashion_mnist", "load_idx", "load_mnist_5k", "load_party_csv", "load_shuttle", "load_sklearn",
-    "load_table", "make_fcube", "noise_levels", "octant_pair", "partition", "partition_stats",
+    "load_diabetes", "load_fashion_mnist", "load_idx", "load_mnist_5k", "load_party_csv", "load_penguins", "load_shuttle", "load_sklearn",
+    "load_table", "make_fcube", "noise_levels", "octant_pair", "parse_schema", "partition", "partition_stats",
     "plot_label_distribution", "print_stats", "quantity_dirichlet", "read_idx", "resolve_scheme", "stats_markdown",
-    "stats_table", "temporal", "vertical_split", "write_shards", "write_vertical_csvs",
+    "stats_table", "temporal", "vertical_split", "with_missing_cells", "write_shards", "write_vertical_csvs",
 ]

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 
+class DataError(ValueError):
+    """A data file is unreadable or lacks a requested column; the message names file and column."""
+
+
 @dataclass
 class Dataset:
     """A feature table with optional label, id, group and time columns (all row-aligned).
@@ -19,6 +23,8 @@ class Dataset:
         times: a sortable time value per row for ``temporal``; or None.
         name: short dataset name for reports.
         label_names: human-readable class names indexed by label id; or None.
+        categories: feature name -> its categories, for categorical features only; their values in
+            ``X`` are indices into that list (as float64), NaN where missing.
     """
 
     X: np.ndarray
@@ -29,6 +35,7 @@ class Dataset:
     times: np.ndarray | None = None
     name: str = ""
     label_names: list[str] | None = None
+    categories: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         X = np.asarray(self.X)
@@ -73,18 +80,24 @@ class Dataset:
     def select_columns(self, columns) -> "Dataset":
         """Feature columns by index; label/ids/groups/times kept."""
         columns = np.asarray(columns, dtype=np.int64)
-        return replace(self, X=self.X[:, columns], feature_names=[self.feature_names[c] for c in columns])
+        names = [self.feature_names[c] for c in columns]
+        return replace(self, X=self.X[:, columns], feature_names=names,
+                       categories={n: v for n, v in self.categories.items() if n in names})
 
 
-def check_matrix(X, name: str) -> np.ndarray:
+def check_matrix(X, name: str, allow_nan: bool = False) -> np.ndarray:
     """``X`` as a finite float64 (rows, features) array, for a protocol's input.
 
     Raises ValueError naming ``name``: not 2-D, or NaN / infinite values (missing values are not
-    supported by the protocols that call this).
+    supported by the protocols that call this). ``allow_nan``: NaN marks a missing value and passes
+    (trees handle it); infinities are still rejected.
     """
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D (rows, features) array, got shape {X.shape}")
-    if not np.all(np.isfinite(X)):
+    if allow_nan:
+        if np.isinf(X).any():
+            raise ValueError(f"{name}: contains infinite values")
+    elif not np.all(np.isfinite(X)):
         raise ValueError(f"{name}: contains NaN or infinite values (missing values are not supported)")
     return X

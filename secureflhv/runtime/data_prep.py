@@ -6,7 +6,9 @@ phrased one way, ``parties[i].data... (party 'ID'): what is wrong``, whichever j
 
 What each role learns: PSI (:mod:`secureflhv.vertical.psi`) tells guest and hosts the ids common to all
 of them and the set sizes (guest: every host's; host: the guest's); nothing else leaves a party here.
-Standardisation uses only the party's own training rows (vertical: its own columns; nothing is sent).
+Preprocessing (impute missing cells, one-hot categorical columns, standardise; :mod:`secureflhv.data.tabular`)
+is fitted on the party's own training rows (vertical: its own columns; nothing is sent) and saved with
+the model (``meta["preprocessor"]``).
 """
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, Field
 
 from ..data import Dataset, load_table
+from ..data.tabular import Preprocessor
 from ..transport import Transport
 from ..vertical.psi import align_ids_guest, align_ids_host
 from .job_file import JobConfig, JobConfigError, PartySpec
@@ -35,9 +39,13 @@ class SplitParams(BaseModel):
 
 
 class StandardisedSplitParams(SplitParams):
-    """The split plus per-party standardisation (vertical LR and split NN)."""
+    """The split plus per-party preprocessing (vertical LR and split NN)."""
+
+    accepts_missing_values: ClassVar[bool] = True  # imputed by the preprocessing (preflight allows gaps)
 
     standardize: bool = Field(default=True, description="each party standardises its own columns")
+    missing_indicator: bool = Field(default=False, description="add a 0/1 '<column>=missing' feature for "
+                                                               "each column with missing training cells")
 
 
 class ValidationSplitParams(SplitParams):
@@ -114,7 +122,8 @@ def load_party_table(cfg: JobConfig, party: PartySpec, *, label_column: str | No
     label = label_column or spec.label_column
     try:
         id_column = spec.id_column if id_required or spec.id_column in _columns(path) else None
-        table = load_table(path, id_column=id_column, label_column=label, feature_columns=spec.feature_columns)
+        table = load_table(path, id_column=id_column, label_column=label, feature_columns=spec.feature_columns,
+                           schema=spec.table_schema)
     except (OSError, ValueError) as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     if require_label and table.y is None:
@@ -173,21 +182,53 @@ def standardise(X: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, dict]:
     return (X - mean) / std, {"mean": mean, "std": std}
 
 
-def prepare_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, params: BaseModel, *,
-                     validation_fraction: float = 0.0, standardize: bool = False) -> PartyData:
-    """Load, align by PSI, split (``params.test_fraction``, ``params.split_seed``) and optionally standardise.
+def _preprocess(table: Dataset, X: np.ndarray, rows: np.ndarray, *, standardize: bool,
+               missing_indicator: bool = False) -> tuple[np.ndarray, list[str], Preprocessor | None]:
+    """Fit a :class:`~secureflhv.data.tabular.Preprocessor` on ``X[rows]`` and apply it to ``X``.
 
-    For a vertical guest or host; ``y`` is set at the guest only.
+    Returns ``(X', output feature names, preprocessor)``; ``X`` unchanged and no preprocessor when there
+    is nothing to do (no missing cells, no categorical columns, no standardisation).
+    Raises ValueError naming a column that is missing in every training row.
+    """
+    if not standardize and not table.categories and not np.isnan(X).any():
+        return X, list(table.feature_names), None
+    pre = Preprocessor.fit(X[rows], table.feature_names, table.categories, standardize=standardize,
+                           missing_indicator=missing_indicator)
+    return pre.transform(X), pre.output_names, pre
+
+
+def prepare_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, params: BaseModel, *,
+                     validation_fraction: float = 0.0, standardize: bool = False,
+                     preprocess: bool = False) -> PartyData:
+    """Load, align by PSI, split (``params.test_fraction``, ``params.split_seed``) and optionally preprocess.
+
+    For a vertical guest or host; ``y`` is set at the guest only. With ``preprocess`` (linear and neural
+    families) missing cells are imputed, categorical columns one-hot encoded and, with ``standardize``,
+    numeric columns standardised — all fitted on this party's training rows; trees take the raw codes
+    and NaN (``preprocess=False``).
     """
     table = load_party_table(cfg, party)
     psi = align_by_psi(cfg, party, transport, table)
     X = table.X[psi.rows]
     split = split_rows(len(psi), params.test_fraction, params.split_seed, validation_fraction)
-    state = None
-    if standardize:
-        X, state = standardise(X, split.train)
-    meta = {"params": params.model_dump(mode="json"), "feature_names": list(table.feature_names),
+    names, pre = list(table.feature_names), None
+    if preprocess:
+        try:
+            X, names, pre = _preprocess(table, X, split.train, standardize=standardize,
+                                        missing_indicator=getattr(params, "missing_indicator", False))
+        except ValueError as exc:
+            raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
+    meta = {"params": params.model_dump(mode="json"), "feature_names": names,
+            "input_features": list(table.feature_names), "schema": party.data.table_schema,
             "psi": {"common_ids": len(psi), "own_ids": table.n_rows, "peer_sizes": psi.peer_sizes},
-            "standardisation": state}
+            "standardisation": ({"mean": pre.mean, "std": pre.std}
+                                if pre is not None and pre.standardize and pre.identity_on_complete_numeric else None),
+            "preprocessor": pre.to_dict() if pre is not None else None}
     y = table.y[psi.rows] if party.role == "guest" else None
-    return PartyData(X, y, np.asarray(psi.ids), split, list(table.feature_names), meta)
+    return PartyData(X, y, np.asarray(psi.ids), split, names, meta)
+
+
+def preprocessing_state(data: PartyData) -> dict:
+    """What a prediction job needs to prepare new rows as training did (saved in the model bundle):
+    the input columns, the schema they were read with, and the fitted preprocessor (or None)."""
+    return {key: data.meta.get(key) for key in ("input_features", "schema", "preprocessor", "standardisation")}

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..data.schema import parse_schema
 
 
 DEFAULT_MAX_MESSAGE_MB = 256.0  # = transport.DEFAULT_MAX_PAYLOAD_BYTES
@@ -62,6 +64,19 @@ class DataSpec(_Strict):
     label_column: str | None = None
     feature_columns: list[str] | None = Field(
         default=None, description="columns used as features; default: all but id and label")
+    table_schema: dict[str, Any] | None = Field(
+        default=None, alias="schema",
+        description="column -> numeric | categorical (with categories, optional 'other') | id | label; "
+                    "see secureflhv.data.schema")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("table_schema")
+    @classmethod
+    def _schema(cls, v):
+        if v is not None:
+            parse_schema(v, "schema")  # SchemaError is a ValueError: pydantic names the field
+        return v
 
 
 class PartySpec(_Strict):

@@ -21,8 +21,11 @@ from ..transport import Transport, TransportError
 from .blame import NOTICE_ENV, Blame, Stopped, listen_for_notices, root_cause
 from .config import JobConfig, JobConfigError, PartySpec, load_job_params
 from .preflight import require_preflight
+from .progress import emit_wire
 from .registry import job_spec
 from .rendezvous import meet, partners
+from .reports import save_wire_report, wire_line
+from .status import PartyStatus
 
 log = logging.getLogger("secureflhv.party")
 
@@ -46,6 +49,36 @@ def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transpor
                                    key=cfg.resolve(spec.key))
     return GrpcTransport(party_id=spec.id, job_id=cfg.job.id, listen=spec.listen or spec.address, peers=peers, tls=tls,
                          insecure=insecure, deadline=cfg.job.deadline_s, max_payload_bytes=cfg.job.max_message_bytes)
+
+
+def _report_wire(cfg: JobConfig, party_id: str, stats: dict) -> None:
+    """Bytes on the wire into ``metrics.json`` and (under the launcher) to the launcher; a write failure
+    only costs the file."""
+    try:
+        save_wire_report(cfg.output_dir(party_id), cfg.job.id, party_id, stats)
+    except OSError as exc:
+        log.warning("%s: could not write the wire counts to metrics.json: %s", party_id, exc)
+    if os.environ.get(NOTICE_ENV):
+        emit_wire(stats)
+
+
+WIRE_EVERY_S = 2.0  # under the launcher: how often the live byte counts go out (when they changed)
+
+
+def _live_wire(transport: Transport, stopping: threading.Event) -> threading.Thread:
+    """Under the launcher: emit the transport's byte counts every ``WIRE_EVERY_S`` while the job runs, so
+    the launcher (and a job page) sees them grow; stops when ``stopping`` is set."""
+    def loop():
+        last: dict = {}  # nothing to say before the first byte
+        while not stopping.wait(WIRE_EVERY_S):
+            stats = transport.wire_stats()
+            if stats != last:
+                emit_wire(stats, by_tag=False)
+                last = stats
+
+    thread = threading.Thread(target=loop, daemon=True, name="wire-events")
+    thread.start()
+    return thread
 
 
 def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
@@ -87,15 +120,19 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     # A horizontal client that fails is a dropout the protocol survives: it must not stop the others.
     told_on_failure = [] if job.family == "horizontal" and spec.role != "server" else peers
     started = time.monotonic()
-    transport, failure, code = None, None, EXIT_OK
+    transport, failure, code, live = None, None, EXIT_OK, None
+    status = PartyStatus.for_party(cfg, spec).start()  # what the job page shows (status.json)
     try:
         transport = build_transport(cfg, spec, insecure)
+        status.attach(transport)
+        if os.environ.get(NOTICE_ENV):
+            live = _live_wire(transport, stopping)
         log.info("%s (%s) of job %r listening on %s; peers: %s", party_id, spec.role, cfg.job.id, spec.address,
                  ", ".join(peers))
         meet(transport, cfg, partners(cfg, spec, job.family))
-        job.run(cfg, spec, transport, params)
+        status.set_state("running")
+        result = job.run(cfg, spec, transport, params)
         stopping.set()
-        log.info("%s finished in %.1fs", party_id, time.monotonic() - started)
     except BaseException as exc:  # noqa: BLE001 - any failure must reach the peers, the log and the exit code
         stopping.set()
         # expected failures are one line (below); anything else is a bug whose traceback the user needs
@@ -109,6 +146,15 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     finally:
         if transport is not None:
             transport.close()
-    if failure is not None:
+    if live is not None:
+        live.join(timeout=WIRE_EVERY_S)  # its last event must not follow the final one
+    if failure is None:  # counted after close: late deliveries included
+        stats = transport.wire_stats()
+        _report_wire(cfg, party_id, stats)
+        log.info("%s finished in %.1fs; %s", party_id, time.monotonic() - started, wire_line(stats))
+        status.finish(result)
+    else:
         log.error("%s", failure.line_for(party_id))  # the last line: the job's first failure
+        status.fail(failure.line_for(party_id))
+    status.close()
     return code

@@ -21,7 +21,7 @@ What it reveals: nothing leaves the party; findings are printed locally only.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -90,6 +90,7 @@ class ColumnType:
 ID = ColumnType("id", unique=True)
 LABEL = ColumnType("label")
 NUMERIC = ColumnType("numeric feature", numeric=True)
+CATEGORICAL = ColumnType("categorical feature", allow_missing=True)
 
 
 def column_problems(values, kind: ColumnType) -> list[tuple[int, str]]:
@@ -224,8 +225,15 @@ def _data_columns(report: _Report, params, columns: list[str]) -> dict[str, tupl
     features = spec.feature_columns
     if features is None:
         features = [c for c in columns if c not in named]
+    # jobs that preprocess (vertical LR, split NN, scoring with their bundles) impute missing cells, trees
+    # learn default directions for them: their params say so (``accepts_missing_values``)
+    numeric = replace(NUMERIC, allow_missing=True) if _accepts_missing(params) else NUMERIC
+    declared = (spec.table_schema or {})
     for col in features:
-        named.setdefault(col, ("data.feature_columns", NUMERIC))
+        kind = declared.get(col, {})
+        categorical = kind == "categorical" or isinstance(kind, dict) and kind.get("kind") == "categorical"
+        named.setdefault(col, ("data.schema" if categorical else "data.feature_columns",
+                               CATEGORICAL if categorical else numeric))
     out = {}
     for col, (fld, kind) in named.items():
         if col in columns:
@@ -235,6 +243,11 @@ def _data_columns(report: _Report, params, columns: list[str]) -> dict[str, tupl
             report.add(fld, f"no column {col!r} in {cfg.resolve(spec.path)}; its columns are: {shown}",
                        file=cfg.resolve(spec.path), column=col)
     return out
+
+
+def _accepts_missing(params) -> bool:
+    """Whether the job takes empty numeric cells (NaN): its params class says so."""
+    return bool(getattr(type(params), "accepts_missing_values", False))
 
 
 def _read_frame(path: Path):
@@ -267,8 +280,24 @@ def _check_data(report: _Report, params) -> None:
     line = 1 if path.suffix.lower() == ".csv" else 0  # header line before the first data row
     for col, row, what in check_columns(frame, {c: kind for c, (_, kind) in declared.items()}):
         at = f"row {row + 1}" + (f" (line {row + 1 + line})" if line else "")
-        report.add(declared[col][0] if declared[col][1] is not NUMERIC else "data",
+        report.add(declared[col][0] if declared[col][0] != "data.feature_columns" else "data",
                    f"{path}, column {col!r}, {at}: {what}", file=path, column=col, row=row + 1)
+    if spec.table_schema is not None:
+        _check_schema(report, path)
+
+
+def _check_schema(report: _Report, path: Path) -> None:
+    """Load the table as the job will, through ``data.schema``; report where it breaks the schema."""
+    from ..data import SchemaError, load_table
+
+    spec = report.party.data
+    try:
+        load_table(path, id_column=spec.id_column, label_column=spec.label_column,
+                   feature_columns=spec.feature_columns, schema=spec.table_schema)
+    except SchemaError as exc:
+        report.add("data.schema", plain_error(exc), file=path)
+    except (OSError, ValueError):
+        pass  # other problems are reported by the column checks above
 
 
 def _check_array_file(report: _Report, params, path: Path) -> None:
@@ -282,7 +311,8 @@ def _check_array_file(report: _Report, params, path: Path) -> None:
     except (OSError, ValueError) as exc:
         report.add("data", plain_error(exc), file=path)
         return
-    bad = ~np.isfinite(np.asarray(table.X, dtype=np.float64))
+    X = np.asarray(table.X, dtype=np.float64)
+    bad = np.isinf(X) if _accepts_missing(params) else ~np.isfinite(X)
     if bad.any():
         row, col = (int(i) for i in np.argwhere(bad)[0])
         name = table.feature_names[col]

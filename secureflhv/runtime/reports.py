@@ -1,15 +1,21 @@
-"""What a job reports after training: quality metrics, and the guest's files and closing log line.
+"""What a job reports after training: quality metrics, the guest's files and closing log line, and every
+party's bytes on the wire.
 
 Files (under ``<output_dir>/<party id>/``, see :mod:`secureflhv.runtime.artifacts`): ``metrics.json``,
 ``predictions.csv`` (held-out rows), ``split.json`` (which ids were trained / held out), ``loss.png``.
+Every party's ``metrics.json`` gets a ``wire`` key at the end of a successful job (:func:`save_wire_report`).
 """
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import numpy as np
 
+from ..data.metrics import plot_roc_ks, task_metrics
+from ..transport.wire import report as wire_report
+from ..transport.wire import totals as wire_totals
 from .artifacts import plot_curves, write_json
 from .data_prep import PartyData, RowSplit
 from .job_file import JobConfig
@@ -18,32 +24,17 @@ log = logging.getLogger("secureflhv.job")
 
 
 def classification_metrics(y: np.ndarray, p: np.ndarray) -> dict:
-    """accuracy (+ AUC and log loss for binary ``p`` of shape (m,); multi-class ``p`` is (m, C))."""
-    from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
+    """Binary metrics for ``p`` of shape (m,) (P(y=1)), multi-class ones for ``p`` of shape (m, C).
 
-    if p.ndim == 1:
-        out = {"accuracy": float(accuracy_score(y, p >= 0.5)), "n": int(len(y))}
-        if len(np.unique(y)) == 2:
-            out["auc"] = float(roc_auc_score(y, p))
-            out["log_loss"] = float(log_loss(y, np.clip(p, 1e-12, 1 - 1e-12), labels=[0, 1]))
-        return out
-    return {"accuracy": float(accuracy_score(y, p.argmax(axis=1))), "n": int(len(y))}
+    See :func:`secureflhv.data.metrics.task_metrics` for the list (AUC, KS, precision, recall, confusion
+    matrix; accuracy, macro-F1, log loss).
+    """
+    return task_metrics(y, p, "binary" if p.ndim == 1 else "multiclass")
 
 
 def objective_metrics(y: np.ndarray, pred: np.ndarray, objective: str) -> dict:
-    """Tree metrics: RMSE (``regression``), accuracy and AUC (``binary``, ``pred`` = P(y=1)), accuracy (multi-class)."""
-    from sklearn.metrics import accuracy_score, roc_auc_score
-
-    out = {"n": int(len(y))}
-    if objective == "regression":
-        out["rmse"] = float(np.sqrt(np.mean((pred - y) ** 2)))
-    elif objective == "binary":
-        out["accuracy"] = float(accuracy_score(y, pred >= 0.5))
-        if len(np.unique(y)) == 2:
-            out["auc"] = float(roc_auc_score(y, pred))
-    else:
-        out["accuracy"] = float(accuracy_score(y, np.argmax(pred, axis=1)))
-    return out
+    """Tree metrics for ``objective`` (``regression``, ``binary`` with ``pred`` = P(y=1), or multi-class)."""
+    return task_metrics(y, pred, objective if objective in ("regression", "binary") else "multiclass")
 
 
 def evaluate_split(y: np.ndarray, split: RowSplit, predict, metric) -> tuple[dict, np.ndarray | None]:
@@ -62,7 +53,8 @@ def evaluate_split(y: np.ndarray, split: RowSplit, predict, metric) -> tuple[dic
 def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: dict, history: dict,
                        p_test: np.ndarray | None, title: str, *, loss_label: str = "training loss",
                        **extra) -> Path:
-    """Write ``metrics.json``, ``predictions.csv`` (test rows), ``split.json`` and ``loss.png``; return the plot.
+    """Write ``metrics.json``, ``predictions.csv`` (test rows), ``split.json``, ``loss.png`` and, for a
+    binary task with both classes among the test rows, ``roc_ks.png``; return the loss plot.
 
     ``loss_label`` names the plotted loss on the y axis (which loss, on which rows, how averaged).
     """
@@ -77,6 +69,9 @@ def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: 
         else:
             cols.update({f"p{c}": p_test[:, c] for c in range(p_test.shape[1])})
         pd.DataFrame(cols).to_csv(out_dir / "predictions.csv", index=False)
+        y_test = data.y[data.test]
+        if p_test.ndim == 1 and set(np.unique(y_test)) == {0, 1}:
+            plot_roc_ks(y_test, p_test, out_dir / "roc_ks.png", title=f"{title}, job {cfg.job.id}, test rows")
     write_json(out_dir / "split.json", {"train": data.ids[data.train], "test": data.ids[data.test]})
     return plot_curves(out_dir / "loss.png", {loss_label: history["loss"]}, title=f"{title}, job {cfg.job.id}",
                        ylabel=loss_label)
@@ -89,3 +84,44 @@ def log_summary(party_id: str, metrics: dict, losses: list[float], plot: Path) -
     log.info("%s: done: %d epochs, final loss %.5f, %s accuracy %.4f AUC %s; loss curve %s", party_id,
              len(losses), losses[-1] if losses else float("nan"), which, s["accuracy"],
              f"{s['auc']:.4f}" if "auc" in s else "n/a", plot)
+
+
+def save_wire_report(out_dir: Path, job_id: str, party_id: str, stats: dict) -> Path:
+    """Add ``"wire"`` (bytes per peer and tag, and totals; :func:`secureflhv.transport.wire.report`) to the
+    party's ``metrics.json``, creating the file (job and party id only) where the job wrote none.
+
+    ``stats``: the transport's ``wire_stats()``. Returns the path of ``metrics.json``.
+    """
+    path = Path(out_dir) / "metrics.json"
+    doc = {"job_id": job_id, "party_id": party_id}
+    if path.exists():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            log.warning("%s: %s is not JSON; rewriting it with the wire counts only", party_id, path)
+    doc["wire"] = wire_report(stats)
+    return write_json(path, doc)
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes in decimal units: ``"512 B"``, ``"3.4 kB"``, ``"12.35 MB"``, ``"1.20 GB"``."""
+    n = float(n)
+    if n < 1e3:
+        return f"{n:.0f} B"
+    if n < 1e6:
+        return f"{n / 1e3:.1f} kB"
+    if n < 1e9:
+        return f"{n / 1e6:.2f} MB"
+    return f"{n / 1e9:.2f} GB"
+
+
+def wire_line(stats: dict) -> str:
+    """One line of totals, e.g. ``sent 1.23 MB (+12.0 kB framing), received 4.56 MB (+20.1 kB framing), 2 peers``.
+
+    Decimal units (MB = 10^6 bytes); payload bytes exact, framing partly estimated (see
+    :mod:`secureflhv.transport.wire`).
+    """
+    t = wire_totals(stats)
+    return (f"sent {human_bytes(t['sent'])} (+{human_bytes(t['sent_framing'])} framing), received "
+            f"{human_bytes(t['received'])} (+{human_bytes(t['received_framing'])} framing), "
+            f"{len(stats)} peer{'s' if len(stats) != 1 else ''}")

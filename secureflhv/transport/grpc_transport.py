@@ -70,6 +70,7 @@ from .base import (DEFAULT_DEADLINE_S, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_PE
 from .certs import TlsConfig
 from .identity import PartyIdentity
 from .tls import channel_credentials, peer_identity, server_credentials, target_name_options
+from .wire import WireCounter, split_lengths
 
 log = logging.getLogger("secureflhv.transport.grpc")
 
@@ -263,6 +264,7 @@ class GrpcTransport(Transport):
         self.close_grace = float(close_grace)
         self.sent_bytes = 0  # payload bytes accepted by receivers
         self.received_bytes = 0  # payload bytes queued in this party's mailbox
+        self.wire = WireCounter(tls=tls is not None)  # per peer and tag: wire_stats() (transport/wire.py)
         self._tls = tls
         self.identity = PartyIdentity(tls) if tls is not None else None
         self._box = Mailbox(party_id, job_id, [*self._peers, party_id], max_payload_bytes=self.max_payload_bytes,
@@ -420,7 +422,9 @@ class GrpcTransport(Transport):
                 ambiguous = ambiguous or progress.all_pulled
                 self._back_off_or_raise(err, receiver, address, what, attempt, start, retry_end)
                 continue
-            return self._settle(ack, receiver, what, len(data), ambiguous)
+            self._settle(ack, receiver, what, len(data), ambiguous)
+            self.wire.record_grpc_sent(receiver, tag, header.ByteSize(), split_lengths(len(data), self.chunk_size))
+            return
 
     def _back_off_or_raise(self, err: grpc.RpcError, receiver: str, address: str, what: str, attempt: int,
                            start: float, retry_end: float) -> None:
@@ -471,7 +475,7 @@ class GrpcTransport(Transport):
         peer = context.peer()
         watch = _StreamWatch(context, self.stream_timeout)
         try:
-            msg = self._receive(request_iterator, context, watch)
+            msg, chunks = self._receive(request_iterator, context, watch)
         except (_Refused, grpc.RpcError) as exc:
             # a cancelled stream may end as an error or as a short iterator: either way, the cut is the reason
             if watch.expired:
@@ -496,6 +500,7 @@ class GrpcTransport(Transport):
             return pb.Ack(accepted=False, error=str(exc))
         with self._lock:
             self.received_bytes += len(msg.payload)
+        self.wire.record_grpc_received(msg.sender, msg.tag, watch.header.ByteSize(), chunks)
         log.debug("%s: received %r round %d from %s (%d bytes)", self.party_id, msg.tag, msg.round, msg.sender,
                   len(msg.payload))
         return pb.Ack(accepted=True)
@@ -507,7 +512,8 @@ class GrpcTransport(Transport):
         else:
             self._box.reject(_head(header), reason, int(header.payload_size), bytes(header.payload_sha256))
 
-    def _receive(self, request_iterator, context, watch: _StreamWatch) -> Message:
+    def _receive(self, request_iterator, context, watch: _StreamWatch) -> tuple[Message, list[int]]:
+        """The message of one incoming stream, and its payload bytes per chunk (for the wire counter)."""
         it = iter(request_iterator)
         first = next(it, None)
         if first is None:
@@ -546,7 +552,8 @@ class GrpcTransport(Transport):
         if digest.digest() != h.payload_sha256:
             raise _Refused("payload SHA-256 does not match the header (corrupted or tampered)", h)
         payload = parts[0] if len(parts) == 1 else b"".join(parts)
-        return Message(head.job_id, head.round, head.sender, head.receiver, head.tag, payload)
+        msg = Message(head.job_id, head.round, head.sender, head.receiver, head.tag, payload)
+        return msg, [len(p) for p in parts]
 
     # ------------------------------------------------------------------ shutdown
     def close(self, grace: float | None = None) -> None:

@@ -7,9 +7,10 @@ server sees sums over all clients, never one client's histogram. The protocol (t
     clients -> server  hsb.hello: number of features
     binning            global range per feature: public ``feature_ranges`` given to the server, or each
                        client's min/max (hsb.ranges, revealed to the server); then one aggregation of
-                       per-cell counts on a public grid of ``sketch_bins`` equal cells, plus the row
-                       count and the label sum -> server: quantile cuts (binning.cuts_from_grid_counts)
-                       and the base margin -> hsb.cuts to every client
+                       per-cell counts on a public grid of ``sketch_bins`` equal cells, the missing-value
+                       (NaN) count per feature, the row count and the label sum -> server: quantile cuts
+                       (binning.cuts_from_grid_counts) of the present values, the base margin and which
+                       features have missing values -> hsb.cuts to every client
     per tree           clients: g, h from their labels and margins; hsb.bound: a power-of-two bound of
                        their |g|, |h| (revealed); server: p = precision_bits_for(N, max bound)
       per level        server -> hsb.level: splits of the previous level (feature, bin, threshold),
@@ -21,6 +22,12 @@ server sees sums over all clients, never one client's histogram. The protocol (t
       end              hsb.level done: leaf weights; clients update their margins
     validation         optional: per round one aggregation of the clients' validation loss sums;
                        the server stops after ``early_stopping_rounds`` rounds without improvement
+
+Missing values (Chen & Guestrin 2016, Alg. 3): a feature with missing values at some client becomes two
+virtual columns (:class:`~secureflhv.tree.binning.Binner`: missing bucket last / first), so the clients'
+histograms carry the missing bucket and the server's first-maximum search tries both default directions
+(order: feature, missing right before left, bin); hsb.level's splits carry ``default_left``. Ranges are
+each client's nanmin/nanmax (both NaN for a column it has no value in).
 
 Exactness: histogram entries are integers below 2^52 sent as x = m / 2^40 with clip 2^12, scale 2^40
 and weight 1 (:func:`tree_aggregation_config`), so the fixed-point quantisation of secure aggregation
@@ -50,7 +57,8 @@ deadline; a dropped client that is still alive gets the restart without its name
 What each role learns:
 
 * server: the number of features, each client's per-feature min/max (unless ``feature_ranges`` is
-  given), the global per-cell grid counts, the total row count and label sum (binary: positives;
+  given; including whether a client has no value at all in a column), the global per-cell grid counts
+  and per-feature missing-value counts, the total row count and label sum (binary: positives;
   regression: the sum of labels), each client's power-of-two gradient bound, the global
   per-node histograms of g, h and counts (hence the model), the summed validation loss, who
   survived each aggregation. Not a client's histogram, rows or labels (secure aggregation; plain
@@ -71,6 +79,7 @@ import functools
 import logging
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -82,7 +91,7 @@ from ..secagg import AggregationConfig, AggregationError, make_client, make_serv
 from ..transport import JobAborted, ProtocolError, Transport, TransportError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
 from ..transport.role import ProtocolRole
-from .binning import apply_bins, cuts_from_grid_counts, grid, grid_counts
+from .binning import Binner, apply_bins, cuts_from_grid_counts, grid, grid_counts, missing_bin
 from .model import BoostedModel, Node, Tree, plan_children
 from .params import (SecureBoostParams, base_margin_from_sums, bound_log2, check_labels, dequantise, gradients,
                      loss, precision_bits_for, quantise)
@@ -166,14 +175,17 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_ranges(m: tree_pb2.HsbRanges, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """Validate an hsb.ranges payload: ``d`` (lo, hi) pairs, finite in float32 (the grid's dtype), lo <= hi.
+    """Validate an hsb.ranges payload: ``d`` (lo, hi) pairs, finite in float32 (the grid's dtype), lo <= hi;
+    or both NaN (a client with no value in that column: all missing).
 
     Returns (lo, hi), float64 (d,) each. Raises ProtocolError naming the first bad feature.
     """
     if len(m.lo) != d or len(m.hi) != d:
         raise ProtocolError(f"ranges: {len(m.lo)} lo and {len(m.hi)} hi values, expected {d} features")
     lo, hi = np.array(m.lo, dtype=np.float64), np.array(m.hi, dtype=np.float64)
-    bad = ~(np.isfinite(lo) & np.isfinite(hi) & (np.abs(lo) <= _F32_MAX) & (np.abs(hi) <= _F32_MAX) & (lo <= hi))
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.isfinite(lo) & np.isfinite(hi) & (np.abs(lo) <= _F32_MAX) & (np.abs(hi) <= _F32_MAX) & (lo <= hi))
+    bad &= ~(np.isnan(lo) & np.isnan(hi))
     if bad.any():
         j = int(np.argmax(bad))
         raise ProtocolError(f"ranges: feature {j} has range [{lo[j]}, {hi[j]}], not a finite float32 interval")
@@ -213,11 +225,17 @@ class HistLayout:
 
 @dataclass
 class Binning:
-    """What the binning stage agrees on: the cuts per feature, the base margin and the total row count."""
+    """What the binning stage agrees on: the cuts per feature, the base margin, the total row count and
+    which features have missing values at some client (their splits learn a default direction)."""
 
     cuts: list[np.ndarray]
     base_margin: np.ndarray
     n_rows: int
+    missing: np.ndarray | None = None
+
+    @property
+    def binner(self) -> Binner:
+        return Binner(self.cuts, np.zeros(len(self.cuts), bool) if self.missing is None else self.missing)
 
 
 @dataclass
@@ -291,7 +309,8 @@ class HorizontalSecureBoostServer(ProtocolRole):
         prm = self.params
         binning = self.binning(self.hello())
         self.cuts, self.n_rows = binning.cuts, binning.n_rows
-        self.layout = HistLayout.of([len(c) + 1 for c in binning.cuts])
+        self.binner = binning.binner                      # virtual columns where some client has NaN
+        self.layout = HistLayout.of(self.binner.n_bins)
         model = BoostedModel(prm, binning.base_margin, [], binning.cuts)
         self.model = model
         if self._lost:   # lost during binning: the cuts are those of the binning's survivors
@@ -369,16 +388,17 @@ class HorizontalSecureBoostServer(ProtocolRole):
         self._send_all(TAG_RANGES, tree_pb2.HsbRanges(lo=lo.tolist(), hi=hi.tolist()), 1, "ranges")
         grids = [grid(lo[j], hi[j], prm.sketch_bins) for j in range(d)]
         sizes = [len(gr) + 1 for gr in grids]
-        tot = self._aggregate(sum(sizes) + 2, "bin counts", None) * 2.0 ** AGG_SCALE_BITS
+        tot = self._aggregate(sum(sizes) + d + 2, "bin counts", None) * 2.0 ** AGG_SCALE_BITS
         offs = np.concatenate([[0], np.cumsum(sizes)])
         cuts = [cuts_from_grid_counts(tot[offs[j]:offs[j + 1]], grids[j], prm.max_bin) for j in range(d)]
+        missing = np.rint(tot[offs[-1]:offs[-1] + d]) > 0       # global missing-value count per feature
         n_total = int(round(tot[-2]))
         label_sum = tot[-1] * 2.0 ** -LABEL_BITS if prm.objective == "regression" else tot[-1]
         bm = base_margin_from_sums(label_sum, n_total, prm)
         cmsg = tree_pb2.HsbCuts(cuts=[tensor_to_proto(c, "<f8") for c in cuts], base_margin=bm.tolist(),
-                                n_rows=n_total)
+                                n_rows=n_total, missing=missing.tolist())
         self._send_all(TAG_CUTS, cmsg, 1, "cuts")
-        return Binning(cuts, bm, n_total)
+        return Binning(cuts, bm, n_total, missing)
 
     def grow_tree(self, seq: int, k: int) -> Tree:
         """Tree ``seq`` for output ``k``: the clients' gradient bounds fix the precision, then :meth:`_grow`."""
@@ -479,7 +499,8 @@ class HorizontalSecureBoostServer(ProtocolRole):
                 if best is None:
                     continue
                 node = tree.nodes[nid]
-                splits.append(dict(node=nid, feature=best.feature, bin=best.bin, threshold=node.threshold))
+                splits.append(dict(node=nid, feature=node.feature, bin=node.bin, threshold=node.threshold,
+                                   default_left=node.default_left))
                 counts[node.left], counts[node.right] = best.left.n_rows, best.right.n_rows
                 sums[node.left], sums[node.right] = best.left, best.right
                 level += [node.left, node.right]
@@ -521,8 +542,10 @@ class HorizontalSecureBoostServer(ProtocolRole):
         tree.nodes[nid] = node
         best = self.find_split(hist, g, h, n_rows, p)
         if best is not None and best.gain - self.params.gamma > 0:
-            node.leaf, node.feature, node.bin, node.gain = False, best.feature, best.bin, best.gain
-            node.threshold = float(self.cuts[best.feature][best.bin])
+            node.leaf, node.gain = False, best.gain
+            # virtual (column, bin) -> real split; never value bin -1 (its mirror, every value left and
+            # missing right, has the same gain and comes first)
+            node.feature, node.bin, node.threshold, node.default_left = self.binner.split(best.feature, best.bin)
             return best
         node.value = self._leaf_value(g, h)
         return None
@@ -541,7 +564,10 @@ class HorizontalSecureBoostServer(ProtocolRole):
 
         check = functools.partial(check_ranges, d=d)
         los, his = zip(*self._recv_all(TAG_RANGES, 1, parse_message(tree_pb2.HsbRanges, check), "ranges").values())
-        return np.min(los, axis=0), np.max(his, axis=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # a column missing at every client
+            lo, hi = np.nanmin(los, axis=0), np.nanmax(his, axis=0)
+        return np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
 
     def _aggregate(self, dim: int, what: str, wait: tuple[str, int | None] | None) -> np.ndarray:
         """One aggregation over ``active``; its non-survivors join the lost clients.
@@ -619,11 +645,11 @@ class HorizontalSecureBoostClient(ProtocolRole):
         self.server_id = server_id
         self.client_ids = sorted(client_ids)
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
-        self.X = check_matrix(X, "X")
+        self.X = check_matrix(X, "X", allow_nan=True)
         self.y = check_labels(y, self.params)
         if len(self.y) != len(self.X):
             raise ValueError(f"y: {len(self.y)} labels for {len(self.X)} rows")
-        self.X_val = None if X_val is None else check_matrix(X_val, "X_val")
+        self.X_val = None if X_val is None else check_matrix(X_val, "X_val", allow_nan=True)
         self.y_val = None if y_val is None else check_labels(y_val, self.params)
         cfg = job_threshold(_check_agg(aggregation or tree_aggregation_config()), len(self.client_ids))
         self.agg = make_client(transport, server_id, cfg)
@@ -652,10 +678,12 @@ class HorizontalSecureBoostClient(ProtocolRole):
         self.hello()
         binning = self.binning()
         self.n_total = binning.n_rows
-        self.layout = HistLayout.of([len(c) + 1 for c in binning.cuts])
+        self.binner = binning.binner
+        self.layout = HistLayout.of(self.binner.n_bins)
+        self.hist_bins = self.binner.virtual_bins(self.X)     # histograms over virtual columns
         self.model = BoostedModel(prm, binning.base_margin, [], binning.cuts)
-        bins = apply_bins(self.X, binning.cuts)
-        vbins = None if self.X_val is None else apply_bins(self.X_val, binning.cuts)
+        bins = apply_bins(self.X, binning.cuts, allow_nan=True)
+        vbins = None if self.X_val is None else apply_bins(self.X_val, binning.cuts, allow_nan=True)
         base = lambda b: None if b is None else np.tile(binning.base_margin, (len(b), 1)).astype(np.float64)  # noqa: E731
         starts = {0: (base(bins), base(vbins))}   # margins at the start of a round (the last two rounds)
         r, K = 0, prm.trees_per_round
@@ -725,17 +753,21 @@ class HorizontalSecureBoostClient(ProtocolRole):
         """hsb.hello: the number of features; hsb.ranges: this client's min/max (unless ranges are public)."""
         self.t.send(self.server_id, TAG_HELLO, tree_pb2.SbHello(n_features=self.X.shape[1]))
         if self.send_ranges:
-            self.t.send(self.server_id, TAG_RANGES, tree_pb2.HsbRanges(lo=self.X.min(axis=0).tolist(),
-                                                                        hi=self.X.max(axis=0).tolist()), round=1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN column: NaN, NaN
+                lo, hi = np.nanmin(self.X, axis=0), np.nanmax(self.X, axis=0)
+            self.t.send(self.server_id, TAG_RANGES, tree_pb2.HsbRanges(lo=lo.tolist(), hi=hi.tolist()), round=1)
 
     def binning(self) -> Binning:
         """Global ranges in; grid counts + row count + label sum into one aggregation; cuts and base margin out."""
         prm, (n, d) = self.params, self.X.shape
 
         lo, hi = self._recv(TAG_RANGES, 1, parse_message(tree_pb2.HsbRanges, functools.partial(check_ranges, d=d)))
-        counts = [grid_counts(self.X[:, j], grid(lo[j], hi[j], prm.sketch_bins)) for j in range(d)]
+        present = ~np.isnan(self.X)
+        counts = [grid_counts(self.X[present[:, j], j], grid(lo[j], hi[j], prm.sketch_bins)) for j in range(d)]
         label = np.sum(quantise(self.y, LABEL_BITS)) if prm.objective == "regression" else np.sum(self.y)
-        self._submit(np.concatenate(counts + [[n, label]]) * 2.0 ** -AGG_SCALE_BITS)
+        n_missing = (~present).sum(axis=0).astype(np.float64)
+        self._submit(np.concatenate(counts + [n_missing, [n, label]]) * 2.0 ** -AGG_SCALE_BITS)
         return self._recv(TAG_CUTS, 1, parse_message(tree_pb2.HsbCuts, lambda m: self._check_cuts(m, d)))
 
     def grow_tree(self, seq: int, k: int, bins: np.ndarray, g: np.ndarray, h: np.ndarray) -> Tree:
@@ -776,15 +808,16 @@ class HorizontalSecureBoostClient(ProtocolRole):
             for s in msg.splits:
                 nid = int(s.node)
                 rows = rows_of[nid]
-                left = bins[rows, s.feature] <= s.bin
+                col = bins[rows, s.feature]
+                left = np.where(col == missing_bin(col.dtype), s.default_left, col.astype(np.int64) <= s.bin)
                 tree.nodes[nid] = Node(nid, leaf=False, feature=int(s.feature), bin=int(s.bin),
-                                       threshold=float(s.threshold))
+                                       threshold=float(s.threshold), default_left=bool(s.default_left))
                 rows_of[2 * nid + 1], rows_of[2 * nid + 2] = rows[left], rows[~left]
             if msg.done:
                 for lf in msg.leaves:
                     tree.nodes[int(lf.node)] = Node(int(lf.node), value=float(lf.value))
                 return tree
-            self._submit(self._histograms(msg.build, rows_of, bins, gq, hq).ravel() * 2.0 ** -AGG_SCALE_BITS)
+            self._submit(self._histograms(msg.build, rows_of, self.hist_bins, gq, hq).ravel() * 2.0 ** -AGG_SCALE_BITS)
         raise HorizontalSecureBoostError("server sent more levels than max_depth")
 
     def _histograms(self, build, rows_of: dict, bins: np.ndarray, gq: np.ndarray, hq: np.ndarray) -> np.ndarray:
@@ -813,7 +846,10 @@ class HorizontalSecureBoostClient(ProtocolRole):
         cuts = [tensor_from_proto(c, what=f"cuts[{j}]", dtype="<f8") for j, c in enumerate(m.cuts)]
         if any(np.any(np.diff(c) <= 0) for c in cuts) or any(len(c) >= prm.max_bin for c in cuts):
             raise ProtocolError("cuts: not increasing or more than max_bin - 1 per feature")
-        return Binning(cuts, np.array(m.base_margin), int(m.n_rows))
+        if len(m.missing) not in (0, d):
+            raise ProtocolError(f"cuts: {len(m.missing)} missing-value flags for {d} features")
+        missing = np.array(m.missing, dtype=bool) if len(m.missing) else np.zeros(d, dtype=bool)
+        return Binning(cuts, np.array(m.base_margin), int(m.n_rows), missing)
 
     def _level_parser(self, check):
         """Parse an HsbLevel: a restart must name a non-empty subset of the active clients, else ``check``."""
@@ -827,11 +863,13 @@ class HorizontalSecureBoostClient(ProtocolRole):
         return parse_message(tree_pb2.HsbLevel, validate)
 
     def _check_level(self, m: tree_pb2.HsbLevel, seq: int, depth: int, rows_of: dict):
-        n_bins = self.layout.n_bins
+        cuts, missing = self.binner.cuts, self.binner.missing
         if m.tree != seq or m.depth != depth:
             raise ProtocolError(f"level message for tree {m.tree} depth {m.depth}, expected {seq}/{depth}")
         for s in m.splits:
-            if int(s.node) not in rows_of or not 0 <= s.feature < len(n_bins) or not 0 <= s.bin < n_bins[s.feature] - 1:
+            # value bin len(cuts) (every present value left) only where missing values exist
+            if (int(s.node) not in rows_of or not 0 <= s.feature < len(cuts)
+                    or not 0 <= s.bin < len(cuts[s.feature]) + int(missing[s.feature])):
                 raise ProtocolError(f"split of node {s.node} on feature {s.feature} bin {s.bin} is invalid")
         return m
 

@@ -1,7 +1,10 @@
 """Tree and boosted-model containers shared by the centralised twin and the federated roles.
 
 Nodes are numbered heap-style: root 0, children of i are 2i + 1 (left) and 2i + 2 (right).
-A split sends a row left when its bin is <= ``bin`` (equivalently ``x < threshold`` in float32).
+A split sends a row left when its bin is <= ``bin`` (equivalently ``x < threshold`` in float32); a
+missing value (NaN) goes left exactly when the split's ``default_left`` is true (XGBoost's sparsity-aware
+default direction, Chen & Guestrin 2016, Alg. 3; see :mod:`secureflhv.tree.binning`). ``bin`` ranges
+over -1 (no present value left: threshold -inf) .. len(cuts) (every present value left: +inf).
 
 In a vertical model the guest's copy of a host-owned split has ``owner`` = the host id and
 ``record`` = the host's private lookup-table id; ``feature``/``bin``/``threshold`` are then unknown
@@ -49,6 +52,7 @@ class Node:
     feature: int = -1             # feature index (the owner's local index in vertical models)
     bin: int = -1
     threshold: float = math.nan
+    default_left: bool = False    # where a missing value goes
     owner: str = ""               # vertical: party holding the split
     record: int = -1              # vertical: host lookup-table id
     gain: float = 0.0
@@ -78,7 +82,12 @@ class Tree:
         return max(int(math.log2(i + 1)) for i in self.nodes)
 
     def predict_bins(self, bins: np.ndarray) -> np.ndarray:
-        """Leaf values (n,) for binned rows (n, d) (features indexed as in this tree)."""
+        """Leaf values (n,) for binned rows (n, d) (features indexed as in this tree; a missing value
+        holds :func:`~secureflhv.tree.binning.missing_bin` of the dtype)."""
+        from .binning import missing_bin
+
+        missing = bins == missing_bin(bins.dtype)
+        bins = bins.astype(np.int64)
         out = np.zeros(bins.shape[0])
         pos = np.zeros(bins.shape[0], dtype=np.int64)
         for _ in range(len(self.nodes)):
@@ -89,7 +98,8 @@ class Tree:
                     continue
                 done = False
                 at = pos == nid
-                left = bins[at, node.feature] <= node.bin
+                miss = missing[at, node.feature]
+                left = np.where(miss, node.default_left, bins[at, node.feature] <= node.bin)
                 pos[np.flatnonzero(at)] = np.where(left, node.left, node.right)
             if done:
                 break
@@ -98,8 +108,9 @@ class Tree:
         return out
 
     def structure(self) -> list[tuple]:
-        """Comparable summary: (id, leaf, feature, bin) per node, sorted by id."""
-        return [(n.id, n.leaf, n.feature, n.bin) for _, n in sorted(self.nodes.items())]
+        """Comparable summary: (id, leaf, feature, bin, default_left) per node, sorted by id."""
+        return [(n.id, n.leaf, n.feature, n.bin, bool(not n.leaf and n.default_left))
+                for _, n in sorted(self.nodes.items())]
 
 
 @dataclass
@@ -139,15 +150,21 @@ class BoostedModel:
 
         if self.cuts is None:
             raise ValueError("this model has no cuts (vertical model): use the federated prediction")
-        return self.predict_margin_bins(apply_bins(X, self.cuts))
+        return self.predict_margin_bins(apply_bins(X, self.cuts, allow_nan=True))
 
     def predict(self, X) -> np.ndarray:
-        """P(y=1) (n,), class probabilities (n, K) or values (n,)."""
+        """P(y=1) (n,), class probabilities (n, K) or values (n,); X float (n, d), NaN = missing."""
         return transform(self.predict_margin(X), self.params)
 
 
+def json_number(v: float) -> float | str:
+    """v, or "inf" / "-inf" (strict JSON has no infinities; thresholds of missing-value splits do)."""
+    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+
+
 def model_to_dict(model: BoostedModel) -> dict:
-    """JSON-friendly form of a model (host splits appear as owner + record id only)."""
+    """JSON-friendly form of a model (host splits appear as owner + record id only; infinite
+    thresholds as "inf" / "-inf")."""
     return {
         "params": model.params.model_dump(mode="json"),
         "base_margin": [float(v) for v in model.base_margin],
@@ -155,6 +172,33 @@ def model_to_dict(model: BoostedModel) -> dict:
         "val_losses": list(model.val_losses),
         "best_round": model.best_round,
         "trees": [{"output": t.output,
-                   "nodes": [{k: v for k, v in vars(n).items() if not (isinstance(v, float) and math.isnan(v))}
+                   "nodes": [{k: json_number(v) if isinstance(v, float) else v for k, v in vars(n).items()
+                              if not (isinstance(v, float) and math.isnan(v))}
                              for _, n in sorted(t.nodes.items())]} for t in model.trees],
     }
+
+
+_NODE_FIELDS = set(Node.__dataclass_fields__)
+
+
+def model_from_dict(doc: dict) -> BoostedModel:
+    """Inverse of :func:`model_to_dict` (e.g. a saved bundle's ``model.json``); the same predictions.
+
+    Raises ValueError (pydantic's ValidationError for the params) naming a malformed part.
+    """
+    try:
+        params = SecureBoostParams(**doc["params"])
+        trees = []
+        for ti, t in enumerate(doc["trees"]):
+            nodes = {}
+            for n in t["nodes"]:
+                unknown = set(n) - _NODE_FIELDS
+                if unknown:
+                    raise ValueError(f"trees[{ti}]: unknown node fields {sorted(unknown)}")
+                nodes[int(n["id"])] = Node(**n)
+            trees.append(Tree(nodes, int(t["output"])))
+        cuts = None if doc.get("cuts") is None else [np.asarray(c, dtype=np.float64) for c in doc["cuts"]]
+        return BoostedModel(params, np.asarray(doc["base_margin"], dtype=np.float64), trees, cuts,
+                            list(doc.get("val_losses") or []), doc.get("best_round"))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a saved SecureBoost model: {exc!r}") from None

@@ -26,6 +26,14 @@ One tree (``[[.]]`` = Paillier under the guest's key; round ids ``tree * 64 + de
                    the guest checks that the partition's hessian sum equals the decrypted one
     leaves: weight -lr G/(H + lambda), known to the guest only
 
+Missing values (NaN) follow XGBoost's sparsity-aware split finding (Chen & Guestrin 2016, Alg. 3)
+without a change to the messages: each party's :class:`~secureflhv.tree.binning.Binner` gives a column
+with NaN in the training rows two virtual columns (missing bin last: missing rows go right; missing bin
+first: they go left), so the encrypted histograms carry the missing-value bucket and the candidates
+cover both default directions; a won candidate maps back to (feature, bin, threshold, default_left),
+which for a host split stays in the host's table. A host's candidate count is bounded by
+2 * max_bin per feature it declared. Prediction: each owner routes a NaN by its split's default_left.
+
 The role methods are these stages: guest :meth:`~SecureBoostGuest._encrypt_gradients` (SbTreeStart),
 ``_open_level`` / ``_send_plan`` (SbLevelPlan), ``_find_splits`` (SbHistograms -> one
 :class:`SplitCandidate` per node), ``_apply_splits`` (SbDecision, SbSplitResults); host
@@ -48,6 +56,10 @@ What each role learns (semi-honest; SecureBoost's known leakage is stated, not r
   residuals), its own won splits; nothing about g, h or labels (IND-CPA Paillier), nothing about the
   guest's or other hosts' features or thresholds, nor leaf weights.
 * prediction: a host learns which of the queried rows reach its nodes and answers only for those.
+* missing values: with a host column holding NaN the guest's decrypted candidate sums also give the
+  (G, H) of that column's missing rows in every node (the difference of the two directions' sums)
+  and, through the partitions, which rows a host split sends the default way; the guest does not
+  learn which column or which direction.
 
 Errors: a histogram under another key, of the wrong shape or packing, a bad partition mask, an unknown
 candidate or record id is rejected (ProtocolError in the parse callback, logged; the wait goes on).
@@ -71,7 +83,7 @@ from ..proto import tree_pb2
 from ..transport.he_codec import backend_and_codec
 from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, TransportError, parse_message
-from .binning import apply_bins, fit_cuts, goes_left
+from .binning import Binner, goes_left
 from .model import BoostedModel, Node, Tree, plan_children
 from .params import (SecureBoostParams, base_margin, bound_log2, check_labels, dequantise, gradients, loss,
                      precision_bits_for, quantise, transform)
@@ -187,7 +199,8 @@ class _Role(ProtocolRole):
     def __init__(self, transport: Transport, params, backend):
         super().__init__(transport)
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
-        self.he, self.wire = backend_and_codec(backend)
+        # an explicit backend wins (the plaintext benchmark baseline); else the job's he_scheme
+        self.he, self.wire = backend_and_codec(self.params.he_scheme if backend is None else backend)
 
 
 # ============================================================================================ guest
@@ -197,34 +210,50 @@ class SecureBoostGuest(_Role):
     Args:
         transport: this party's transport.
         host_ids: hosts in a fixed order (the tie-break order of equal gains).
-        X: float (n, d_g) guest columns (rows aligned with every host); y: labels (n,).
+        X: float (n, d_g) guest columns (rows aligned with every host), NaN = missing; y: labels (n,).
         params: :class:`SecureBoostParams` (or dict).
         X_val, y_val: optional validation rows (aligned with the hosts' validation rows).
-        cuts: guest bin cuts (default: :func:`~secureflhv.tree.binning.fit_cuts` of X).
-        keypair: Paillier (public, private) (default: generated with ``params.key_bits``).
-        backend: "paillier" (default) or "identity" (NO encryption: the plaintext baseline of
-            ``benchmarks/secureboost.py``; never use it with real data).
+        cuts: guest bin cuts (default: :func:`~secureflhv.tree.binning.fit_cuts` of X, NaN ignored).
+        keypair: (public, private) of ``params.he_scheme`` (default: generated with ``params.key_bits``).
+        backend: None (default: ``params.he_scheme``, "paillier" or "ou") or "identity" (NO encryption:
+            the plaintext baseline of ``benchmarks/secureboost.py``; never use it with real data).
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, params, *, X_val=None, y_val=None,
-                 cuts=None, keypair=None, backend="paillier"):
+                 cuts=None, keypair=None, backend=None):
         super().__init__(transport, params, backend)
         self.host_ids = list(host_ids)
         if not self.host_ids:
             raise ValueError("host_ids: vertical SecureBoost needs at least one host")
-        self.X = check_matrix(X, "X")
+        self.X = check_matrix(X, "X", allow_nan=True)
         self.y = check_labels(y, self.params)
         if len(self.y) != self.X.shape[0]:
             raise ValueError(f"y: {len(self.y)} labels for {self.X.shape[0]} rows")
-        self.cuts = fit_cuts(self.X, self.params.max_bin) if cuts is None else [np.asarray(c) for c in cuts]
-        self.bins = apply_bins(self.X, self.cuts)
-        self.n_bins = [len(c) + 1 for c in self.cuts]
-        self.X_val = None if X_val is None else check_matrix(X_val, "X_val")
+        self.binner = Binner.fit(self.X, self.params.max_bin, cuts)
+        self.cuts = self.binner.cuts
+        self.bins = self.binner.virtual_bins(self.X)   # candidates are (virtual column, bin)
+        self.n_bins = self.binner.n_bins
+        self.X_val = None if X_val is None else check_matrix(X_val, "X_val", allow_nan=True)
         self.y_val = None if y_val is None else check_labels(y_val, self.params)
         self._keypair = keypair
         self.model: BoostedModel | None = None
         self._route_round = {h: 0 for h in self.host_ids}
         self.timings: dict[str, float] = {}
+
+    @classmethod
+    def from_model(cls, transport: Transport, host_ids: Sequence[str], model: BoostedModel, *,
+                   backend="paillier") -> "SecureBoostGuest":
+        """A guest that only predicts (:meth:`predict`) with a saved ``model`` (its own splits with
+        thresholds, host splits as owner + record id); no key is needed."""
+        guest = cls.__new__(cls)
+        _Role.__init__(guest, transport, model.params, backend)
+        guest.host_ids = list(host_ids)
+        unknown = {n.owner for t in model.trees for n in t.nodes.values() if not n.leaf and n.owner != "guest"} \
+            - set(guest.host_ids)
+        if unknown:
+            raise ValueError(f"host_ids: the model has splits of {sorted(unknown)}, not among {guest.host_ids}")
+        guest.model, guest._route_round, guest.timings = model, {h: 0 for h in guest.host_ids}, {}
+        return guest
 
     def _peers(self):
         return self.host_ids
@@ -412,7 +441,7 @@ class SecureBoostGuest(_Role):
             node.leaf, node.gain, node.owner = False, cand.gain, cand.owner
             chosen[nid] = cand
             if cand.owner == "guest":
-                node.feature, node.bin, node.threshold = cand.feature, cand.bin, float(self.cuts[cand.feature][cand.bin])
+                node.feature, node.bin, node.threshold, node.default_left = self.binner.split(cand.feature, cand.bin)
             else:
                 decisions[cand.owner].choices.add(node=nid, candidate=cand.candidate,
                                                   tied=[c for c in cand.tied if c != cand.candidate])
@@ -447,7 +476,8 @@ class SecureBoostGuest(_Role):
         return host_mask
 
     def _hist_parser(self, host: str, nodes: list[int], sums):
-        max_cands = self.host_features[host] * (self.params.max_bin - 1)
+        # a feature with missing values has two virtual columns of at most max_bin candidates each
+        max_cands = self.host_features[host] * 2 * self.params.max_bin
 
         def validate(msg: tree_pb2.SbHistograms):
             got = [int(x.node) for x in msg.nodes]
@@ -505,7 +535,7 @@ class SecureBoostGuest(_Role):
                 active = True
                 rows = np.flatnonzero(pos[ti] == nid)
                 if node.owner == "guest":
-                    left = goes_left(X[rows, node.feature], node.threshold)
+                    left = goes_left(X[rows, node.feature], node.threshold, node.default_left)
                     pos[ti][rows] = np.where(left, node.left, node.right)
                 else:
                     queries[node.owner].append((ti, nid, rows))
@@ -535,7 +565,7 @@ class SecureBoostGuest(_Role):
     def _predict_margin(self, X, dataset):
         if self.model is None:
             raise RuntimeError("predict before fit")
-        X = check_matrix(X, "X")
+        X = check_matrix(X, "X", allow_nan=True)
         m = np.tile(self.model.base_margin, (X.shape[0], 1)).astype(np.float64)
         for tree, vals in zip(self.model.trees, self._route(self.model.trees, dataset, X.shape[0], X)):
             m[:, tree.output] += vals
@@ -559,31 +589,45 @@ class SecureBoostHost(_Role):
     Args:
         transport, params: as for the guest.
         guest_id: the guest's party id.
-        X: float (n, d_h) host columns aligned with the guest's rows.
+        X: float (n, d_h) host columns aligned with the guest's rows, NaN = missing.
         X_val: validation rows aligned with the guest's (needed when the guest validates).
         cuts: bin cuts (default: quantile cuts of X, computed here and never sent).
         backend: must match the guest's ("identity" only for the plaintext benchmark baseline).
 
-    ``records`` is the host's private lookup table: record id -> (feature, bin, threshold).
+    ``records`` is the host's private lookup table: record id -> (feature, bin, threshold, default_left)
+    (a missing value goes left exactly when default_left; the guest never learns it).
     """
 
     def __init__(self, transport: Transport, guest_id: str, X, params, *, X_val=None, cuts=None,
-                 backend="paillier"):
+                 backend=None):
         super().__init__(transport, params, backend)
         self.guest_id = guest_id
-        self.X = check_matrix(X, "X")
-        self.cuts = fit_cuts(self.X, self.params.max_bin) if cuts is None else [np.asarray(c) for c in cuts]
-        self.bins = apply_bins(self.X, self.cuts)
-        self.n_bins = [len(c) + 1 for c in self.cuts]
+        self.X = check_matrix(X, "X", allow_nan=True)
+        self.binner = Binner.fit(self.X, self.params.max_bin, cuts)
+        self.cuts = self.binner.cuts
+        self.bins = self.binner.virtual_bins(self.X)   # candidates are (virtual column, bin)
+        self.n_bins = self.binner.n_bins
         self.datasets = {"train": self.X}
         if X_val is not None:
-            self.datasets["val"] = check_matrix(X_val, "X_val")
-        self.records: list[tuple[int, int, float]] = []
+            self.datasets["val"] = check_matrix(X_val, "X_val", allow_nan=True)
+        self.records: list[tuple[int, int, float, bool]] = []
         self.keep_trees = 0
         self._route_round = 0
         self.timings: dict[str, float] = {"histograms": 0.0, "compress": 0.0}
         rng = np.random.default_rng()
         self._row_hash = rng.integers(0, 1 << 32, size=(2, self.X.shape[0])).astype(np.float64)
+
+    @classmethod
+    def from_records(cls, transport: Transport, guest_id: str, records, params, *,
+                     backend="paillier") -> "SecureBoostHost":
+        """A host that only answers routing requests (:meth:`serve_predictions`) with its saved lookup
+        table ``records``: record id -> (feature index, bin, threshold)."""
+        host = cls.__new__(cls)
+        _Role.__init__(host, transport, params, backend)
+        host.guest_id = guest_id
+        host.records = [(int(j), int(b), float(thr)) for j, b, thr in records]
+        host.datasets, host._route_round, host.timings = {}, 0, {}
+        return host
 
     def _peers(self):
         return [self.guest_id]
@@ -700,11 +744,12 @@ class SecureBoostHost(_Role):
         out = tree_pb2.SbSplitResults()
         for ch in decision.choices:
             nid = int(ch.node)
-            # exact ties (rows with equal g, h make them common): the first in (feature, bin) order
-            j, b = min(tables[nid][int(c)] for c in [ch.candidate, *ch.tied])
-            self.records.append((j, b, float(self.cuts[j][b])))
+            # exact ties (rows with equal g, h make them common): the first in (virtual column, bin) order,
+            # i.e. (feature, default_left false before true, bin) as in the centralised twin
+            v, b = min(tables[nid][int(c)] for c in [ch.candidate, *ch.tied])
+            self.records.append(self.binner.split(v, b))
             out.results.add(node=nid, record=len(self.records) - 1,
-                            left_mask=pack_mask(self.bins[rows_of[nid], j] <= b))
+                            left_mask=pack_mask(self.bins[rows_of[nid], v] <= b))
         return out
 
     def _rng(self, seq: int, depth: int) -> np.random.Generator:
@@ -753,7 +798,7 @@ class SecureBoostHost(_Role):
     def serve_predictions(self, X=None, max_requests: int | None = None) -> int:
         """Answer the guest's routing requests on ``X`` (dataset "predict") until it ends prediction."""
         if X is not None:
-            self.datasets["predict"] = check_matrix(X, "X")
+            self.datasets["predict"] = check_matrix(X, "X", allow_nan=True)
         return self._guarded(self._serve, max_requests)
 
     def _serve(self, max_requests):
@@ -767,9 +812,9 @@ class SecureBoostHost(_Role):
             X = self.datasets[req.dataset]
             reply = tree_pb2.SbRouteReply()
             for q in req.queries:
-                j, _, thr = self.records[int(q.record)]
+                j, _, thr, default_left = self.records[int(q.record)]
                 rows = np.asarray(q.rows, dtype=np.int64)
-                reply.left_masks.append(pack_mask(goes_left(X[rows, j], thr)))
+                reply.left_masks.append(pack_mask(goes_left(X[rows, j], thr, default_left)))
             self.t.send(self.guest_id, TAG_ROUTED, reply, round=self._route_round)
             served += 1
         return served

@@ -5,9 +5,13 @@ Format: XGBoost's JSON schema (``doc/model.schema`` of xgboost >= 2; checked aga
 ``learner.gradient_booster.model.trees[i]`` holds arrays indexed by a node id 0..N-1 in breadth-first
 order: ``left_children``/``right_children`` (-1 for leaves), ``parents`` (root: 2147483647),
 ``split_indices`` (feature), ``split_conditions`` (threshold; leaf value for leaves, learning rate
-included), ``default_left`` (unused: no missing values), ``base_weights``, ``loss_changes``,
-``sum_hessian``. A row goes left when ``x < split_condition``, the rule of
-:mod:`secureflhv.tree.binning` (float32 comparisons on both sides). ``base_score`` is the base margin
+included), ``default_left`` (1: a missing value goes left; our splits' default directions, learnt as
+XGBoost's sparsity-aware algorithm does), ``base_weights``, ``loss_changes``, ``sum_hessian``. A row
+goes left when ``x < split_condition``, the rule of :mod:`secureflhv.tree.binning` (float32
+comparisons on both sides), and a NaN goes the default way, so the exported model predicts as ours on
+data with missing values. The threshold -inf of a split "only missing values left" is written as
+-FLT_MAX (exact: no float32 is below it); +inf ("every present value left") as FLT_MAX, which differs
+from ours only for a value equal to FLT_MAX. ``base_score`` is the base margin
 mapped through the objective's link (binary: sigmoid; regression/multiclass: identity).
 
 A vertical model cannot be exported: its host splits are private to the hosts by design.
@@ -28,8 +32,11 @@ _OBJECTIVES = {
 }
 
 
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
 def _f(x: float) -> float:
-    return float(np.float32(x))
+    return float(np.float32(np.clip(x, -_FLT_MAX, _FLT_MAX)))
 
 
 def _tree_json(tree: Tree, tid: int, n_features: int) -> dict:
@@ -44,19 +51,21 @@ def _tree_json(tree: Tree, tid: int, n_features: int) -> dict:
     N = len(order)
     left, right, parents = [-1] * N, [-1] * N, [2147483647] * N
     split_idx, cond, base_w, loss_ch, hess = [0] * N, [0.0] * N, [0.0] * N, [0.0] * N, [0.0] * N
+    default_left = [0] * N
     for nid in order:
         i, node = new[nid], tree.nodes[nid]
         hess[i] = _f(node.sum_hess)
         if node.leaf:
             cond[i] = base_w[i] = _f(node.value)
         else:
-            if node.feature < 0 or not math.isfinite(node.threshold):
+            if node.feature < 0 or math.isnan(node.threshold):
                 raise ValueError(f"node {nid} has no (feature, threshold): vertical models cannot be exported")
             left[i], right[i] = new[node.left], new[node.right]
             parents[new[node.left]] = parents[new[node.right]] = i
             split_idx[i], cond[i], loss_ch[i] = int(node.feature), _f(node.threshold), _f(node.gain)
+            default_left[i] = int(bool(node.default_left))
     return {"base_weights": base_w, "categories": [], "categories_nodes": [], "categories_segments": [],
-            "categories_sizes": [], "default_left": [0] * N, "id": tid, "left_children": left,
+            "categories_sizes": [], "default_left": default_left, "id": tid, "left_children": left,
             "loss_changes": loss_ch, "parents": parents, "right_children": right, "split_conditions": cond,
             "split_indices": split_idx, "split_type": [0] * N, "sum_hessian": hess,
             "tree_param": {"num_deleted": "0", "num_feature": str(n_features), "num_nodes": str(N),

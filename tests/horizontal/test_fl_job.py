@@ -182,6 +182,26 @@ def test_multiprocess_grpc_tls_run(tmp_path):
     metrics = check_artifacts(parse_job(job, tmp_path), tmp_path / "out", 2)
     assert all(r["survivors"] == ["client-1", "client-2", "client-3"] for r in metrics["rounds"])
     assert all(r["aggregation"]["model"]["k_bits"] > 0 for r in metrics["rounds"])  # quantised secure aggregation
+    status = json.loads((tmp_path / "out" / "server" / "status.json").read_text())  # what the job page draws
+    assert status["state"] == "done"
+    assert status["curves"]["test accuracy"] == [[r["round"], r["test_accuracy"]] for r in metrics["rounds"]]
+    assert [p[0] for p in status["curves"]["train loss"]] == [1, 2]
+
+    # bytes on the wire: both ends of every link agree, and each round the server sent every client at least
+    # the global model (float32) and got at least its k-bit masked update back
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from job_harness import assert_wire_consistent, wire_of
+
+    wire = wire_of(tmp_path / "out", ids)
+    assert_wire_consistent(wire)
+    with np.load(tmp_path / "out" / "server" / load_model(tmp_path / "out" / "server" / "model.json")["model"]["file"],
+                 allow_pickle=False) as z:
+        n_params = sum(z[k].size for k in z.files)
+    k_bits = min(r["aggregation"]["model"]["k_bits"] for r in metrics["rounds"])
+    for c in ids[1:]:
+        link = wire["server"]["peers"][c]
+        assert link["sent"] >= 2 * n_params * 4, (c, link["sent"], n_params)
+        assert link["received"] >= 2 * n_params * k_bits // 8, (c, link["received"], n_params, k_bits)
 
 
 @pytest.mark.slow

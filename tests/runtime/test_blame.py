@@ -130,3 +130,12 @@ def test_killed_party_is_named_by_every_other_party_and_the_launcher(tmp_path):
             assert child.proc.returncode not in (0, None)
             assert f"{child.party_id} stopped because host-1 failed: was killed by signal 9" in child.lines[-1], \
                 child.lines[-5:]
+    # the job page tells the same story: the killed party (no last status) failed, the others name it
+    from secureflhv.runtime.dashboard import JobPage, entries
+
+    page = JobPage("j", entries(load_job(job)), since=started - 60,
+                   exit_codes=lambda: {c.party_id: c.proc.returncode for c in launcher.children})
+    view = {p["id"]: p for p in page.job()["parties"]}
+    assert view["host-1"]["state"] == "failed" and view["host-1"]["error"] == "host-1 was killed by signal 9"
+    assert view["guest"]["state"] == "failed"
+    assert view["guest"]["error"].startswith("guest stopped because host-1 failed: was killed by signal 9")

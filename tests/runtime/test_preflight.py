@@ -85,8 +85,8 @@ def test_each_mistake_is_named_before_anything_starts(tmp_path, capsys, case):
 @pytest.mark.parametrize("party, table, cell, expected", [
     ("host-1", "host", ("h2", 3, "abc"), ["parties[2].data (party 'host-1')", "host_1.csv", "column 'h2'",
                                           "row 3 (line 4)", "non-numeric value 'abc'"]),
-    ("guest", "guest", ("f1", 5, ""), ["parties[1].data (party 'guest')", "guest.csv", "column 'f1'",
-                                       "row 5 (line 6)", "empty cell"]),
+    ("guest", "guest", ("f1", 5, "-inf"), ["parties[1].data (party 'guest')", "guest.csv", "column 'f1'",
+                                           "row 5 (line 6)", "infinite value"]),
     ("guest", "guest", ("label", 2, ""), ["parties[1].data.label_column (party 'guest')", "column 'label'",
                                           "row 2 (line 3)", "empty cell"]),
     ("host-1", "host", ("id", 4, "u0"), ["parties[2].data.id_column (party 'host-1')", "row 4", "duplicate id 'u0'"]),
@@ -127,7 +127,7 @@ def test_party_and_run_stop_before_any_protocol_message(tmp_path, capsys, monkey
     from secureflhv.transport.grpc_transport import GrpcTransport
 
     lines = GUEST.splitlines()
-    lines[5] = "u4,0,,6"
+    lines[5] = "u4,0,n/k,6"
     job = make_job(tmp_path, guest="\n".join(lines) + "\n")
     cfg = load_job(job)
     host = cfg.party("host-1")
@@ -137,7 +137,7 @@ def test_party_and_run_stop_before_any_protocol_message(tmp_path, capsys, monkey
     try:
         rc = main(["party", str(job), "--party", "guest"])
         err = capsys.readouterr().err
-        assert rc == 2 and "column 'f1', row 5 (line 6): empty cell" in err and "nothing was sent" in err, err
+        assert rc == 2 and "column 'f1', row 5 (line 6): non-numeric value 'n/k'" in err and "nothing was sent" in err, err
         assert listener.received_bytes == 0 and listener.rejected == []
     finally:
         listener.close()

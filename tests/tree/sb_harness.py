@@ -73,19 +73,19 @@ def vertical_run(X, y, col_groups, params, *, X_val=None, y_val=None, X_pred=Non
 
 
 def vertical_structure(guest, hosts, tree, col_groups) -> list[tuple]:
-    """The federated tree in the reference's terms: (id, leaf, global feature, bin) per node."""
+    """The federated tree in the reference's terms: (id, leaf, global feature, bin, default_left) per node."""
     offsets = np.cumsum([0] + [len(c) for c in col_groups])
     ids = [h.party_id for h in hosts]
     out = []
     for nid, n in sorted(tree.nodes.items()):
         if n.leaf:
-            out.append((nid, True, -1, -1))
+            out.append((nid, True, -1, -1, False))
         elif n.owner == "guest":
-            out.append((nid, False, n.feature, n.bin))
+            out.append((nid, False, n.feature, n.bin, n.default_left))
         else:
             i = ids.index(n.owner)
-            j, b, _ = hosts[i].records[n.record]
-            out.append((nid, False, int(offsets[i + 1] + j), b))
+            j, b, _, dl = hosts[i].records[n.record]
+            out.append((nid, False, int(offsets[i + 1] + j), b, dl))
     return out
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from secureflhv.crypto import paillier as pl
 from secureflhv.crypto import paillier_hist as vh
-from secureflhv.tree.binning import apply_bins, cuts_from_grid_counts, fit_cuts, goes_left, grid, grid_counts, quantile_cuts
+from secureflhv.tree.binning import (Binner, apply_bins, cuts_from_grid_counts, fit_cuts, goes_left, grid, grid_counts,
+                                     missing_bin, quantile_cuts)
 from secureflhv.tree.params import precision_bits_for, quantise
 from secureflhv.crypto.he import compressed_packing, gh_packing
 
@@ -24,8 +25,39 @@ def test_quantile_cuts_and_bin_rule():
     few = np.array([3.0, 1.0, 2.0, 2.0, 1.0])
     np.testing.assert_array_equal(quantile_cuts(few, 32), [2.0, 3.0])  # one bin per distinct value
     assert len(quantile_cuts(np.ones(10), 8)) == 0
+    # missing values: cuts come from the present values; NaN is binned only when asked for
+    np.testing.assert_array_equal(fit_cuts(np.array([[1.0], [np.nan], [2.0]]), 8)[0], [2.0])
     with pytest.raises(ValueError, match="NaN"):
-        fit_cuts(np.array([[1.0], [np.nan]]), 8)
+        apply_bins(np.array([[1.0], [np.nan]]), [np.array([2.0])])
+    with pytest.raises(ValueError, match="infinite"):
+        fit_cuts(np.array([[1.0], [np.inf]]), 8)
+
+
+def test_virtual_columns_are_both_default_directions():
+    """Every prefix "virtual bin <= b" of a NaN column's two virtual columns is the split the Binner maps
+    it to: present values x < threshold go left, missing ones go left exactly when default_left."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(400, 3))
+    X[rng.random(400) < 0.3, 0] = np.nan
+    X[:, 2] = np.nan
+    X[5, 2] = 1.0                                     # nearly all missing
+    binner = Binner.fit(X, 8)
+    assert binner.columns == [(0, False), (0, True), (1, False), (2, False), (2, True)]
+    real = apply_bins(X, binner.cuts, allow_nan=True)
+    assert np.array_equal(real == missing_bin(real.dtype), np.isnan(X))
+    vb = binner.virtual_bins(X)
+    assert vb.shape == (400, 5) and all(vb[:, v].max() < binner.n_bins[v] for v in range(5))
+    seen = set()
+    for v in range(binner.n_virtual):
+        for b in range(binner.n_bins[v] - 1):
+            j, bin_, thr, dl = binner.split(v, b)
+            left = vb[:, v] <= b
+            np.testing.assert_array_equal(left, goes_left(X[:, j], thr, dl))
+            np.testing.assert_array_equal(left[np.isnan(X[:, j])], dl)
+            seen.add((j, dl, bin_))
+    assert (0, True, -1) in seen and (0, False, len(binner.cuts[0])) in seen  # missing-only splits
+    with pytest.raises(ValueError, match="infinite"):
+        Binner.fit(np.array([[np.inf]]), 8)
 
 
 def test_grid_cuts_are_additive_over_clients():
