@@ -7,12 +7,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.secureflhv-installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: demo test setup datasets bench clean
+.PHONY: demo test setup datasets browser docs-img bench clean
 
 demo: setup
 	$(PY) examples/vertical_lr.py
 
-test: setup datasets
+test: setup datasets browser
 	$(PY) -m pytest -n 2 --durations=15
 
 setup: $(STAMP)
@@ -30,6 +30,17 @@ datasets:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
 	fi
+
+# Headless Chromium and its driver from Debian, for the job page's browser test; needs root or sudo.
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+
+# The job page's screenshot in the README, from the browser test's real run.
+docs-img: setup browser
+	SECUREFLHV_DOCS_IMG=docs/img/dashboard.png $(PY) -m pytest -n 0 -q tests/runtime/test_dashboard_browser.py
 
 bench: setup
 	$(PY) benchmarks/vertical_lr.py --quick

@@ -9,8 +9,10 @@ Baseline, measured in the same run: the naive (insecure) PSI -- each side sends 
 the intersection is a hash join. It reveals every hashed ID to the other side, so the ratio is the
 price of security.
 
-    python benchmarks/psi.py            # 1,000,000 IDs per side, 50% overlap
+    python benchmarks/psi.py            # 1,000,000 IDs per side, 50% overlap (recorded in docs/benchmarks.json)
     python benchmarks/psi.py --quick    # 20,000 IDs, a smoke run
+
+Printed beside the time: bytes each party sent and received (payload + framing, ``secureflhv.transport.wire``).
 """
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from secureflhv.crypto.psi import blind, hash_context, hash_to_points, new_scalar  # noqa: E402
 from secureflhv.transport import InProcessNetwork  # noqa: E402
 from secureflhv.vertical.psi import align_ids_guest, align_ids_host  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _report  # noqa: E402
+import _wire  # noqa: E402
 
 
 def make_ids(n: int, overlap: float, hosts: int, seed: int):
@@ -92,7 +98,7 @@ def run_psi(guest_ids, host_ids_list, workers):
     wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
-    return wall, results, net.sent_bytes
+    return wall, results, net.wire_stats()
 
 
 def main(argv=None) -> int:
@@ -114,18 +120,19 @@ def main(argv=None) -> int:
     op_s = x25519_cost(2_000 if args.quick else 20_000)  # before the run: no pool competing for CPUs
     base_s, base_size = naive_psi(guest_ids, host_ids)
     cpu0 = cpu_seconds()
-    wall, res, sent = run_psi(guest_ids, host_ids, args.workers)
+    wall, res, wire = run_psi(guest_ids, host_ids, args.workers)
+    sent = sum(s for s, _ in _wire.per_party(wire).values())
     cpu = cpu_seconds() - cpu0
     g = res["guest"]
     expected = set(guest_ids)
     for ids in host_ids:
         expected &= set(ids)
     ok = g.ids == sorted(expected) and all(r.ids == g.ids for r in res.values()) and base_size == len(expected)
-    print(f"intersection: {len(g):,} IDs ({'correct' if ok else 'WRONG'}); payload sent: {sent / 1e6:.1f} MB")
+    print(f"intersection: {len(g):,} IDs ({'correct' if ok else 'WRONG'}); sent by all parties: {sent / 1e6:.1f} MB")
     for party, r in res.items():
         phases = ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items())
         print(f"  {party:8s} {phases}")
-    print(f"ECDH-PSI wall (all parties, shared {cpus} CPUs): {wall:.2f} s")
+    print(f"ECDH-PSI wall (all parties, shared {cpus} CPUs): {wall:.2f} s; bytes: {_wire.line(wire)}")
     print(f"ECDH-PSI CPU time, all parties and worker processes: {cpu:.1f} core-s "
           f"(= {cpu / cpus:.1f} s on {cpus} dedicated CPUs); with one {cpus}-CPU machine per party the guest, "
           f"the busiest, does about half: ~{cpu / 2 / cpus:.0f} s")
@@ -135,6 +142,12 @@ def main(argv=None) -> int:
     floor = ops * op_s / cpus
     print(f"X25519 operations: {ops:,} at {op_s * 1e6:.1f} us each on one core -> {floor:.1f} s on {cpus} CPUs "
           f"if nothing else cost anything; measured wall / that floor = {wall / floor:.2f}")
+    if ok and not args.quick:
+        _report.record("psi", {
+            "what": f"PSI, {n:,} ids per side, {args.overlap:.0%} overlap, {args.hosts} host(s) (`psi.py`)",
+            "ours": f"{wall:.1f} s with all parties on the same {cpus} cores ({cpu:.0f} core-s)",
+            "baseline": f"insecure SHA-256 hash join {base_s:.2f} s", "ratio": f"{wall / base_s:.0f}×",
+            "bytes": _wire.cell(wire)})
     return 0 if ok else 1
 
 

@@ -8,6 +8,8 @@ plaintext), plus the server's unmasking time with 30% of the clients dropped bef
 Per-round time is measured at the server (from aggregate() call to result), rounds run back to back,
 the first (connection set-up) round is excluded from the median. Plain = float64 weighted update +
 weight per client (the server sees every update); secagg = Bonawitz et al. (secureflhv.secagg).
+Beside the time: bytes per round the server and each client sent / received (payload + framing, counted
+by each party's gRPC transport, all rounds averaged). The full run is recorded in docs/benchmarks.json.
 """
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from secureflhv.runtime.demo import free_ports  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _report  # noqa: E402
+import _wire  # noqa: E402
 
 
 def _transport(pid, addrs, cert_dir):
@@ -54,6 +60,7 @@ def client_proc(pid, addrs, cert_dir, cfg_kw, rounds, participants, dim, stall, 
         q.put(("client_error", pid, repr(exc)))
     time.sleep(1.0)
     tr.close()
+    q.put(("wire", pid, tr.wire_stats()))
 
 
 def server_proc(addrs, cert_dir, cfg_kw, rounds, participants, dim, q):
@@ -74,9 +81,11 @@ def server_proc(addrs, cert_dir, cfg_kw, rounds, participants, dim, q):
     q.put(("server_done",))
     time.sleep(1.0)
     tr.close()
+    q.put(("wire", "server", tr.wire_stats()))
 
 
 def run(kind, n_clients, dim, n_rounds, cert_dir, stall=0, stage_timeout=60.0):
+    """Run ``n_rounds`` rounds; return the server's per-round events and ``{party: wire_stats()}`` (all rounds)."""
     ids = [f"client{i:02d}" for i in range(n_clients)]
     addrs = {p: f"127.0.0.1:{port}" for p, port in zip(["server", *ids], free_ports(n_clients + 1))}
     cfg_kw = dict(kind=kind, seed=1, clip=1.0, precision_bits=16, max_weight=1000.0, threshold=0.6,
@@ -89,7 +98,7 @@ def run(kind, n_clients, dim, n_rounds, cert_dir, stall=0, stage_timeout=60.0):
               for i, c in enumerate(ids)]
     for p in procs:
         p.start()
-    out = []
+    out, wire = [], {}
     try:
         while True:
             ev = q.get(timeout=600)
@@ -97,14 +106,44 @@ def run(kind, n_clients, dim, n_rounds, cert_dir, stall=0, stage_timeout=60.0):
                 out.append(ev)
             elif ev[0] in ("server_error", "client_error"):
                 raise RuntimeError(f"{kind}: {ev}")
+            elif ev[0] == "wire":
+                wire[ev[1]] = ev[2]
             elif ev[0] == "server_done":
                 break
+        _collect_wire(q, wire, n_clients + 1)
     finally:
         for p in procs:
             p.join(timeout=5 if p is procs[0] else 3)
             if p.is_alive():
                 p.kill()
-    return out
+    return out, wire
+
+
+def _collect_wire(q, wire: dict, parties: int, timeout: float = 20.0) -> None:
+    """Read the parties' wire counts (sent after they close their transport) into ``wire``."""
+    import queue
+
+    end = time.monotonic() + timeout
+    while len(wire) < parties and time.monotonic() < end:
+        try:
+            ev = q.get(timeout=max(end - time.monotonic(), 0.01))
+        except queue.Empty:
+            break
+        if ev[0] == "wire":
+            wire[ev[1]] = ev[2]
+
+
+def bytes_per_round(wire: dict, rounds: int) -> str:
+    """Server's and mean client's bytes sent / received per round (payload + framing)."""
+    per = _wire.per_party(wire, 1 / rounds)
+    clients = [v for p, v in per.items() if p != "server"]
+    text = ""
+    if "server" in per:
+        text = f"server sent {_wire.mb(per['server'][0])}, received {_wire.mb(per['server'][1])}"
+    if clients:
+        text += (f"; each client (mean of {len(clients)}) sent {_wire.mb(sum(s for s, _ in clients) / len(clients))}, "
+                 f"received {_wire.mb(sum(r for _, r in clients) / len(clients))}")
+    return text + " per round"
 
 
 def main(argv=None):
@@ -127,24 +166,35 @@ def main(argv=None):
         mode = "insecure" if a.insecure else "mutual TLS"
         print(f"{a.clients} clients x {a.dim:,} float32 parameters, loopback gRPC ({mode}), "
               f"processes, {os.cpu_count()} CPUs, {a.rounds} rounds per kind (first = warm-up)")
-        med = {}
+        med, traffic = {}, {}
         for kind in ("plain", "secagg"):
-            res = run(kind, a.clients, a.dim, a.rounds, cert_dir)
+            res, wire = run(kind, a.clients, a.dim, a.rounds, cert_dir)
             secs = [r[2] for r in res]
             med[kind] = statistics.median(secs[1:] if len(secs) > 1 else secs)
             extra = f" (k={res[-1][5]} bits)" if kind == "secagg" else ""
             print(f"  {kind:7s}: {med[kind]:.3f} s/round (all rounds: {', '.join(f'{s:.3f}' for s in secs)}){extra}")
+            traffic[kind] = bytes_per_round(wire, a.rounds)
+            print(f"           bytes: {traffic[kind]}")
             if kind == "secagg":
                 t = res[-1][3]
                 print("           stages (last round): " + ", ".join(f"{k} {v:.3f}s" for k, v in t.items()))
         print(f"  ratio secagg / plain: {med['secagg'] / med['plain']:.2f}x  (goal <= 1.5x; published anchor, not measured here: Flower 1.41 SecAgg 3.4x)")
         n_drop = int(round(a.drop_fraction * a.clients))
-        res = run("secagg", a.clients, a.dim, 1, cert_dir, stall=n_drop, stage_timeout=10.0 if not a.quick else 3.0)
+        res, _ = run("secagg", a.clients, a.dim, 1, cert_dir, stall=n_drop, stage_timeout=10.0 if not a.quick else 3.0)
         t = res[-1][3]
         wait = 10.0 if not a.quick else 3.0
         print(f"  dropout: {n_drop} of {a.clients} clients dropped before MaskedInputCollection, "
               f"{res[-1][4]} survivors: server unmasking (reconstruction + mask removal) {t['unmask']:.3f} s; "
               f"whole round {res[-1][2]:.2f} s, of which the {wait:.0f} s stage deadline that detects the dropouts")
+        if not a.quick:
+            _report.record("secagg", {
+                "what": (f"secure aggregation, actively secure (signed keys, consistency check), {a.clients} clients "
+                         f"× {a.dim:,} float32, {'plaintext gRPC' if a.insecure else 'TLS'} (`secagg.py`)"),
+                "ours": f"{med['secagg']:.2f} s/round; unmasking with {n_drop} of {a.clients} dropped: "
+                        f"{t['unmask']:.2f} s",
+                "baseline": f"plain aggregation {med['plain']:.2f} s/round",
+                "ratio": f"{med['secagg'] / med['plain']:.1f}× (Flower 1.41, semi-honest: 3.4×)",
+                "bytes": f"secagg: {traffic['secagg']}; plain: {traffic['plain']}"})
 
 
 if __name__ == "__main__":

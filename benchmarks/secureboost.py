@@ -98,6 +98,7 @@ def run(Xg, Xh, y, params, backend: str) -> dict:
     return {"first": first, "further": res.tree_seconds[1:], "total": total, "binning": setup, "cpu": cpu,
             "trees": len(res.tree_seconds),
             "guest": dict(guest.timings), "host": dict(host.timings), "bytes": net.sent_bytes,
+            "wire": net.wire_stats(),  # per party, per peer and tag: see print_bytes
             "model": res.model}
 
 
@@ -153,9 +154,46 @@ def main(argv=None) -> None:
         same = all(a.structure() == b.structure() for a, b in zip(enc["model"].trees, plain["model"].trees))
         report(name + (" [quick: smaller]" if quick else ""), enc, plain)
         print(f"  same trees with and without encryption: {same}; load average now: {os.getloadavg()[0]:.2f}")
+        print_bytes(enc)
         rows.append((name.split(" ")[0], enc, plain))
     if args.plot and rows:
         plot(rows, args.plot, bits)
+    if not quick:
+        record_bytes_rows(rows, scen)
+
+
+def _wire_module():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _report
+    import _wire
+
+    return _report, _wire
+
+
+def print_bytes(enc: dict) -> None:
+    """Bytes each party sent / received per tree with Paillier (payload + framing, as over gRPC with TLS)."""
+    _, _wire = _wire_module()
+    print(f"  bytes per tree (paillier): {_wire.line(enc['wire'], 1 / enc['trees'])}")
+
+
+def record_bytes_rows(rows, scen) -> None:
+    """The ``secureboost_a`` / ``secureboost_b`` rows of docs/benchmarks.json, with bytes per tree."""
+    _report, _wire = _wire_module()
+    names = {name.split(" ")[0]: name for name, _, _ in scen}
+    for tag, enc, plain in rows:
+        key = "secureboost_" + tag.strip("()")
+        fe = float(np.mean(enc["further"])) if enc["further"] else enc["first"]
+        fp = float(np.mean(plain["further"])) if plain["further"] else plain["first"]
+        cpu = enc["cpu"] / enc["trees"]
+        _report.record(key, {
+            "what": f"SecureBoost {names[tag]} (`secureboost.py --only {tag.strip('()')}`)",
+            "ours": (f"first tree {enc['first']:.1f} s (key generation and encryption included), further trees "
+                     f"{fe:.1f} s; {cpu:.0f} CPU-s per tree"),
+            "baseline": f"plaintext {fp:.2f} s", "ratio": f"{enc['first'] / plain['first']:,.0f}×, {fe / fp:,.0f}×",
+            "bytes": _wire.cell(enc["wire"], 1 / enc["trees"], "tree")})
 
 
 def plot(rows, path: str, bits: int) -> None:

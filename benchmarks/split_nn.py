@@ -39,6 +39,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import _report  # noqa: E402
+import _wire  # noqa: E402
 
 
 def _run(Xg, y, Xh, cfg, backend, record=False, predict=None):
@@ -85,7 +88,7 @@ def _run(Xg, y, Xh, cfg, backend, record=False, predict=None):
         t.join()
     if errors:
         raise errors[0]
-    return batch_times, out, host, net.sent_bytes
+    return batch_times, out, host, net.wire_stats()
 
 
 def main(argv=None) -> int:
@@ -127,6 +130,7 @@ def main(argv=None) -> int:
     for col in ("table", "train rows", "batches/epoch", "Paillier s/batch", "identity s/batch",
                 "Paillier s/epoch", "identity s/epoch", "ratio", "bytes/batch (Paillier)"):
         table.add_column(col)
+    recorded = []  # (table, per-epoch figures, wire bytes per batch) for docs/benchmarks.json
     for name, (X, y) in tables.items():
         Xtr, _, ytr, _ = train_test_split(X, y, test_size=0.3, random_state=0, stratify=y)
         Xtr = StandardScaler().fit_transform(Xtr)
@@ -137,20 +141,25 @@ def main(argv=None) -> int:
         sub = slice(0, min(rows, n_train))
         res = {}
         for label in ("paillier", "identity"):
-            times, _, _, sent = _run(Xtr[sub, :10], ytr[sub], Xtr[sub, 10:], cfg, label)
+            times, _, _, wire = _run(Xtr[sub, :10], ytr[sub], Xtr[sub, 10:], cfg, label)
             timed = times[1:] if len(times) > 1 else times
-            res[label] = (float(np.mean(timed)), sent / len(times), float(np.sum(times)))
+            res[label] = (float(np.mean(timed)), wire, float(np.sum(times)), len(times))
         ps, is_ = res["paillier"][0], res["identity"][0]
         if nb >= per_epoch:  # the whole epoch was run: report it as measured
             pe, ie, extrap = res["paillier"][2], res["identity"][2], " (measured)"
         else:
             pe, ie, extrap = ps * per_epoch, is_ * per_epoch, " (extrapolated)"
+        wire, batches = res["paillier"][1], res["paillier"][3]
         table.add_row(name, str(n_train), str(per_epoch), f"{ps:.3f}", f"{is_:.4f}",
                       f"{pe:.1f}{extrap}", f"{ie:.2f}{extrap}", f"{pe / ie:.0f}x",
-                      f"{res['paillier'][1] / 1e6:.2f} MB")
+                      _wire.line(wire, 1 / batches))
+        recorded.append((name, pe, ie, extrap, ps, wire, batches))
     console.print(table)
     console.print("FATE v1.11 reported 347 s per epoch for Hetero-NN on its benchmark; compare with the "
-                  "50,000-row line (order of magnitude; different network, data and hardware).")
+                  "50,000-row line (order of magnitude; different network, data and hardware). Bytes per batch: "
+                  "payload + framing each party sent / received (over gRPC with TLS; payload exact).")
+    if not args.quick:
+        record_row(args, recorded)
 
     if not args.skip_mitigation:
         Xtr, Xte, ytr, yte = train_test_split(bc_X, bc_y, test_size=0.3, random_state=1, stratify=bc_y)
@@ -178,6 +187,21 @@ def main(argv=None) -> int:
         console.print(mt)
     paillier.shutdown_workers()
     return 0
+
+
+def record_row(args, recorded) -> None:
+    """The ``split_nn`` row of docs/benchmarks.json (seconds per epoch and bytes per batch, Paillier)."""
+    ours = "; ".join(f"{name} {pe:.1f} s/epoch{extrap}, {ps:.2f} s/batch"
+                     for name, pe, _, extrap, ps, _, _ in recorded)
+    _report.record("split_nn", {
+        "what": f"split NN, {args.key_bits}-bit, batch {args.batch_size}, interactive width {args.units} "
+                f"(`split_nn.py`)",
+        "ours": ours,
+        "baseline": "encryption replaced by identity: " + "; ".join(f"{ie:.2f} s" for _, _, ie, *_ in recorded),
+        "ratio": "; ".join(f"{pe / ie:,.0f}×" for _, pe, ie, *_ in recorded)
+                 + " (FATE v1.11: 347 s/epoch on its benchmark)",
+        "bytes": "; ".join(f"{name}: {_wire.cell(wire, 1 / batches, 'batch')}"
+                           for name, _, _, _, _, wire, batches in recorded)})
 
 
 if __name__ == "__main__":

@@ -36,6 +36,10 @@ from secureflhv.transport import InProcessNetwork  # noqa: E402
 from secureflhv.vertical.lr import (VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest,  # noqa: E402
                                     VerticalLRHost)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _report  # noqa: E402
+import _wire  # noqa: E402
+
 
 def train(Xg, y, Xh, cfg: VerticalLRConfig, backend: str) -> dict:
     """One federated training (guest, one host, arbiter if any) in threads; returns timings."""
@@ -67,6 +71,7 @@ def train(Xg, y, Xh, cfg: VerticalLRConfig, backend: str) -> dict:
     g = out["guest"]
     return {"sec_per_epoch": float(np.mean(g.epoch_seconds)), "epochs": g.epochs, "total": total,
             "loss": g.losses[-1], "bytes": net.sent_bytes,
+            "wire": net.wire_stats(),  # per party, per peer and tag: see print_bytes
             "weights": np.concatenate([g.weights, out["host-1"].weights, [g.intercept]])}
 
 
@@ -110,6 +115,7 @@ def main(argv=None) -> int:
     paillier.encrypt(pub, np.zeros(4 * paillier.PAR_ENCRYPT_MIN))
     print(f"{'dataset':30} {'epochs':>6} {'paillier s/epoch':>17} {'identity s/epoch':>17} {'ratio':>8} "
           f"{'MB sent (P)':>12}")
+    done = []
     for name, Xg, y, Xh, epochs in datasets(args):
         cfg = VerticalLRConfig(mode=args.mode, epochs=epochs, batch_size=args.batch_size, learning_rate=0.15,
                                l2=1e-3, early_stopping=False, key_bits=args.key_bits,
@@ -123,7 +129,31 @@ def main(argv=None) -> int:
               f"   (max |w_P - w_I| = {drift:.1e})", flush=True)
         if drift > 1e-6:
             print(f"WARNING: Paillier and identity weights differ by {drift:.2e}", file=sys.stderr)
+        print_bytes(enc, epochs)
+        done.append((name, enc, ident))
+    if not args.quick:
+        record_bytes_row(args, done)
     return 0
+
+
+def print_bytes(enc: dict, epochs: int) -> None:
+    """Bytes each party sent / received per epoch with Paillier (payload + framing, as over gRPC with TLS)."""
+    print(f"{'':30} bytes per epoch (Paillier): {_wire.line(enc['wire'], 1 / epochs)}", flush=True)
+
+
+def record_bytes_row(args, done) -> None:
+    """The ``vertical_lr`` row of docs/benchmarks.json (default settings only: arbiter mode, full batch)."""
+    if args.mode != "arbiter" or args.batch_size is not None:
+        print("not recorded in docs/benchmarks.json: only the default arbiter mode, full batch, is")
+        return
+    per_epoch = [(n, e, i, 1 / e["epochs"]) for n, e, i in done]
+    _report.record("vertical_lr", {
+        "what": f"vertical LR, {args.key_bits}-bit, full batch (`vertical_lr.py`)",
+        "ours": "; ".join(f"{n}: {e['sec_per_epoch']:.2f} s/epoch" for n, e, _, _ in per_epoch),
+        "baseline": "encryption replaced by identity: " + "; ".join(f"{i['sec_per_epoch']:.4f} s"
+                                                                      for _, _, i, _ in per_epoch),
+        "ratio": "; ".join(f"{e['sec_per_epoch'] / i['sec_per_epoch']:,.0f}×" for _, e, i, _ in per_epoch),
+        "bytes": "; ".join(f"{n}: {_wire.cell(e['wire'], s, 'epoch')}" for n, e, _, s in per_epoch)})
 
 
 if __name__ == "__main__":

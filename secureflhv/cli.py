@@ -6,6 +6,7 @@
     secureflhv party JOB --party ID       run one party (what each organisation runs on its machine)
     secureflhv run JOB                    run every party of a job on this machine, as separate processes
     secureflhv partition ...              split a dataset into non-IID party shards, with statistics and a plot
+    secureflhv predict TRAIN_JOB --data ID=NEW.csv ...   write the prediction job of a trained job (then `run` it)
 """
 from __future__ import annotations
 
@@ -122,10 +123,36 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if all(r["reachable"] == r["certificate"] == "yes" for r in rows) else 1
 
 
+def _with_job_page(args: argparse.Namespace, cfg, run, party_ids=None, exit_codes=None) -> int:
+    """``run()`` with the job page served (``--dashboard``) until the job ends, plus ``--dashboard-wait``."""
+    if args.dashboard is None:
+        return run()
+    from .runtime.dashboard import open_job_page
+
+    try:
+        page = open_job_page(cfg, party_ids, host=args.dashboard_host, port=args.dashboard, exit_codes=exit_codes)
+    except OSError as exc:
+        print(f"secureflhv: cannot serve the job page on {args.dashboard_host}:{args.dashboard}: {exc}",
+              file=sys.stderr)
+        return 2
+    try:
+        rc = run()
+        page.linger(args.dashboard_wait)
+        return rc
+    finally:
+        page.stop()
+
+
 def _cmd_party(args: argparse.Namespace) -> int:
     from .runtime.party import run_party
 
-    return run_party(Path(args.job), args.party, insecure=args.insecure)
+    cfg = None
+    if args.dashboard is not None:
+        from .runtime.config import load_job
+
+        cfg = load_job(args.job)
+    return _with_job_page(args, cfg, lambda: run_party(Path(args.job), args.party, insecure=args.insecure),
+                          party_ids=[args.party])
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -134,7 +161,45 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_job(args.job)
     extra = ["--log-level", args.log_level] + (["--insecure"] if args.insecure else [])
-    return Launcher(Path(args.job), cfg, extra_args=extra).run(timeout_s=args.timeout)
+    launcher = Launcher(Path(args.job), cfg, extra_args=extra)
+    return _with_job_page(args, cfg, lambda: launcher.run(timeout_s=args.timeout),
+                          exit_codes=lambda: {c.party_id: c.proc.poll() for c in launcher.children})
+
+
+def _add_job_page_options(p: argparse.ArgumentParser, whom: str) -> None:
+    p.add_argument("--dashboard", nargs="?", type=int, const=8765, default=None, metavar="PORT",
+                   help=f"serve a read-only job page for {whom} at http://127.0.0.1:PORT/ (default port 8765; 0 "
+                        "picks a free one): state, step and ETA, live curves, bytes per peer, recent log lines, "
+                        "final metrics and plots; never data, keys or certificates")
+    p.add_argument("--dashboard-host", default="127.0.0.1", metavar="ADDR",
+                   help="address the job page binds (default %(default)s: this machine only; another address shows "
+                        "the page to anyone who can reach it, with a warning)")
+    p.add_argument("--dashboard-wait", type=float, default=0.0, metavar="SECONDS",
+                   help="keep the job page up this long after the job ends (default: close when the job ends)")
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from .runtime.config import load_job
+    from .runtime.jobs.predict import write_predict_job
+
+    data = {}
+    for value in args.data:
+        pid, sep, path = value.partition("=")
+        if not sep or not path:
+            print(f"secureflhv predict: --data {value}: expected PARTY_ID=PATH", file=sys.stderr)
+            return 2
+        data[pid] = Path(path)
+    try:
+        path = write_predict_job(args.train_job, args.out, data=data, job_id=args.job_id, model_dir=args.model,
+                                 output_dir=args.output_dir)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"secureflhv predict: {exc}", file=sys.stderr)
+        return 2
+    cfg = load_job(path)  # the written job is valid (JobConfigError otherwise)
+    print(f"wrote {path}: job {cfg.job.id!r} scores {', '.join(sorted(data)) or 'the training data'} with the "
+          f"bundles in {cfg.params['model_dir']}; run it with `secureflhv run {path}` (one machine) or "
+          f"`secureflhv party {path} --party ID` at each party")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,7 +255,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--insecure", action="store_true",
                        help="plaintext gRPC without TLS or peer authentication (testing only; logs a warning)")
         p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+        _add_job_page_options(p, "every party of the job" if name == "run" else "this party")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("predict", help="write the prediction job of a trained job (new rows, same parties)",
+                       description="Write a job file with algorithm: predict from a training job file: the same "
+                                   "parties, addresses and certificates, data pointing at the new tables, "
+                                   "params.model_dir at the trained bundles (<output_dir>/<party>/model/). "
+                                   "Run it like any job; the guest writes predictions.csv.")
+    p.add_argument("train_job", type=Path, help="the training job file")
+    p.add_argument("--data", action="append", default=[], metavar="ID=PATH",
+                   help="party ID's new table (repeatable; parties not named keep their training data path)")
+    p.add_argument("--out", type=Path, default=Path("predict.yaml"), help="job file to write (default %(default)s)")
+    p.add_argument("--model", type=Path, help="the bundles' folder (default: the training job's output_dir)")
+    p.add_argument("--job-id", help="id of the prediction job (default: TRAIN-ID-predict)")
+    p.add_argument("--output-dir", default="predictions", help="its output_dir (default %(default)s)")
+    p.set_defaults(func=_cmd_predict)
 
     from .data import partition_cli
 

@@ -1,9 +1,10 @@
-"""One homomorphic-encryption interface for the vertical algorithms: Paillier, and identity for benchmarks.
+"""One homomorphic-encryption interface for the vertical algorithms: Paillier, OU, and identity for benchmarks.
 
 Vertical LR (:mod:`secureflhv.vertical.lr`), the split NN (:mod:`secureflhv.vertical.split_nn`) and
 vertical SecureBoost (:mod:`secureflhv.tree.vertical`) talk to encryption only through
 :class:`HEBackend`, so each algorithm runs unchanged (same messages, same rounds, same masking calls)
-with real encryption (:class:`PaillierHE`, the default) or with encryption replaced by identity
+with real encryption (:class:`PaillierHE`, the default; Okamoto-Uchiyama,
+:class:`OUHE`, ``he_scheme: ou``) or with encryption replaced by identity
 (:class:`IdentityHE`, *no security at all*, the plaintext baseline of ``benchmarks/*.py``).
 Math and value types only: the wire encoding of keys, ciphertexts and masked values is
 :mod:`secureflhv.transport.he_codec`.
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import ou
 from . import paillier as pl
 from . import paillier_hist as ph
 from . import paillier_parallel as par
@@ -342,9 +344,12 @@ class PaillierHE(HEBackend):
         return PaillierPairSums(key, precision_bits, log2_bound, n_rows)
 
 
-def _dots_task(precision_bits: int, n: int, Xs: list, rows: list, exponent: int) -> list:
+def _dots_task(precision_bits: int, n: int, scheme: str, Xs: list, rows: list, exponent: int) -> list:
     """Worker-pool entry: ciphertext lists of dot(X_i, row_i) (see :func:`_parallel_dots`)."""
-    pub = pl.PublicKey(n, insecure_test_key=True)  # only used for arithmetic, size already checked
+    if scheme == "ou":  # ciphertexts mod n: only the modulus is needed for the arithmetic
+        pub = ou.arith_key(n)
+    else:
+        pub = pl.PublicKey(n, insecure_test_key=True)  # only used for arithmetic, size already checked
     out = []
     for X, cts in zip(Xs, rows):
         enc = pl.EncryptedArray(pub, np.asarray(cts, dtype=object), exponent)
@@ -362,7 +367,7 @@ def _parallel_dots(precision_bits: int, Xs: list, vecs: list) -> list:
     bounds = [len(vecs) * i // parts for i in range(parts + 1)]
     chunks = [(Xs[bounds[i]:bounds[i + 1]], [list(v.ciphertexts) for v in vecs[bounds[i]:bounds[i + 1]]], e)
               for i in range(parts)]
-    res = par.run(_dots_task, (precision_bits, int(pub.n)), chunks)
+    res = par.run(_dots_task, (precision_bits, int(pub.n), getattr(pub, "scheme", "paillier")), chunks)
     e_out = e - precision_bits
     return [pl.EncryptedArray(pub, np.asarray(c, dtype=object), e_out) for r in res for c in r]
 
@@ -431,6 +436,91 @@ class PaillierPairSums(PairSums):
             parts.append(dec[off:off + c])
             off += -(-c // self.per) * self.per
         return np.concatenate(parts) if parts else np.zeros((0, 2))
+
+
+# --------------------------------------------------------------------------------------- OU
+OU_HIDE_BITS = 40
+
+
+def ou_mask_bits(pub: ou.OUPublicKey) -> int:
+    """R: masks are uniform in [2^(R-1), 2^R)."""
+    return pub.plain_bits - 2
+
+
+class OUHE(PaillierHE):
+    """The OU backend of :class:`HEBackend` (``he_scheme: ou``): Okamoto-Uchiyama.
+
+    Same interface, messages and rounds as :class:`PaillierHE`; the scheme is
+    :mod:`secureflhv.crypto.ou` (keys from SecretFlow HEU, 2048 bits by default, ~112-bit security).
+    Ciphertexts are :class:`~secureflhv.crypto.paillier.EncryptedArray` under an
+    :class:`~secureflhv.crypto.ou.OUPublicKey`, so sums, plaintext products, ``dot`` and the matrix
+    products are the Paillier backend's code with modulus n (and the worker pool likewise).
+
+    Masking before decryption differs: OU's plaintext space Z_p has a *secret* order p, so the sender
+    cannot draw a one-time pad uniform mod p. It draws r uniformly from [2^(R-1), 2^R) with
+    ``R = plain_bits - 2`` (678+ bits at 2048-bit keys) and sends ``[[m + r]]`` re-randomised (r is
+    encrypted with fresh randomness). The key holder learns the integer m + r (+ its own term t): for
+    |m| < 2^(R-1-OU_HIDE_BITS) its distribution is within statistical distance 2^-OU_HIDE_BITS
+    (OU_HIDE_BITS = 40) of one that does not depend on m — statistical hiding, where Paillier's pad is perfect. The sender
+    checks that bound when it removes r (a larger |m| raises CiphertextError instead of silently
+    weakening the mask); vertical values are far smaller (|m| < 2^200 or so).
+    Not supported with OU (TypeError): packed ciphertexts, hence vertical SecureBoost's pair sums.
+    """
+
+    name = "ou"
+
+    def generate_keypair(self, n_bits: int, insecure_test_key: bool):
+        return ou.generate_keypair(n_bits, insecure_test_key=insecure_test_key)
+
+    def encrypt(self, key, x):
+        return ou.encrypt(key, np.asarray(x, dtype=np.float64), self.precision_bits)
+
+    def decrypt(self, priv, enc) -> np.ndarray:
+        return ou.decrypt(priv, enc)
+
+    def mask(self, pub, enc):
+        R, n = ou_mask_bits(pub), pub._n
+        count = int(enc.size)
+        r = [(1 << (R - 1)) | secrets.randbits(R - 1) for _ in range(count)]
+        enc_r = ou.encrypt_ints(pub, r)  # fresh H^r': re-randomises the product
+        flat = enc.ciphertexts.reshape(-1).tolist()
+        out = np.empty(count, dtype=object)
+        out[:] = [c * e % n for c, e in zip(flat, enc_r)]
+        return pl.EncryptedArray(pub, out.reshape(enc.shape), enc.exponent), Mask(r, enc.exponent, tuple(enc.shape))
+
+    def decrypt_masked(self, priv, enc, add=None) -> MaskedValues:
+        pub = priv.public_key
+        raw = ou.decrypt_signed(priv, enc)
+        if add is not None:
+            add = np.asarray(add, dtype=np.float64)
+            if add.shape != tuple(enc.shape):
+                raise ValueError(f"decrypt_masked: term of shape {add.shape} for ciphertexts {enc.shape}")
+            t = encode_mantissas(add, -enc.exponent, 3 * (1 << (ou_mask_bits(pub) - 1 - OU_HIDE_BITS)))
+            raw = [a + b for a, b in zip(raw, t)]
+        top = 1 << (ou_mask_bits(pub) + 1)
+        if any(not 0 <= v < top for v in raw):
+            raise CiphertextError("masked OU value outside the mask range: the sender's values overflowed "
+                                  "(or were not masked)")
+        return MaskedValues(pub.fingerprint, tuple(enc.shape), enc.exponent, raw)
+
+    def unmask(self, pub, masked: MaskedValues, mask: Mask) -> np.ndarray:
+        if masked.exponent != mask.exponent or len(masked.values) != len(mask.r):
+            raise CiphertextError(f"masked values do not match the ciphertexts this party sent: received "
+                                  f"{len(masked.values)} values at exponent {masked.exponent}, sent "
+                                  f"{len(mask.r)} at exponent {mask.exponent}")
+        limit = 1 << (ou_mask_bits(pub) - 1 - OU_HIDE_BITS)
+        out = np.empty(len(mask.r), dtype=np.float64)
+        for i, (v, r) in enumerate(zip(masked.values, mask.r)):
+            m = int(v) - r
+            if abs(m) >= limit:
+                raise CiphertextError("unmasked OU value outside the statistically hidden range "
+                                      "(a peer added garbage, or the values overflowed)")
+            out[i] = ldexp_int(m, masked.exponent)
+        return out.reshape(mask.shape)
+
+    def pair_sums(self, key, precision_bits: int, log2_bound: int, n_rows: int):
+        raise TypeError("he_scheme 'ou' does not support vertical SecureBoost yet (packed pair sums); "
+                        "use he_scheme: paillier")
 
 
 # --------------------------------------------------------------------------------------- identity
@@ -520,12 +610,12 @@ class PlainPairSums(PairSums):
         return np.ldexp(np.asarray(value, dtype=np.float64), -self.precision_bits)
 
 
-BACKENDS = {"paillier": PaillierHE, "identity": IdentityHE}
+BACKENDS = {"paillier": PaillierHE, "ou": OUHE, "identity": IdentityHE}
 
 
 def make_backend(backend=None, precision_bits: int | None = None,
                  dot_precision_bits: int = VERTICAL_DOT_PRECISION_BITS) -> HEBackend:
-    """An :class:`HEBackend` from a name ("paillier", "identity"), an instance or None (Paillier).
+    """An :class:`HEBackend` from a name ("paillier", "ou", "identity"), an instance or None (Paillier).
 
     An :class:`HEBackend` instance is used as given: its own ``precision_bits`` and
     ``dot_precision_bits`` apply and the arguments here are ignored. Raises ValueError for an
@@ -535,5 +625,5 @@ def make_backend(backend=None, precision_bits: int | None = None,
         return backend
     name = "paillier" if backend is None else backend
     if name not in BACKENDS:
-        raise ValueError(f"backend: 'paillier' or 'identity', got {backend!r}")
+        raise ValueError(f"backend: one of {sorted(BACKENDS)}, got {backend!r}")
     return BACKENDS[name](precision_bits, dot_precision_bits)

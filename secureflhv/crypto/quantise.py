@@ -94,7 +94,7 @@ def quantise(x: np.ndarray, weight: float, params: QuantParams, rng: np.random.G
 
     Args:
         x: (d,) finite floats.
-        weight: in (0, max_weight].
+        weight: in [0, max_weight] (0: contributes exact zeros).
     Returns:
         (words (d+2,) uint64 already reduced mod 2^k, number of clipped coordinates).
     Raises:
@@ -105,8 +105,8 @@ def quantise(x: np.ndarray, weight: float, params: QuantParams, rng: np.random.G
         raise ValueError(f"{who}: update must be a 1-D vector, got shape {x.shape}")
     if not np.all(np.isfinite(x)):
         raise ValueError(f"{who}: update has {int(np.sum(~np.isfinite(x)))} non-finite values")
-    if not (0 < weight <= params.max_weight) or not math.isfinite(weight):
-        raise ValueError(f"{who}: weight {weight} outside (0, max_weight={params.max_weight}]")
+    if not (0 <= weight <= params.max_weight) or not math.isfinite(weight):
+        raise ValueError(f"{who}: weight {weight} outside [0, max_weight={params.max_weight}]")
     n_clipped = int(np.count_nonzero(np.abs(x) > params.clip))
     if n_clipped:
         log.info("%s: clipped %d of %d coordinates to [-%g, %g]", who, n_clipped, x.size, params.clip, params.clip)

@@ -14,10 +14,18 @@ One job = one server (no data) and N clients (same features, different rows). Pe
    ``r · 8 + part index``); the server's :class:`~secureflhv.secagg.AggregationServer`
    returns the weighted sum over the survivors — a client that fails or goes silent is dropped from
    the round by the aggregation layer and the round continues while at least ``t`` survive;
+   With ``FLConfig.contribution_temperature`` set (client contribution normalisation, Kundalwal et
+   al. 2024, :mod:`.contribution`), aggregation slots 0 and 1 of the round first sum the clients'
+   unit mean latents and then one exp score each (answers ``fl.latent_sum`` / ``fl.exp_sum``), and
+   every client multiplies its sample-weighted parts' weights by its Λ_r; the strategy's parts
+   then take slots 2, 3;
 3. the server applies the strategy's server half and sends the new global model (``fl.eval``) to
    every alive client; each evaluates it on its local test split and answers ``fl.metrics``
    (``Scalars``: test correct / n / loss sum; if it trained: train loss, samples, steps);
-4. the server logs the round (accuracy = Σ correct / Σ n over the reporting clients).
+4. the server logs the round (accuracy = Σ correct / Σ n over the reporting clients; each client's
+   own accuracy and the worst client's, which personalisation and clustering aim to raise). A client
+   evaluates what its strategy says (:meth:`Strategy.eval_vector`): the global model, its IFCA
+   cluster's model, or the global base with its own FedPer head.
 
 After the last round the server sends ``fl.round`` with ``text.command = stop``. A client whose
 message cannot be delivered, or that misses ``fl.metrics``, is marked dead and not selected again.
@@ -50,6 +58,7 @@ from ..secagg import AggregateResult, AggregationConfig, AggregationError, make_
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..transport.role import ProtocolRole
+from .contribution import MIN_WEIGHT, SLOTS, ContributionClient, ContributionServer, latent_dim
 from .models import ModelSpec, build_model, evaluate, get_flat, param_shapes, set_flat
 from .strategies import LocalTrainConfig, Strategy, batch_rng
 
@@ -62,6 +71,8 @@ TAG_EVAL = "fl.eval"
 TAG_METRICS = "fl.metrics"
 PARTS_PER_ROUND = 8  # aggregation round id = fl round * 8 + part index
 DEFAULT_PART_CLIPS = {"control": 10.0, "nova": 1e5}
+METRIC_KEYS = ("trained", "test_correct", "test_n", "test_loss_sum")  # fl.metrics of every client
+TRAIN_METRIC_KEYS = ("train_loss", "train_n", "steps")                 # ... and of one that trained
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,8 @@ class FLConfig:
         round_timeout_s: how long a client waits for the server's next message (covers the other
             clients' training and the aggregation), and the server for ``fl.metrics``.
         send_timeout_s: how long the server keeps trying to deliver one message to a client.
+        contribution_temperature: T of client contribution normalisation (Kundalwal et al. 2024,
+            :mod:`.contribution`), composable with every strategy; None = off.
     """
 
     rounds: int = 10
@@ -89,12 +102,21 @@ class FLConfig:
     part_clips: dict = field(default_factory=lambda: dict(DEFAULT_PART_CLIPS))
     round_timeout_s: float = 600.0
     send_timeout_s: float = 30.0
+    contribution_temperature: float | None = None
 
     def __post_init__(self):
         if self.rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {self.rounds}")
         if not 0 < self.fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+        t = self.contribution_temperature
+        if t is not None and not (t > 0 and math.isfinite(t)):
+            raise ValueError(f"contribution_temperature must be positive and finite (or None), got {t}")
+
+    @property
+    def part_offset(self) -> int:
+        """Aggregation slot of the strategy's first part in a round (after contribution's two sums)."""
+        return SLOTS if self.contribution_temperature is not None else 0
 
     def part_config(self, part: str) -> AggregationConfig:
         if part == "model":
@@ -118,6 +140,9 @@ class RoundRecord:
     seconds: float
     aggregation: dict = field(default_factory=dict)  # part -> {clip, scale, k_bits, n_clipped, weight}
     dead: list[str] = field(default_factory=list)
+    contribution: dict = field(default_factory=dict)  # status, n, latent_sum_norm, exp_sum (when on)
+    client_accuracy: dict = field(default_factory=dict)  # client -> its local test accuracy (clients with rows)
+    worst_client_accuracy: float = float("nan")          # min of client_accuracy (personalisation's measure)
 
 
 # ------------------------------------------------------------------------------------ wire helpers
@@ -143,6 +168,14 @@ def read_model(b: messages_pb2.Bundle, shapes: dict[str, tuple[int, ...]]) -> np
         raise ProtocolError(f"model parameters {sorted(names)} do not match {sorted(shapes)}")
     return np.concatenate([float32_tensor(b.tensors[f"model/{n}"], s, f"model/{n}").reshape(-1)
                            for n, s in shapes.items()]).astype(np.float32)
+
+
+def check_slots(strategy: Strategy, config: FLConfig) -> None:
+    """ValueError when the strategy's parts (after contribution's two sums) exceed a round's aggregation slots."""
+    if config.part_offset + len(strategy.parts) > PARTS_PER_ROUND:
+        raise ValueError(f"{strategy.name}: {len(strategy.parts)} aggregated parts"
+                         f"{' + 2 contribution sums' if config.part_offset else ''} exceed the {PARTS_PER_ROUND} "
+                         f"aggregation slots of a round (fewer IFCA clusters?)")
 
 
 def _parallel(fn, items) -> list:
@@ -185,8 +218,15 @@ class HorizontalServer(ProtocolRole):
         self.shapes = param_shapes(model)
         self.global_vec = get_flat(model)
         self.dim = self.global_vec.size
+        # IFCA's k cluster models: the global model, then one fresh initialisation per extra seed
+        self.initial = [self.global_vec] + [get_flat(build_model(spec, seed=config.seed + 7919 * j))
+                                            for j in range(1, strategy.n_models)]
         self.part_dims = strategy.part_dims(self.dim)
+        check_slots(strategy, config)
         self.agg_servers = {p: make_server(transport, config.part_config(p)) for p in strategy.parts}
+        self.contrib = None
+        if config.contribution_temperature is not None:
+            self.contrib = ContributionServer(transport, latent_dim(model), config.aggregation, self._send_all)
         self.dead: set[str] = set()
         self.suspect: set[str] = set()  # lost by the last aggregation; maybe dead
         self.history: list[RoundRecord] = []
@@ -199,16 +239,16 @@ class HorizontalServer(ProtocolRole):
         return self._guarded(self._run)
 
     def _run(self) -> list[RoundRecord]:
-        self.strategy.server_init(self.dim)
+        self.strategy.server_init(self.dim, self.initial)
         cfg = self.config
         log.info("server: %s, %d clients, %d rounds, fraction %g, %d parameters, aggregation %s",
                  self.strategy.name, len(self.clients), cfg.rounds, cfg.fraction, self.dim, cfg.aggregation.kind)
         for r in range(1, cfg.rounds + 1):
             record = self.run_round(r)
-            log.info("round %d/%d: %d selected, %d survived%s; test accuracy %.4f (n=%d), train loss %.4f, %.1fs",
-                     r, cfg.rounds, len(record.selected), len(record.survivors),
+            log.info("round %d/%d: %d selected, %d survived%s; test accuracy %.4f (n=%d, worst client %.4f), "
+                     "train loss %.4f, %.1fs", r, cfg.rounds, len(record.selected), len(record.survivors),
                      f" (dropped {', '.join(record.dropped)})" if record.dropped else "", record.test_accuracy,
-                     record.test_n, record.train_loss, record.seconds)
+                     record.test_n, record.worst_client_accuracy, record.train_loss, record.seconds)
             if self.on_round is not None:
                 self.on_round(record, self.global_vec)
         self._send_all(self._alive(), TAG_ROUND, cfg.rounds + 1,
@@ -220,15 +260,22 @@ class HorizontalServer(ProtocolRole):
         t0 = time.monotonic()
         selected = self._sample(r)
         self._send_all(self._alive(), TAG_ROUND, r, self._round_message(selected))
+        contribution = {}
+        if self.contrib is not None:
+            try:
+                contribution = vars(self.contrib.run(r, selected, r * PARTS_PER_ROUND))
+            except AggregationError as exc:
+                raise AggregationError(f"round {r}, contribution normalisation: {exc}") from None
         results = self._aggregate(r, selected)
         survivors = sorted(set.intersection(*(set(res.survivors) for res in results.values())))
         self.suspect.update(set(selected) - set(survivors))
         self.global_vec = self.strategy.server_update(self.global_vec, results)
         if not np.all(np.isfinite(self.global_vec)):
             raise FloatingPointError(f"round {r}: the global model became non-finite (lower lr?)")
-        self._send_all(self._alive(), TAG_EVAL, r, lambda c: model_bundle(self.shapes, self.global_vec, command="eval"))
+        self._send_all(self._alive(), TAG_EVAL, r, self._eval_message())
         metrics = self._collect_metrics(r, self._alive())
         record = self._record(r, selected, survivors, results, metrics, time.monotonic() - t0)
+        record.contribution = contribution
         self.history.append(record)
         return record
 
@@ -258,12 +305,19 @@ class HorizontalServer(ProtocolRole):
             return b
         return round_msg
 
+    def _eval_message(self) -> Callable[[str], messages_pb2.Bundle]:
+        """``fl.eval``: the new global model and the strategy's evaluation extras (IFCA: every cluster)."""
+        b = model_bundle(self.shapes, self.global_vec, command="eval")
+        for k, v in self.strategy.eval_extras().items():
+            b.tensors[f"extra/{k}"].CopyFrom(tensor_to_proto(v, "<f4"))
+        return lambda c: b
+
     def _aggregate(self, r: int, selected: list[str]) -> dict[str, AggregateResult]:
         results: dict[str, AggregateResult] = {}
         for i, part in enumerate(self.strategy.parts):
             try:
-                results[part] = self.agg_servers[part].aggregate(r * PARTS_PER_ROUND + i, selected,
-                                                                 self.part_dims[part])
+                results[part] = self.agg_servers[part].aggregate(
+                    r * PARTS_PER_ROUND + self.config.part_offset + i, selected, self.part_dims[part])
             except AggregationError as exc:
                 raise AggregationError(f"round {r}, part {part!r}: {exc}") from None
         return results
@@ -286,6 +340,19 @@ class HorizontalServer(ProtocolRole):
     def _collect_metrics(self, round_id: int, clients: Sequence[str]) -> dict[str, dict]:
         def validate(msg):
             vals = dict(msg.values)
+            # exactly the keys a client sends (a renamed key would silently drop a statistic)
+            trained = vals.get("trained")
+            if trained not in (0.0, 1.0):
+                raise ProtocolError(f"metrics: 'trained' is {trained!r}, expected 0 or 1")
+            expected = set(METRIC_KEYS) | (set(TRAIN_METRIC_KEYS) if trained else set())
+            unknown, missing = set(vals) - expected, expected - set(vals)
+            if unknown or missing:
+                raise ProtocolError(f"metrics: unexpected keys {sorted(unknown)}, missing {sorted(missing)}")
+            if trained:
+                whole_count(vals["train_n"], "metrics: 'train_n'", lo=1, hi=1 << 53)
+                whole_count(vals["steps"], "metrics: 'steps'", lo=1, hi=1 << 53)
+                if not math.isfinite(vals["train_loss"]):
+                    raise ProtocolError(f"metrics: train_loss {vals['train_loss']!r} is not finite")
             for k in ("test_correct", "test_n"):
                 whole_count(vals.get(k, -1.0), f"metrics: {k!r}", hi=1 << 53)
             if vals["test_correct"] > vals["test_n"]:
@@ -317,10 +384,12 @@ class HorizontalServer(ProtocolRole):
         train_loss = sum(m["train_loss"] * m["train_n"] for m in trained) / n_train if n_train else float("nan")
         agg = {p: {"clip": res.clip, "scale": res.scale, "k_bits": res.k_bits, "n_clipped": res.n_clipped,
                    "weight": res.weight, "survivors": len(res.survivors)} for p, res in results.items()}
+        per_client = {c: m["test_correct"] / m["test_n"] for c, m in sorted(metrics.items()) if m["test_n"] > 0}
         return RoundRecord(r, list(selected), survivors, dropped,
                            correct / n_test if n_test else float("nan"),
                            loss_sum / n_test if n_test else float("nan"), int(n_test), train_loss, seconds, agg,
-                           sorted(self.dead))
+                           sorted(self.dead), client_accuracy=per_client,
+                           worst_client_accuracy=min(per_client.values()) if per_client else float("nan"))
 
 
 # ------------------------------------------------------------------------------------ client
@@ -366,7 +435,12 @@ class HorizontalClient(ProtocolRole):
         self.shapes = param_shapes(self.model)
         self.dim = sum(int(np.prod(s)) for s in self.shapes.values())
         self.part_dims = strategy.part_dims(self.dim)
+        check_slots(strategy, config)
         self.agg_clients = {p: make_client(transport, server_id, config.part_config(p)) for p in strategy.parts}
+        self.contrib = None
+        if config.contribution_temperature is not None:
+            self.contrib = ContributionClient(transport, server_id, latent_dim(self.model), config.aggregation,
+                                              config.contribution_temperature, config.round_timeout_s)
         self.history: list[dict] = []
         self.global_vec: np.ndarray | None = None
 
@@ -380,7 +454,7 @@ class HorizontalClient(ProtocolRole):
             raise ProtocolError(f"unknown command {cmd!r}")
         if cmd in ("train", "eval"):
             read_model(b, self.shapes)  # validate now, so a bad model is rejected and we keep waiting
-        if cmd == "train":
+        if cmd in ("train", "eval"):
             for k in b.tensors:
                 if k.startswith("extra/"):
                     float32_tensor(b.tensors[k], (self.dim,), k)
@@ -404,9 +478,17 @@ class HorizontalClient(ProtocolRole):
                 # nothing sensible to aggregate: this client drops out of the round (lower lr?)
                 raise FloatingPointError(f"{self.party_id}: local training diverged in round {round_id} (non-finite "
                                          f"{part!r} update); lower the learning rate")
+        factor = None
+        if self.contrib is not None:  # Λ_r from the locally trained model (Kundalwal et al., Alg. 1)
+            self.contrib.factor = None
+            factor = self.contrib.factor_for(round_id, participants, self.model, self.X_train,
+                                             round_id * PARTS_PER_ROUND)
         for i, part in enumerate(self.strategy.parts):
             vec, weight = upd.parts[part]
-            self.agg_clients[part].submit(round_id * PARTS_PER_ROUND + i, participants, vec, weight)
+            if factor is not None and part in self.strategy.sample_weighted_parts:
+                weight = max(weight * factor, MIN_WEIGHT)
+            self.agg_clients[part].submit(round_id * PARTS_PER_ROUND + self.config.part_offset + i, participants,
+                                          vec, weight)
         return {"trained": 1.0, "train_loss": upd.loss, "train_n": float(upd.n_samples), "steps": float(upd.steps)}
 
     def run(self) -> list[dict]:
@@ -424,12 +506,18 @@ class HorizontalClient(ProtocolRole):
                 stats = self.train_round(r, bundle)
             ev = self.t.recv(self.server_id, TAG_EVAL, r, timeout=timeout, parse=self._parse_round)
             self.global_vec = read_model(ev, self.shapes)
-            metrics = self.evaluate(self.global_vec)
+            extras = {k[len("extra/"):]: float32_tensor(t, (self.dim,), k) for k, t in ev.tensors.items()
+                      if k.startswith("extra/")}
+            metrics = self.evaluate(self.strategy.eval_vector(self.model, self.global_vec, extras, self.X_train,
+                                                              self.y_train))
             stats.update(test_correct=metrics["correct"], test_n=metrics["n"],
                          test_loss_sum=metrics["loss"] * metrics["n"] if metrics["n"] else 0.0)
             self.t.send(self.server_id, TAG_METRICS, messages_pb2.Scalars(values=stats), round=r,
                                 timeout=timeout)
-            self.history.append({"round": r, **stats, "test_accuracy": metrics["accuracy"]})
+            local = {}  # kept here, never sent: the server must not learn a client's Λ_r
+            if cmd == "train" and self.contrib is not None and self.contrib.factor is not None:
+                local["contribution_factor"] = self.contrib.factor
+            self.history.append({"round": r, **stats, "test_accuracy": metrics["accuracy"], **local})
             log.info("%s: round %d %s; local test accuracy %.4f (n=%d)", self.party_id, r,
                      f"trained {int(stats['steps'])} steps, loss {stats['train_loss']:.4f}" if cmd == "train"
                      else "not selected", metrics["accuracy"], metrics["n"])

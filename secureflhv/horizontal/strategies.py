@@ -41,7 +41,7 @@ from torch import nn
 from .models import get_flat, set_flat
 
 StrategyName = Literal["fedavg", "fedprox", "scaffold", "fednova"]
-STRATEGIES = ("fedavg", "fedprox", "scaffold", "fednova")
+STRATEGIES = ("fedavg", "fedprox", "scaffold", "fednova")  # the FedAvg family (contribution normalisation composes)
 
 
 @dataclass(frozen=True)
@@ -143,10 +143,15 @@ class Strategy(ABC):
     Attributes:
         name: strategy name.
         parts: names of the aggregated parts, in aggregation order.
+        sample_weighted_parts: the parts weighted by the client's sample count ν_r: contribution
+            normalisation (:mod:`.contribution`) multiplies their weight by Λ_r.
+        n_models: how many differently initialised models the server starts from (IFCA: k clusters).
     """
 
     name: str = ""
     parts: tuple[str, ...] = ("model",)
+    sample_weighted_parts: tuple[str, ...] = ("model",)
+    n_models: int = 1
 
     # ---------------------------------------------------------------- shared
     def part_dims(self, dim: int) -> dict[str, int]:
@@ -157,8 +162,13 @@ class Strategy(ABC):
         return {}
 
     # ---------------------------------------------------------------- server half
-    def server_init(self, dim: int) -> None:
-        """Prepare server state for a model of ``dim`` parameters."""
+    def server_init(self, dim: int, initial: list[np.ndarray] | None = None) -> None:
+        """Prepare server state for a model of ``dim`` parameters; ``initial``: :attr:`n_models` float32
+        (dim,) initial models (the first is the global model), each from its own seed."""
+
+    def eval_extras(self) -> dict[str, np.ndarray]:
+        """Arrays (float32, (dim,)) sent with the model to evaluate (``fl.eval``); default none."""
+        return {}
 
     def broadcast(self) -> dict[str, np.ndarray]:
         """Arrays (float32, 1-D) sent to the selected clients with the global model."""
@@ -181,6 +191,12 @@ class Strategy(ABC):
 
     def _extra_loss(self, model: nn.Module, global_vec: np.ndarray):
         return None
+
+    def eval_vector(self, model: nn.Module, global_vec: np.ndarray, extras: dict[str, np.ndarray], X: np.ndarray,
+                    y: np.ndarray) -> np.ndarray:
+        """The float32 (dim,) model this client evaluates after a round (default: the global model).
+        ``extras``: :meth:`eval_extras` as received; (X, y): the client's training rows."""
+        return global_vec
 
 
 class FedAvg(Strategy):
@@ -225,7 +241,7 @@ class Scaffold(Strategy):
     def part_dims(self, dim):
         return {"model": dim, "control": dim}
 
-    def server_init(self, dim):
+    def server_init(self, dim, initial=None):
         self.c_global = np.zeros(dim, dtype=np.float32)
 
     def broadcast(self):
@@ -273,6 +289,7 @@ class FedNova(Strategy):
 
     name = "fednova"
     parts = ("model", "nova")
+    sample_weighted_parts = ("model", "nova")  # p_i weights both Σ p_i d_i and Σ p_i a_i
 
     def part_dims(self, dim):
         return {"model": dim, "nova": 1}
@@ -294,7 +311,9 @@ class FedNova(Strategy):
 
 
 def make_strategy(name: str, *, mu: float = 0.01) -> Strategy:
-    """A fresh strategy instance by name (``mu`` is used by FedProx only). Raises ValueError."""
+    """A fresh FedAvg-family strategy by name (``mu`` is used by FedProx only). Raises ValueError.
+
+    :func:`secureflhv.horizontal.registry.make_strategy` also builds IFCA and FedPer."""
     if name == "fedavg":
         return FedAvg()
     if name == "fedprox":

@@ -4,7 +4,8 @@ Files, under ``<output_dir>/<party id>/``:
 
 * ``model.json`` — this party's part of the model with metadata (job id, role, feature names, the
   Paillier key fingerprint, metrics). Plain JSON: a model is never pickled.
-* ``metrics.json`` — per-epoch history and final metrics (guest).
+* ``metrics.json`` — per-epoch history and final metrics (guest); at every party that finished, ``wire``:
+  bytes sent to and received from each peer, per message tag, and totals (:mod:`secureflhv.transport.wire`).
 * ``loss.png`` — the training-loss curve (guest).
 """
 from __future__ import annotations

@@ -16,6 +16,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,9 @@ class SplitParams(BaseModel):
 
 
 class StandardisedSplitParams(SplitParams):
-    """The split plus per-party standardisation (vertical LR and split NN)."""
+    """The split plus per-party preprocessing (vertical LR and split NN)."""
+
+    accepts_missing_values: ClassVar[bool] = True  # imputed by the preprocessing (preflight allows gaps)
 
     standardize: bool = Field(default=True, description="each party standardises its own columns")
     missing_indicator: bool = Field(default=False, description="add a 0/1 '<column>=missing' feature for "
@@ -216,10 +219,16 @@ def prepare_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, par
         except ValueError as exc:
             raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     meta = {"params": params.model_dump(mode="json"), "feature_names": names,
-            "input_features": list(table.feature_names),
+            "input_features": list(table.feature_names), "schema": party.data.table_schema,
             "psi": {"common_ids": len(psi), "own_ids": table.n_rows, "peer_sizes": psi.peer_sizes},
             "standardisation": ({"mean": pre.mean, "std": pre.std}
                                 if pre is not None and pre.standardize and pre.identity_on_complete_numeric else None),
             "preprocessor": pre.to_dict() if pre is not None else None}
     y = table.y[psi.rows] if party.role == "guest" else None
     return PartyData(X, y, np.asarray(psi.ids), split, names, meta)
+
+
+def preprocessing_state(data: PartyData) -> dict:
+    """What a prediction job needs to prepare new rows as training did (saved in the model bundle):
+    the input columns, the schema they were read with, and the fitted preprocessor (or None)."""
+    return {key: data.meta.get(key) for key in ("input_features", "schema", "preprocessor", "standardisation")}

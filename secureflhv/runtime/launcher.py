@@ -8,6 +8,8 @@ fails, the others are told which party failed first and why (their last line nam
 stopped; the launcher exits non-zero naming that party and its reason, and no process (nor a
 worker pool of one) is left behind. In a horizontal job a failing client is a dropout:
 the others go on (secure aggregation survives it), and the exit code is still non-zero.
+At the end it prints a table of the bytes each party sent to and received from each peer (the ``@wire``
+event of each party that finished; :mod:`secureflhv.transport.wire` says what is counted).
 """
 from __future__ import annotations
 
@@ -22,13 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .blame import NOTICE_ENV, Failure, clean, notice_line, parse_reported
 from .job_file import JobConfig
 from .preflight import preflight
-from .progress import PROGRESS_PREFIX
+from .progress import PROGRESS_PREFIX, WIRE_PREFIX
 from .registry import job_params, job_spec
 
 _COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
@@ -41,6 +44,7 @@ class _Child:
     colour: str
     lines: list[str] = field(default_factory=list)
     pump: threading.Thread | None = None
+    wire: dict | None = None  # the party's wire_stats() at the end of the job (its @wire event)
 
 
 class Launcher:
@@ -70,6 +74,12 @@ class Launcher:
 
     # ------------------------------------------------------------------ output
     def _print(self, child: _Child, line: str) -> None:
+        if line.startswith(WIRE_PREFIX):
+            try:
+                child.wire = json.loads(line[len(WIRE_PREFIX):])
+                return
+            except ValueError:
+                pass  # not a well-formed event: show it as text
         if line.startswith(PROGRESS_PREFIX):
             try:
                 ev = json.loads(line[len(PROGRESS_PREFIX):])
@@ -173,6 +183,27 @@ class Launcher:
                            style="bold red", markup=False, highlight=False, soft_wrap=True)
         return 1
 
+    def print_wire_table(self) -> None:
+        """Print bytes sent / received per party and peer (MB = 10^6 bytes), for the parties that reported."""
+        for c in self.children:
+            if c.pump is not None:
+                c.pump.join(timeout=2.0)  # the @wire event is among a party's last lines
+        reported = [c for c in self.children if c.wire]
+        if not reported:
+            return
+        table = Table(title="bytes on the wire (MB = 10^6 bytes; payload exact, framing partly estimated)")
+        for col in ("party", "peer", "sent MB", "received MB", "framing sent / received MB",
+                    "messages sent / received"):
+            table.add_column(col, justify="left" if col in ("party", "peer") else "right")
+        for c in reported:
+            for peer, e in sorted(c.wire.items()):
+                n = {k: int(e.get(k, 0)) for k in ("sent", "received", "sent_framing", "received_framing",
+                                                    "messages_sent", "messages_received")}
+                table.add_row(c.party_id, peer, f"{n['sent'] / 1e6:.3f}", f"{n['received'] / 1e6:.3f}",
+                              f"{n['sent_framing'] / 1e6:.3f} / {n['received_framing'] / 1e6:.3f}",
+                              f"{n['messages_sent']} / {n['messages_received']}")
+        self.console.print(table)
+
     def _failure_of(self, child: _Child) -> Failure:
         """Why ``child`` exited: the root its last lines name, or how it died."""
         rc = child.proc.returncode
@@ -234,6 +265,7 @@ class Launcher:
                 rc = self.wait(timeout_s)
             for c in self.children:
                 c.proc.wait()
+            self.print_wire_table()
             return rc
         finally:
             if any(c.proc.poll() is None for c in self.children):

@@ -21,8 +21,11 @@ from ..transport import Transport, TransportError
 from .blame import NOTICE_ENV, Blame, Stopped, listen_for_notices, root_cause
 from .config import JobConfig, JobConfigError, PartySpec, load_job_params
 from .preflight import require_preflight
+from .progress import emit_wire
 from .registry import job_spec
 from .rendezvous import meet, partners
+from .reports import save_wire_report, wire_line
+from .status import PartyStatus
 
 log = logging.getLogger("secureflhv.party")
 
@@ -46,6 +49,15 @@ def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transpor
                                    key=cfg.resolve(spec.key))
     return GrpcTransport(party_id=spec.id, job_id=cfg.job.id, listen=spec.listen or spec.address, peers=peers, tls=tls,
                          insecure=insecure, deadline=cfg.job.deadline_s, max_payload_bytes=cfg.job.max_message_bytes)
+
+
+def _report_wire(cfg: JobConfig, party_id: str, stats: dict) -> None:
+    """Bytes on the wire into ``metrics.json`` and to the launcher; a write failure only costs the file."""
+    try:
+        save_wire_report(cfg.output_dir(party_id), cfg.job.id, party_id, stats)
+    except OSError as exc:
+        log.warning("%s: could not write the wire counts to metrics.json: %s", party_id, exc)
+    emit_wire(stats)
 
 
 def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
@@ -88,14 +100,16 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     told_on_failure = [] if job.family == "horizontal" and spec.role != "server" else peers
     started = time.monotonic()
     transport, failure, code = None, None, EXIT_OK
+    status = PartyStatus.for_party(cfg, spec).start()  # what the job page shows (status.json)
     try:
         transport = build_transport(cfg, spec, insecure)
+        status.attach(transport)
         log.info("%s (%s) of job %r listening on %s; peers: %s", party_id, spec.role, cfg.job.id, spec.address,
                  ", ".join(peers))
         meet(transport, cfg, partners(cfg, spec, job.family))
-        job.run(cfg, spec, transport, params)
+        status.set_state("running")
+        result = job.run(cfg, spec, transport, params)
         stopping.set()
-        log.info("%s finished in %.1fs", party_id, time.monotonic() - started)
     except BaseException as exc:  # noqa: BLE001 - any failure must reach the peers, the log and the exit code
         stopping.set()
         # expected failures are one line (below); anything else is a bug whose traceback the user needs
@@ -109,6 +123,13 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     finally:
         if transport is not None:
             transport.close()
-    if failure is not None:
+    if failure is None:  # counted after close: late deliveries included
+        stats = transport.wire_stats()
+        _report_wire(cfg, party_id, stats)
+        log.info("%s finished in %.1fs; %s", party_id, time.monotonic() - started, wire_line(stats))
+        status.finish(result)
+    else:
         log.error("%s", failure.line_for(party_id))  # the last line: the job's first failure
+        status.fail(failure.line_for(party_id))
+    status.close()
     return code

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from ..transport import Transport
 from .job_file import JobConfig, JobConfigError, PartySpec, validate_params
-from .jobs import horizontal_fl, secureboost_horizontal, secureboost_vertical, vertical_lr, vertical_nn
+from .jobs import horizontal_fl, predict, secureboost_horizontal, secureboost_vertical, vertical_lr, vertical_nn
 
 Family = Literal["vertical", "horizontal"]
 RunFn = Callable[[JobConfig, PartySpec, Transport, BaseModel], dict]
@@ -38,6 +38,7 @@ class JobSpec:
         run: runs one party's role, ``run(cfg, party, transport, params) -> metrics``.
         check: optional check of the job as a whole (e.g. "arbiter mode needs a server");
             raises JobConfigError naming the field.
+        roles: optional rule on the parties' roles replacing the family's (``predict``).
     """
 
     name: str
@@ -46,13 +47,14 @@ class JobSpec:
     params: type[BaseModel]
     run: RunFn
     check: CheckFn | None = None
+    roles: Callable[[JobConfig], None] | None = None
 
     def validate(self, cfg: JobConfig) -> BaseModel:
         """The job's validated params, after the family's role rules and :attr:`check`.
 
         Raises JobConfigError naming the field (``parties: ...``, ``params.<field>: ...``).
         """
-        FAMILY_RULES[self.family](cfg)
+        (self.roles or FAMILY_RULES[self.family])(cfg)
         params = validate_params(self.params, cfg, paillier="insecure_test_key" in self.params.model_fields)
         if self.check is not None:
             self.check(cfg, params)
@@ -95,6 +97,9 @@ JOBS: dict[str, JobSpec] = {spec.name: spec for spec in (
     JobSpec("secureboost_horizontal", "horizontal", "histogram GBDT, histograms through secure aggregation",
             secureboost_horizontal.HorizontalSecureBoostJobParams, secureboost_horizontal.run,
             secureboost_horizontal.check),
+    # every party meets every other, as in a vertical job; the roles follow the trained model
+    JobSpec("predict", "vertical", "score new rows with the model bundles of a trained job (see docs)",
+            predict.PredictJobParams, predict.run, roles=predict.roles),
 )}
 
 

@@ -1,16 +1,21 @@
-"""What a job reports after training: quality metrics, and the guest's files and closing log line.
+"""What a job reports after training: quality metrics, the guest's files and closing log line, and every
+party's bytes on the wire.
 
 Files (under ``<output_dir>/<party id>/``, see :mod:`secureflhv.runtime.artifacts`): ``metrics.json``,
 ``predictions.csv`` (held-out rows), ``split.json`` (which ids were trained / held out), ``loss.png``.
+Every party's ``metrics.json`` gets a ``wire`` key at the end of a successful job (:func:`save_wire_report`).
 """
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import numpy as np
 
 from ..data.metrics import plot_roc_ks, task_metrics
+from ..transport.wire import report as wire_report
+from ..transport.wire import totals as wire_totals
 from .artifacts import plot_curves, write_json
 from .data_prep import PartyData, RowSplit
 from .job_file import JobConfig
@@ -79,3 +84,44 @@ def log_summary(party_id: str, metrics: dict, losses: list[float], plot: Path) -
     log.info("%s: done: %d epochs, final loss %.5f, %s accuracy %.4f AUC %s; loss curve %s", party_id,
              len(losses), losses[-1] if losses else float("nan"), which, s["accuracy"],
              f"{s['auc']:.4f}" if "auc" in s else "n/a", plot)
+
+
+def save_wire_report(out_dir: Path, job_id: str, party_id: str, stats: dict) -> Path:
+    """Add ``"wire"`` (bytes per peer and tag, and totals; :func:`secureflhv.transport.wire.report`) to the
+    party's ``metrics.json``, creating the file (job and party id only) where the job wrote none.
+
+    ``stats``: the transport's ``wire_stats()``. Returns the path of ``metrics.json``.
+    """
+    path = Path(out_dir) / "metrics.json"
+    doc = {"job_id": job_id, "party_id": party_id}
+    if path.exists():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            log.warning("%s: %s is not JSON; rewriting it with the wire counts only", party_id, path)
+    doc["wire"] = wire_report(stats)
+    return write_json(path, doc)
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes in decimal units: ``"512 B"``, ``"3.4 kB"``, ``"12.35 MB"``, ``"1.20 GB"``."""
+    n = float(n)
+    if n < 1e3:
+        return f"{n:.0f} B"
+    if n < 1e6:
+        return f"{n / 1e3:.1f} kB"
+    if n < 1e9:
+        return f"{n / 1e6:.2f} MB"
+    return f"{n / 1e9:.2f} GB"
+
+
+def wire_line(stats: dict) -> str:
+    """One line of totals, e.g. ``sent 1.23 MB (+12.0 kB framing), received 4.56 MB (+20.1 kB framing), 2 peers``.
+
+    Decimal units (MB = 10^6 bytes); payload bytes exact, framing partly estimated (see
+    :mod:`secureflhv.transport.wire`).
+    """
+    t = wire_totals(stats)
+    return (f"sent {human_bytes(t['sent'])} (+{human_bytes(t['sent_framing'])} framing), received "
+            f"{human_bytes(t['received'])} (+{human_bytes(t['received_framing'])} framing), "
+            f"{len(stats)} peer{'s' if len(stats) != 1 else ''}")

@@ -95,7 +95,7 @@ class SecAggClient(AggregationClient):
         self._unmasked_rounds: set[int] = set()
 
     def submit(self, round_id: int, participants: Sequence[str], vector: np.ndarray, weight: float) -> None:
-        """Run the client side of one round. ``vector``: float (d,); ``weight``: in (0, max_weight].
+        """Run the client side of one round. ``vector``: float (d,); ``weight``: in [0, max_weight].
 
         Raises:
             AggregationError: fewer than min_clients participants, a server abort or silence, or a failed

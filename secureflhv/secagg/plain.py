@@ -24,8 +24,8 @@ class PlainClient(AggregationClient):
         parts = check_participants(participants, self.party_id)
         x = np.asarray(vector, dtype=np.float64).ravel()
         if self.config.kind == "plain":
-            if not (weight > 0 and math.isfinite(weight)):
-                raise ValueError(f"{self.party_id}: weight must be positive and finite, got {weight}")
+            if not (weight >= 0 and math.isfinite(weight)):
+                raise ValueError(f"{self.party_id}: weight must be non-negative and finite, got {weight}")
             msg = secagg_pb2.PlainInput(round_id=round_id, vector=tensor_to_proto(weight * x), weight=float(weight))
         else:
             qp = self.config.quant_params(len(parts), x.size)
@@ -76,8 +76,8 @@ class PlainServer(AggregationServer):
                 raise ProtocolError(f"k_bits {msg.k_bits}, expected {qp.k_bits}")
             return tensor_from_proto(msg.vector, dtype=qp.word_dtype.str, shape=(dim + EXTRA_COORDS,),
                                      what="quantised input")
-        if not (msg.weight > 0 and math.isfinite(msg.weight)):
-            raise ProtocolError(f"weight {msg.weight} not positive and finite")
+        if not (msg.weight >= 0 and math.isfinite(msg.weight)):
+            raise ProtocolError(f"weight {msg.weight} not non-negative and finite")
         v = tensor_from_proto(msg.vector, dtype="<f8", shape=(dim,), what="plain input")
         if not np.all(np.isfinite(v)):
             raise ProtocolError("plain input has non-finite values")

@@ -49,7 +49,8 @@ class AggregationClient(ProtocolRole):
             round_id: the round (same at the server and every participant).
             participants: party ids of this round's clients (this client among them).
             vector: float64 (d,) (flattened if not 1-D); d is the server's ``dim``.
-            weight: in (0, ``config.max_weight``].
+            weight: in [0, ``config.max_weight``]; 0 contributes nothing (IFCA's clusters a client did not
+                pick submit zeros with weight 0, so the server cannot tell them apart).
 
         Raises:
             AggregationError: the round failed (e.g. too few survivors, a failed check, a server abort).

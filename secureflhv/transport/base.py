@@ -299,6 +299,12 @@ class Transport(ABC):
     job_id: str
     deadline: float
     identity = None
+    wire = None  # a WireCounter (transport/wire.py) where the transport counts bytes
+
+    def wire_stats(self) -> dict:
+        """Bytes sent to / received from each peer, per tag (see :mod:`secureflhv.transport.wire`);
+        ``{}`` for a transport that does not count."""
+        return self.wire.stats() if self.wire is not None else {}
 
     @abstractmethod
     def send(self, receiver: str, tag: str, payload, round: int = 0, timeout: float | None = None) -> None:

@@ -1,4 +1,6 @@
-"""Homomorphic values on the wire: Paillier public keys, ciphertexts and masked plaintexts (DESIGN.md, wire rules).
+"""Homomorphic values on the wire: Paillier / OU public keys, ciphertexts and masked plaintexts (DESIGN.md, wire rules).
+
+OU (``he_scheme: ou``): :class:`OUCodec` below, the same messages with ``PaillierPublicKey.scheme = "ou"``.
 
 Paillier encoding (messages.proto):
 
@@ -30,6 +32,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from ..crypto import ou
 from ..crypto import paillier as pl
 from ..crypto.he import VERTICAL_DOT_PRECISION_BITS, HEBackend, IdentityKey, MaskedValues, PairSums, make_backend
 from ..crypto.paillier import CiphertextError, PackingSpec
@@ -197,7 +200,15 @@ class PaillierCodec(HECodec):
     def public_key_to_proto(self, pub):
         return public_key_to_proto(pub)
 
+    scheme = "paillier"
+
+    def _check_scheme(self, msg, what: str) -> None:
+        theirs = msg.scheme or "paillier"
+        if theirs != self.scheme:
+            raise ProtocolError(f"{what}: a key of scheme {theirs!r}, but this job uses he_scheme {self.scheme!r}")
+
     def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
+        self._check_scheme(msg, what)
         try:
             return public_key_from_proto(msg, insecure_test_key=insecure_test_key)
         except ValueError as exc:
@@ -256,6 +267,37 @@ class PaillierCodec(HECodec):
         if enc.packing != sums.cspec:
             raise ProtocolError(f"{what}: packing {enc.packing} differs from {sums.cspec}")
         return enc
+
+
+class OUCodec(PaillierCodec):
+    """Okamoto-Uchiyama (:mod:`secureflhv.crypto.ou`): the key as ``PaillierPublicKey`` with
+    ``scheme = "ou"``, n, G, H (big-endian) and ``plain_bits``, fingerprint
+    :func:`~secureflhv.crypto.ou.key_fingerprint`; ciphertexts fixed-width big-endian in Z*_n (width =
+    bytes of n); masked values non-negative integers below n, like Paillier's. Packed ciphertexts are
+    refused (the OU backend does not pack)."""
+
+    scheme = "ou"
+
+    def public_key_to_proto(self, pub):
+        return messages_pb2.PaillierPublicKey(n=pl.int_to_bytes(pub.n), fingerprint=pub.fingerprint, scheme="ou",
+                                              g=pl.int_to_bytes(pub.g), h=pl.int_to_bytes(pub.h),
+                                              plain_bits=pub.plain_bits)
+
+    def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
+        self._check_scheme(msg, what)
+        n, g, h = (int.from_bytes(bytes(v), "big") for v in (msg.n, msg.g, msg.h))
+        if ou.key_fingerprint(n, g, h, msg.plain_bits) != bytes(msg.fingerprint):
+            raise ProtocolError(f"{what}: fingerprint does not match the OU key's n, G, H and plain_bits")
+        try:
+            return ou.OUPublicKey.from_peer(n, g, h, int(msg.plain_bits), insecure_test_key=insecure_test_key,
+                                            what=what)
+        except ValueError as exc:
+            raise ProtocolError(f"{what}: {exc}") from exc
+
+    def from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int):
+        if msg.slot_bits or msg.slots > 1:
+            raise ProtocolError(f"{what}: packed ciphertexts, which the OU backend never sends")
+        return super().from_proto(msg, pub, expected_shape, what, exponent=exponent)
 
 
 class IdentityCodec(HECodec):
@@ -319,7 +361,7 @@ class IdentityCodec(HECodec):
         return tensor_from_proto(msg.plain, what=what, dtype="<i8", shape=(sum(counts), 2))
 
 
-CODECS = {"paillier": PaillierCodec, "identity": IdentityCodec}
+CODECS = {"paillier": PaillierCodec, "ou": OUCodec, "identity": IdentityCodec}
 
 
 def codec_for(backend: HEBackend) -> HECodec:

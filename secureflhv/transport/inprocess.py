@@ -21,6 +21,7 @@ import time
 from .base import (DEFAULT_DEADLINE_S, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_PENDING, Mailbox, Message,
                    PeerUnavailable, Transport, _as_bytes)
 from .identity import PartyIdentity
+from .wire import WireCounter, envelope_size, split_lengths
 
 
 class InProcessNetwork:
@@ -47,6 +48,8 @@ class InProcessNetwork:
         self._down: set[str] = set()
         self._lock = threading.Lock()
         self.sent_bytes = 0  # payload bytes sent over this network, all parties together
+        # per party: payload exact, framing as gRPC with TLS would add (transport/wire.py)
+        self.wire = {p: WireCounter(tls=True) for p in self.party_ids}
 
     def transport(self, party_id: str) -> "InProcessTransport":
         if party_id not in self._mailboxes:
@@ -81,6 +84,18 @@ class InProcessNetwork:
     def mailbox(self, party_id: str) -> Mailbox:
         return self._mailboxes[party_id]
 
+    def wire_stats(self) -> dict:
+        """``{party: its transport's wire_stats()}`` for every party of this network."""
+        return {p: counter.stats() for p, counter in self.wire.items()}
+
+    def _count(self, msg: Message) -> None:
+        if msg.sender == msg.receiver:
+            return  # never leaves the party
+        chunks = split_lengths(len(msg.payload))
+        header = envelope_size(msg.job_id, msg.round, msg.sender, msg.receiver, msg.tag, len(msg.payload))
+        self.wire[msg.sender].record_grpc_sent(msg.receiver, msg.tag, header, chunks)
+        self.wire[msg.receiver].record_grpc_received(msg.sender, msg.tag, header, chunks)
+
 
 class InProcessTransport(Transport):
     def __init__(self, network: InProcessNetwork, party_id: str):
@@ -89,6 +104,7 @@ class InProcessTransport(Transport):
         self.job_id = network.job_id
         self.deadline = network.deadline
         self.identity = network.identities.get(party_id)
+        self.wire = network.wire[party_id]
 
     def _mailbox(self) -> Mailbox:
         return self.network.mailbox(self.party_id)
@@ -99,4 +115,6 @@ class InProcessTransport(Transport):
         data = _as_bytes(payload)
         with self.network._lock:
             self.network.sent_bytes += len(data)
-        self.network.inject(Message(self.job_id, int(round), self.party_id, receiver, tag, data))
+        msg = Message(self.job_id, int(round), self.party_id, receiver, tag, data)
+        self.network.inject(msg)
+        self.network._count(msg)  # only once accepted, as over gRPC

@@ -176,3 +176,30 @@ def model_to_dict(model: BoostedModel) -> dict:
                               if not (isinstance(v, float) and math.isnan(v))}
                              for _, n in sorted(t.nodes.items())]} for t in model.trees],
     }
+
+
+_NODE_FIELDS = set(Node.__dataclass_fields__)
+
+
+def model_from_dict(doc: dict) -> BoostedModel:
+    """Inverse of :func:`model_to_dict` (e.g. a saved bundle's ``model.json``); the same predictions.
+
+    Raises ValueError (pydantic's ValidationError for the params) naming a malformed part.
+    """
+    try:
+        params = SecureBoostParams(**doc["params"])
+        trees = []
+        for ti, t in enumerate(doc["trees"]):
+            nodes = {}
+            for n in t["nodes"]:
+                unknown = set(n) - _NODE_FIELDS
+                if unknown:
+                    raise ValueError(f"trees[{ti}]: unknown node fields {sorted(unknown)}")
+                # infinite thresholds are written as "inf" / "-inf" (json_number)
+                nodes[int(n["id"])] = Node(**{k: float(v) if k == "threshold" else v for k, v in n.items()})
+            trees.append(Tree(nodes, int(t["output"])))
+        cuts = None if doc.get("cuts") is None else [np.asarray(c, dtype=np.float64) for c in doc["cuts"]]
+        return BoostedModel(params, np.asarray(doc["base_margin"], dtype=np.float64), trees, cuts,
+                            list(doc.get("val_losses") or []), doc.get("best_round"))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a saved SecureBoost model: {exc!r}") from None

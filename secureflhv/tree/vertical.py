@@ -239,6 +239,21 @@ class SecureBoostGuest(_Role):
         self._route_round = {h: 0 for h in self.host_ids}
         self.timings: dict[str, float] = {}
 
+    @classmethod
+    def from_model(cls, transport: Transport, host_ids: Sequence[str], model: BoostedModel, *,
+                   backend="paillier") -> "SecureBoostGuest":
+        """A guest that only predicts (:meth:`predict`) with a saved ``model`` (its own splits with
+        thresholds, host splits as owner + record id); no key is needed."""
+        guest = cls.__new__(cls)
+        _Role.__init__(guest, transport, model.params, backend)
+        guest.host_ids = list(host_ids)
+        unknown = {n.owner for t in model.trees for n in t.nodes.values() if not n.leaf and n.owner != "guest"} \
+            - set(guest.host_ids)
+        if unknown:
+            raise ValueError(f"host_ids: the model has splits of {sorted(unknown)}, not among {guest.host_ids}")
+        guest.model, guest._route_round, guest.timings = model, {h: 0 for h in guest.host_ids}, {}
+        return guest
+
     def _peers(self):
         return self.host_ids
 
@@ -600,6 +615,19 @@ class SecureBoostHost(_Role):
         self.timings: dict[str, float] = {"histograms": 0.0, "compress": 0.0}
         rng = np.random.default_rng()
         self._row_hash = rng.integers(0, 1 << 32, size=(2, self.X.shape[0])).astype(np.float64)
+
+    @classmethod
+    def from_records(cls, transport: Transport, guest_id: str, records, params, *,
+                     backend="paillier") -> "SecureBoostHost":
+        """A host that only answers routing requests (:meth:`serve_predictions`) with its saved lookup
+        table ``records``: record id -> (feature index, bin, threshold[, default_left]); a threshold may
+        be "inf" / "-inf" (JSON); without default_left a missing value goes right."""
+        host = cls.__new__(cls)
+        _Role.__init__(host, transport, params, backend)
+        host.guest_id = guest_id
+        host.records = [(int(r[0]), int(r[1]), float(r[2]), bool(r[3]) if len(r) > 3 else False) for r in records]
+        host.datasets, host._route_round, host.timings = {}, 0, {}
+        return host
 
     def _peers(self):
         return [self.guest_id]

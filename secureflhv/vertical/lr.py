@@ -372,6 +372,19 @@ class VerticalLRGuest(PredictionGuest, _Role):
         self.weights = np.zeros(self.X.shape[1])
         self.intercept: float | None = 0.0 if self.config.fit_intercept else None
         self.result: FitResult | None = None
+        self.public_key = None  # the key holder's public key, once training has started
+
+    @classmethod
+    def from_model(cls, transport: Transport, host_ids: Sequence[str], weights, intercept: float | None,
+                   config) -> "VerticalLRGuest":
+        """A guest that only predicts (:meth:`predict_proba`), with saved ``weights`` (d_g,) float64 and
+        ``intercept`` (None without one). Prediction needs no key and no arbiter, whatever ``config.mode``."""
+        cfg = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
+        w = np.asarray(weights, dtype=np.float64).ravel()
+        guest = cls(transport, host_ids, np.zeros((1, len(w))), np.zeros(1),
+                    cfg.model_copy(update={"mode": "two_party", "fit_intercept": intercept is not None}))
+        guest.weights, guest.intercept = w.copy(), None if intercept is None else float(intercept)
+        return guest
 
     def _peers(self):
         return self.host_ids + ([self.arbiter_id] if self.arbiter_id else [])
@@ -391,6 +404,7 @@ class VerticalLRGuest(PredictionGuest, _Role):
             raise ValueError(f"batch_size: {cfg.batch_size} gives too many batches for {n} rows")
         Xd = self._design(self.X)
         keys = self._key_exchange(n, Xd.shape[1])
+        self.public_key = keys[0]
         w, v = np.zeros(Xd.shape[1]), np.zeros(Xd.shape[1])
         losses, seconds, kept = [], [], _BestWeights()
         best, bad, stopped = math.inf, 0, False
@@ -587,6 +601,18 @@ class VerticalLRHost(PredictionHost, _Role):
         self.X = check_matrix(X, "X")
         self.weights = np.zeros(self.X.shape[1])
         self.result: FitResult | None = None
+        self.public_key = None  # the key holder's public key, once training has started
+
+    @classmethod
+    def from_model(cls, transport: Transport, guest_id: str, host_ids: Sequence[str], weights,
+                   config) -> "VerticalLRHost":
+        """A host that only answers prediction requests (:meth:`serve_predictions`) with saved ``weights``
+        (d_h,) float64; no key and no arbiter are needed."""
+        cfg = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
+        w = np.asarray(weights, dtype=np.float64).ravel()
+        host = cls(transport, guest_id, host_ids, np.zeros((1, len(w))), cfg.model_copy(update={"mode": "two_party"}))
+        host.weights = w.copy()
+        return host
 
     def _peers(self):
         return [self.guest_id] + ([self.arbiter_id] if self.arbiter_id else [])
@@ -603,7 +629,7 @@ class VerticalLRHost(PredictionHost, _Role):
                      n, self.party_id)
         arbiter = cfg.mode == "arbiter"
         key_holder = self.arbiter_id if arbiter else self.guest_id
-        pub = t.recv(key_holder, TAG_PUBKEY, parse=self._pubkey_parser())
+        pub = self.public_key = t.recv(key_holder, TAG_PUBKEY, parse=self._pubkey_parser())
         hello = messages_pb2.Scalars(values={"n_features": d_h})
         t.send(self.guest_id, TAG_HELLO, hello, round=0)
         if arbiter:

@@ -334,6 +334,25 @@ class SplitNNGuest(PredictionGuest, _Role):
         self._noise_rng = _secret_rng()  # a host knows the job seed: noise drawn from it would hide nothing
         self.result: FitResult | None = None
 
+    @classmethod
+    def from_state(cls, transport: Transport, host_ids: Sequence[str], X, n_classes: int, config,
+                   arrays: dict[str, np.ndarray], *, backend=None) -> "SplitNNGuest":
+        """A guest that only predicts on ``X`` (the prediction set) with saved :meth:`state_arrays`;
+        call :meth:`start_prediction` (the hosts send fresh keys), then :meth:`predict_proba`.
+        ValueError for arrays that do not fit ``config``."""
+        X = check_matrix(X, "X")
+        y = np.zeros(X.shape[0], dtype=np.int64)
+        y[:1] = n_classes - 1  # no labels here: this only makes the class count the saved one
+        guest = cls(transport, host_ids, X, y, config, backend=backend)
+        if guest.n_classes != n_classes:
+            raise ValueError(f"n_classes: {n_classes} saved, config gives {guest.n_classes}")
+        guest.load_state(arrays)
+        return guest
+
+    def start_prediction(self) -> None:
+        """Before predicting with a saved model: send the setup, receive every host's public key."""
+        self._guarded(self._setup)
+
     def _peers(self):
         return list(self.host_ids)
 
@@ -597,12 +616,31 @@ class SplitNNHost(PredictionHost, _Role):
             raise ProtocolError(f"{self.party_id}: {self.X.shape[0]} aligned rows here but {rows} at the guest "
                                 "(run PSI first)")
 
-    def _fit(self) -> FitResult:
-        cfg, he, t = self.config, self.he, self.t
+    def _key_setup(self) -> None:
+        """Check the guest's plan (config, hosts, rows), make this host's key pair, send the public key."""
+        cfg = self.config
         self._check_setup(self._recv(TAG_SETUP, parse=parse_message(messages_pb2.Bundle)))
-        pub, priv = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+        pub, priv = self._keypair or self.he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
         self.public_key, self._priv = pub, priv
-        t.send(self.guest_id, TAG_HELLO, self.wire.public_key_to_proto(pub), round=0)
+        self.t.send(self.guest_id, TAG_HELLO, self.wire.public_key_to_proto(pub), round=0)
+
+    @classmethod
+    def from_state(cls, transport: Transport, guest_id: str, host_ids: Sequence[str], X, config,
+                   arrays: dict[str, np.ndarray], *, backend=None) -> "SplitNNHost":
+        """A host that only predicts on ``X`` (its rows of the prediction set) with saved
+        :meth:`state_arrays`; call :meth:`start_prediction`, then :meth:`serve_predictions` (X).
+        ValueError for arrays that do not fit ``config``."""
+        host = cls(transport, guest_id, host_ids, X, config, backend=backend)
+        host.load_state(arrays)
+        return host
+
+    def start_prediction(self) -> None:
+        """Before serving a saved model: the guest's setup (same config, hosts and rows) and a fresh key."""
+        self._guarded(self._key_setup)
+
+    def _fit(self) -> FitResult:
+        cfg = self.config
+        self._key_setup()
         opt = _optimizer(cfg, self.bottom.parameters())
         n = self.X.shape[0]
         res = FitResult()

@@ -56,6 +56,30 @@ def test_encryption_is_randomised_and_djn_form(keys):
     assert E.derive_h(pk.n) == E.derive_h(pk.n)  # deterministic from n
 
 
+def test_every_table_size_gives_correct_djn_ciphertexts(other_keys):
+    """No table (plain powmod), the small table and the large table: all decrypt and all are DJN-form."""
+    pk, sk = other_keys
+    pub, priv = E.PublicEngine(pk.n), E.PrivateEngine(sk.p, sk.q)
+    lam = (sk.p - 1) * (sk.q - 1)
+    ms = [0, 1, 7, pk.n - 1, 123456789]
+    seen = set()
+    for stage in ("none", "small", "large"):
+        if stage != "none":
+            pub.prepare(large=stage == "large")
+            priv.prepare(large=stage == "large")
+        assert (pub._table is None) == (stage == "none")
+        if stage == "large":
+            assert pub._table.w == E.window_bits(pk.n_bits, large=True) > E.window_bits(pk.n_bits)
+        for eng in (pub, priv):
+            cts = eng.encrypt(ms)
+            assert [int(m) for m in priv.decrypt(cts)] == ms
+            n2 = pk.nsquare
+            r = [c * gmpy2.invert(1 + m * pk.n, n2) % n2 for c, m in zip(cts, ms)]
+            assert all(gmpy2.powmod(x, lam, n2) == 1 for x in r)  # n-th residues h_s^alpha
+            seen.update(int(c) for c in cts)
+    assert len(seen) == 6 * len(ms)  # fresh randomness every time
+
+
 def test_too_large_value_refused(keys):
     pk, _ = keys
     with pytest.raises(OverflowError, match="bits"):

@@ -85,6 +85,9 @@ INVENTORY: dict[str, Entry] = {
     "fl.round": E("fl", ("c0", "c1"), m.Bundle, "HorizontalClient._parse_round"),
     "fl.eval": E("fl", ("c0", "c1"), m.Bundle, "HorizontalClient._parse_round"),
     "fl.metrics": E("fl", ("server",), m.Scalars, "_collect_metrics.validate"),
+    # client contribution normalisation (horizontal/contribution.py)
+    "fl.latent_sum": E("fl_contrib", ("c0", "c1"), m.Bundle, "ContributionClient._latent_parser"),
+    "fl.exp_sum": E("fl_contrib", ("c0", "c1"), m.Bundle, "ContributionClient._exp_parser"),
     # secure aggregation (secagg/plain.py, bonawitz_server.py, bonawitz_client.py)
     "agg.plain": E("fl", ("server",), s.PlainInput, "PlainServer._validate"),
     "agg.advertise": E("secagg", ("server",), s.AdvertiseKeys, "advertise check"),
@@ -99,6 +102,8 @@ _PSI = ("psi/hello", "psi/points", "psi/double", "psi/intersection")
 _HSB = ("hsb.hello", "hsb.ranges", "hsb.cuts", "hsb.tree", "hsb.bound", "hsb.level")
 _AGG = ("agg.plain", "agg.advertise", "agg.share", "agg.masked", "agg.sign", "agg.unmask")
 RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
+    ("horizontal/contribution.py", "factor_for", "TAG_EXP_SUM"): ("fl.exp_sum",),
+    ("horizontal/contribution.py", "factor_for", "TAG_LATENT_SUM"): ("fl.latent_sum",),
     ("horizontal/fl.py", "_collect_metrics", "TAG_METRICS"): ("fl.metrics",),
     ("horizontal/fl.py", "run", "TAG_EVAL"): ("fl.eval",),
     ("horizontal/fl.py", "run", "TAG_ROUND"): ("fl.round",),

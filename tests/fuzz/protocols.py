@@ -164,16 +164,21 @@ def run_sb_horizontal(net_cls):
     return fingerprint((run["server_model"], run["client_models"])), run["errors"], [run["net"]]
 
 
-def run_fl(net_cls):
+def run_fl(net_cls, fl_kw=None):
     shards, test = fl_harness.blobs(12, 2, n_features=3, n_classes=2, seed=0)
     spec = ModelSpec(name="mlp", n_features=3, n_classes=2)
     with _patched(fl_harness, net_cls):
         server, clients, errors = fl_harness.run_fl(shards, (test[0][:10], test[1][:10]), spec, rounds=2,
-                                                    deadline=DEADLINE)
+                                                    deadline=DEADLINE, fl_kw=fl_kw)
     fp = fingerprint((server.global_vec, [c.global_vec for c in clients],
                       [{k: v for k, v in vars(r).items() if "second" not in k} for r in server.history]))
     nets = net_cls.instances[-1:]
     return fp, errors, nets
+
+
+def run_fl_contrib(net_cls):
+    """FL with client contribution normalisation (horizontal/contribution.py): its two server answers."""
+    return run_fl(net_cls, fl_kw={"contribution_temperature": 1.0})
 
 
 def run_secagg(net_cls):
@@ -213,5 +218,6 @@ PROTOCOLS = {
     "sb_vertical": run_sb_vertical,
     "sb_horizontal": run_sb_horizontal,
     "fl": run_fl,
+    "fl_contrib": run_fl_contrib,
     "secagg": run_secagg,
 }

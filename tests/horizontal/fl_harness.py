@@ -8,29 +8,37 @@ import numpy as np
 from secureflhv.secagg import AggregationConfig
 from secureflhv.horizontal.fl import FLConfig, HorizontalClient, HorizontalServer
 from secureflhv.horizontal.models import ModelSpec
-from secureflhv.horizontal.strategies import LocalTrainConfig, make_strategy
+from secureflhv.horizontal.registry import make_strategy
+from secureflhv.horizontal.strategies import LocalTrainConfig
 from secureflhv.transport.inprocess import InProcessNetwork
 
 
 def run_fl(shards, test, spec: ModelSpec, strategy="fedavg", kind="plain", rounds=2, fraction=1.0, seed=0,
-           local=None, agg_kw=None, fail=None, mu=0.01, deadline=60.0, on_round=None):
+           local=None, agg_kw=None, fail=None, mu=0.01, deadline=60.0, on_round=None, fl_kw=None,
+           cert_dir=None, strategy_kw=None, server_transport_cls=None):
     """Run FL over threads; ``shards`` = [(X, y)] per client, ``test`` = (X, y) local test rows for each.
 
+    ``fl_kw``: extra :class:`FLConfig` fields (e.g. ``contribution_temperature``); ``cert_dir``: run the
+    in-process network with certificate identities (secagg's actively secure mode); ``strategy_kw``: extra
+    :func:`make_strategy` arguments (``clusters``, ``personal_layers``); ``server_transport_cls``: the
+    server's transport class (e.g. a recording one), built as ``cls(network, "server")``.
     ``fail``: {client index: round} makes that client raise inside local training of that round (and
     its party goes down), to simulate a client dropping mid-training.
     Returns (server, clients, errors by party id).
     """
     ids = [f"c{i}" for i in range(len(shards))]
-    net = InProcessNetwork("fl-test", ["server", *ids], deadline=deadline)
+    net = InProcessNetwork("fl-test", ["server", *ids], deadline=deadline,
+                           **({"cert_dir": cert_dir} if cert_dir is not None else {}))
     agg = AggregationConfig(kind=kind, seed=seed, **(agg_kw or {}))
     cfg = FLConfig(rounds=rounds, fraction=fraction, seed=seed, local=local or LocalTrainConfig(batch_size=16, lr=0.05),
-                   aggregation=agg, round_timeout_s=deadline)
-    server = HorizontalServer(net.transport("server"), ids, spec, make_strategy(strategy, mu=mu), cfg,
-                              on_round=on_round)
+                   aggregation=agg, round_timeout_s=deadline, **(fl_kw or {}))
+    skw = {"mu": mu, **(strategy_kw or {})}
+    server_t = net.transport("server") if server_transport_cls is None else server_transport_cls(net, "server")
+    server = HorizontalServer(server_t, ids, spec, make_strategy(strategy, **skw), cfg, on_round=on_round)
     clients = []
     for i, (X, y) in enumerate(shards):
         Xt, yt = test if test is not None else (X[:0], y[:0])
-        c = HorizontalClient(net.transport(ids[i]), "server", X, y, Xt, yt, spec, make_strategy(strategy, mu=mu), cfg)
+        c = HorizontalClient(net.transport(ids[i]), "server", X, y, Xt, yt, spec, make_strategy(strategy, **skw), cfg)
         if fail and i in fail:
             _inject_failure(c, fail[i])
         clients.append(c)

@@ -19,7 +19,8 @@ from secureflhv.secagg.bonawitz_client import SecAggClient, _Vanished
 from secureflhv.transport.inprocess import InProcessNetwork, InProcessTransport
 
 CERT_DIR = None  # set by conftest.py's session fixture
-CERT_PARTIES = ["server", "mallory", *(f"client{i}" for i in range(12)), *(f"silo{i}" for i in range(6))]
+CERT_PARTIES = ["server", "mallory", *(f"client{i}" for i in range(12)), *(f"silo{i}" for i in range(6)),
+                *(f"c{i}" for i in range(6))]  # c*: fl_harness.run_fl(cert_dir=...)
 
 
 def network(ids, authenticated: bool = True, deadline: float = 10) -> InProcessNetwork:

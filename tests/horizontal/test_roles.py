@@ -46,7 +46,7 @@ def test_failing_fl_server_tells_its_clients():
     server, _ = _fl(net, ids)
     assert server._peers() == ids
 
-    def broken(dim):
+    def broken(dim, initial=None):
         raise RuntimeError("server broke")
     server.strategy.server_init = broken
     with pytest.raises(RuntimeError, match="server broke"):

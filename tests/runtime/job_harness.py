@@ -29,3 +29,27 @@ def edit(job: Path, party: str, **changes) -> None:
         else:
             entry[key] = value
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def wire_of(out_dir: Path, parties) -> dict:
+    """``{party: metrics.json["wire"]}`` of every party (the counts each wrote at the end of the job)."""
+    import json
+
+    return {p: json.loads((Path(out_dir) / p / "metrics.json").read_text())["wire"] for p in parties}
+
+
+def assert_wire_consistent(wire: dict) -> None:
+    """Every byte A says it sent to B, B says it received from A: per tag, payload and messages exactly
+    (and framing too: both ends compute it from the same chunks); totals are the sums over peers."""
+    for a, rep in wire.items():
+        for b, sent in rep["peers"].items():
+            got = wire[b]["peers"][a]
+            for tag, s in sent["by_tag"].items():
+                r = got["by_tag"].get(tag, {})
+                pair = f"{a} -> {b}, tag {tag!r}"
+                assert s["sent"] == r.get("received"), f"{pair}: sent {s['sent']}, received {r.get('received')}"
+                assert s["messages_sent"] == r.get("messages_received"), pair
+                assert s["sent_framing"] == r.get("received_framing"), pair
+            assert sent["sent"] == got["received"] and sent["sent_framing"] == got["received_framing"], (a, b)
+        for key in ("sent", "received", "sent_framing", "received_framing"):
+            assert rep["total"][key] == sum(e[key] for e in rep["peers"].values()), (a, key)

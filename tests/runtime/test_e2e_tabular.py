@@ -2,8 +2,9 @@
 missing cells at both parties and a categorical column declared in the guest's ``data.schema``.
 
 Each party imputes, one-hot encodes and standardises its own columns (fitted on its training rows); the
-trained weights equal an independent pandas/numpy twin on the joined table (1e-6), and a job file whose
-schema the table breaks stops with an error naming the file, column and row.
+trained weights equal an independent pandas/numpy twin on the joined table (1e-6); a prediction job on
+the raw held-out rows applies the saved preprocessing and reproduces the in-job scores exactly; and a
+job file whose schema the table breaks stops with an error naming the file, column and row.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import yaml
 from secureflhv.data import load_dataset
 from secureflhv.runtime.artifacts import load_model
 from secureflhv.runtime.demo import write_vertical_lr_job
+from secureflhv.runtime.jobs.predict import write_predict_job
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vertical"))
 from vlr_harness import reference_taylor_lr  # noqa: E402  (independent numpy reference)
@@ -115,6 +117,22 @@ def test_vertical_lr_with_missing_and_categorical_matches_twin(tmp_path):
     np.testing.assert_allclose(metrics["history"]["loss"], losses_ref, rtol=1e-6)
     assert {"auc", "ks", "confusion", "precision", "recall"} <= set(metrics["metrics"]["test"])
     assert (out_dir / "guest" / "roc_ks.png").stat().st_size > 1000
+
+    # scoring the raw held-out rows from the bundles: same preprocessing, same scores
+    new = tmp_path / "new"
+    new.mkdir()
+    raw = {"guest": guest.loc[split["test"]].reset_index(), "host-1": host.loc[split["test"]].reset_index()}
+    for name, frame in raw.items():
+        frame.to_csv(new / f"{name}.csv", index=False, float_format="%.17g")
+    pjob = write_predict_job(job, tmp_path / "predict" / "job.yaml",
+                             data={k: new / f"{k}.csv" for k in raw}, new_ports=True)
+    proc = _run(pjob)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    pred = pd.read_csv(tmp_path / "predict" / "predictions" / "guest" / "predictions.csv", dtype={"id": str})
+    in_job = pd.read_csv(out_dir / "guest" / "predictions.csv", dtype={"id": str})
+    merged = pred.merge(in_job, on="id")
+    assert len(merged) == len(split["test"])
+    np.testing.assert_array_equal(merged.score.to_numpy(), merged.probability.to_numpy())
 
 
 def test_table_breaking_the_schema_stops_the_job_naming_file_column_row(tmp_path):

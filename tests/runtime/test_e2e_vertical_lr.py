@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,9 @@ from secureflhv.runtime.launcher import Launcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vertical"))
 from vlr_harness import reference_taylor_lr  # noqa: E402  (independent numpy reference)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from job_harness import assert_wire_consistent, wire_of  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -90,6 +94,18 @@ def test_trained_model_and_psi_match_centralised(tmp_path, n_hosts, mode):
     assert (out_dir / "guest" / "loss.png").stat().st_size > 1000
     if mode == "arbiter":
         assert load_model(out_dir / "server" / "model.json")["role"] == "server"
+
+    # bytes on the wire: every party wrote them, both ends of every link agree, and the guest sent at least
+    # the Paillier ciphertexts [[d]] of every training row each epoch (1024-bit key: < 256 bytes each, ~256)
+    parties = ["guest"] + [f"host-{h}" for h in range(1, n_hosts + 1)] + (["server"] if mode == "arbiter" else [])
+    wire = wire_of(out_dir, parties)
+    assert_wire_consistent(wire)
+    for h in range(1, n_hosts + 1):
+        d = wire["guest"]["peers"][f"host-{h}"]["by_tag"]["vlr.d"]
+        assert d["sent"] >= PARAMS["epochs"] * len(split["train"]) * 250, d
+        assert d["sent"] < PARAMS["epochs"] * len(split["train"]) * 300 + 10_000 * d["messages_sent"], d
+        assert 0 < d["sent_framing"] < d["sent"]
+    assert "bytes on the wire" in out and re.search(r"guest finished in [\d.]+s; sent [\d.]+ [kMG]?B \(\+", out)
 
 
 def test_killed_host_stops_guest_and_server_within_deadline(tmp_path):

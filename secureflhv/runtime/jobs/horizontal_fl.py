@@ -1,4 +1,6 @@
-"""Horizontal FL as a job (``job.algorithm: horizontal``): FedAvg / FedProx / SCAFFOLD / FedNova.
+"""Horizontal FL as a job (``job.algorithm: horizontal``): FedAvg / FedProx / SCAFFOLD / FedNova, each
+optionally with client contribution normalisation (``contribution_temperature``); IFCA (clustered) and
+FedPer (personal head); all through the job's aggregation (secure by default).
 
 Clients are the job's guest and hosts (``cfg.clients``); the server aggregates and holds no data.
 Each client reads ``parties[i].data.path`` — an ``.npz`` shard written by ``secureflhv partition``
@@ -9,8 +11,11 @@ feature) — and holds out ``params.test_fraction`` of its rows as its local tes
 Example ``params``::
 
     params:
-      strategy: fedprox          # fedavg | fedprox | scaffold | fednova
+      strategy: fedprox          # fedavg | fedprox | scaffold | fednova | ifca | fedper
       mu: 0.01                   # FedProx only
+      clusters: 2                # IFCA only: k cluster models (Ghosh et al. 2020)
+      personal_layers: 1         # FedPer only: final linear layers kept local
+      contribution_temperature: 1.0   # client contribution normalisation (Kundalwal et al.), T; null = off
       model: {name: cnn, n_features: 784, n_classes: 10}   # or {name: mlp, n_features: 54, n_classes: 7}
       rounds: 20
       fraction: 1.0              # clients sampled per round
@@ -23,9 +28,13 @@ Example ``params``::
       test_fraction: 0.2
 
 Artifacts under ``<output_dir>/<party id>/``: at the server ``global_model.npz`` (named float32
-arrays, ``np.load(..., allow_pickle=False)``), ``model.json`` (architecture, parameter shapes, the npz's
-SHA-256, params, final metrics), ``metrics.json`` (per round) and ``accuracy.png``; at each client
-``metrics.json`` (its local test metrics per round).
+arrays, ``np.load(..., allow_pickle=False)``; IFCA: the most chosen cluster, and every cluster in
+``cluster_models.npz``), ``model.json`` (architecture, parameter shapes, the npz's
+SHA-256, params, final metrics), ``metrics.json`` (per round, with each client's own accuracy and the
+worst client's) and ``accuracy.png`` (overall and worst client); at each client
+``metrics.json`` (its local test metrics per round). The server and every client also write the final
+global model as a bundle (``model/``, :mod:`secureflhv.runtime.model_bundle`: ``model.safetensors``),
+which :func:`secureflhv.load_model` scores locally.
 """
 from __future__ import annotations
 
@@ -38,13 +47,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...secagg import AggregationConfig
-from ...horizontal.fl import DEFAULT_PART_CLIPS, FLConfig, HorizontalClient, HorizontalServer, RoundRecord
+from ...horizontal.fl import DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, HorizontalClient, HorizontalServer, RoundRecord
 from ...horizontal.models import ModelSpec, build_model, named_arrays
-from ...horizontal.strategies import LocalTrainConfig, make_strategy
+from ...horizontal.registry import make_strategy
+from ...horizontal.strategies import LocalTrainConfig
 from ...transport import Transport
 from ..artifacts import plot_curves, save_model, write_json
 from ..data_prep import load_party_table, local_split
 from ..job_file import JobConfig, JobConfigError, PartySpec
+from ..model_bundle import save_job_bundle
 from ..progress import emit_progress
 
 log = logging.getLogger("secureflhv.job")
@@ -75,8 +86,13 @@ class HorizontalJobParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    strategy: Literal["fedavg", "fedprox", "scaffold", "fednova"] = "fedavg"
+    strategy: Literal["fedavg", "fedprox", "scaffold", "fednova", "ifca", "fedper"] = "fedavg"
+    clusters: int = Field(default=2, ge=2, description="IFCA: number of cluster models k (at most 8)")
+    personal_layers: int = Field(default=1, ge=1, description="FedPer: final linear layers kept local")
     mu: float = Field(default=0.01, ge=0, description="FedProx proximal weight")
+    contribution_temperature: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="T of client contribution normalisation (secureflhv.horizontal.contribution); null = off")
     model: ModelSpec
     rounds: int = Field(default=10, ge=1)
     fraction: float = Field(default=1.0, gt=0, le=1, description="share of clients sampled per round")
@@ -112,6 +128,12 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     if m < 2 and agg.kind == "secagg":
         raise JobConfigError(f"params.fraction: selects {m} client per round; secure aggregation of one client "
                              f"would reveal its update (select at least 2)")
+    if params.strategy == "ifca" and params.contribution_temperature is not None:
+        raise JobConfigError("params.contribution_temperature: contribution normalisation re-weights sample-weighted "
+                             "updates (FedAvg family, FedPer); IFCA's cluster averages are unweighted (set it to null)")
+    if params.strategy == "ifca" and params.clusters > PARTS_PER_ROUND:
+        raise JobConfigError(f"params.clusters: {params.clusters} IFCA clusters exceed the {PARTS_PER_ROUND} "
+                             f"aggregations of a round")
 
 
 def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConfig:
@@ -127,6 +149,7 @@ def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
     timeout = params.round_timeout_s or cfg.job.deadline_s
     return FLConfig(rounds=params.rounds, fraction=params.fraction, seed=params.seed, local=local,
                     aggregation=_aggregation(cfg, params), part_clips={**DEFAULT_PART_CLIPS, **params.part_clips},
+                    contribution_temperature=params.contribution_temperature,
                     # a send may retry for a quarter of a client's wait, so a slow delivery to one
                     # client never makes the others give up on the server
                     round_timeout_s=timeout, send_timeout_s=min(30.0, timeout / 4))
@@ -165,6 +188,13 @@ def _record_json(rec: RoundRecord) -> dict:
     return _finite(dict(vars(rec)))
 
 
+def _save_bundle(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, arrays: dict, metrics: dict) -> None:
+    """The global model as a bundle: ``model.safetensors`` (the torch ``state_dict``, float32) and the
+    architecture in the config (:func:`secureflhv.load_model` rebuilds and runs it)."""
+    save_job_bundle(cfg, party, files={"model.safetensors": arrays}, config=params.model_dump(mode="json"),
+                    metrics=metrics, extra={"n_features": params.model.n_features})
+
+
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams) -> dict:
     """Run this party's role of a horizontal job; return a summary (also saved as artifacts).
 
@@ -172,7 +202,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     AggregationError when a round keeps fewer than t clients.
     """
     config = fl_config(cfg, params)
-    strategy = make_strategy(params.strategy, mu=params.mu)
+    strategy = make_strategy(params.strategy, mu=params.mu, clusters=params.clusters,
+                             personal_layers=params.personal_layers)
     if config.aggregation.kind in ("plain", "plain_quantised"):
         log.warning("%s: aggregation kind %r: the server sees every client's update", party.id,
                     config.aggregation.kind)
@@ -185,7 +216,8 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
                 config: FLConfig, strategy) -> dict:
     def on_round(rec: RoundRecord, _vec) -> None:
         emit_progress("rounds", rec.round, params.rounds,
-                      f"accuracy {rec.test_accuracy:.4f}" if rec.test_n else f"loss {rec.train_loss:.4f}")
+                      f"accuracy {rec.test_accuracy:.4f}" if rec.test_n else f"loss {rec.train_loss:.4f}",
+                      {"train loss": rec.train_loss, **({"test accuracy": rec.test_accuracy} if rec.test_n else {})})
 
     clients = [p.id for p in cfg.clients]
     server = HorizontalServer(transport, clients, params.model, strategy, config, on_round=on_round)
@@ -196,19 +228,30 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     npz = out_dir / "global_model.npz"
     np.savez(npz, **arrays)
     final = _record_json(history[-1]) if history else {}
+    extra_meta = {}
+    if params.strategy == "ifca":  # every cluster model (the global one is the most chosen cluster)
+        blank = build_model(params.model)
+        cl = out_dir / "cluster_models.npz"
+        np.savez(cl, **{f"cluster{j}/{k}": v for j, vec in enumerate(strategy.clusters)
+                        for k, v in named_arrays(blank, vec).items()})
+        extra_meta["cluster_models"] = {"file": cl.name, "sha256": hashlib.sha256(cl.read_bytes()).hexdigest(),
+                                        "k": len(strategy.clusters), "format": "npz, arrays 'cluster<j>/<name>'"}
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "strategy": params.strategy,
                                           "rounds": [_record_json(r) for r in history], "final": final})
     acc = [r.test_accuracy for r in history]
     plot = None
     if any(math.isfinite(a) for a in acc):
-        plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc},
+        plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc,
+                                                      "worst client": [r.worst_client_accuracy for r in history]},
                            title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="accuracy")
     save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm="horizontal",
                model={"file": npz.name, "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
                       "format": "npz (named float32 arrays)",
                       "parameters": {k: list(v.shape) for k, v in arrays.items()}},
                metadata={"architecture": params.model.model_dump(mode="json"),
-                         "params": params.model_dump(mode="json"), "clients": clients, "final_metrics": final})
+                         "params": params.model_dump(mode="json"), "clients": clients, "final_metrics": final,
+                         **extra_meta})
+    _save_bundle(cfg, party, params, arrays, final)
     log.info("%s: done: %d rounds, final accuracy %.4f; model %s; plot %s", party.id, len(history),
              history[-1].test_accuracy if history else float("nan"), npz, plot)
     return final
@@ -227,6 +270,9 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     except ValueError as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     history = client.run()
+    if client.global_vec is not None:  # the last global model the server sent: every client can score with it
+        _save_bundle(cfg, party, params, named_arrays(build_model(params.model), client.global_vec),
+                     _finite(history[-1]) if history else {})
     write_json(cfg.output_dir(party.id) / "metrics.json",
                {"job_id": cfg.job.id, "party_id": party.id, "n_train": len(train), "n_test": len(test),
                 "rounds": _finite(history)})

@@ -25,10 +25,11 @@ from ...secagg import AggregationConfig
 from ...tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer, job_threshold,
                                 tree_aggregation_config)
 from ...tree.model import model_to_dict
-from ...tree.xgb_export import save_xgboost_json
+from ...tree.xgb_export import save_xgboost_json, to_xgboost_json
 from ..artifacts import save_model, write_json
 from ..data_prep import load_party_table, split_rows
 from ..job_file import JobConfig, JobConfigError, PartySpec
+from ..model_bundle import save_job_bundle
 from ..reports import evaluate_split, objective_metrics
 from .secureboost_vertical import SecureBoostJobParams, tree_params
 
@@ -74,6 +75,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
         save_xgboost_json(model, out_dir / "model.xgboost.json")
         save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm=cfg.job.algorithm,
                    model=model_to_dict(model), metadata={**meta, "tree_seconds": server.tree_seconds})
+        _save_bundle(cfg, party, model, params, None, {})
         return {}
     table = load_party_table(cfg, party, require_label=True)
     X, y = table.X.astype(np.float64), table.y
@@ -87,4 +89,14 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics})
     save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="client", algorithm=cfg.job.algorithm,
                model=model_to_dict(model), metadata={**meta, "metrics": metrics})
+    _save_bundle(cfg, party, model, params, list(table.feature_names), metrics)
     return metrics
+
+
+def _save_bundle(cfg: JobConfig, party: PartySpec, model, params, feature_names, metrics: dict) -> None:
+    """The global model as a bundle: ``model.json`` (every split known) and ``model.xgboost.json``."""
+    import json
+
+    save_job_bundle(cfg, party, files={"model.json": model_to_dict(model),
+                                       "model.xgboost.json": json.dumps(to_xgboost_json(model))},
+                    feature_names=feature_names, config=params.model_dump(mode="json"), metrics=metrics)

@@ -4,8 +4,11 @@ Guest and hosts run the shared preparation (:func:`secureflhv.runtime.data_prep.
 PSI, the same seeded train/validation/test split at every party; no standardisation, trees do not need
 it), then training (:mod:`secureflhv.tree.vertical`; the guest holds the Paillier key, so a server in the
 job file takes no part) and federated prediction of all aligned rows. The guest writes ``metrics.json``
-(train/test AUC, accuracy or RMSE) and its ``model.json`` (host splits as record ids); each host writes
-its private split table.
+(train/test AUC, accuracy or RMSE), ``predictions.csv`` (held-out rows) and its ``model.json`` (host splits
+as record ids); each host writes its private split table. Both also write a model bundle
+(:mod:`secureflhv.runtime.model_bundle`): the guest's ``model.json``, a host's ``split_table.json``
+(record id -> [feature index, bin, threshold, default_left]; an infinite threshold as "inf" / "-inf"),
+for the prediction job.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from ...tree.vertical import SecureBoostGuest, SecureBoostHost
 from ..artifacts import save_model, write_json
 from ..data_prep import ValidationSplitParams, prepare_vertical
 from ..job_file import JobConfig, PartySpec
+from ..model_bundle import save_job_bundle
 from ..reports import evaluate_split, objective_metrics
 
 log = logging.getLogger("secureflhv.job")
@@ -31,16 +35,32 @@ class SecureBoostJobParams(SecureBoostParams, ValidationSplitParams):
     """``params``: :class:`secureflhv.tree.params.SecureBoostParams` plus the split (with validation rows).
 
     ``insecure_test_key`` follows ``security.insecure_test_keys``. Empty numeric cells are accepted
-    (``accepts_missing``): the trees learn a default direction for missing values.
+    (``accepts_missing_values``): the trees learn a default direction for missing values.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    accepts_missing: ClassVar[bool] = True
+    accepts_missing_values: ClassVar[bool] = True
 
 
 def tree_params(params: SecureBoostParams) -> SecureBoostParams:
     """The algorithm's own parameters, without the job's split fields."""
     return SecureBoostParams(**params.model_dump(include=set(SecureBoostParams.model_fields)))
+
+
+def _save_test_predictions(out_dir, data, pred: np.ndarray) -> None:
+    """``predictions.csv`` of the held-out rows: id, label, probability (binary) / p0.. / value."""
+    import pandas as pd
+
+    rows = data.split.test
+    if not len(rows):
+        return
+    cols = {"id": data.ids[rows], "label": data.y[rows]}
+    p = pred[rows]
+    if p.ndim == 2:
+        cols.update({f"p{c}": p[:, c] for c in range(p.shape[1])})
+    else:
+        cols["value" if data.meta["params"].get("objective") == "regression" else "probability"] = p
+    pd.DataFrame(cols).to_csv(out_dir / "predictions.csv", index=False, float_format="%.17g")
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBoostJobParams) -> dict:
@@ -61,6 +81,9 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
                   "default_left": dl} for i, (j, b, thr, dl) in enumerate(host.records)]
         save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="host", algorithm=cfg.job.algorithm,
                    model={"split_table": table}, metadata=data.meta)
+        records = [[j, b, json_number(thr), dl] for j, b, thr, dl in host.records]
+        save_job_bundle(cfg, party, files={"split_table.json": records},
+                        feature_names=data.feature_names, config=algo.model_dump(mode="json"), public_key=host.pub)
         return {}
     y = data.y
     guest = SecureBoostGuest(transport, [h.id for h in cfg.hosts], X[data.train], y[data.train], algo,
@@ -74,5 +97,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
                                           "stopped_early": res.stopped_early, "val_losses": res.model.val_losses})
     save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="guest", algorithm=cfg.job.algorithm,
                model=model_to_dict(res.model), metadata={**data.meta, "metrics": metrics})
+    save_job_bundle(cfg, party, files={"model.json": model_to_dict(res.model)}, feature_names=data.feature_names,
+                    config=algo.model_dump(mode="json"), metrics=metrics, public_key=guest.pub)
+    _save_test_predictions(out_dir, data, pred)
     log.info("%s: %d trees, metrics %s", party.id, len(res.model.trees), metrics.get("test", metrics["train"]))
     return metrics

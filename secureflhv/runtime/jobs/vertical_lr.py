@@ -6,16 +6,21 @@ part only in training. Then training (:mod:`secureflhv.vertical.lr`) and federat
 training and test rows: the hosts send partial scores, the guest computes probabilities, AUC and accuracy.
 
 Artifacts (:mod:`secureflhv.runtime.artifacts`): every party's ``model.json``; at the guest also
-``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``.
+``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``. Guest and hosts also write their
+model bundle (:mod:`secureflhv.runtime.model_bundle`): ``weights.npy`` (float64, the party's features in
+``feature_names`` order), at the guest ``intercept.npy``; the standardisation state; the config. A
+prediction job (:mod:`secureflhv.runtime.jobs.predict`) scores new rows with them.
 """
 from __future__ import annotations
 
+import numpy as np
 from pydantic import ConfigDict
 
 from ...transport import Transport
 from ...vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
 from ..artifacts import save_model
-from ..data_prep import StandardisedSplitParams, prepare_vertical
+from ..data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
+from ..model_bundle import save_job_bundle
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..progress import emit_progress
 from ..reports import classification_metrics, evaluate_split, log_summary, save_guest_reports
@@ -39,6 +44,11 @@ def check(cfg: JobConfig, params: VerticalLRJobParams) -> None:
         raise JobConfigError("params.mode: 'arbiter' needs a party with role: server (the key holder)")
     if params.mode == "two_party" and cfg.server is not None:
         raise JobConfigError("params.mode: 'two_party' runs without a server; remove it or use mode: arbiter")
+
+
+def _bundle_fields(data, config: VerticalLRConfig) -> dict:
+    return {"feature_names": data.feature_names, "config": config.model_dump(mode="json"),
+            "preprocessing": preprocessing_state(data)}
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams) -> dict:
@@ -67,10 +77,13 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         host.fit()
         host.serve_predictions(X)  # the guest asks for training and test rows by index
         save({"weights": dict(zip(data.feature_names, host.weights))}, data.meta)
+        save_job_bundle(cfg, party, files={"weights.npy": host.weights}, **_bundle_fields(data, config),
+                        public_key=host.public_key)
         return {}
 
     guest = VerticalLRGuest(transport, host_ids, X[train], data.y[train], config, arbiter_id,
-                            on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs, f"loss {loss:.5f}"))
+                            on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs, f"loss {loss:.5f}",
+                                                                  {"loss": loss}))
     result = guest.fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      classification_metrics)
@@ -81,5 +94,10 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                               loss_label="training Taylor loss (mean over the epoch's batches)")
     save({"weights": dict(zip(data.feature_names, guest.weights)), "intercept": guest.intercept},
          {**data.meta, "metrics": metrics})
+    files = {"weights.npy": guest.weights}
+    if guest.intercept is not None:
+        files["intercept.npy"] = np.array(guest.intercept, dtype=np.float64)
+    save_job_bundle(cfg, party, files=files, metrics=metrics, **_bundle_fields(data, config),
+                    public_key=guest.public_key)
     log_summary(party.id, metrics, result.losses, plot)
     return metrics

@@ -5,6 +5,9 @@ Guest and hosts (no server) first run the shared preparation
 (:mod:`secureflhv.vertical.split_nn`) with a checkpoint per epoch in ``out/<party>/checkpoints/``, then
 federated prediction of the training and test rows. Artifacts: every party's ``model.json`` (and its
 last checkpoint); at the guest ``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``.
+Guest and hosts also write their model bundle (:mod:`secureflhv.runtime.model_bundle`):
+``state.safetensors`` (float64 arrays of :meth:`state_arrays`: bottom / top torch ``state_dict`` entries,
+interactive-layer shares), the standardisation state and the config, for the prediction job.
 
 Labels at the guest must be integers 0..C-1 (C = 2: binary with AUC; C > 2: multi-class accuracy).
 """
@@ -16,7 +19,8 @@ from pydantic import ConfigDict
 from ...transport import Transport
 from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
 from ..artifacts import save_model
-from ..data_prep import StandardisedSplitParams, prepare_vertical
+from ..data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
+from ..model_bundle import save_job_bundle
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..progress import emit_progress
 from ..reports import classification_metrics, evaluate_split, log_summary, save_guest_reports
@@ -35,6 +39,11 @@ def check(cfg: JobConfig, params: VerticalNNJobParams) -> None:
     """Split NN runs between guest and hosts only."""
     if cfg.server is not None:
         raise JobConfigError("parties: vertical_nn runs between guest and hosts only; remove the server party")
+
+
+def _bundle_fields(data, config: SplitNNConfig) -> dict:
+    return {"feature_names": data.feature_names, "config": config.model_dump(mode="json"),
+            "preprocessing": preprocessing_state(data)}
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalNNJobParams) -> dict:
@@ -58,13 +67,15 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         res = host.fit()
         host.serve_predictions(X)
         save({"state": host.state_arrays()}, {**data.meta, "checkpoints": res.checkpoints})
+        save_job_bundle(cfg, party, files={"state.safetensors": host.state_arrays()}, **_bundle_fields(data, config))
         return {}
 
     if not np.all(np.equal(np.mod(data.y, 1), 0)) or np.min(data.y) < 0:
         raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: labels must be integers 0..C-1")
     data.y = data.y.astype(np.int64)
     guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config, checkpoint_dir=ckpt_dir)
-    guest.on_epoch = lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}")
+    guest.on_epoch = lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}",
+                                                       {"loss": loss})
     result = guest.fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      classification_metrics)
@@ -75,5 +86,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                               n_classes=guest.n_classes)
     save({"state": guest.state_arrays(), "n_classes": guest.n_classes},
          {**data.meta, "metrics": metrics, "checkpoints": result.checkpoints})
+    save_job_bundle(cfg, party, files={"state.safetensors": guest.state_arrays()}, metrics=metrics,
+                    extra={"n_classes": guest.n_classes}, **_bundle_fields(data, config))
     log_summary(party.id, metrics, result.losses, plot)
     return metrics

@@ -1,0 +1,315 @@
+"""Model bundles: one party's part of a trained model, versioned, hashed, and checked when loaded.
+
+A bundle is a folder, ``<output_dir>/<party id>/model/``, holding ``manifest.json`` and the
+parameter files it lists. Nothing in it is ever unpickled or evaluated:
+
+* ``.npy`` — one numpy array, read with ``np.load(..., allow_pickle=False)``;
+* ``.safetensors`` — named float arrays (a torch ``state_dict``), read with ``safetensors.numpy``;
+* ``.json`` — plain JSON (e.g. a tree model, a host's split table);
+* ``.xgboost.json`` — an XGBoost JSON model (``xgboost.Booster.load_model``).
+
+The manifest (``format: secureflhv.bundle``, ``format_version`` 1) names the job, the algorithm, the
+party and its role, the feature names in column order, the preprocessing state (e.g. standardisation
+means and standard deviations), the algorithm's configuration, metrics, the peers the model was
+trained with (party ids, roles and, where this party can read them, certificate SHA-256 fingerprints,
+plus the job CA's), the Paillier public key fingerprint where one was used, every file's SHA-256 and
+``content_sha256``: the SHA-256 of the canonical JSON of everything else in the manifest, so a
+change to the manifest or to any file is caught.
+
+:func:`read_bundle` checks the format and its version, every hash, and (when asked) that the bundle
+belongs to the expected party and job; any mismatch raises :class:`ModelBundleError` naming the field.
+Writing is atomic: files go to a temporary folder next to ``model/``, are fsynced, and the folder is
+renamed into place, so a crash leaves the previous bundle or the new one, never half of one.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+
+FORMAT = "secureflhv.bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+BUNDLE_DIR = "model"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class ModelBundleError(ValueError):
+    """A bundle is missing, damaged, of an unknown version, or not the one expected; the message names the field."""
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-safe copy: arrays to lists, numpy scalars to Python, non-finite floats to None."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist())
+    if isinstance(obj, np.generic):
+        return _plain(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_format(name: str) -> str:
+    for suffix, kind in ((".xgboost.json", "xgboost-json"), (".json", "json"), (".npy", "npy"),
+                         (".safetensors", "safetensors")):
+        if name.endswith(suffix):
+            return kind
+    raise ValueError(f"parameter file {name!r}: use .npy, .safetensors, .json or .xgboost.json")
+
+
+def _encode(name: str, value: Any) -> bytes:
+    """The bytes of parameter file ``name`` (its format follows the suffix)."""
+    kind = _file_format(name)
+    if kind == "npy":
+        import io
+
+        buf = io.BytesIO()
+        arr = np.asarray(value)
+        if arr.dtype == object:
+            raise ValueError(f"{name}: object arrays cannot be stored (they would need pickle)")
+        np.save(buf, arr, allow_pickle=False)
+        return buf.getvalue()
+    if kind == "safetensors":
+        from safetensors.numpy import save
+
+        return save({k: np.ascontiguousarray(v) for k, v in value.items()})
+    if kind == "xgboost-json":
+        return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    return (json.dumps(_plain(value), indent=1, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _decode(name: str, data: bytes) -> Any:
+    kind = _file_format(name)
+    if kind == "npy":
+        import io
+
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    if kind == "safetensors":
+        from safetensors.numpy import load
+
+        return load(data)
+    if kind == "xgboost-json":
+        return data.decode("utf-8")
+    return json.loads(data.decode("utf-8"))
+
+
+def certificate_sha256(path: Path | None) -> str | None:
+    """SHA-256 (hex) of a PEM certificate's DER bytes, or None when ``path`` is unset or unreadable."""
+    if path is None:
+        return None
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import Encoding
+
+        cert = x509.load_pem_x509_certificate(Path(path).read_bytes())
+        return _sha256(cert.public_bytes(Encoding.DER))
+    except (OSError, ValueError):
+        return None
+
+
+def job_identity(cfg, party) -> dict:
+    """The ``peers`` / ``ca_sha256`` entries of a manifest for ``party`` of job ``cfg``.
+
+    Peers are every other party (id, role, certificate fingerprint where its file is readable here).
+    """
+    peers = [{"id": p.id, "role": p.role, "cert_sha256": certificate_sha256(cfg.resolve(p.cert))}
+             for p in cfg.parties if p.id != party.id]
+    return {"peers": peers, "ca_sha256": certificate_sha256(cfg.resolve(cfg.security.ca)),
+            "cert_sha256": certificate_sha256(cfg.resolve(party.cert))}
+
+
+@dataclass
+class ModelBundle:
+    """A loaded, verified bundle: ``manifest`` (dict) and ``files`` (name -> decoded content)."""
+
+    path: Path
+    manifest: dict
+    files: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:  # job_id, algorithm, party_id, role, feature_names, ...
+        manifest = self.__dict__.get("manifest") or {}
+        if name in manifest:
+            return manifest[name]
+        raise AttributeError(name)
+
+    def file(self, name: str) -> Any:
+        """The decoded content of parameter file ``name``; ModelBundleError naming it when absent."""
+        if name not in self.files:
+            raise ModelBundleError(f"{self.path}: files: no {name!r} in this {self.manifest.get('algorithm')} "
+                                   f"bundle (it has {sorted(self.files)})")
+        return self.files[name]
+
+
+def write_bundle(out_dir: Path, *, job_id: str, algorithm: str, party_id: str, role: str,
+                 files: dict[str, Any], feature_names: list[str] | None = None, preprocessing: dict | None = None,
+                 config: dict | None = None, metrics: dict | None = None, identity: dict | None = None,
+                 paillier_key_sha256: str | None = None, extra: dict | None = None) -> Path:
+    """Write a bundle to ``out_dir/model/`` atomically (replacing an older one); returns that folder.
+
+    Args:
+        out_dir: the party's output folder (``<output_dir>/<party id>``).
+        files: parameter file name -> content: ``.npy`` an array, ``.safetensors`` a dict of arrays,
+            ``.json`` JSON-able data, ``.xgboost.json`` XGBoost's JSON text.
+        feature_names: this party's feature columns, in the order the parameters use them.
+        preprocessing: e.g. ``{"standardisation": {"mean": [...], "std": [...]}}`` (None: none).
+        config: the algorithm's configuration (what a prediction needs to rebuild the model).
+        identity: :func:`job_identity` (peers, CA and own certificate fingerprints).
+        paillier_key_sha256: the Paillier public key fingerprint (hex) used in training, if any.
+    Raises ValueError for a bad file name or content (e.g. object arrays), OSError from the disk.
+    """
+    out_dir = Path(out_dir)
+    blobs = {}
+    for name, value in files.items():
+        if not _NAME.match(name) or name == MANIFEST:
+            raise ValueError(f"parameter file name {name!r}: letters, digits, '_', '.', '-' only")
+        blobs[name] = _encode(name, value)
+    body = _plain({
+        "format": FORMAT, "format_version": FORMAT_VERSION, "secureflhv_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "job_id": job_id, "algorithm": algorithm, "party_id": party_id, "role": role,
+        "feature_names": list(feature_names or []), "preprocessing": preprocessing or {}, "config": config or {},
+        "metrics": metrics or {}, **(identity or {"peers": [], "ca_sha256": None, "cert_sha256": None}),
+        "paillier_key_sha256": paillier_key_sha256, "extra": extra or {},
+        "files": {n: {"format": _file_format(n), "sha256": _sha256(b), "bytes": len(b)} for n, b in blobs.items()},
+    })
+    manifest = {**body, "content_sha256": _sha256(_canonical(body))}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=out_dir))
+    try:
+        for name, data in [*blobs.items(), (MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())]:
+            with open(tmp / name, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        final = out_dir / BUNDLE_DIR
+        old = None
+        if final.exists():
+            old = out_dir / f".model-old-{os.getpid()}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def bundle_dir(path: Path | str) -> Path:
+    """``path`` itself when it holds a manifest, else ``path/model`` (a party's output folder)."""
+    path = Path(path)
+    return path if (path / MANIFEST).is_file() or not (path / BUNDLE_DIR / MANIFEST).is_file() else path / BUNDLE_DIR
+
+
+def read_bundle(path: Path | str, *, expect_party: str | None = None, expect_job: str | None = None,
+                expect_role: str | None = None) -> ModelBundle:
+    """Load and verify a bundle (the ``model/`` folder, or the party folder holding it).
+
+    Checks, in order: the manifest exists and is JSON; ``format`` and ``format_version``;
+    ``content_sha256`` over the manifest; each listed file's size and SHA-256; then ``party_id``,
+    ``job_id`` and ``role`` against the expected values (when given).
+
+    Raises:
+        ModelBundleError: the first failed check, naming the bundle's path and the field.
+    """
+    where = bundle_dir(path)
+    try:
+        raw = (where / MANIFEST).read_bytes()
+    except OSError as exc:
+        raise ModelBundleError(f"{where}: no readable {MANIFEST} ({exc.strerror or exc}): not a model bundle; "
+                               f"train first, or point at <output_dir>/<party id>/model") from None
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:
+        raise ModelBundleError(f"{where}/{MANIFEST}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ModelBundleError(f"{where}: format: {got!r} is not a secureflhv model bundle ({FORMAT!r})")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ModelBundleError(f"{where}: format_version: {manifest.get('format_version')!r} is not supported "
+                               f"(this secureflhv {__version__} reads version {FORMAT_VERSION})")
+    body = {k: v for k, v in manifest.items() if k != "content_sha256"}
+    try:
+        digest = _sha256(_canonical(body))
+    except ValueError as exc:
+        raise ModelBundleError(f"{where}: content_sha256: the manifest holds non-JSON values ({exc})") from None
+    if digest != manifest.get("content_sha256"):
+        raise ModelBundleError(f"{where}: content_sha256: the manifest does not match its hash: it was modified "
+                               f"after it was written")
+    files = {}
+    listed = manifest.get("files")
+    if not isinstance(listed, dict):
+        raise ModelBundleError(f"{where}: files: missing from the manifest")
+    for name, info in listed.items():
+        if not _NAME.match(str(name)) or name == MANIFEST or not isinstance(info, dict):
+            raise ModelBundleError(f"{where}: files: bad entry {name!r}")
+        try:
+            data = (where / name).read_bytes()
+        except OSError as exc:
+            raise ModelBundleError(f"{where}: files[{name}]: cannot read it ({exc.strerror or exc})") from None
+        if _sha256(data) != info.get("sha256"):
+            raise ModelBundleError(f"{where}: files[{name}].sha256: the file does not match the manifest's "
+                                   f"hash: it was modified or damaged")
+        try:
+            files[name] = _decode(name, data)
+        except Exception as exc:  # noqa: BLE001 - numpy / safetensors / json raise many types
+            raise ModelBundleError(f"{where}: files[{name}]: unreadable ({exc})") from None
+    for fld, want in (("party_id", expect_party), ("job_id", expect_job), ("role", expect_role)):
+        if want is not None and manifest.get(fld) != want:
+            what = {"party_id": "party", "job_id": "job", "role": "role"}[fld]
+            raise ModelBundleError(f"{where}: {fld}: this bundle belongs to {what} {manifest.get(fld)!r}, "
+                                   f"not {want!r}")
+    return ModelBundle(where, manifest, files)
+
+
+def key_sha256(public_key) -> str | None:
+    """Hex fingerprint of a Paillier public key (None when no key was used)."""
+    fp = getattr(public_key, "fingerprint", None)
+    return bytes(fp).hex() if fp is not None else None
+
+
+def save_job_bundle(cfg, party, *, files: dict[str, Any], feature_names: list[str] | None = None,
+                    preprocessing: dict | None = None, config: dict | None = None, metrics: dict | None = None,
+                    public_key=None, extra: dict | None = None) -> Path:
+    """:func:`write_bundle` for ``party`` of job ``cfg`` into ``<output_dir>/<party id>/model/``."""
+    return write_bundle(cfg.output_dir(party.id), job_id=cfg.job.id, algorithm=cfg.job.algorithm, party_id=party.id,
+                        role=party.role, files=files, feature_names=feature_names, preprocessing=preprocessing,
+                        config=config, metrics=metrics, identity=job_identity(cfg, party),
+                        paillier_key_sha256=key_sha256(public_key), extra=extra)

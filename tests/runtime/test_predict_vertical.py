@@ -1,0 +1,146 @@
+"""Vertical families end to end: train (real processes, gRPC + mutual TLS), save bundles, then a prediction
+job on new tables (some ids unknown to one party) whose scores equal the in-job held-out predictions on
+the shared rows (exactly for LR and SecureBoost); a damaged bundle, another party's bundle and another
+job's bundle are each refused with a clear error."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job
+from secureflhv.runtime.jobs.predict import write_predict_job
+from secureflhv.runtime.model_bundle import read_bundle
+
+pytestmark = pytest.mark.slow
+
+SPLIT = {"test_fraction": 0.3, "split_seed": 5}
+FAMILIES = {
+    "vertical_lr": ({"mode": "arbiter", "epochs": 2, "batch_size": 128, "learning_rate": 0.15, "key_bits": 1024,
+                     "seed": 7, **SPLIT}, True),
+    "secureboost_vertical": ({"n_trees": 3, "max_depth": 3, "key_bits": 1024, **SPLIT}, False),
+    "vertical_nn": ({"epochs": 1, "batch_size": 128, "host_bottom": [8, 4], "guest_bottom": [8],
+                     "interactive_units": 4, "key_bits": 1024, "learning_rate": 0.02, "seed": 1, **SPLIT}, False),
+}
+EXACT = {"vertical_lr", "secureboost_vertical"}  # split NN: torch float64 matmuls of other batch shapes
+
+
+def secureflhv(*args) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "secureflhv", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    return proc.returncode, proc.stdout
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def trained(request, tmp_path_factory):
+    algorithm = request.param
+    params, server = FAMILIES[algorithm]
+    tmp = tmp_path_factory.mktemp(algorithm)
+    guest_csv, host_csvs = breast_cancer_tables(tmp / "data", 1, seed=3, scheme="random")
+    parties = vertical_parties(guest_csv, host_csvs, server=server, id_column="id", label_column="label")
+    job = write_job(tmp / "job", "model-train", algorithm, parties, params, deadline_s=60, insecure_test_keys=True)
+    code, out = secureflhv("run", str(job), "--timeout", "240")
+    assert code == 0, out[-3000:]
+    return tmp, job, guest_csv, host_csvs[0]
+
+
+def new_tables(tmp: Path, guest_csv: Path, host_csv: Path, test_ids: list[str]) -> dict[str, Path]:
+    """The held-out rows, minus a few ids at the host, plus rows only the guest (or host) holds."""
+    guest = pd.read_csv(guest_csv, dtype={"id": str})
+    host = pd.read_csv(host_csv, dtype={"id": str})
+    g = guest[guest.id.isin(test_ids)]
+    dropped = set(test_ids[:5])
+    h = host[host.id.isin(test_ids) & ~host.id.isin(dropped)]
+    g = pd.concat([g, guest.assign(id=guest.id + "-new").head(4)])           # unknown to the host
+    h = pd.concat([h, host.assign(id=host.id + "-hostonly").head(3)])        # unknown to the guest
+    out = tmp / "new"
+    out.mkdir(exist_ok=True)
+    g.to_csv(out / "guest.csv", index=False, float_format="%.17g")
+    h.to_csv(out / "host.csv", index=False, float_format="%.17g")
+    return {"guest": out / "guest.csv", "host-1": out / "host.csv"}
+
+
+def test_predict_job_equals_in_job_predictions(trained):
+    tmp, job, guest_csv, host_csv = trained
+    out = job.parent / "out"
+    in_job = pd.read_csv(out / "guest" / "predictions.csv", dtype={"id": str})
+    test_ids = list(in_job.id)
+    data = new_tables(tmp, guest_csv, host_csv, test_ids)
+    pjob = write_predict_job(job, tmp / "predict" / "job.yaml", data=data, new_ports=True)
+    code, log = secureflhv("run", str(pjob), "--timeout", "120")
+    assert code == 0, log[-3000:]
+    pred = pd.read_csv(tmp / "predict" / "predictions" / "guest" / "predictions.csv", dtype={"id": str})
+    shared = sorted(set(test_ids) - set(test_ids[:5]))
+    assert sorted(pred.id) == shared                       # PSI: only ids every party holds
+    merged = pred.merge(in_job, on="id")
+    assert len(merged) == len(shared)
+    if read_bundle(job.parent / "out" / "guest").algorithm in EXACT:
+        np.testing.assert_array_equal(merged.score.to_numpy(), merged.probability.to_numpy())
+    else:
+        np.testing.assert_allclose(merged.score.to_numpy(), merged.probability.to_numpy(), rtol=0, atol=1e-9)
+    np.testing.assert_array_equal(merged.label_x, merged.label_y)
+    metrics = json.loads((tmp / "predict" / "predictions" / "guest" / "metrics.json").read_text())["metrics"]
+    assert metrics["rows_scored"] == len(shared) and metrics["ids_without_partner"] == 4 + 5
+    assert 0.5 < metrics["auc"] <= 1.0
+
+
+def test_bundle_manifest(trained):
+    _, job, _, _ = trained
+    b = read_bundle(job.parent / "out" / "guest", expect_party="guest", expect_job="model-train")
+    algorithm = b.algorithm
+    assert algorithm in FAMILIES and b.role == "guest" and b.feature_names
+    peers = {"host-1": "host", **({"server": "server"} if FAMILIES[algorithm][1] else {})}
+    assert {p["id"]: p["role"] for p in b.peers} == peers
+    assert all(p["cert_sha256"] and len(p["cert_sha256"]) == 64 for p in b.peers)
+    host = read_bundle(job.parent / "out" / "host-1" / "model", expect_party="host-1")
+    if algorithm != "vertical_nn":
+        assert len(b.paillier_key_sha256) == 64
+        assert host.paillier_key_sha256 == b.paillier_key_sha256  # the key every party used in training
+    if algorithm == "vertical_nn":
+        assert b.paillier_key_sha256 is None  # each host's own key; a prediction job makes fresh ones
+        assert "interactive.V.host-1" in b.file("state.safetensors")
+        assert "interactive.E" in host.file("state.safetensors")
+    elif algorithm == "vertical_lr":
+        assert len(b.file("weights.npy")) == len(b.feature_names)
+        assert set(b.preprocessing["standardisation"]) == {"mean", "std"}
+    else:  # the guest holds no host threshold: host splits are (owner, record) only
+        nodes = [n for t in b.file("model.json")["trees"] for n in t["nodes"] if n.get("owner") == "host-1"]
+        assert nodes and all("threshold" not in n and n["feature"] == -1 for n in nodes)
+        assert all(len(r) == 4 for r in host.file("split_table.json"))  # feature, bin, threshold, default_left
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("tamper", ".sha256: the file does not match the manifest's hash"),
+    ("other_party", "party_id: this bundle belongs to party 'host-1', not 'guest'"),
+    ("other_job", "job_id: this bundle belongs to job 'model-train', not 'another-job'"),
+])
+def test_bad_bundle_is_refused(trained, tmp_path, damage, expected):
+    tmp, job, guest_csv, host_csv = trained
+    models = tmp_path / "models"
+    shutil.copytree(job.parent / "out", models)
+    model_job = "model-train"
+    if damage == "tamper":
+        files = sorted((models / "guest" / "model").glob("*.npy")) or \
+            sorted((models / "guest" / "model").glob("*.safetensors")) or [models / "guest" / "model" / "model.json"]
+        with open(files[-1], "ab") as fh:
+            fh.write(b" ")
+    elif damage == "other_party":
+        shutil.rmtree(models / "guest" / "model")
+        shutil.copytree(models / "host-1" / "model", models / "guest" / "model")
+    else:
+        model_job = "another-job"
+    data = {"guest": guest_csv, "host-1": host_csv}
+    pjob = write_predict_job(job, tmp_path / "p" / "job.yaml", data=data, model_dir=models, new_ports=True)
+    if model_job != "model-train":
+        text = pjob.read_text().replace("model_job_id: model-train", f"model_job_id: {model_job}")
+        pjob.write_text(text)
+    code, log = secureflhv("run", str(pjob), "--timeout", "60")
+    assert code != 0
+    assert expected in log, log[-3000:]
+    assert "params.model_dir (party 'guest')" in log
