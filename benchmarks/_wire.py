@@ -32,3 +32,17 @@ def cell(stats: dict, scale: float = 1.0, per: str = "") -> str:
     """The table's ``bytes`` cell: ``"guest 1.20 MB sent, 3.40 MB received; host-1 ..."`` (+ ``" per <per>"``)."""
     text = "; ".join(f"{p} {mb(s)} sent, {mb(r)} received" for p, (s, r) in per_party(stats, scale).items())
     return text + (f" per {per}" if per else "")
+
+
+def hub_and_spokes(stats: dict, scale: float = 1.0, hub: str = "server", per: str = "") -> str:
+    """``"server sent 1.2 MB, received 40.1 MB; each client (mean of 10) sent 4.01 MB, received 14.9 kB"``:
+    a star topology (horizontal FL, secure aggregation) summarised as the hub and the mean spoke."""
+    parties = per_party(stats, scale)
+    spokes = [v for p, v in parties.items() if p != hub]
+    text = []
+    if hub in parties:
+        text.append(f"{hub} sent {mb(parties[hub][0])}, received {mb(parties[hub][1])}")
+    if spokes:
+        text.append(f"each client (mean of {len(spokes)}) sent {mb(sum(s for s, _ in spokes) / len(spokes))}, "
+                    f"received {mb(sum(r for _, r in spokes) / len(spokes))}")
+    return "; ".join(text) + (f" per {per}" if per else "")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Test accuracy of FedAvg / FedProx / SCAFFOLD / FedNova under NIID-Bench's partitions, through secure aggregation.
+"""Test accuracy of FedAvg / FedProx / SCAFFOLD / FedNova (and the remedies: contribution normalisation, IFCA,
+FedPer) under NIID-Bench's partitions, through secure aggregation.
 
 Fashion-MNIST, 10 parties, NIID-Bench's simple CNN (Li et al., ICDE 2022, section V), every run's
 updates aggregated with Bonawitz secure aggregation (``kind: secagg``) by a server and 10 client
@@ -23,6 +24,13 @@ Baseline (same run): the same CNN trained centrally on the pooled training rows 
 ``rounds × local epochs`` epochs (NIID-Bench's "all_in"); the table gives each accuracy and its
 ratio to the baseline.
 
+The non-IID remedies run with ``--strategies`` (``fedavg+ccn``: FedAvg with client contribution
+normalisation, temperature ``--temperature``; ``ifca`` with ``--clusters`` k; ``fedper``), ``--seeds 0,1,2``
+gives mean ± std per cell, and ``--local-test 0.2`` holds out a share of each party's rows as its own
+test split and adds the worst party's accuracy beside the global one. Every finished run is appended to
+``niid_accuracy.cells.jsonl`` in the output folder: a crashed or interrupted grid, started again with the
+same settings, skips the runs already there.
+
 Writes ``docs/niid_accuracy.md`` (settings, table, comparison with NIID-Bench's findings),
 ``docs/niid_accuracy.json`` and ``docs/img/niid_accuracy.png``; ``--quick`` writes to a temp folder
 unless ``--out-dir`` is given, so a smoke run does not overwrite the committed results.
@@ -31,6 +39,7 @@ unless ``--out-dir`` is given, so a smoke run does not overwrite the committed r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -42,6 +51,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import _wire  # noqa: E402  (bytes per party beside the time)
 
 PARTITIONS = [  # (label, scheme, params) — NIID-Bench's FMNIST settings
     ("iid", "iid", {}),
@@ -53,20 +64,36 @@ PARTITIONS = [  # (label, scheme, params) — NIID-Bench's FMNIST settings
     ("noise 0.1", "feature_noise", {"sigma": 0.1}),
     ("quantity Dir(0.5)", "quantity_dirichlet", {"beta": 0.5}),
 ]
-STRATEGIES = [("FedAvg", "fedavg"), ("FedProx", "fedprox"), ("SCAFFOLD", "scaffold"), ("FedNova", "fednova")]
+STRATEGIES = [("FedAvg", "fedavg"), ("FedProx", "fedprox"), ("SCAFFOLD", "scaffold"), ("FedNova", "fednova"),
+              # the non-IID remedies (issue 14): contribution normalisation on FedAvg, IFCA, FedPer
+              ("FedAvg+CCN", "fedavg+ccn"), ("IFCA", "ifca"), ("FedPer", "fedper")]
+DEFAULT_STRATEGIES = "fedavg,fedprox,scaffold,fednova"
 
 
-def run_fl(shards, spec, strategy, fl_cfg, mu, deadline=900.0):
-    """One FL run: server + one thread per client over InProcessNetwork; returns the server."""
+def run_fl(shards, spec, strategy, fl_cfg, mu, deadline=900.0, *, tests=None, temperature=1.0, clusters=2,
+           wire_out: dict | None = None):
+    """One FL run: server + one thread per client over InProcessNetwork; returns the server.
+
+    ``strategy``: a registry name, or ``<name>+ccn`` for it with client contribution normalisation
+    (temperature ``temperature``); ``tests``: each client's own test split (X, y), for the worst client;
+    ``wire_out``, if given, receives ``{party: wire_stats()}`` (bytes per peer and tag)."""
+    import dataclasses
+
     from secureflhv.horizontal.fl import HorizontalClient, HorizontalServer
-    from secureflhv.horizontal.strategies import make_strategy
+    from secureflhv.horizontal.registry import make_strategy
     from secureflhv.transport.inprocess import InProcessNetwork
 
+    if strategy.endswith("+ccn"):
+        strategy = strategy[:-len("+ccn")]
+        fl_cfg = dataclasses.replace(fl_cfg, contribution_temperature=temperature)
     ids = [f"party-{i}" for i in range(len(shards))]
     net = InProcessNetwork("niid-bench", ["server", *ids], deadline=deadline)
-    server = HorizontalServer(net.transport("server"), ids, spec, make_strategy(strategy, mu=mu), fl_cfg)
-    clients = [HorizontalClient(net.transport(pid), "server", X, y, X[:0], y[:0], spec, make_strategy(strategy, mu=mu),
-                                fl_cfg) for pid, (X, y) in zip(ids, shards)]
+    server = HorizontalServer(net.transport("server"), ids, spec, make_strategy(strategy, mu=mu, clusters=clusters),
+                              fl_cfg)
+    tests = tests or [(X[:0], y[:0]) for X, y in shards]
+    clients = [HorizontalClient(net.transport(pid), "server", X, y, *te, spec,
+                                make_strategy(strategy, mu=mu, clusters=clusters), fl_cfg)
+               for pid, (X, y), te in zip(ids, shards, tests)]
     errors = []
 
     def guard(pid, fn):
@@ -84,6 +111,8 @@ def run_fl(shards, spec, strategy, fl_cfg, mu, deadline=900.0):
         t.start()
     for t in threads:
         t.join()
+    if wire_out is not None:
+        wire_out.update(net.wire_stats())
     if server.history and len(server.history) == fl_cfg.rounds:
         return server  # clients that dropped out are reported above; the run completed without them
     raise RuntimeError(f"FL run failed: {errors[-1]!r}" if errors else "FL run failed")
@@ -114,8 +143,15 @@ def main(argv=None) -> int:
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--mu", type=float, default=0.01, help="FedProx proximal weight")
     ap.add_argument("--clip", type=float, default=1.0, help="secure aggregation clip range of model updates")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--strategies", default=",".join(s for _, s in STRATEGIES))
+    ap.add_argument("--seed", type=int, default=0, help="seed of the sampled rows and the baseline")
+    ap.add_argument("--seeds", default=None,
+                    help="comma-separated seeds of partitions and FL runs; cells report mean ± std (default: --seed)")
+    ap.add_argument("--local-test", type=float, default=0.0,
+                    help="share of each party's rows held out as its own test split (worst-client column when > 0)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="T of contribution normalisation (+ccn)")
+    ap.add_argument("--clusters", type=int, default=2, help="IFCA's k")
+    ap.add_argument("--strategies", default=DEFAULT_STRATEGIES,
+                    help="comma-separated, of " + ",".join(s for _, s in STRATEGIES))
     ap.add_argument("--partitions", default=",".join(p for p, _, _ in PARTITIONS),
                     help="comma-separated partition labels")
     ap.add_argument("--out-dir", type=Path, help="where the Markdown and PNG go (default: docs/, quick: temp dir)")
@@ -141,6 +177,7 @@ def main(argv=None) -> int:
     from secureflhv.horizontal.fl import FLConfig
     from secureflhv.horizontal.models import ModelSpec, evaluate, set_flat, build_model
     from secureflhv.horizontal.strategies import LocalTrainConfig
+    from secureflhv.runtime.data_prep import local_split
     from secureflhv.secagg import AggregationConfig
 
     torch.set_num_threads(1)  # one thread per client thread: 10 clients share the 2 cores
@@ -157,6 +194,7 @@ def main(argv=None) -> int:
                       round_timeout_s=600)
     strategies = [(n, s) for n, s in STRATEGIES if s in args.strategies.split(",")]
     partitions = [p for p in PARTITIONS if p[0] in args.partitions.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     print(f"Fashion-MNIST: {rows} training rows, {test_rows} test rows, {args.parties} parties, {rounds} rounds x "
           f"{epochs} local epochs, batch {args.batch_size}, lr {args.lr}, momentum {args.momentum}, "
           f"secure aggregation (clip {args.clip})", flush=True)
@@ -170,43 +208,86 @@ def main(argv=None) -> int:
     out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="niid_quick_")) if args.quick else ROOT / "docs")
     settings = dict(rows=rows, test_rows=test_rows, rounds=rounds, epochs=epochs, parties=args.parties,
                     batch_size=args.batch_size, lr=args.lr, momentum=args.momentum, mu=args.mu, clip=args.clip,
-                    seed=args.seed, quick=args.quick)
+                    seed=args.seed, quick=args.quick, seeds=seeds, local_test=args.local_test,
+                    temperature=args.temperature, clusters=args.clusters)
+    cells_path = out_dir / "niid_accuracy.cells.jsonl"  # one line per finished run: a crashed grid resumes
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if cells_path.exists():
+        for line in cells_path.read_text().splitlines():
+            cell = json.loads(line)
+            if cell.get("settings") == settings:
+                done[(cell["partition"], cell["strategy"], cell["seed"])] = cell
+        print(f"resuming: {len(done)} finished runs in {cells_path}", flush=True)
     results: dict[str, dict[str, dict]] = {}
     model = build_model(spec)
     for plabel, scheme, pparams in partitions:
-        part = partition(scheme, ds, args.parties, seed=args.seed, **pparams)
-        shards = []
-        for i in range(args.parties):
-            sd = part.party_data(ds, i)
-            shards.append((sd.X.astype(np.float32), sd.y))
         results[plabel] = {}
-        for sname, strategy in strategies:
-            t0 = time.perf_counter()
-            try:
-                server = run_fl(shards, spec, strategy, fl_cfg, args.mu)
-            except RuntimeError as exc:  # e.g. every client diverged: report it, go on with the grid
-                secs = time.perf_counter() - t0
-                results[plabel][sname] = {"accuracy": float("nan"), "seconds": secs, "n_clipped": 0,
-                                          "error": str(exc), "sizes": part.sizes.tolist()}
-                print(f"{plabel:>18} {sname:>8}: FAILED ({exc}), {secs:.1f}s", flush=True)
-                continue
-            set_flat(model, server.global_vec)
-            acc = evaluate(model, te.X, te.y)["accuracy"]
-            clipped = sum(r.aggregation.get("model", {}).get("n_clipped", 0) for r in server.history)
-            dropped = sorted({c for r in server.history for c in r.dropped})
-            secs = time.perf_counter() - t0
-            results[plabel][sname] = {"accuracy": acc, "seconds": secs, "n_clipped": clipped, "dropped": dropped,
-                                      "sizes": part.sizes.tolist()}
-            print(f"{plabel:>18} {sname:>8}: accuracy {acc:.4f} ({acc / base_acc:.2f}x baseline), "
-                  f"{clipped} clipped coords, {secs:.1f}s" + (f", dropped {dropped}" if dropped else ""), flush=True)
-        partial = out_dir / "niid_accuracy.partial.json"
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"settings": settings, "baseline_accuracy": base_acc, "baseline_seconds": base_s,
-                                       "results": results}, indent=2, default=str) + "\n")
+        for seed in seeds:
+            part = partition(scheme, ds, args.parties, seed=seed, **pparams)
+            shards, tests = [], []
+            for i in range(args.parties):
+                sd = part.party_data(ds, i)
+                split = local_split(len(sd.y), args.local_test, seed, f"party-{i}")
+                X, y = sd.X.astype(np.float32), np.asarray(sd.y)
+                shards.append((X[split.train], y[split.train]))
+                tests.append((X[split.test], y[split.test]))
+            cfg_seed = dataclasses.replace(fl_cfg, seed=seed,
+                                           aggregation=dataclasses.replace(fl_cfg.aggregation, seed=seed))
+            for sname, strategy in strategies:
+                if (plabel, sname, seed) in done:
+                    continue
+                t0 = time.perf_counter()
+                wire = {}
+                cell = {"partition": plabel, "strategy": sname, "seed": seed, "settings": settings,
+                        "sizes": part.sizes.tolist()}
+                try:
+                    server = run_fl(shards, spec, strategy, cfg_seed, args.mu, tests=tests,
+                                    temperature=args.temperature, clusters=args.clusters, wire_out=wire)
+                except RuntimeError as exc:  # e.g. every client diverged: report it, go on with the grid
+                    cell.update(accuracy=float("nan"), worst_client=float("nan"), n_clipped=0, error=str(exc),
+                                seconds=time.perf_counter() - t0)
+                    print(f"{plabel:>18} {sname:>10} seed {seed}: FAILED ({exc})", flush=True)
+                else:
+                    set_flat(model, server.global_vec)
+                    last = server.history[-1]
+                    cell.update(accuracy=evaluate(model, te.X, te.y)["accuracy"],
+                                worst_client=last.worst_client_accuracy,
+                                n_clipped=sum(r.aggregation.get("model", {}).get("n_clipped", 0)
+                                              for r in server.history),
+                                dropped=sorted({c for r in server.history for c in r.dropped}),
+                                seconds=time.perf_counter() - t0)
+                    print(f"{plabel:>18} {sname:>10} seed {seed}: accuracy {cell['accuracy']:.4f} "
+                          f"({cell['accuracy'] / base_acc:.2f}x baseline), worst client {cell['worst_client']:.4f}, "
+                          f"{cell['n_clipped']} clipped coords, {cell['seconds']:.1f}s; "
+                          f"bytes: {_wire.hub_and_spokes(wire)}", flush=True)
+                done[(plabel, sname, seed)] = cell
+                with cells_path.open("a") as f:
+                    f.write(json.dumps(cell, default=str) + "\n")
+        for sname, _ in strategies:
+            results[plabel][sname] = summarise([done[(plabel, sname, seed)] for seed in seeds])
 
     write_report(out_dir, results, strategies, partitions, base_acc, base_s, settings)
-    (out_dir / "niid_accuracy.partial.json").unlink(missing_ok=True)  # superseded by niid_accuracy.json
     return 0
+
+
+def summarise(cells: list[dict]) -> dict:
+    """One table cell from its runs (one per seed): means and standard deviations over the seeds."""
+    acc = np.array([c["accuracy"] for c in cells], dtype=float)
+    worst = np.array([c.get("worst_client", float("nan")) for c in cells], dtype=float)
+
+    def stat(a, f):
+        return float(f(a)) if np.isfinite(a).any() else float("nan")
+    out = {"accuracy": stat(acc, np.nanmean), "accuracy_std": stat(acc, np.nanstd),
+           "worst_client": stat(worst, np.nanmean), "worst_client_std": stat(worst, np.nanstd),
+           "seconds": float(np.mean([c["seconds"] for c in cells])),
+           "n_clipped": int(sum(c.get("n_clipped", 0) for c in cells)),
+           "dropped": sorted({d for c in cells for d in c.get("dropped", [])}),
+           "sizes": cells[0]["sizes"], "seeds": [c["seed"] for c in cells]}
+    errors = [c["error"] for c in cells if "error" in c]
+    if errors:
+        out["error"] = errors[0]
+    return out
 
 
 NIID_BENCH_FINDINGS = """\
@@ -270,6 +351,11 @@ def _observations(results, names, partitions, base_acc) -> dict:
     return {"wins": win_txt, "c1": c1, "skew": skew, "base": base_acc}
 
 
+def _pm(cell: dict, key: str) -> str:
+    """`` ± x.x`` (percentage points) when the cell averages several seeds."""
+    return f" ± {cell[key] * 100:.1f}" if len(cell.get("seeds", [])) > 1 and np.isfinite(cell.get(key, np.nan)) else ""
+
+
 def write_report(out_dir: Path, results, strategies, partitions, base_acc, base_s, settings) -> None:
     """Write niid_accuracy.md, niid_accuracy.json and img/niid_accuracy.png into ``out_dir``."""
     import matplotlib
@@ -285,10 +371,20 @@ def write_report(out_dir: Path, results, strategies, partitions, base_acc, base_
     for plabel, _, _ in partitions:
         row = results[plabel]
         best = _best(row, names)
-        cells = [f"{row[s]['accuracy'] * 100:.1f}% ({row[s]['accuracy'] / base_acc:.2f}×)"
+        cells = [f"{row[s]['accuracy'] * 100:.1f}%{_pm(row[s], 'accuracy_std')} ({row[s]['accuracy'] / base_acc:.2f}×)"
                  if np.isfinite(row[s]["accuracy"]) else "failed (diverged)" for s in names]
         lines.append(f"| {plabel} | " + " | ".join(cells) + f" | {best} |")
     table = header + "\n".join(lines) + "\n"
+    worst_rows = [(p, results[p]) for p, _, _ in partitions
+                  if any(np.isfinite(results[p][s].get("worst_client", float("nan"))) for s in names)]
+    if worst_rows:  # each party's accuracy on its own held-out rows: the worst party of the final round
+        table += ("\nWorst party (accuracy of the final round's model on the party's own held-out rows, lowest "
+                  "party; IFCA: its cluster's model, FedPer: the global base with its own head):\n\n" +
+                  "| partition | " + " | ".join(names) + " |\n|---|" + "---:|" * len(names) + "\n" +
+                  "\n".join(f"| {p} | " + " | ".join(
+                      f"{row[s]['worst_client'] * 100:.1f}%{_pm(row[s], 'worst_client_std')}"
+                      if np.isfinite(row[s].get("worst_client", float("nan"))) else "–" for s in names) + " |"
+                      for p, row in worst_rows) + "\n")
     (out_dir / "niid_accuracy.json").write_text(json.dumps({"settings": settings, "baseline_accuracy": base_acc,
                                                             "baseline_seconds": base_s, "results": results},
                                                            indent=2) + "\n")
@@ -332,7 +428,8 @@ Gaussian noise of level 0.1·i/9 to party i's features; the test set is the clea
 
 **Baseline** (same run): the same CNN trained centrally on the pooled rows for {st['rounds'] * st['epochs']}
 epochs: **{base_acc:.1%}** test accuracy ({base_s:.0f} s). Cells: test accuracy of the final global model
-(ratio to the baseline). One FL run took {min(secs):.0f}–{max(secs):.0f} s on this machine (2 cores).
+(ratio to the baseline){"; mean ± std over seeds " + ", ".join(map(str, st["seeds"])) if len(st.get("seeds", [])) > 1
+                           else ""}. One FL run took {min(secs):.0f}–{max(secs):.0f} s on this machine (2 cores).
 
 {table}
 ![accuracy per partition and algorithm](img/niid_accuracy.png)

@@ -145,7 +145,8 @@ def main(argv=None) -> int:
     if ok and not args.quick:
         _report.record("psi", {
             "what": f"PSI, {n:,} ids per side, {args.overlap:.0%} overlap, {args.hosts} host(s) (`psi.py`)",
-            "ours": f"{wall:.1f} s with all parties on the same {cpus} cores ({cpu:.0f} core-s)",
+            "ours": f"{wall:.1f} s with all parties on the same {cpus} cores ({cpu:.0f} core-s; load average "
+                    f"{os.getloadavg()[0]:.1f})",
             "baseline": f"insecure SHA-256 hash join {base_s:.2f} s", "ratio": f"{wall / base_s:.0f}×",
             "bytes": _wire.cell(wire)})
     return 0 if ok else 1

@@ -135,15 +135,7 @@ def _collect_wire(q, wire: dict, parties: int, timeout: float = 20.0) -> None:
 
 def bytes_per_round(wire: dict, rounds: int) -> str:
     """Server's and mean client's bytes sent / received per round (payload + framing)."""
-    per = _wire.per_party(wire, 1 / rounds)
-    clients = [v for p, v in per.items() if p != "server"]
-    text = ""
-    if "server" in per:
-        text = f"server sent {_wire.mb(per['server'][0])}, received {_wire.mb(per['server'][1])}"
-    if clients:
-        text += (f"; each client (mean of {len(clients)}) sent {_wire.mb(sum(s for s, _ in clients) / len(clients))}, "
-                 f"received {_wire.mb(sum(r for _, r in clients) / len(clients))}")
-    return text + " per round"
+    return _wire.hub_and_spokes(wire, 1 / rounds, per="round")
 
 
 def main(argv=None):
@@ -191,7 +183,7 @@ def main(argv=None):
                 "what": (f"secure aggregation, actively secure (signed keys, consistency check), {a.clients} clients "
                          f"× {a.dim:,} float32, {'plaintext gRPC' if a.insecure else 'TLS'} (`secagg.py`)"),
                 "ours": f"{med['secagg']:.2f} s/round; unmasking with {n_drop} of {a.clients} dropped: "
-                        f"{t['unmask']:.2f} s",
+                        f"{t['unmask']:.2f} s (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)",
                 "baseline": f"plain aggregation {med['plain']:.2f} s/round",
                 "ratio": f"{med['secagg'] / med['plain']:.1f}× (Flower 1.41, semi-honest: 3.4×)",
                 "bytes": f"secagg: {traffic['secagg']}; plain: {traffic['plain']}"})

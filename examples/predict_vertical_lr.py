@@ -13,7 +13,8 @@ of the predicted scores on those never-seen rows and the number of rows scored.
 ``--reuse runs/vertical_lr_demo`` skips training and scores the held-out rows (``split.json``) of a
 finished ``examples/vertical_lr.py`` run with its bundles instead.
 
-Expected run time: about 40 s on 2 cores with 2048-bit keys (training ~30 s, scoring a few seconds).
+Expected run time: training as long as ``examples/vertical_lr.py`` (about 30 s on 2 idle cores) plus a
+few seconds of scoring; measured 160 s with 2048-bit keys on 2 cores shared with other jobs (load 15).
 Everything is written under ``runs/predict_vertical_lr/`` (``--work-dir`` to change).
 
 Examples::
@@ -73,7 +74,7 @@ def reuse_tables(demo: Path, out: Path) -> tuple[Path, dict]:
 
 
 def main(argv=None) -> int:
-    ap = example_parser(__doc__, "predict_vertical_lr", "tables", "about 40 s on 2 cores")
+    ap = example_parser(__doc__, "predict_vertical_lr", "tables", "about 40 s on 2 idle cores")
     ap.add_argument("--key-bits", type=int, default=2048, help="Paillier key size (below 2048 only for tests)")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--reuse", type=Path, help="a finished examples/vertical_lr.py work folder to score with")

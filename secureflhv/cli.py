@@ -5,6 +5,7 @@
     secureflhv check JOB --party ID       preflight party ID, then reach every peer over mutual TLS (a table)
     secureflhv party JOB --party ID       run one party (what each organisation runs on its machine)
     secureflhv run JOB                    run every party of a job on this machine, as separate processes
+                                          (``run``/``party`` ``--dashboard [PORT]``: a read-only job page)
     secureflhv partition ...              split a dataset into non-IID party shards, with statistics and a plot
     secureflhv predict TRAIN_JOB --data ID=NEW.csv ...   write the prediction job of a trained job (then `run` it)
 """

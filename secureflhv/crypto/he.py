@@ -461,10 +461,10 @@ class OUHE(PaillierHE):
     ``R = plain_bits - 2`` (678+ bits at 2048-bit keys) and sends ``[[m + r]]`` re-randomised (r is
     encrypted with fresh randomness). The key holder learns the integer m + r (+ its own term t): for
     |m| < 2^(R-1-OU_HIDE_BITS) its distribution is within statistical distance 2^-OU_HIDE_BITS
-    (OU_HIDE_BITS = 40) of one that does not depend on m — statistical hiding, where Paillier's pad is perfect. The sender
-    checks that bound when it removes r (a larger |m| raises CiphertextError instead of silently
-    weakening the mask); vertical values are far smaller (|m| < 2^200 or so).
-    Not supported with OU (TypeError): packed ciphertexts, hence vertical SecureBoost's pair sums.
+    (OU_HIDE_BITS = 40) of one that does not depend on m — statistical hiding, where Paillier's pad is
+    perfect. The sender checks that bound when it removes r (a larger |m| raises CiphertextError
+    instead of silently weakening the mask); vertical values are far smaller (|m| < 2^200 or so).
+    Vertical SecureBoost's packed pair sums: :class:`OUPairSums`.
     """
 
     name = "ou"
@@ -518,9 +518,47 @@ class OUHE(PaillierHE):
             out[i] = ldexp_int(m, masked.exponent)
         return out.reshape(mask.shape)
 
-    def pair_sums(self, key, precision_bits: int, log2_bound: int, n_rows: int):
-        raise TypeError("he_scheme 'ou' does not support vertical SecureBoost yet (packed pair sums); "
-                        "use he_scheme: paillier")
+    def pair_sums(self, key, precision_bits: int, log2_bound: int, n_rows: int) -> PairSums:
+        return OUPairSums(key, precision_bits, log2_bound, n_rows)
+
+
+class OUPairSums(PaillierPairSums):
+    """:class:`PaillierPairSums` under OU: the same GH packing, histograms, subtraction and compression
+    (modulus n), with slots sized to OU's plaintext space (``plain_bits`` instead of the key size), so
+    fewer candidates share a compressed ciphertext (``per``)."""
+
+    def __init__(self, pub, precision_bits: int, log2_bound: int, n_rows: int):
+        self.pub, self.n_rows = pub, n_rows
+        bits = pub.plain_bits + 2  # PackingSpec keeps slots * slot_bits <= key_bits - 2 = plain_bits
+        self.spec = gh_packing(bits, precision_bits, log2_bound, n_rows)
+        self.cspec, self.per = compressed_packing(self.spec, bits)
+        self.n2 = pub.nsquare
+        self.compress_seconds = 0.0
+
+    def encrypt(self, key, gq, hq):
+        p = self.spec.precision_bits
+        packed = pl.pack(np.stack([np.ldexp(gq.astype(np.float64), -p), np.ldexp(hq.astype(np.float64), -p)],
+                                  axis=1), self.spec)
+        cts = np.empty(len(packed), dtype=object)
+        cts[:] = ou.encrypt_ints(self.pub, packed.reshape(-1).tolist())
+        return pl.EncryptedArray(self.pub, cts, self.spec.exponent, self.spec, 1)
+
+    def decrypt(self, priv, value, counts):
+        n_ct = self.n_elements(counts)
+        if not n_ct:
+            return np.zeros((0, 2))
+        signed = ou.decrypt_signed(priv, value)
+        limit = priv.public_key.max_int
+        if max(abs(v) for v in signed) >= limit:
+            raise pl.DecryptedRangeError("decrypted OU histogram sum out of the encodable range")
+        packed = np.empty(len(signed), dtype=object)
+        packed[:] = signed
+        dec = pl.unpack(packed, value.packing, value.summands).reshape(n_ct * self.per, 2)
+        parts, off = [], 0
+        for c in counts:
+            parts.append(dec[off:off + c])
+            off += -(-c // self.per) * self.per
+        return np.concatenate(parts) if parts else np.zeros((0, 2))
 
 
 # --------------------------------------------------------------------------------------- identity

@@ -7,7 +7,8 @@ per-key tables in the worker.  The security argument is in :mod:`secureflhv.cryp
 
 Sources: Damgård, Jurik, Nielsen, "A generalization of Paillier's public-key system with
 applications to electronic voting", IJIS 2010, sec. 4 (h_s = h^n, short random exponent of
-ceil(k/2) bits); Lim & Lee, CRYPTO'94 / Menezes et al. HAC 14.109 (fixed-base windowed tables);
+ceil(k/2) bits); Lim & Lee, CRYPTO'94 / Menezes et al. HAC 14.109 (fixed-base windowed tables: w = 10,
+then w = 12 for a key in heavy use, see ``window_bits`` and ``LARGE_TABLE_AFTER``);
 Pippenger / bucket method (HAC 14.88 family) for the multi-exponentiation in ``dot``.
 """
 from __future__ import annotations

@@ -66,7 +66,6 @@ TAG_EXP_SUM = "fl.exp_sum"
 SLOTS = 2  # aggregation round slots used per FL round: latent sum, exp sum (before the strategy's parts)
 LATENT_PRECISION_BITS = 24
 EXP_PRECISION_BITS = 40
-MIN_WEIGHT = 1e-12  # floor of Λ_r ν_r: an effectively zero weight the aggregation still accepts (> 0)
 
 
 # ------------------------------------------------------------------------------------ the math

@@ -58,7 +58,7 @@ from ..secagg import AggregateResult, AggregationConfig, AggregationError, make_
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..transport.role import ProtocolRole
-from .contribution import MIN_WEIGHT, SLOTS, ContributionClient, ContributionServer, latent_dim
+from .contribution import SLOTS, ContributionClient, ContributionServer, latent_dim
 from .models import ModelSpec, build_model, evaluate, get_flat, param_shapes, set_flat
 from .strategies import LocalTrainConfig, Strategy, batch_rng
 
@@ -486,7 +486,7 @@ class HorizontalClient(ProtocolRole):
         for i, part in enumerate(self.strategy.parts):
             vec, weight = upd.parts[part]
             if factor is not None and part in self.strategy.sample_weighted_parts:
-                weight = max(weight * factor, MIN_WEIGHT)
+                weight = weight * factor  # Λ_r ∈ [0, 1]; Σ_r Λ_r = 1 keeps the total weight away from 0
             self.agg_clients[part].submit(round_id * PARTS_PER_ROUND + self.config.part_offset + i, participants,
                                           vec, weight)
         return {"trained": 1.0, "train_loss": upd.loss, "train_n": float(upd.n_samples), "steps": float(upd.steps)}

@@ -7,11 +7,13 @@ Files, under ``<output_dir>/<party id>/``:
 * ``metrics.json`` — per-epoch history and final metrics (guest); at every party that finished, ``wire``:
   bytes sent to and received from each peer, per message tag, and totals (:mod:`secureflhv.transport.wire`).
 * ``loss.png`` — the training-loss curve (guest).
+* ``status.json`` — the live state, progress, curves and last log lines the job page shows (:mod:`.status`).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,26 +22,30 @@ import numpy as np
 from .. import __version__
 
 
-def _plain(obj: Any) -> Any:
+def plain_json(obj: Any, *, nan_as_none: bool = False) -> Any:
+    """JSON-ready copy: arrays to lists, numpy scalars to Python, bytes to hex, paths to str; with
+    ``nan_as_none`` non-finite floats become None (strict JSON, e.g. a model bundle's manifest)."""
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): plain_json(v, nan_as_none=nan_as_none) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [plain_json(v, nan_as_none=nan_as_none) for v in obj]
     if isinstance(obj, np.ndarray):
-        return obj.tolist()
+        return plain_json(obj.tolist(), nan_as_none=nan_as_none)
     if isinstance(obj, np.generic):
-        return obj.item()
+        return plain_json(obj.item(), nan_as_none=nan_as_none)
     if isinstance(obj, (bytes, bytearray)):
         return bytes(obj).hex()
     if isinstance(obj, Path):
         return str(obj)
+    if nan_as_none and isinstance(obj, float) and not math.isfinite(obj):
+        return None
     return obj
 
 
 def write_json(path: Path, obj: Any) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_plain(obj), indent=2) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(plain_json(obj), indent=2) + "\n", encoding="utf-8")
     return path
 
 

@@ -8,6 +8,7 @@ SIGTERM). Each of them would report its own symptom ("terminated (signal 15)", "
 * :class:`Failure` is one (party, reason); :meth:`Failure.abort_text` is what goes to the peers.
 * :func:`root_cause` turns an exception caught by a party into its root :class:`Failure`: an abort
   from a peer carries the peer's root; a peer that went silent or unreachable is the root; anything
+  (also behind an algorithm's error raised from such a transport error); anything
   else is this party's own failure, phrased by :func:`secureflhv.runtime.os_errors.plain_error`.
 * :class:`Blame` keeps the first failure a party hears of (thread-safe).
 
@@ -115,6 +116,12 @@ def root_cause(exc: BaseException, me: str, parties) -> Failure:
     if isinstance(exc, (PeerTimeout, PeerUnavailable)):
         found = _silent_peer(clean(str(exc)), me, parties)
         if found is not None:
+            return found
+    if isinstance(exc.__cause__, (PeerTimeout, PeerUnavailable, JobAborted)):
+        # an algorithm's own error raised from a peer's silence, unreachability or abort (e.g. SecureBoostError
+        # "host 'host-1' unreachable ..."): the peer is the root, as if the transport error had reached us bare
+        found = root_cause(exc.__cause__, me, parties)
+        if found.party != me:
             return found
     return Failure(me, clean(plain_error(exc)))
 

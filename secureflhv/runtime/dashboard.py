@@ -108,8 +108,10 @@ class JobPage:
     # ------------------------------------------------------------------ data
     def _status(self, p: PartyEntry) -> dict | None:
         doc = read_status(p.out_dir / STATUS_FILE)
-        if doc is None or doc.get("party_id") != p.id or float(doc.get("started", 0)) < self.since - 1.0:
-            return None  # absent, foreign or from an earlier run
+        started = doc.get("started") if doc else None
+        if doc is None or doc.get("party_id") != p.id or not isinstance(started, (int, float)) \
+                or started < self.since - 1.0:
+            return None  # absent, foreign, malformed or from an earlier run
         return doc
 
     def _plots(self, p: PartyEntry) -> list[str]:
@@ -125,13 +127,14 @@ class JobPage:
         state = doc.get("state", "waiting")
         error = doc.get("error")
         if rc not in (None, 0) and state not in ("done", "failed"):
-            state, error = "failed", f"{p.id} exited with code {rc}"
+            how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+            state, error = "failed", f"{p.id} {how}"
         view = {
             "id": p.id, "role": p.role, "state": state, "error": error,
             "started": doc.get("started"), "updated": doc.get("updated"),
             "tasks": doc.get("tasks", {}), "wire": doc.get("wire", {}), "log": doc.get("log", [])[-40:],
             "curves": {k: v[-MAX_CURVE_POINTS:] for k, v in doc.get("curves", {}).items()},
-            "final": doc.get("final", {}), "plots": [],
+            "curve_steps": doc.get("curve_steps", {}), "final": doc.get("final", {}), "plots": [],
         }
         if state in ("done", "failed"):
             view["plots"] = self._plots(p)

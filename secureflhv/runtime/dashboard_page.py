@@ -18,7 +18,7 @@ INDEX_HTML = """<!doctype html>
 <span id="updated"></span></header>
 <main>
 <section><h2>Parties</h2>
-<table id="parties"><thead><tr><th>party</th><th>role</th><th>state</th><th>step</th><th>ETA</th>
+<table id="parties"><thead><tr><th>party</th><th>role</th><th>state</th><th>time</th><th>step</th><th>ETA</th>
 <th>bytes on the wire per peer (sent / received)</th></tr></thead><tbody></tbody></table>
 <p id="errors"></p></section>
 <section><h2>Curves</h2><div id="curves"><p class="muted">no curve reported yet</p></div></section>
@@ -100,7 +100,7 @@ function replace(id, key, build) {
   box.replaceChildren(...build());
 }
 
-function partyRow(p) {
+function partyRow(p, now) {
   const tasks = Object.entries(p.tasks || {});
   const step = tasks.map(([t, v]) => t + " " + v.done + "/" + v.total + (v.info ? " (" + v.info + ")" : "")).join("; ");
   const eta = tasks.filter(([, v]) => v.done < v.total).map(([, v]) => duration(v.eta_s)).join("; ");
@@ -110,10 +110,11 @@ function partyRow(p) {
                               bytes((s.received || 0) + (s.received_framing || 0))));
   return el("tr", {"data-party": p.id},
     el("td", {}, p.id), el("td", {}, p.role), el("td", {}, el("span", {class: "state " + p.state}, p.state)),
+    el("td", {class: "num"}, p.started ? duration((p.state === "running" ? now : p.updated) - p.started) : ""),
     el("td", {}, step), el("td", {}, p.state === "running" ? eta : ""), wire);
 }
 
-function chart(party, name, points) {
+function chart(party, name, points, steps) {
   const W = 460, H = 200, L = 52, R = 10, T = 10, B = 26;
   const xs = points.map(p => p[0]), ys = points.map(p => p[1]);
   const x0 = Math.min(...xs, 0), x1 = Math.max(...xs, x0 + 1);
@@ -128,6 +129,7 @@ function chart(party, name, points) {
   };
   label(L - 4, T + 8, y1.toPrecision(4), "end"); label(L - 4, H - B, y0.toPrecision(4), "end");
   label(L, H - 8, String(x0), "start"); label(W - R, H - 8, String(x1), "end");
+  label((L + W - R) / 2, H - 8, steps || "step", "middle");
   s.append(svg("polyline", {points: points.map(p => sx(p[0]) + "," + sy(p[1])).join(" ")}));
   for (const p of points) s.append(svg("circle", {class: "pt", cx: sx(p[0]), cy: sy(p[1]), r: 2.6}));
   return el("figure", {}, s, el("figcaption", {}, party + ": " + name + " (" + points.length + " points, last " +
@@ -140,16 +142,17 @@ function render(job) {
   st.textContent = job.state; st.className = "state " + job.state;
   document.getElementById("updated").textContent = "updated " + new Date(job.now * 1000).toLocaleTimeString();
   const parties = job.parties;
-  replace("parties", JSON.stringify(parties.map(p => [p.id, p.state, p.tasks, p.wire])), () => {
-    const body = el("tbody"); body.append(...parties.map(partyRow));
+  replace("parties", JSON.stringify([Math.floor(job.now), parties.map(p => [p.id, p.state, p.tasks, p.wire])]), () => {
+    const body = el("tbody"); body.append(...parties.map(p => partyRow(p, job.now)));
     return [document.querySelector("#parties thead").cloneNode(true), body];
   });
   replace("errors", JSON.stringify(parties.map(p => p.error)),
           () => parties.filter(p => p.error).map(p => el("div", {class: "err"}, p.error)));
   const curves = parties.flatMap(p => Object.entries(p.curves || {}).filter(([, v]) => v.length)
-                                            .map(([k, v]) => [p.id, k, v]));
+                                            .map(([k, v]) => [p.id, k, v, (p.curve_steps || {})[k]]));
   replace("curves", JSON.stringify(curves), () =>
-    curves.length ? curves.map(([id, k, v]) => chart(id, k, v)) : [el("p", {class: "muted"}, "no curve reported yet")]);
+    curves.length ? curves.map(([id, k, v, steps]) => chart(id, k, v, steps))
+                  : [el("p", {class: "muted"}, "no curve reported yet")]);
   const finals = parties.filter(p => Object.keys(p.final || {}).length || (p.plots || []).length);
   document.getElementById("final-section").hidden = finals.length === 0;
   replace("final", JSON.stringify(finals.map(p => [p.id, p.final])), () => {

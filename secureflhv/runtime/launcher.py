@@ -8,8 +8,8 @@ fails, the others are told which party failed first and why (their last line nam
 stopped; the launcher exits non-zero naming that party and its reason, and no process (nor a
 worker pool of one) is left behind. In a horizontal job a failing client is a dropout:
 the others go on (secure aggregation survives it), and the exit code is still non-zero.
-At the end it prints a table of the bytes each party sent to and received from each peer (the ``@wire``
-event of each party that finished; :mod:`secureflhv.transport.wire` says what is counted).
+When the job succeeded it ends with a table of the bytes each party sent to and received from each peer
+(the parties' ``@wire`` events; :mod:`secureflhv.transport.wire` says what is counted).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class _Child:
     colour: str
     lines: list[str] = field(default_factory=list)
     pump: threading.Thread | None = None
-    wire: dict | None = None  # the party's wire_stats() at the end of the job (its @wire event)
+    wire: dict | None = None  # the party's latest wire_stats() (@wire events: every 2 s while it runs, then final)
 
 
 class Launcher:
@@ -265,7 +265,8 @@ class Launcher:
                 rc = self.wait(timeout_s)
             for c in self.children:
                 c.proc.wait()
-            self.print_wire_table()
+            if rc == 0:  # after a failure, the line naming who failed stays the last one
+                self.print_wire_table()
             return rc
         finally:
             if any(c.proc.poll() is None for c in self.children):

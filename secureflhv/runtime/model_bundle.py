@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from .artifacts import plain_json
 
 FORMAT = "secureflhv.bundle"
 FORMAT_VERSION = 1
@@ -51,20 +51,7 @@ class ModelBundleError(ValueError):
 
 
 def _plain(obj: Any) -> Any:
-    """JSON-safe copy: arrays to lists, numpy scalars to Python, non-finite floats to None."""
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _plain(obj.tolist())
-    if isinstance(obj, np.generic):
-        return _plain(obj.item())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
+    return plain_json(obj, nan_as_none=True)
 
 
 def _canonical(obj: Any) -> bytes:

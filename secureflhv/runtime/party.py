@@ -52,12 +52,33 @@ def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transpor
 
 
 def _report_wire(cfg: JobConfig, party_id: str, stats: dict) -> None:
-    """Bytes on the wire into ``metrics.json`` and to the launcher; a write failure only costs the file."""
+    """Bytes on the wire into ``metrics.json`` and (under the launcher) to the launcher; a write failure
+    only costs the file."""
     try:
         save_wire_report(cfg.output_dir(party_id), cfg.job.id, party_id, stats)
     except OSError as exc:
         log.warning("%s: could not write the wire counts to metrics.json: %s", party_id, exc)
-    emit_wire(stats)
+    if os.environ.get(NOTICE_ENV):
+        emit_wire(stats)
+
+
+WIRE_EVERY_S = 2.0  # under the launcher: how often the live byte counts go out (when they changed)
+
+
+def _live_wire(transport: Transport, stopping: threading.Event) -> threading.Thread:
+    """Under the launcher: emit the transport's byte counts every ``WIRE_EVERY_S`` while the job runs, so
+    the launcher (and a job page) sees them grow; stops when ``stopping`` is set."""
+    def loop():
+        last: dict = {}  # nothing to say before the first byte
+        while not stopping.wait(WIRE_EVERY_S):
+            stats = transport.wire_stats()
+            if stats != last:
+                emit_wire(stats, by_tag=False)
+                last = stats
+
+    thread = threading.Thread(target=loop, daemon=True, name="wire-events")
+    thread.start()
+    return thread
 
 
 def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
@@ -99,11 +120,13 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     # A horizontal client that fails is a dropout the protocol survives: it must not stop the others.
     told_on_failure = [] if job.family == "horizontal" and spec.role != "server" else peers
     started = time.monotonic()
-    transport, failure, code = None, None, EXIT_OK
+    transport, failure, code, live = None, None, EXIT_OK, None
     status = PartyStatus.for_party(cfg, spec).start()  # what the job page shows (status.json)
     try:
         transport = build_transport(cfg, spec, insecure)
         status.attach(transport)
+        if os.environ.get(NOTICE_ENV):
+            live = _live_wire(transport, stopping)
         log.info("%s (%s) of job %r listening on %s; peers: %s", party_id, spec.role, cfg.job.id, spec.address,
                  ", ".join(peers))
         meet(transport, cfg, partners(cfg, spec, job.family))
@@ -123,6 +146,8 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False) -> int:
     finally:
         if transport is not None:
             transport.close()
+    if live is not None:
+        live.join(timeout=WIRE_EVERY_S)  # its last event must not follow the final one
     if failure is None:  # counted after close: late deliveries included
         stats = transport.wire_stats()
         _report_wire(cfg, party_id, stats)

@@ -225,8 +225,8 @@ def _data_columns(report: _Report, params, columns: list[str]) -> dict[str, tupl
     features = spec.feature_columns
     if features is None:
         features = [c for c in columns if c not in named]
-    # jobs that preprocess (vertical LR, split NN, scoring with their bundles) impute missing cells; trees
-    # learn default directions for them (all say so with ``accepts_missing_values``)
+    # jobs that preprocess (vertical LR, split NN, scoring with their bundles) impute missing cells, trees
+    # learn default directions for them: their params say so (``accepts_missing_values``)
     numeric = replace(NUMERIC, allow_missing=True) if _accepts_missing(params) else NUMERIC
     declared = (spec.table_schema or {})
     for col in features:
@@ -246,8 +246,8 @@ def _data_columns(report: _Report, params, columns: list[str]) -> dict[str, tupl
 
 
 def _accepts_missing(params) -> bool:
-    """Whether the job takes empty numeric cells (NaN): its params say so (``accepts_missing_values``)."""
-    return bool(getattr(params, "accepts_missing_values", False))
+    """Whether the job takes empty numeric cells (NaN): its params class says so."""
+    return bool(getattr(type(params), "accepts_missing_values", False))
 
 
 def _read_frame(path: Path):

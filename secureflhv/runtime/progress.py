@@ -1,13 +1,14 @@
 """Events from a party to the launcher: one JSON line on stdout, prefixed so it is not a log line.
 
-``@progress``: a task's progress (a progress bar); ``@wire``: the party's bytes on the wire at the end of
-the job (``transport.wire_stats()``; the launcher's end-of-job table). In-process listeners
-(:func:`add_listener`) get the progress events too: the party's status file for the job page
-(:mod:`.status`) is written from them.
+``@progress``: a task's progress (a progress bar); ``@wire``: the party's bytes on the wire
+(``transport.wire_stats()``), every 2 s while it runs under the launcher and once at the end of the job
+(the launcher's end-of-job table). In-process listeners (:func:`add_listener`) get the progress events
+too: the party's status file for the job page (:mod:`.status`) is written from them.
 """
 from __future__ import annotations
 
 import json
+import sys
 from typing import Callable
 
 PROGRESS_PREFIX = "@progress "
@@ -38,6 +39,11 @@ def emit_progress(task: str, done: int, total: int, info: str = "", metrics: dic
         fn(ev)
 
 
-def emit_wire(stats: dict) -> None:
-    """Print the party's ``wire_stats()`` (bytes per peer and tag) on stdout for the launcher's summary."""
-    print(WIRE_PREFIX + json.dumps(stats), flush=True)
+def emit_wire(stats: dict, by_tag: bool = True) -> None:
+    """Print the party's ``wire_stats()`` (bytes per peer, and per tag unless ``by_tag`` is False: the live
+    events leave it out to stay one short line) on stdout for the launcher, in one write so that no log
+    line of another thread splits it."""
+    if not by_tag:
+        stats = {peer: {k: v for k, v in entry.items() if k != "by_tag"} for peer, entry in stats.items()}
+    sys.stdout.write(WIRE_PREFIX + json.dumps(stats, separators=(",", ":")) + "\n")
+    sys.stdout.flush()

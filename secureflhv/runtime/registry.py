@@ -99,7 +99,7 @@ JOBS: dict[str, JobSpec] = {spec.name: spec for spec in (
             secureboost_horizontal.check),
     # every party meets every other, as in a vertical job; the roles follow the trained model
     JobSpec("predict", "vertical", "score new rows with the model bundles of a trained job (see docs)",
-            predict.PredictJobParams, predict.run, roles=predict.roles),
+            predict.PredictJobParams, predict.run, predict.check, roles=predict.roles),
 )}
 
 

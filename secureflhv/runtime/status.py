@@ -8,9 +8,12 @@ job (``secureflhv run --dashboard``) and for one organisation's party (``party -
 What it holds (``format: secureflhv.status/1``): job and party id, role, ``state`` (``starting``,
 ``running``, ``done``, ``failed``), wall-clock ``started``/``updated`` (Unix seconds), each progress
 task's ``done``/``total``/``info``/``eta_s``, the curves the job reported (``{name: [[step, value],
-...]}``), the last log lines of the ``secureflhv`` loggers, bytes per peer (``wire``, where the
-transport counts them), the final metrics the job returned, and the failure line. Never any data
-row, key, certificate or model parameter: only what the party already prints on its console.
+...]}``; ``curve_steps``: the task whose step is each curve's x), the last log lines of the
+``secureflhv`` loggers, bytes per peer (``wire``, where the transport counts them), the final metrics
+the job returned, and the failure line. Never any data row, key, certificate or model parameter: only
+what the party already prints on its console.
+
+Progress listeners are per process: one party per process, as ``secureflhv party`` runs it.
 """
 from __future__ import annotations
 
@@ -85,7 +88,7 @@ class PartyStatus:
         self._doc: dict[str, Any] = {
             "format": FORMAT, "job_id": job_id, "party_id": party_id, "role": role, "state": "starting",
             "pid": os.getpid(), "started": time.time(), "updated": time.time(), "tasks": {}, "curves": {},
-            "log": [], "wire": {}, "final": {}, "error": None,
+            "curve_steps": {}, "log": [], "wire": {}, "final": {}, "error": None,
         }
         self._log: deque[str] = deque(maxlen=LOG_LINES)
         self._task_start: dict[str, tuple[float, int]] = {}
@@ -140,6 +143,7 @@ class PartyStatus:
             for name, value in (ev.get("metrics") or {}).items():
                 if (v := _number(value)) is not None:
                     self._doc["curves"].setdefault(str(name), []).append([done, v])
+                    self._doc["curve_steps"][str(name)] = task  # what the x axis counts
         self.write()
 
     def add_log(self, line: str) -> None:

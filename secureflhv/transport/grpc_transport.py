@@ -30,14 +30,16 @@ chunks, and the sender's call fails with ``CANCELLED`` (a :class:`TransportError
 Sending side: stream the chunks with a per-call deadline; while the peer is unreachable
 (``UNAVAILABLE``: not started yet, restarting) retry with exponential backoff and jitter until
 ``retry_window`` (or the call's deadline) runs out, then raise :class:`PeerUnavailable` naming
-the peer and its address. Over a WAN, HTTP/2 keep-alive pings (both ends, idle connections
-included; ``KEEPALIVE_*`` below) turn a link that went dead under an open stream into ``UNAVAILABLE``
-within ~10 s, so the message is sent again on a new connection once the link is back (a 20 s
-outage costs the step ~the outage, not the deadline); a link down for longer than the deadline
-ends in :class:`PeerUnavailable` / :class:`PeerTimeout` naming the peer. A TLS handshake failure (certificate from another CA, or a server
+the peer and its address. A TLS handshake failure (certificate from another CA, or a server
 certificate that is not the receiver's) does not heal by waiting and raises
 :class:`PeerUnavailable` at once with gRPC's reason. A refusal Ack raises
 :class:`MessageRejected` carrying the receiver's reason.
+
+Over a WAN (docs/wan.md), HTTP/2 keep-alive pings on both ends (idle connections included;
+``KEEPALIVE_*`` below) turn a link that went dead under an open stream into ``UNAVAILABLE`` within
+~10 s, so the message is sent again on a new connection once the link is back (a 20 s outage costs
+the step about the outage, not the deadline); a link down for longer than the deadline ends in
+:class:`PeerUnavailable` / :class:`PeerTimeout` naming the peer.
 
 Security: mutual TLS by default (see :mod:`secureflhv.transport.certs`). The client verifies that
 the server's certificate is the *receiver's* (``ssl_target_name_override`` = receiver id; each

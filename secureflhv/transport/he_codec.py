@@ -245,7 +245,7 @@ class PaillierCodec(HECodec):
         return MaskedValues(bytes(msg.key_fingerprint), shape_of(msg), int(msg.exponent), vals)
 
     def put_setup_key(self, setup, pub):
-        setup.public_key.CopyFrom(public_key_to_proto(pub))
+        setup.public_key.CopyFrom(self.public_key_to_proto(pub))
 
     def setup_key(self, setup, insecure_test_key: bool):
         return self.public_key_from_proto(setup.public_key, insecure_test_key, "the guest's public key")
@@ -273,8 +273,8 @@ class OUCodec(PaillierCodec):
     """Okamoto-Uchiyama (:mod:`secureflhv.crypto.ou`): the key as ``PaillierPublicKey`` with
     ``scheme = "ou"``, n, G, H (big-endian) and ``plain_bits``, fingerprint
     :func:`~secureflhv.crypto.ou.key_fingerprint`; ciphertexts fixed-width big-endian in Z*_n (width =
-    bytes of n); masked values non-negative integers below n, like Paillier's. Packed ciphertexts are
-    refused (the OU backend does not pack)."""
+    bytes of n); masked values non-negative integers below n, like Paillier's. Packing metadata must
+    fit the key's plaintext bits (SecureBoost's pair sums); the protocol then compares it with its own."""
 
     scheme = "ou"
 
@@ -295,8 +295,9 @@ class OUCodec(PaillierCodec):
             raise ProtocolError(f"{what}: {exc}") from exc
 
     def from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int):
-        if msg.slot_bits or msg.slots > 1:
-            raise ProtocolError(f"{what}: packed ciphertexts, which the OU backend never sends")
+        if msg.slot_bits and msg.slots * msg.slot_bits > pub.plain_bits:
+            raise ProtocolError(f"{what}: packing of {msg.slots} x {msg.slot_bits} bits exceeds the OU key's "
+                                f"{pub.plain_bits}-bit plaintexts")
         return super().from_proto(msg, pub, expected_shape, what, exponent=exponent)
 
 

@@ -12,6 +12,9 @@ With ``cert_dir`` (a folder written by :func:`~secureflhv.transport.certs.genera
 these parties) every transport carries its party's
 :class:`~secureflhv.transport.identity.PartyIdentity`, so protocols that sign relayed messages run
 authenticated in tests too.
+
+Bytes are counted as over gRPC (:mod:`~secureflhv.transport.wire`): ``transport.wire_stats()`` per party,
+``net.wire_stats()`` for all; payload exact, framing what gRPC with TLS and 1 MiB chunks would add.
 """
 from __future__ import annotations
 

@@ -60,7 +60,11 @@ class SecureBoostParams(BaseModel):
     early_stopping_rounds: int | None = Field(default=None, ge=1,
                                               description="stop when the validation loss has not improved for "
                                                           "this many rounds (needs a validation set)")
-    key_bits: int = Field(default=2048, ge=256, description="Paillier modulus (vertical)")
+    he_scheme: Literal["paillier", "ou"] = Field(
+        default="paillier", description="vertical: the guest's additively homomorphic scheme, 'paillier' or "
+                                        "'ou' (Okamoto-Uchiyama, crypto.ou: faster, fewer slots per ciphertext)")
+    key_bits: int = Field(default=2048, ge=256, description="homomorphic key modulus (vertical; Paillier n or OU "
+                                                            "n = p^2 q; 2048 bits ~ 112-bit security)")
     insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
     shuffle_seed: int | None = Field(default=None, ge=1,
                                      description="seed of the hosts' candidate shuffle (tests); None: OS randomness")

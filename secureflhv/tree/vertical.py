@@ -199,7 +199,8 @@ class _Role(ProtocolRole):
     def __init__(self, transport: Transport, params, backend):
         super().__init__(transport)
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
-        self.he, self.wire = backend_and_codec(backend)
+        # an explicit backend wins (the plaintext benchmark baseline); else the job's he_scheme
+        self.he, self.wire = backend_and_codec(self.params.he_scheme if backend is None else backend)
 
 
 # ============================================================================================ guest
@@ -213,13 +214,13 @@ class SecureBoostGuest(_Role):
         params: :class:`SecureBoostParams` (or dict).
         X_val, y_val: optional validation rows (aligned with the hosts' validation rows).
         cuts: guest bin cuts (default: :func:`~secureflhv.tree.binning.fit_cuts` of X, NaN ignored).
-        keypair: Paillier (public, private) (default: generated with ``params.key_bits``).
-        backend: "paillier" (default) or "identity" (NO encryption: the plaintext baseline of
-            ``benchmarks/secureboost.py``; never use it with real data).
+        keypair: (public, private) of ``params.he_scheme`` (default: generated with ``params.key_bits``).
+        backend: None (default: ``params.he_scheme``, "paillier" or "ou") or "identity" (NO encryption:
+            the plaintext baseline of ``benchmarks/secureboost.py``; never use it with real data).
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, params, *, X_val=None, y_val=None,
-                 cuts=None, keypair=None, backend="paillier"):
+                 cuts=None, keypair=None, backend=None):
         super().__init__(transport, params, backend)
         self.host_ids = list(host_ids)
         if not self.host_ids:
@@ -598,7 +599,7 @@ class SecureBoostHost(_Role):
     """
 
     def __init__(self, transport: Transport, guest_id: str, X, params, *, X_val=None, cuts=None,
-                 backend="paillier"):
+                 backend=None):
         super().__init__(transport, params, backend)
         self.guest_id = guest_id
         self.X = check_matrix(X, "X", allow_nan=True)

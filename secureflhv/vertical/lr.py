@@ -6,6 +6,11 @@ LR, with one change: no party, in particular not the key holder, ever decrypts a
 loss; every decryption is of a value masked with a uniform element of Z_n (see
 :mod:`secureflhv.crypto.he`).
 
+``he_scheme: ou`` runs the same messages and rounds under Okamoto-Uchiyama (:class:`secureflhv.crypto.he.OUHE`):
+there the masks are statistical (uniform integers 2^40 times wider than any masked value) instead of
+uniform in Z_n, because OU's plaintext order p is secret; the guest's setup names the scheme and a
+party configured with the other one stops with a ProtocolError.
+
 Parties: one **guest** (labels y and features X_g), one or more **hosts** (features X_h), and in
 ``mode="arbiter"`` a data-less **arbiter** (the server) holding the Paillier private key. In
 ``mode="two_party"`` there is no arbiter and the guest holds the key. Rows are already aligned (PSI).
@@ -156,7 +161,11 @@ class VerticalLRConfig(BaseModel):
     restore_best: bool = Field(default=True, description="keep the weights of the epoch with the lowest training "
                                                          "loss (else those of the last epoch)")
     seed: int = Field(default=0, ge=0, description="seed of the mini-batch shuffle")
-    key_bits: int = Field(default=2048, ge=256, description="Paillier modulus size")
+    he_scheme: Literal["paillier", "ou"] = Field(
+        default="paillier", description="additively homomorphic scheme: 'paillier' (crypto.paillier) or 'ou' "
+                                        "(Okamoto-Uchiyama, crypto.ou: several times faster, statistical masking)")
+    key_bits: int = Field(default=2048, ge=256, description="modulus size of the homomorphic key (Paillier n, "
+                                                            "or OU n = p^2 q); 2048 bits ~ 112-bit security")
     insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
     precision_bits: int | None = Field(default=None, ge=16, le=128,
                                        description="fraction bits of encrypted values (None: paillier default, 40)")
@@ -230,6 +239,7 @@ class _Role(VerticalRole):
 
     def __init__(self, transport: Transport, config: VerticalLRConfig | dict, backend):
         self.config = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
+        backend = self.config.he_scheme if backend is None else backend  # an explicit backend wins (benchmarks)
         super().__init__(transport, backend, self.config.precision_bits, self.config.dot_precision_bits)
 
     def _pubkey_parser(self):
@@ -264,16 +274,17 @@ def _setup_message(cfg: VerticalLRConfig, n_rows: int, host_ids: Sequence[str]) 
     return messages_pb2.Bundle(
         scalars={"n_rows": n_rows, "batch_size": float(cfg.batch_size or 0), "seed": float(cfg.seed),
                  "epochs": float(cfg.epochs)},
-        text={"mode": cfg.mode, "hosts": ",".join(host_ids)})
+        text={"mode": cfg.mode, "hosts": ",".join(host_ids), "he_scheme": cfg.he_scheme})
 
 
 def _check_setup(msg: messages_pb2.Bundle, cfg: VerticalLRConfig, host_ids: Sequence[str] | None,
                  n_rows: int | None, who: str) -> int:
     """Compare the guest's plan with ours; return the number of rows. ProtocolError names the field."""
     theirs = {"batch_size": msg.scalars.get("batch_size"), "seed": msg.scalars.get("seed"),
-              "epochs": msg.scalars.get("epochs"), "mode": msg.text.get("mode")}
+              "epochs": msg.scalars.get("epochs"), "mode": msg.text.get("mode"),
+              "he_scheme": msg.text.get("he_scheme", "paillier")}
     ours = {"batch_size": float(cfg.batch_size or 0), "seed": float(cfg.seed), "epochs": float(cfg.epochs),
-            "mode": cfg.mode}
+            "mode": cfg.mode, "he_scheme": cfg.he_scheme}
     for k in ours:
         if theirs[k] != ours[k]:
             raise ProtocolError(f"{who}: config field {k!r} is {ours[k]!r} here but {theirs[k]!r} at the guest")

@@ -161,7 +161,11 @@ class SplitNNConfig(BaseModel):
                                    description="label-leakage mitigation: N(0,(s*rms)^2) on the host's gradient")
     seed: int = Field(default=0, ge=0, description="mini-batch shuffle seed (secret noise never derives from it)")
     init_seed: int = Field(default=0, ge=0, description="model initialisation seed")
-    key_bits: int = Field(default=2048, ge=256, description="Paillier modulus size of every host key")
+    he_scheme: Literal["paillier", "ou"] = Field(
+        default="paillier", description="additively homomorphic scheme of the host keys: 'paillier' or 'ou' "
+                                        "(Okamoto-Uchiyama, crypto.ou: faster, statistical masking)")
+    key_bits: int = Field(default=2048, ge=256, description="modulus size of every host key (Paillier n or OU "
+                                                            "n = p^2 q); 2048 bits ~ 112-bit security")
     insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
     precision_bits: int = Field(default=40, ge=16, le=64, description="fraction bits of encrypted values")
     dot_precision_bits: int = Field(default=VERTICAL_DOT_PRECISION_BITS, ge=8, le=48, description="fraction bits of plaintext multipliers")
@@ -275,6 +279,7 @@ class _Role(VerticalRole):
 
     def __init__(self, transport: Transport, config, backend):
         self.config = config if isinstance(config, SplitNNConfig) else SplitNNConfig(**config)
+        backend = self.config.he_scheme if backend is None else backend  # an explicit backend wins (benchmarks)
         super().__init__(transport, backend, self.config.precision_bits, self.config.dot_precision_bits)
 
 

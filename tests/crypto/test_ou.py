@@ -161,8 +161,8 @@ def test_wire_round_trip_and_rejections(keys, other_keys, he):
             wire.from_proto(tamper(value), pub, (2, 3), "u", exponent=-40)
     packed = messages_pb2.EncryptedTensor()
     packed.CopyFrom(msg)
-    packed.slots, packed.slot_bits = 2, 64
-    with pytest.raises(ProtocolError, match="packed"):
+    packed.slots, packed.slot_bits = 20, 64  # 1,280 bits: more than the key's plaintexts hold
+    with pytest.raises(ProtocolError, match="exceeds the OU key"):
         wire.from_proto(packed, pub, (2, 3), "u", exponent=-40)
     short = messages_pb2.EncryptedTensor()
     short.CopyFrom(msg)

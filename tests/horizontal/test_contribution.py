@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -179,33 +178,18 @@ def test_client_accepts_a_good_exp_sum_and_refuses_bad_latent_sums():
 
 
 def test_job_file_turns_it_on_and_runs_through_secagg(tmp_path):
-    from test_fl_job import PARAMS, check_artifacts, job_dict, shards as job_shards
+    from test_fl_job import PARAMS, check_artifacts, job_dict, run_in_process, shards as job_shards
 
     from secureflhv.runtime.config import JobConfigError, parse_job
     from secureflhv.runtime.jobs import horizontal_fl as hj
     from secureflhv.runtime.registry import job_params
-    from secureflhv.transport.inprocess import InProcessNetwork
 
     npz, _ = job_shards(tmp_path, 3)
     with pytest.raises(JobConfigError, match=r"params\.contribution_temperature"):
         parse_job(job_dict(npz, {**PARAMS, "contribution_temperature": 0}), tmp_path)
     cfg = parse_job(job_dict(npz, {**PARAMS, "strategy": "fednova", "contribution_temperature": 1.0}), tmp_path)
     assert hj.fl_config(cfg, job_params(cfg)).contribution_temperature == 1.0
-    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
-    errors = {}
-
-    def run(spec):
-        try:
-            hj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
-        except BaseException as exc:  # noqa: BLE001
-            errors[spec.id] = exc
-
-    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    assert not errors, errors
+    run_in_process(cfg)
     metrics = check_artifacts(cfg, tmp_path / "out", 2)
     assert all(r["contribution"]["status"] == "ok" and r["contribution"]["n"] == 3 for r in metrics["rounds"])
     assert all(r["aggregation"]["model"]["k_bits"] > 0 for r in metrics["rounds"])

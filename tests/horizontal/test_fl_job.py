@@ -30,6 +30,24 @@ PARAMS = {"strategy": "fedprox", "mu": 0.01, "model": MODEL, "rounds": 2, "local
           "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 20}}
 
 
+def run_in_process(cfg) -> None:
+    """Every party of the horizontal job ``cfg`` in its own thread over one InProcessNetwork; no party may fail."""
+    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
+    errors = {}
+
+    def run(spec):
+        try:
+            hj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
+        except BaseException as exc:  # noqa: BLE001
+            errors[spec.id] = exc
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not errors, errors
+
 def blobs() -> Dataset:
     """10 well-separated Gaussian classes in 16 dimensions (600 rows)."""
     rng = np.random.default_rng(0)
@@ -144,22 +162,7 @@ def test_run_job_in_process_npz_and_csv(tmp_path):
     npz, csv = shards(tmp_path, 3)
     paths = [npz[0], csv[1], npz[2]]  # one client reads CSV (id column excluded from the features)
     cfg = parse_job(job_dict(paths), tmp_path)
-    ids = [p.id for p in cfg.parties]
-    net = InProcessNetwork(cfg.job.id, ids, deadline=60)
-    errors = {}
-
-    def run(spec):
-        try:
-            hj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
-        except BaseException as exc:  # noqa: BLE001
-            errors[spec.id] = exc
-
-    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    assert not errors, errors
+    run_in_process(cfg)
     check_artifacts(cfg, tmp_path / "out", 2)
 
 
@@ -182,6 +185,26 @@ def test_multiprocess_grpc_tls_run(tmp_path):
     metrics = check_artifacts(parse_job(job, tmp_path), tmp_path / "out", 2)
     assert all(r["survivors"] == ["client-1", "client-2", "client-3"] for r in metrics["rounds"])
     assert all(r["aggregation"]["model"]["k_bits"] > 0 for r in metrics["rounds"])  # quantised secure aggregation
+    status = json.loads((tmp_path / "out" / "server" / "status.json").read_text())  # what the job page draws
+    assert status["state"] == "done"
+    assert status["curves"]["test accuracy"] == [[r["round"], r["test_accuracy"]] for r in metrics["rounds"]]
+    assert [p[0] for p in status["curves"]["train loss"]] == [1, 2]
+
+    # bytes on the wire: both ends of every link agree, and each round the server sent every client at least
+    # the global model (float32) and got at least its k-bit masked update back
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from job_harness import assert_wire_consistent, wire_of
+
+    wire = wire_of(tmp_path / "out", ids)
+    assert_wire_consistent(wire)
+    with np.load(tmp_path / "out" / "server" / load_model(tmp_path / "out" / "server" / "model.json")["model"]["file"],
+                 allow_pickle=False) as z:
+        n_params = sum(z[k].size for k in z.files)
+    k_bits = min(r["aggregation"]["model"]["k_bits"] for r in metrics["rounds"])
+    for c in ids[1:]:
+        link = wire["server"]["peers"][c]
+        assert link["sent"] >= 2 * n_params * 4, (c, link["sent"], n_params)
+        assert link["received"] >= 2 * n_params * k_bits // 8, (c, link["received"], n_params, k_bits)
 
 
 @pytest.mark.slow

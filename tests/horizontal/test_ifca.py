@@ -172,33 +172,14 @@ def test_job_params_pick_ifca_and_bound_the_clusters(tmp_path):
 
 
 def test_ifca_job_saves_every_cluster_model(tmp_path):
-    import threading
-
-    from test_fl_job import PARAMS, job_dict, shards as job_shards
+    from test_fl_job import PARAMS, job_dict, run_in_process, shards as job_shards
 
     from secureflhv.runtime.artifacts import load_model
     from secureflhv.runtime.config import parse_job
-    from secureflhv.runtime.jobs import horizontal_fl as hj
-    from secureflhv.runtime.registry import job_params
-    from secureflhv.transport.inprocess import InProcessNetwork
 
     npz, _ = job_shards(tmp_path, 3)
     cfg = parse_job(job_dict(npz, {**PARAMS, "strategy": "ifca", "clusters": 3, "rounds": 1}), tmp_path)
-    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
-    errors = {}
-
-    def run(spec):
-        try:
-            hj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
-        except BaseException as exc:  # noqa: BLE001
-            errors[spec.id] = exc
-
-    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    assert not errors, errors
+    run_in_process(cfg)
     out = tmp_path / "out" / "server"
     doc = load_model(out / "model.json")
     meta = doc["cluster_models"]

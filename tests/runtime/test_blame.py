@@ -65,6 +65,30 @@ def test_root_cause_of_a_partys_own_exceptions():
     assert first.line_for("host-1") == "host-1 failed: killed"
 
 
+def _raised_from(cause: BaseException, text: str) -> RuntimeError:
+    try:
+        try:
+            raise cause
+        except type(cause) as exc:
+            raise RuntimeError(text) from exc
+    except RuntimeError as wrapped:
+        return wrapped
+
+
+def test_root_cause_behind_an_algorithms_error_raised_from_a_transport_error():
+    unreachable = PeerUnavailable("guest: could not deliver 'sb.start' (round 2, 9 bytes) to 'host-1' at "
+                                  "host-1.wan.test:50051 within 6.0s (2 attempts; last error DEADLINE_EXCEEDED)")
+    wrapped = _raised_from(unreachable, "host 'host-1' unreachable (tree 1, sending 'sb.start')")
+    assert root_cause(wrapped, "guest", PARTIES) == Failure(
+        "host-1", "could not be reached at host-1.wan.test:50051 (stopped or crashed?)")
+    aborted = _raised_from(JobAborted("party 'server' aborted the job: server failed: disk full"), "stopped")
+    assert root_cause(aborted, "guest", PARTIES) == Failure("server", "disk full")
+    # a certificate problem stays this party's own failure, told in the algorithm's words
+    tls = _raised_from(PeerUnavailable("guest: TLS handshake with 'host-1' at 1.2.3.4:5 failed"), "host unreachable")
+    assert root_cause(tls, "guest", PARTIES) == Failure("guest", "host unreachable")
+    assert root_cause(_raised_from(ValueError("x"), "bad data"), "guest", PARTIES).party == "guest"
+
+
 def test_first_failure_wins():
     blame = Blame()
     assert blame.record(Failure("host-1", "a")) == Failure("host-1", "a")
@@ -106,3 +130,12 @@ def test_killed_party_is_named_by_every_other_party_and_the_launcher(tmp_path):
             assert child.proc.returncode not in (0, None)
             assert f"{child.party_id} stopped because host-1 failed: was killed by signal 9" in child.lines[-1], \
                 child.lines[-5:]
+    # the job page tells the same story: the killed party (no last status) failed, the others name it
+    from secureflhv.runtime.dashboard import JobPage, entries
+
+    page = JobPage("j", entries(load_job(job)), since=started - 60,
+                   exit_codes=lambda: {c.party_id: c.proc.returncode for c in launcher.children})
+    view = {p["id"]: p for p in page.job()["parties"]}
+    assert view["host-1"]["state"] == "failed" and view["host-1"]["error"] == "host-1 was killed by signal 9"
+    assert view["guest"]["state"] == "failed"
+    assert view["guest"]["error"].startswith("guest stopped because host-1 failed: was killed by signal 9")

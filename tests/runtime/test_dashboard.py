@@ -40,6 +40,7 @@ def test_status_file_follows_progress_logs_and_end(tmp_path):
     doc = read_status(path)
     assert doc["state"] == "done" and doc["job_id"] == "job-1" and doc["role"] == "guest"
     assert doc["curves"] == {"loss": [[1, 0.7], [2, 0.5]]}  # NaN left out: JSON has none
+    assert doc["curve_steps"] == {"loss": "epochs"}
     task = doc["tasks"]["epochs"]
     assert (task["done"], task["total"], task["info"]) == (2, 4, "loss 0.5")
     assert task["eta_s"] is not None and 0 < task["eta_s"] < 5  # two steps to go at the measured rate
@@ -157,9 +158,12 @@ def test_stale_status_and_dead_party(job_dir):
     _write_status(out / "host-1", "host-1", started=time.time() - 3600, state="done")  # an earlier run's file
     page = JobPage("j", [PartyEntry("host-1", "host", out / "host-1")], since=time.time() - 5)
     assert page.party_view(page.parties["host-1"], None)["state"] == "waiting"
+    _write_status(out / "host-1", "host-1", started="soon", state="done")  # malformed: ignored, no crash
+    assert page.party_view(page.parties["host-1"], None)["state"] == "waiting"
     _write_status(out / "host-1", "host-1", state="running")
     killed = page.party_view(page.parties["host-1"], -9)
-    assert killed["state"] == "failed" and "exited with code -9" in killed["error"]
+    assert killed["state"] == "failed" and killed["error"] == "host-1 was killed by signal 9"
+    assert page.party_view(page.parties["host-1"], 1)["error"] == "host-1 exited with code 1"
 
 
 def test_non_local_bind_warns(job_dir, caplog):
@@ -246,3 +250,20 @@ def test_party_dashboard_serves_its_own_party_only(tmp_path):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def test_busy_port_is_a_clear_error_before_any_party_starts(tmp_path, capsys):
+    import socket
+
+    from job_harness import make_job
+
+    from secureflhv.cli import main
+
+    job = make_job(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        rc = main(["run", str(job), "--dashboard", str(busy.getsockname()[1])])
+    assert rc == 2
+    assert "cannot serve the job page on 127.0.0.1:" in capsys.readouterr().err
+    assert not (job.parent / "out").exists()  # nothing ran

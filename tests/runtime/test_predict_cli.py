@@ -16,7 +16,7 @@ def test_predict_writes_a_valid_prediction_job(tmp_path, capsys):
     cfg, params = load_job_params(out)
     trained = load_job(train)
     assert cfg.job.algorithm == "predict" and cfg.job.id == "vertical-lr-demo-predict"
-    assert params.model_job_id == "vertical-lr-demo" and params.model_dir == trained.resolve(trained.job.output_dir)
+    assert params.model_job_id == "vertical-lr-demo" and cfg.resolve(params.model_dir) == trained.resolve(trained.job.output_dir)
     assert cfg.resolve(cfg.party("guest").data.path) == tmp_path / "new.csv"
     assert cfg.resolve(cfg.party("host-1").data.path) == trained.resolve(trained.party("host-1").data.path)
     assert cfg.resolve(cfg.security.ca) == trained.resolve(trained.security.ca)  # same certificates, moved paths

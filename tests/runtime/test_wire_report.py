@@ -53,3 +53,25 @@ def test_launcher_reads_wire_events_and_prints_the_table(tmp_path):
     assert "bytes on the wire" in out and "{not json" in out
     row = next(line for line in out.splitlines() if "guest" in line and "host-1" in line)
     assert "2.500" in row and "0.001" in row and "3 / 2" in row
+
+
+def test_live_events_follow_the_counts_without_per_tag_detail(capsys, monkeypatch):
+    import threading
+    import time
+
+    from secureflhv.runtime import party
+    from secureflhv.transport import InProcessNetwork
+
+    monkeypatch.setattr(party, "WIRE_EVERY_S", 0.02)
+    net = InProcessNetwork("j", ["guest", "host-1"])
+    guest, stop = net.transport("guest"), threading.Event()
+    live = party._live_wire(guest, stop)
+    guest.send("host-1", "t", b"x" * 100)
+    time.sleep(0.3)
+    stop.set()
+    live.join(1.0)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(WIRE_PREFIX)]
+    assert len(lines) == 1  # only when the counts changed
+    event = json.loads(lines[0][len(WIRE_PREFIX):])
+    assert event["host-1"]["sent"] == 100 and "by_tag" not in event["host-1"]
+    assert not live.is_alive()

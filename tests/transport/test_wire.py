@@ -33,22 +33,24 @@ def test_chunk_layout_and_sizes_match_the_real_chunker_and_protobuf(payload, chu
 
 
 def test_request_framing_on_a_known_size():
+    hdrs = wire.REQUEST_HEADERS
     # 40,000 payload bytes in one chunk, header of 60 bytes: chunk = (1+1+60) + (1+3+40,000) = 40,066 bytes
-    # gRPC message 40,071 -> 3 DATA frames of <= 16 KiB; + HEADERS (9 + 100) + closing DATA frame (9)
-    h2 = (9 + 100) + (40_071 + 3 * 9) + 9
+    # gRPC message 40,071 -> 3 DATA frames of <= 16 KiB; + HEADERS frame (9 + hdrs) + closing DATA frame (9)
+    h2 = (9 + hdrs) + (40_071 + 3 * 9) + 9
     assert wire.request_framing(60, [40_000], tls=False) == h2 - 40_000
-    assert h2 == 40_216
-    # TLS: ceil(40,216 / 16,384) = 3 records of 22 bytes
-    assert wire.request_framing(60, [40_000], tls=True) == h2 - 40_000 + 3 * 22
+    assert h2 == 40_116 + hdrs
+    # TLS: ceil(h2 / 16,384) = 3 full records + 2 for the call's separate writes, 22 bytes each
+    assert wire.request_framing(60, [40_000], tls=True) == h2 - 40_000 + (3 + 2) * 22
     # two chunks: 5 + 62 + (1+3+20,000) in 2 DATA frames; the second, 5 + (1+2+16,000), in one
-    two = (9 + 100) + (5 + 62 + 4 + 20_000 + 2 * 9) + (5 + 3 + 16_000 + 9) + 9
+    two = (9 + hdrs) + (5 + 62 + 4 + 20_000 + 2 * 9) + (5 + 3 + 16_000 + 9) + 9
     assert wire.request_framing(60, [20_000, 16_000], tls=False) == two - 36_000
 
 
 def test_reply_framing_is_an_ack_in_frames():
     ack = pb.Ack(accepted=True).ByteSize()
-    assert wire.reply_framing(tls=False) == (9 + 60) + (5 + ack + 9)
-    assert wire.reply_framing(tls=True) == wire.reply_framing(tls=False) + 22
+    plain = (9 + wire.RESPONSE_HEADERS) + (5 + ack + 9) + 9  # headers, DATA, trailers frames
+    assert wire.reply_framing(tls=False) == plain
+    assert wire.reply_framing(tls=True) == plain + (1 + 1) * 22
 
 
 def test_counter_per_peer_and_tag_and_totals():
@@ -146,6 +148,49 @@ def test_grpc_sender_and_receiver_agree_with_chunked_streams(certs, tls):
                                            "sent_framing": sent["by_tag"]["small"]["sent_framing"],
                                            "received_framing": wire.reply_framing(tls)}
         assert got["by_tag"]["back"]["messages_sent"] == 1 and got["by_tag"]["back"]["sent"] == 0
+    finally:
+        for t in made:
+            t.close(grace=0)
+
+
+def _kernel_bytes_sent(port: int) -> int | None:
+    """Bytes the kernel sent on the connections to ``port`` (``ss -ti``), or None where ss cannot tell."""
+    import re
+    import shutil
+    import subprocess
+
+    if shutil.which("ss") is None:
+        return None
+    out = subprocess.run(["ss", "-tin", "dport", "=", f":{port}"], capture_output=True, text=True).stdout
+    counts = re.findall(r"bytes_sent:(\d+)", out)
+    return sum(map(int, counts)) if counts else None
+
+
+@pytest.mark.parametrize("size, count, tolerance", [(100, 100, 0.06), (1_500_000, 2, 0.002)])
+def test_estimate_is_close_to_what_the_kernel_sent(certs, size, count, tolerance):
+    """Counted bytes (payload + estimated framing) of ``count`` messages against the kernel's count for the
+    TLS connection, after a first message (the handshake and connection set-up are not counted)."""
+    made = [GrpcTransport(pid, "job-1", "127.0.0.1:0", {"guest": "127.0.0.1:1", "host-1": "127.0.0.1:1"},
+                          tls=load_party_credentials(certs, pid), deadline=10.0) for pid in ("guest", "host-1")]
+    guest, host = made
+
+    def counted():
+        sent = host.wire_stats()["guest"]
+        return sent["sent"] + sent["sent_framing"]
+
+    try:
+        host.set_peer_address("guest", guest.address)
+        before = None
+        for r in range(count + 1):
+            host.send("guest", "m", os.urandom(size), round=r)
+            guest.recv("host-1", "m", r)
+            if r == 0:
+                before = (counted(), _kernel_bytes_sent(guest.bound_port))
+        kernel = _kernel_bytes_sent(guest.bound_port)
+        if kernel is None or before[1] is None:
+            pytest.skip("this machine's `ss` does not report per-connection byte counts")
+        ours, theirs = counted() - before[0], kernel - before[1]
+        assert abs(ours - theirs) <= tolerance * theirs, (ours, theirs)
     finally:
         for t in made:
             t.close(grace=0)

@@ -209,3 +209,24 @@ def test_guest_cuts_are_float32_quantiles():
     cuts = fit_cuts(X, 16)
     assert all(len(c) <= 15 and np.all(np.diff(c) > 0) for c in cuts)
     assert all(np.all(c.astype(np.float32).astype(np.float64) == c) for c in cuts)
+
+
+def test_okamoto_uchiyama_equals_centralised_twin():
+    """he_scheme: ou: GH packing, histogram subtraction and compression under OU give the twin's trees."""
+    pytest.importorskip("heu", reason="sf-heu is a linux dependency of the OU scheme")
+    from secureflhv.crypto import ou
+    keypair = ou.generate_keypair(1024, insecure_test_key=True)
+    ds = load_sklearn("breast_cancer")
+    vp = vertical_split(ds, 2, "random", seed=5)
+    col_groups = [np.asarray(c) for c in vp.columns]
+    X, y = ds.X.astype(np.float64), ds.y
+    params = _params(he_scheme="ou", key_bits=1024)
+    run = vertical_run(X, y, col_groups, params, X_pred=X[:100], keypair=keypair, backend=None)
+    assert run["guest"].he.name == "ou" and all(h.he.name == "ou" for h in run["hosts"])
+    _assert_twin(run, X, y, col_groups, params, X_pred=X[:100])
+    owners = {n.owner for t in run["result"].model.trees for n in t.nodes.values() if not n.leaf}
+    assert owners - {"guest"}, "no host split: the OU histograms were not exercised"
+    Xi, yi = load_iris(return_X_y=True)
+    cols = [np.array([0]), np.array([1, 2]), np.array([3])]
+    params = _params(he_scheme="ou", key_bits=1024, objective="multiclass", n_classes=3, n_trees=2)
+    _assert_twin(vertical_run(Xi, yi, cols, params, keypair=keypair, backend=None), Xi, yi, cols, params)

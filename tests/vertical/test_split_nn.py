@@ -104,3 +104,21 @@ def test_host_only_decrypts_uniformly_masked_interactive_values():
     assert small == 0
     top_bits = [v * 8 // n for v in seen]  # uniform residues fill all eighths of Z_n
     assert len(set(top_bits)) == 8
+
+
+def test_okamoto_uchiyama_steps_equal_centralised_torch():
+    """he_scheme: ou (host keys are OU, masks statistical) gives the same training path as Paillier does."""
+    pytest.importorskip("heu", reason="sf-heu is a linux dependency of the OU scheme")
+    X, y = toy(n=20, d=6, seed=4, classes=2)
+    Xg, Xhs = X[:, :2], [X[:, 2:4], X[:, 4:]]
+    cfg = SplitNNConfig(**dict(SMALL, key_bits=1024, he_scheme="ou"), epochs=1, batch_size=10, optimizer="sgd",
+                        learning_rate=0.05, interactive_lr=0.2, weight_noise=3.0, seed=6, init_seed=1)
+    net, guest, hosts = make_roles(Xg, y, Xhs, cfg)
+    assert guest.he.name == "ou" and all(h.he.name == "ou" for h in hosts)
+    central = CentralisedSplitNN.from_roles(guest, hosts)
+    results, errors = run_roles(guest, hosts)
+    assert not errors, errors
+    np.testing.assert_allclose(results["guest"].batch_losses, central.fit(Xg, Xhs, y), rtol=1e-8, atol=1e-10)
+    fed, ref = _fed_params(guest, hosts), _params(central)
+    for k in ref:
+        np.testing.assert_allclose(fed[k], ref[k], rtol=1e-7, atol=1e-8, err_msg=k)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,3 +62,12 @@ def test_guest_and_host_processes_over_grpc_tls(tmp_path):
     # the host's accumulated noise share is nonzero: the guest alone does not hold the interactive weights
     host_E = np.array(load_model(out_dir / "host-1" / "model.json")["model"]["state"]["interactive.E"])
     assert np.abs(host_E).max() > 0.1
+
+    # bytes on the wire: both ends agree; the host sent at least one ciphertext per training row (its bottom
+    # outputs travel encrypted each batch; 1024-bit key: ~256 bytes per ciphertext)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from job_harness import assert_wire_consistent, wire_of
+
+    wire = wire_of(out_dir, ["guest", "host-1"])
+    assert_wire_consistent(wire)
+    assert wire["host-1"]["peers"]["guest"]["sent"] > test["n"] * 250, wire["host-1"]["total"]

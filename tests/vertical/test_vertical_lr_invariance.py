@@ -73,3 +73,14 @@ def test_momentum_cosine_keeps_the_lowest_loss_epoch(mode):
     best = int(np.argmin(losses_ref))
     assert best < len(losses_ref) - 1
     assert all(res.best_epoch == best for pid, res in results.items() if pid != "server")
+
+
+@pytest.mark.parametrize("mode", ["arbiter", "two_party"])
+def test_okamoto_uchiyama_equals_the_centralised_model(mode):
+    """he_scheme: ou runs the same protocol (statistical masks instead of Paillier's one-time pads) and
+    must give the same model; three parties so cross terms and several hosts' gradients go through OU."""
+    pytest.importorskip("heu", reason="sf-heu is a linux dependency of the OU scheme")
+    X, y = _data(seed=7, n=45, d=6)
+    cfg = dict(key_bits=1024, insecure_test_key=True, he_scheme="ou", mode=mode, epochs=3, batch_size=15,
+               learning_rate=0.4, l2=0.02, seed=3, early_stopping=False)
+    _check(X, y, [2, 5], [[0, 3], [1, 4]], cfg)

@@ -60,7 +60,7 @@ def unavailable() -> str | None:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"the WAN test bed needs the {tool!r} command (iproute2)"
-    probe = f"{PREFIX}{os.getpid()}probe"
+    probe = f"{PREFIX}{os.getpid()}xprobe"  # swept like a bed if this process dies before deleting it
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if r.returncode:
         return f"cannot create a network namespace: {r.stderr.strip()}"
@@ -252,6 +252,10 @@ class NetBed:
     def thaw(self, party: str) -> None:
         self._relay_cmd(f"thaw {self.ip(party)}")
 
+    def set_delay(self, seconds: float, party: str | None = None) -> None:
+        """Change the relay's delay each way: for every connection, or (``party``) for that party's only."""
+        self._relay_cmd(f"delay {float(seconds)}" + (f" {self.ip(party)}" if party else ""))
+
     def cut(self, party: str) -> None:
         """Cut ``party`` off for good: its bytes in flight are lost and its link goes down."""
         self.freeze(party)
@@ -268,7 +272,10 @@ class NetBed:
 
     def start_party(self, job: Path, party: str, *, log_level: str = "INFO") -> subprocess.Popen:
         """``secureflhv party JOB --party PARTY`` on ``party``'s host; stdout+stderr as text lines."""
-        env = dict(os.environ, PYTHONUNBUFFERED="1", GRPC_VERBOSITY=os.environ.get("GRPC_VERBOSITY", "ERROR"))
+        # the checkout these tests belong to, whatever the working directory and the installed copy
+        path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path,
+                   GRPC_VERBOSITY=os.environ.get("GRPC_VERBOSITY", "ERROR"))
         return self.popen(party, [sys.executable, "-m", "secureflhv", "party", str(job), "--party", party,
                                   "--log-level", log_level], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, bufsize=1, env=env, cwd=str(Path(job).parent))

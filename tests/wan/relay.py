@@ -14,7 +14,8 @@ Control: one command per line on stdin, answered with ``ok <command>`` on stdout
 * ``freeze IP`` / ``thaw IP`` - black-hole every connection from or to ``IP``: bytes read are
   dropped, nothing is forwarded, sockets stay open (what a cut cable looks like to TCP); new
   connections from or to ``IP`` are held the same way;
-* ``delay SECONDS`` - change the delay for chunks read from now on.
+* ``delay SECONDS [IP]`` - change the delay for chunks read from now on (with ``IP``: of connections
+  from or to ``IP`` only, e.g. one far-away party; the larger of its and the default applies).
 
 Prints ``ready`` once every route listens. Not part of the package: test tooling only.
 """
@@ -37,6 +38,10 @@ class Relay:
         self.running = asyncio.Event()
         self.running.set()
         self.frozen: set[str] = set()
+        self.delays: dict[str, float] = {}  # per-IP delay (a far-away party)
+
+    def _delay(self, ips: tuple[str, str]) -> float:
+        return max([self.delay] + [self.delays[ip] for ip in ips if ip in self.delays])
 
     def _blocked(self, *ips: str) -> bool:
         return any(ip in self.frozen for ip in ips)
@@ -69,7 +74,7 @@ class Relay:
                     break
                 if self._blocked(*ips):
                     continue
-                await queue.put((time.monotonic() + self.delay, data))
+                await queue.put((time.monotonic() + self._delay(ips), data))
             await queue.put((0.0, None))  # EOF forwarded after the data (half-close kept)
             await task
         except (ConnectionError, OSError):
@@ -106,6 +111,8 @@ class Relay:
                 self.frozen.add(args[0])
             elif cmd == "thaw" and args:
                 self.frozen.discard(args[0])
+            elif cmd == "delay" and len(args) == 2:
+                self.delays[args[1]] = float(args[0])
             elif cmd == "delay" and args:
                 self.delay = float(args[0])
             else:

@@ -102,3 +102,10 @@ def test_teardown_and_sweep_leave_nothing():
     assert stale in netbed.sweep()
     assert stale not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not (netbed.NETNS_ETC / stale).exists()
+
+
+def test_a_far_away_party_gets_its_own_delay(bed):
+    bed.set_delay(0.2, "b")
+    r = _client(bed, 0.001)
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout.split()[0]) >= 0.4  # 200 ms each way for b's connections

@@ -5,6 +5,7 @@ network, not on the CPU), so a test pays about one run's time for both.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import yaml
 from netbed import NetBed
 
 
@@ -57,8 +59,25 @@ def run_on_bed(bed: NetBed, job: Path, *, on_line: Callable[[str, str], None] | 
     ``on_line(party, line)`` sees each output line as it comes (to stage faults at a given point).
     Parties in ``give_up`` are killed once all the others have exited (e.g. a client cut off for good).
     """
-    start = time.monotonic()
     procs = {p: bed.start_party(job, p, log_level=log_level) for p in bed.parties}
+    return _collect(procs, on_line, timeout, give_up)
+
+
+def run_local(job: Path, *, timeout: float = 180, log_level: str = "INFO") -> dict[str, PartyRun]:
+    """Every party of ``job`` as ``secureflhv party`` on this host (loopback), watched as :func:`run_on_bed`
+    does (no launcher in between, so both settings pay the same process and logging overheads)."""
+    path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path,
+               GRPC_VERBOSITY=os.environ.get("GRPC_VERBOSITY", "ERROR"))
+    ids = [p["id"] for p in yaml.safe_load(Path(job).read_text())["parties"]]
+    procs = {p: subprocess.Popen([sys.executable, "-m", "secureflhv", "party", str(job), "--party", p, "--log-level",
+                                  log_level], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                 env=env, start_new_session=True) for p in ids}
+    return _collect(procs, None, timeout, frozenset())
+
+
+def _collect(procs: dict[str, subprocess.Popen], on_line, timeout: float, give_up) -> dict[str, PartyRun]:
+    start = time.monotonic()
     runs = {p: PartyRun() for p in procs}
 
     def pump(party: str) -> None:

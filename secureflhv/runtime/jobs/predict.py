@@ -30,7 +30,9 @@ data pointing at the new tables)::
     parties: ...                      # guest and hosts of the training job (a server is not needed)
     params: {model_dir: out, model_job_id: breast-vlr}
 
-The guest (horizontal models: every client) writes ``<output_dir>/<party>/predictions.csv`` — ``id``, ``score`` (P(y=1); multi-class:
+Every data party's new table needs its id column (``data.id_column``) and the model's feature columns
+(taken by name; other columns are ignored). The guest (horizontal models: every client) writes
+``<output_dir>/<party>/predictions.csv`` — ``id``, ``score`` (P(y=1); multi-class:
 ``p0 .. pC-1``; regression: the value) and ``label`` when ``data.label_column`` is set — and
 ``metrics.json`` (rows scored, ids without a partner, AUC / accuracy when labels are given).
 
@@ -79,6 +81,15 @@ def roles(cfg: JobConfig) -> None:
         raise JobConfigError(f"parties: a prediction job has at most one guest, found {kinds.count('guest')}")
     if not cfg.clients:
         raise JobConfigError("parties: a prediction job needs the data parties (guest / hosts) of the model")
+
+
+def check(cfg: JobConfig, params: PredictJobParams) -> None:
+    """Verify, before anyone starts, every party's bundle that is on this machine (on a party's own
+    machine: its own; with ``secureflhv run``: all). A party whose bundle folder is absent here is
+    checked when it starts. Raises JobConfigError naming ``params.model_dir``, the party and the field."""
+    for party in cfg.clients:
+        if (cfg.resolve(params.model_dir) / party.id / "model").is_dir():
+            load_party_bundle(cfg, party, params)
 
 
 def load_party_bundle(cfg: JobConfig, party: PartySpec, params: PredictJobParams) -> ModelBundle:
@@ -315,15 +326,16 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJ
     return predictor(cfg, party, transport, params, bundle)
 
 
-def write_predict_job(train_job: Path | str, path: Path | str, *, data: dict[str, Path | str], job_id: str | None = None,
-                      output_dir: str = "predictions", model_dir: Path | str | None = None,
+def write_predict_job(train_job: Path | str, path: Path | str, *, data: dict[str, Path | str],
+                      job_id: str | None = None, output_dir: str = "predictions", model_dir: Path | str | None = None,
                       new_ports: bool = False) -> Path:
     """Write a prediction job file derived from a training job file; returns ``path``.
 
     Keeps the training job's parties, certificates and security settings; sets ``algorithm: predict``,
     ``params.model_dir`` (default: the training job's output_dir) and ``params.model_job_id`` (the
     training job's id), and points each party in ``data`` (party id -> new table) at its new rows.
-    Relative paths are rewritten relative to the new file's folder. ``new_ports``: fresh loopback ports.
+    Relative paths (certificates, data, the default model_dir) are rewritten relative to the new file's
+    folder, so the same file works on every party's machine with the same layout. ``new_ports``: fresh loopback ports.
     """
     import os
 
@@ -359,8 +371,8 @@ def write_predict_job(train_job: Path | str, path: Path | str, *, data: dict[str
         if p.get("data"):
             p["data"] = {**p["data"], "path": str(Path(data[p["id"]]).resolve()) if p["id"] in data
                          else moved(p["data"]["path"])}
-    model = Path(model_dir) if model_dir is not None else (train_out if train_out.is_absolute() else base / train_out)
-    doc["params"] = {"model_dir": str(model.resolve()), "model_job_id": train_id}
+    doc["params"] = {"model_dir": moved(train_out) if model_dir is None else str(Path(model_dir).resolve()),
+                     "model_job_id": train_id}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path
