@@ -326,7 +326,7 @@ class SecAggClient(AggregationClient):
                               timeout=self.config.client_timeout_s, parse=parse_message(pb.ServerMessage, validate))
         except PeerTimeout as exc:
             raise AggregationError(f"{self.party_id}: server {self.server_id!r} silent before "
-                                   f"{STAGE_NAMES[min(stage, 4)]}: {exc}") from None
+                                   f"{STAGE_NAMES[min(stage, 4)]}: {exc}") from exc
         if msg.WhichOneof("body") == "abort":
             raise AggregationError(f"{self.party_id}: server aborted round {round_id}: {msg.abort}")
         return getattr(msg, body)
@@ -336,5 +336,6 @@ class SecAggClient(AggregationClient):
         try:
             self.t.send(self.server_id, tag, msg, round=round_id * STAGES + stage, timeout=self.config.client_timeout_s)
         except TransportError as exc:
+            # chained: the runtime's blame names the unreachable server as the root cause
             raise AggregationError(f"{self.party_id}: could not send {STAGE_NAMES[stage]} to the server: {exc}") \
-                from None
+                from exc

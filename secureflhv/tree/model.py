@@ -195,7 +195,8 @@ def model_from_dict(doc: dict) -> BoostedModel:
                 unknown = set(n) - _NODE_FIELDS
                 if unknown:
                     raise ValueError(f"trees[{ti}]: unknown node fields {sorted(unknown)}")
-                nodes[int(n["id"])] = Node(**n)
+                # infinite thresholds are written as "inf" / "-inf" (json_number)
+                nodes[int(n["id"])] = Node(**{k: float(v) if k == "threshold" else v for k, v in n.items()})
             trees.append(Tree(nodes, int(t["output"])))
         cuts = None if doc.get("cuts") is None else [np.asarray(c, dtype=np.float64) for c in doc["cuts"]]
         return BoostedModel(params, np.asarray(doc["base_margin"], dtype=np.float64), trees, cuts,

@@ -649,11 +649,12 @@ class SecureBoostHost(_Role):
     def from_records(cls, transport: Transport, guest_id: str, records, params, *,
                      backend="paillier") -> "SecureBoostHost":
         """A host that only answers routing requests (:meth:`serve_predictions`) with its saved lookup
-        table ``records``: record id -> (feature index, bin, threshold)."""
+        table ``records``: record id -> (feature index, bin, threshold[, default_left]); a threshold may
+        be "inf" / "-inf" (JSON); without default_left a missing value goes right."""
         host = cls.__new__(cls)
         _Role.__init__(host, transport, params, backend)
         host.guest_id = guest_id
-        host.records = [(int(j), int(b), float(thr)) for j, b, thr in records]
+        host.records = [(int(r[0]), int(r[1]), float(r[2]), bool(r[3]) if len(r) > 3 else False) for r in records]
         host.datasets, host._route_round, host.timings = {}, 0, {}
         return host
 

@@ -112,7 +112,7 @@ def test_bundle_manifest(trained):
     else:  # the guest holds no host threshold: host splits are (owner, record) only
         nodes = [n for t in b.file("model.json")["trees"] for n in t["nodes"] if n.get("owner") == "host-1"]
         assert nodes and all("threshold" not in n and n["feature"] == -1 for n in nodes)
-        assert all(len(r) == 3 for r in host.file("split_table.json"))
+        assert all(len(r) == 4 for r in host.file("split_table.json"))  # feature, bin, threshold, default_left
 
 
 @pytest.mark.parametrize("damage, expected", [

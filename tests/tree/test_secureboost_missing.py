@@ -204,3 +204,25 @@ def test_horizontal_with_missing_values_equals_centralised_twin(scheme):
     X_pred[::7, 3] = np.nan                                                # complete in training
     np.testing.assert_allclose(_booster(model, X.shape[1]).predict(xgb.DMatrix(X_pred)), model.predict(X_pred),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_missingness_split_survives_strict_json_and_xgboost():
+    """A label carried by missingness alone: the root splits "every present value left, missing right"
+    (threshold +inf). The model goes through strict JSON (no Infinity) and back, and through xgboost
+    (+inf written as FLT_MAX), predicting the same."""
+    import json
+
+    from secureflhv.tree.model import model_from_dict, model_to_dict
+
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(300, 3))
+    y = (rng.random(300) < 0.4).astype(int)
+    X[y == 1, 0] = np.nan
+    params = _params(n_trees=2, max_depth=2)
+    model = fit_reference(X, y, fit_cuts(X, params.max_bin), params)
+    root = model.trees[0].nodes[0]
+    assert (root.feature, root.threshold, root.default_left) == (0, np.inf, False)
+    doc = json.loads(json.dumps(model_to_dict(model), allow_nan=False))
+    again = model_from_dict(doc)
+    np.testing.assert_array_equal(again.predict(X), model.predict(X))
+    np.testing.assert_allclose(_booster(model, 3).predict(xgb.DMatrix(X)), model.predict(X), rtol=1e-5, atol=1e-6)

@@ -60,7 +60,7 @@ def unavailable() -> str | None:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"the WAN test bed needs the {tool!r} command (iproute2)"
-    probe = f"{PREFIX}{os.getpid()}probe"
+    probe = f"{PREFIX}{os.getpid()}xprobe"  # swept like a bed if this process dies before deleting it
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if r.returncode:
         return f"cannot create a network namespace: {r.stderr.strip()}"

@@ -227,8 +227,9 @@ def _secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport
     where = f"params.model_dir (party {party.id!r}): {bundle.path}"
     if party.role == "host":
         records = bundle.file("split_table.json")
-        if not all(isinstance(r, list) and len(r) == 3 and 0 <= int(r[0]) < X.shape[1] for r in records):
-            raise JobConfigError(f"{where}: files[split_table.json]: records must be [feature, bin, threshold] "
+        if not all(isinstance(r, list) and len(r) in (3, 4) and 0 <= int(r[0]) < X.shape[1] for r in records):
+            raise JobConfigError(f"{where}: files[split_table.json]: records must be [feature, bin, threshold, "
+                                 f"default_left] "
                                  f"with a feature index below {X.shape[1]}")
         host = SecureBoostHost.from_records(transport, cfg.guest.id, records, SecureBoostParams(**bundle.config))
         host.serve_predictions(X)

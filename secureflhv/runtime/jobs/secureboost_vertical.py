@@ -7,7 +7,8 @@ job file takes no part) and federated prediction of all aligned rows. The guest 
 (train/test AUC, accuracy or RMSE), ``predictions.csv`` (held-out rows) and its ``model.json`` (host splits
 as record ids); each host writes its private split table. Both also write a model bundle
 (:mod:`secureflhv.runtime.model_bundle`): the guest's ``model.json``, a host's ``split_table.json``
-(record id -> [feature index, bin, threshold]), for the prediction job.
+(record id -> [feature index, bin, threshold, default_left]; an infinite threshold as "inf" / "-inf"),
+for the prediction job.
 
 Checkpoints (:mod:`secureflhv.runtime.checkpoint`): guest and hosts save their state after each boosting
 round (step = rounds done); with ``--resume`` they agree on a step (:mod:`secureflhv.runtime.resume`) and
@@ -90,7 +91,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
                   "default_left": dl} for i, (j, b, thr, dl) in enumerate(host.records)]
         save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="host", algorithm=cfg.job.algorithm,
                    model={"split_table": table}, metadata=data.meta)
-        save_job_bundle(cfg, party, files={"split_table.json": [list(r) for r in host.records]},
+        records = [[j, b, json_number(thr), dl] for j, b, thr, dl in host.records]
+        save_job_bundle(cfg, party, files={"split_table.json": records},
                         feature_names=data.feature_names, config=algo.model_dump(mode="json"), public_key=host.pub)
         return {}
     y = data.y
