@@ -12,8 +12,10 @@ Files, under ``<output_dir>/<party id>/``:
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -40,6 +42,20 @@ def plain_json(obj: Any, *, nan_as_none: bool = False) -> Any:
     if nan_as_none and isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def sha256_hex(data: bytes) -> str:
+    """SHA-256 of ``data`` as 64 hex digits (content hashes of bundles and checkpoints)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries to disk, so that a rename into it survives a crash (POSIX)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, obj: Any) -> Path:

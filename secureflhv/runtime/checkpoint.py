@@ -22,7 +22,6 @@ Secrets that outlive a step (e.g. a Paillier private key the party generated) ar
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .artifacts import plain_json
+from .artifacts import fsync_dir, plain_json, sha256_hex
 
 FORMAT = "secureflhv.checkpoint"
 FORMAT_VERSION = 1
@@ -48,18 +47,6 @@ MAX_STEP = 10**8 - 1
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, damaged, tampered with, or belongs to another job or party."""
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_synced(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -114,7 +101,7 @@ class CheckpointStore:
             files[f"{name}.npy"] = _npy_bytes(arr)
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "job_id": self.job_id,
                     "party_id": self.party_id, "step": step,
-                    "files": {n: _sha256(b) for n, b in sorted(files.items())}}
+                    "files": {n: sha256_hex(b) for n, b in sorted(files.items())}}
         files[MANIFEST] = json.dumps(manifest, sort_keys=True, indent=1).encode()
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step-{step:08d}"
@@ -122,11 +109,11 @@ class CheckpointStore:
         try:
             for name, data in files.items():
                 _write_synced(tmp / name, data)
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             if final.exists():  # re-running a step after a resume: replace it whole
                 shutil.rmtree(final)
             os.rename(tmp, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -142,7 +129,7 @@ class CheckpointStore:
         _write_synced(tmp, data, mode=0o600)
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.root / name)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return self.root / name
 
     def read_secret(self, name: str) -> bytes | None:
@@ -206,7 +193,7 @@ class CheckpointStore:
         state: dict[str, Any] = {}
         for name, want in hashes.items():
             data = (folder / name).read_bytes()
-            if _sha256(data) != want:
+            if sha256_hex(data) != want:
                 raise CheckpointError(f"checkpoint step {step}: {name} does not match its SHA-256 "
                                       "(damaged or tampered)")
             if name == STATE:

@@ -24,7 +24,6 @@ renamed into place, so a crash leaves the previous bundle or the new one, never 
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import re
@@ -37,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from .artifacts import plain_json
+from .artifacts import fsync_dir, plain_json, sha256_hex
 
 FORMAT = "secureflhv.bundle"
 FORMAT_VERSION = 1
@@ -56,10 +55,6 @@ def _plain(obj: Any) -> Any:
 
 def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _file_format(name: str) -> str:
@@ -115,7 +110,7 @@ def certificate_sha256(path: Path | None) -> str | None:
         from cryptography.hazmat.primitives.serialization import Encoding
 
         cert = x509.load_pem_x509_certificate(Path(path).read_bytes())
-        return _sha256(cert.public_bytes(Encoding.DER))
+        return sha256_hex(cert.public_bytes(Encoding.DER))
     except (OSError, ValueError):
         return None
 
@@ -183,9 +178,9 @@ def write_bundle(out_dir: Path, *, job_id: str, algorithm: str, party_id: str, r
         "feature_names": list(feature_names or []), "preprocessing": preprocessing or {}, "config": config or {},
         "metrics": metrics or {}, **(identity or {"peers": [], "ca_sha256": None, "cert_sha256": None}),
         "paillier_key_sha256": paillier_key_sha256, "extra": extra or {},
-        "files": {n: {"format": _file_format(n), "sha256": _sha256(b), "bytes": len(b)} for n, b in blobs.items()},
+        "files": {n: {"format": _file_format(n), "sha256": sha256_hex(b), "bytes": len(b)} for n, b in blobs.items()},
     })
-    manifest = {**body, "content_sha256": _sha256(_canonical(body))}
+    manifest = {**body, "content_sha256": sha256_hex(_canonical(body))}
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=out_dir))
     try:
@@ -194,7 +189,7 @@ def write_bundle(out_dir: Path, *, job_id: str, algorithm: str, party_id: str, r
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         final = out_dir / BUNDLE_DIR
         old = None
         if final.exists():
@@ -202,21 +197,13 @@ def write_bundle(out_dir: Path, *, job_id: str, algorithm: str, party_id: str, r
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)
         os.rename(tmp, final)
-        _fsync_dir(out_dir)
+        fsync_dir(out_dir)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return final
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def bundle_dir(path: Path | str) -> Path:
@@ -254,7 +241,7 @@ def read_bundle(path: Path | str, *, expect_party: str | None = None, expect_job
                                f"(this secureflhv {__version__} reads version {FORMAT_VERSION})")
     body = {k: v for k, v in manifest.items() if k != "content_sha256"}
     try:
-        digest = _sha256(_canonical(body))
+        digest = sha256_hex(_canonical(body))
     except ValueError as exc:
         raise ModelBundleError(f"{where}: content_sha256: the manifest holds non-JSON values ({exc})") from None
     if digest != manifest.get("content_sha256"):
@@ -271,7 +258,7 @@ def read_bundle(path: Path | str, *, expect_party: str | None = None, expect_job
             data = (where / name).read_bytes()
         except OSError as exc:
             raise ModelBundleError(f"{where}: files[{name}]: cannot read it ({exc.strerror or exc})") from None
-        if _sha256(data) != info.get("sha256"):
+        if sha256_hex(data) != info.get("sha256"):
             raise ModelBundleError(f"{where}: files[{name}].sha256: the file does not match the manifest's "
                                    f"hash: it was modified or damaged")
         try:

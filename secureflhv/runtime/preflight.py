@@ -21,7 +21,7 @@ What it reveals: nothing leaves the party; findings are printed locally only.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -212,7 +212,7 @@ def _data_columns(report: _Report, params, columns: list[str]) -> dict[str, tupl
     """Declared column -> (job-file field, type), after checking each named column exists."""
     from .registry import job_spec
 
-    cfg, party, spec = report.cfg, report.party, report.party.data
+    cfg, spec = report.cfg, report.party.data
     vertical = job_spec(cfg.job.algorithm).family == "vertical"
     label, label_field = spec.label_column, "data.label_column"
     if label is None and not vertical:

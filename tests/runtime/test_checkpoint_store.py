@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from secureflhv.runtime import checkpoint as ck
+from secureflhv.runtime.artifacts import sha256_hex
 from secureflhv.runtime.checkpoint import CheckpointError, CheckpointStore, store_for
 
 
@@ -117,7 +118,7 @@ def test_no_pickle(tmp_path):
     np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     (folder / "x.npy").write_bytes(buf.getvalue())
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["files"]["x.npy"] = ck._sha256(buf.getvalue())
+    manifest["files"]["x.npy"] = sha256_hex(buf.getvalue())
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="x.npy"):
         store.load(1)
