@@ -221,26 +221,12 @@ def test_multiprocess_grpc_tls_job_with_contribution_normalisation(tmp_path):
     """Server and 3 clients as real processes over gRPC with mutual TLS: contribution normalisation's two
     secure sums and answers run every round, and the model is saved."""
     import json
-    import subprocess
 
-    import yaml
-    from test_fl_job import PARAMS, check_artifacts, job_dict, shards as job_shards
+    from test_fl_job import GRPC_JOB_PARTIES as ids, PARAMS, check_artifacts, run_grpc_job
 
     from secureflhv.runtime.config import parse_job
-    from secureflhv.runtime.demo import free_ports
-    from secureflhv.transport.certs import generate_certificates
 
-    npz, _ = job_shards(tmp_path, 3)
-    ids = ["server", "client-1", "client-2", "client-3"]
-    generate_certificates(tmp_path / "certs", ids, overwrite=True)
-    params = {**PARAMS, "strategy": "scaffold", "contribution_temperature": 1.0}
-    job = job_dict(npz, params, tls=True, ports=free_ports(4), certs="certs")
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(path), "--timeout", "240"],
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    job, out = run_grpc_job(tmp_path, {**PARAMS, "strategy": "scaffold", "contribution_temperature": 1.0})
     metrics = check_artifacts(parse_job(job, tmp_path), tmp_path / "out", 2)
     assert all(r["contribution"]["status"] == "ok" and r["contribution"]["n"] == 3 for r in metrics["rounds"])
     for c in ids[1:]:  # each client kept its own factor; together they sum to 1 (up to quantisation)

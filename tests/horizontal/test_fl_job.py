@@ -30,6 +30,26 @@ PARAMS = {"strategy": "fedprox", "mu": 0.01, "model": MODEL, "rounds": 2, "local
           "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 20}}
 
 
+GRPC_JOB_PARTIES = ["server", "client-1", "client-2", "client-3"]
+
+
+def run_grpc_job(tmp_path: Path, params: dict) -> tuple[dict, str]:
+    """A server and 3 clients as real processes over gRPC + mutual TLS (``secureflhv run``); the job must
+    succeed. Returns the job document and the launcher's output."""
+    from secureflhv.runtime.demo import free_ports
+    from secureflhv.transport.certs import generate_certificates
+
+    npz, _ = shards(tmp_path, 3)
+    generate_certificates(tmp_path / "certs", GRPC_JOB_PARTIES, overwrite=True)
+    job = job_dict(npz, params, tls=True, ports=free_ports(4), certs="certs")
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(path), "--timeout", "240"],
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return job, out
+
 def run_in_process(cfg) -> None:
     """Every party of the horizontal job ``cfg`` in its own thread over one InProcessNetwork; no party may fail."""
     net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
@@ -168,19 +188,8 @@ def test_run_job_in_process_npz_and_csv(tmp_path):
 
 @pytest.mark.slow
 def test_multiprocess_grpc_tls_run(tmp_path):
-    from secureflhv.runtime.demo import free_ports
-    from secureflhv.transport.certs import generate_certificates
-
-    npz, _ = shards(tmp_path, 3)
-    ids = ["server", "client-1", "client-2", "client-3"]
-    generate_certificates(tmp_path / "certs", ids, overwrite=True)
-    job = job_dict(npz, PARAMS, tls=True, ports=free_ports(4), certs="certs")
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(path), "--timeout", "240"],
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    job, out = run_grpc_job(tmp_path, PARAMS)
+    ids = GRPC_JOB_PARTIES
     assert "[server]" in out and "[client-3]" in out and "round 2/2" in out
     metrics = check_artifacts(parse_job(job, tmp_path), tmp_path / "out", 2)
     assert all(r["survivors"] == ["client-1", "client-2", "client-3"] for r in metrics["rounds"])
