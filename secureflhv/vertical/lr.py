@@ -23,6 +23,15 @@ Model and loss (Taylor expansion of the logistic loss at 0, Hardy et al. eq. 3),
     d_i    = 1/4 wx_i - 1/2 y_i
     grad_k = X_k^T d / n_b + l2 * w_k
 
+Tasks (``task``, :mod:`secureflhv.vertical.lr_tasks`): the formulas above are ``binary``. Every task's
+loss is a quadratic in the row's K scores, loss_i = c0_i + a_i.z_i + 1/2 z_i^T H z_i with a constant
+H = h (I - beta 1 1^T), so the same messages carry it: ``multiclass`` (softmax cross-entropy expanded at 0,
+K = classes, weights (d_k, K), u_h / d of shape (n_b, K), gradients [[d]]^T X_k of shape (K, d_k),
+and in arbiter mode hosts also send [[sum_i (sum_c u_h,ic)^2]] for the coupling term) and
+``regression`` (FATE's hetero linear regression: d = wx - y, loss 1/2 (wx - y)^2, h = 1 so [[d]] needs no
+scaling). The guest announces the task and K in its setup; a host or arbiter configured with another
+task stops with a ProtocolError, and K is bounded (``lr_tasks.MAX_CLASSES``) before it sizes any work.
+
 Training (identical for every role; the batches come from a seed every party holds)::
 
     for epoch e in 0..epochs-1:
