@@ -52,11 +52,12 @@ def evaluate_split(y: np.ndarray, split: RowSplit, predict, metric) -> tuple[dic
 
 def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: dict, history: dict,
                        p_test: np.ndarray | None, title: str, *, loss_label: str = "training loss",
-                       **extra) -> Path:
+                       score_name: str = "probability", **extra) -> Path:
     """Write ``metrics.json``, ``predictions.csv`` (test rows), ``split.json``, ``loss.png`` and, for a
     binary task with both classes among the test rows, ``roc_ks.png``; return the loss plot.
 
-    ``loss_label`` names the plotted loss on the y axis (which loss, on which rows, how averaged).
+    ``loss_label`` names the plotted loss on the y axis (which loss, on which rows, how averaged);
+    ``score_name`` the predictions.csv column of 1-D predictions ("prediction" for regression).
     """
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics, "history": history,
                                           "psi_common_ids": len(data.ids), **extra})
@@ -65,7 +66,7 @@ def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: 
 
         cols = {"id": data.ids[data.test], "label": data.y[data.test]}
         if p_test.ndim == 1:
-            cols["probability"] = p_test
+            cols[score_name] = p_test
         else:
             cols.update({f"p{c}": p_test[:, c] for c in range(p_test.shape[1])})
         pd.DataFrame(cols).to_csv(out_dir / "predictions.csv", index=False)
@@ -78,12 +79,15 @@ def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: 
 
 
 def log_summary(party_id: str, metrics: dict, losses: list[float], plot: Path) -> None:
-    """Log the guest's closing line: epochs, final loss, held-out (else training) accuracy and AUC."""
+    """Log the guest's closing line: epochs, final loss, held-out (else training) accuracy and AUC
+    (regression: RMSE and R²)."""
     which = "test" if "test" in metrics else "train"
     s = metrics[which]
-    log.info("%s: done: %d epochs, final loss %.5f, %s accuracy %.4f AUC %s; loss curve %s", party_id,
-             len(losses), losses[-1] if losses else float("nan"), which, s["accuracy"],
-             f"{s['auc']:.4f}" if "auc" in s else "n/a", plot)
+    quality = (f"accuracy {s['accuracy']:.4f} AUC {s['auc']:.4f}" if "auc" in s else
+               f"accuracy {s['accuracy']:.4f} AUC n/a" if "accuracy" in s else
+               f"RMSE {s.get('rmse', float('nan')):.4f} R2 {s.get('r2', float('nan')):.4f}")
+    log.info("%s: done: %d epochs, final loss %.5f, %s %s; loss curve %s", party_id,
+             len(losses), losses[-1] if losses else float("nan"), which, quality, plot)
 
 
 def save_wire_report(out_dir: Path, job_id: str, party_id: str, stats: dict) -> Path:

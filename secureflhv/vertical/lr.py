@@ -23,6 +23,15 @@ Model and loss (Taylor expansion of the logistic loss at 0, Hardy et al. eq. 3),
     d_i    = 1/4 wx_i - 1/2 y_i
     grad_k = X_k^T d / n_b + l2 * w_k
 
+Tasks (``task``, :mod:`secureflhv.vertical.lr_tasks`): the formulas above are ``binary``. Every task's
+loss is a quadratic in the row's K scores, loss_i = c0_i + a_i.z_i + 1/2 z_i^T H z_i with a constant
+H = h (I - beta 1 1^T), so the same messages carry it: ``multiclass`` (softmax cross-entropy expanded at 0,
+K = classes, weights (d_k, K), u_h / d of shape (n_b, K), gradients [[d]]^T X_k of shape (K, d_k),
+and in arbiter mode hosts also send [[sum_i (sum_c u_h,ic)^2]] for the coupling term) and
+``regression`` (FATE's hetero linear regression: d = wx - y, loss 1/2 (wx - y)^2, h = 1 so [[d]] needs no
+scaling). The guest announces the task and K in its setup; a host or arbiter configured with another
+task stops with a ProtocolError, and K is bounded (``lr_tasks.MAX_CLASSES``) before it sizes any work.
+
 Training (identical for every role; the batches come from a seed every party holds)::
 
     for epoch e in 0..epochs-1:
@@ -102,6 +111,7 @@ from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..data.dataset import check_matrix
 from .common import VerticalRole, control_parser
+from .lr_tasks import MAX_CLASSES, TaylorLoss
 from .prediction import PredictionGuest, PredictionHost
 
 log = logging.getLogger("secureflhv.vertical.lr")
@@ -145,6 +155,10 @@ class VerticalLRConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    task: Literal["binary", "multiclass", "regression"] = Field(
+        default="binary", description="binary: Taylor logistic regression (labels 0/1 or -1/+1); multiclass: "
+                                      "Taylor softmax regression (labels 0..K-1); regression: linear regression "
+                                      "(squared loss); see secureflhv.vertical.lr_tasks")
     mode: Literal["arbiter", "two_party"] = Field(
         default="arbiter", description="arbiter: a data-less server holds the Paillier key; two_party: the guest holds "
                                        "it and sees the hosts' partial scores (see the module docstring)")
@@ -266,7 +280,8 @@ class _Role(VerticalRole):
         for name in names:
             rows = arrays[name].shape[0] if arrays[name].ndim else -1
             if (name in ("seconds", "losses", "kept") and rows != done) or \
-                    (width is not None and name in ("w", "v", "kept") and arrays[name].shape[-1] != width):
+                    (width is not None and name in ("w", "v", "kept")
+                     and arrays[name].shape[1 if name == "kept" else 0] != width):
                 raise ValueError(f"checkpoint: {name} has shape {arrays[name].shape}, which does not fit")
         return done, arrays, state
 
@@ -293,27 +308,48 @@ class _Role(VerticalRole):
         encrypts d fresh in two-party mode); cross terms and gradients one plaintext product further; the
         loss the finest of its terms. A received tensor at any other exponent is rejected."""
         e, arbiter = self._exponent, self.config.mode == "arbiter"
-        if tag == TAG_LOSS:  # dot(coef, U), [[u2]] * 1/8, [[reg]] * n_b, and (2+ hosts) [[cross]] * 1/4
-            return min([e(dots=1), e(scaled=1)] + ([e(dots=1, scaled=1)] if len(self.host_ids) > 1 else []))
-        return {TAG_FWD: e(), TAG_CROSS_IN: e(), TAG_CROSS: e(dots=1), TAG_D: e(scaled=int(arbiter)),
-                TAG_GRAD: e(dots=1, scaled=int(arbiter))}[tag]
+        hs = 0 if self.config.task == "regression" else 1  # h = 1 needs no scaling (lr_tasks.TaylorLoss.h)
+        if tag == TAG_LOSS:  # dot(coef, U), [[u2]] * h/2, [[reg]] * n_b, and (2+ hosts) [[cross]] * h
+            return min([e(dots=1), e(scaled=1)] + ([e(dots=1, scaled=hs)] if len(self.host_ids) > 1 else []))
+        return {TAG_FWD: e(), TAG_CROSS_IN: e(), TAG_CROSS: e(dots=1), TAG_D: e(scaled=hs * arbiter),
+                TAG_GRAD: e(dots=1, scaled=hs * arbiter)}[tag]
+
+    # K-output helpers (K = self.loss.k; K = 1 keeps the binary protocol's shapes)
+    loss: TaylorLoss | None = None  # the task's loss, known after setup (hosts, arbiter) or at init (guest)
+
+    def _grad_shape(self, d: int) -> tuple:
+        """Shape of an encrypted gradient of a d-feature block on the wire: (d,) or (K, d)."""
+        return (d,) if self.loss.k == 1 else (self.loss.k, d)
+
+    def _xt_enc(self, X: np.ndarray, d_enc):
+        """[[X^T d]] in the wire shape of :meth:`_grad_shape` (one multi-exponentiation per column of d)."""
+        return self.he.dot(X, d_enc) if self.loss.k == 1 else self.he.t_matmul(d_enc, X)
+
+    def _h_times(self, U):
+        """[[U H]] for encrypted scores U (n,) or (n, K): h U - h beta rowsum(U) 1^T, on ciphertexts."""
+        L = self.loss
+        out = U if L.h == 1.0 else U * L.h
+        if L.beta:
+            out = out + U.sum(axis=1).reshape(U.shape[0], 1) * (-L.h * L.beta)
+        return out
 
 
-def _setup_message(cfg: VerticalLRConfig, n_rows: int, host_ids: Sequence[str]) -> messages_pb2.Bundle:
+def _setup_message(cfg: VerticalLRConfig, n_rows: int, host_ids: Sequence[str], k: int = 1) -> messages_pb2.Bundle:
     return messages_pb2.Bundle(
         scalars={"n_rows": n_rows, "batch_size": float(cfg.batch_size or 0), "seed": float(cfg.seed),
-                 "epochs": float(cfg.epochs)},
-        text={"mode": cfg.mode, "hosts": ",".join(host_ids), "he_scheme": cfg.he_scheme})
+                 "epochs": float(cfg.epochs), "n_outputs": float(k)},
+        text={"mode": cfg.mode, "hosts": ",".join(host_ids), "he_scheme": cfg.he_scheme, "task": cfg.task})
 
 
 def _check_setup(msg: messages_pb2.Bundle, cfg: VerticalLRConfig, host_ids: Sequence[str] | None,
-                 n_rows: int | None, who: str) -> int:
-    """Compare the guest's plan with ours; return the number of rows. ProtocolError names the field."""
+                 n_rows: int | None, who: str) -> tuple[int, TaylorLoss]:
+    """Compare the guest's plan with ours; return (number of rows, the task's loss with the guest's
+    output count K, bounded by MAX_CLASSES). ProtocolError names the field."""
     theirs = {"batch_size": msg.scalars.get("batch_size"), "seed": msg.scalars.get("seed"),
               "epochs": msg.scalars.get("epochs"), "mode": msg.text.get("mode"),
-              "he_scheme": msg.text.get("he_scheme", "paillier")}
+              "he_scheme": msg.text.get("he_scheme", "paillier"), "task": msg.text.get("task", "binary")}
     ours = {"batch_size": float(cfg.batch_size or 0), "seed": float(cfg.seed), "epochs": float(cfg.epochs),
-            "mode": cfg.mode, "he_scheme": cfg.he_scheme}
+            "mode": cfg.mode, "he_scheme": cfg.he_scheme, "task": cfg.task}
     for k in ours:
         if theirs[k] != ours[k]:
             raise ProtocolError(f"{who}: config field {k!r} is {ours[k]!r} here but {theirs[k]!r} at the guest")
@@ -322,7 +358,12 @@ def _check_setup(msg: messages_pb2.Bundle, cfg: VerticalLRConfig, host_ids: Sequ
     rows = whole_count(msg.scalars.get("n_rows", -1.0), f"{who}: the guest's n_rows")
     if n_rows is not None and rows != n_rows:
         raise ProtocolError(f"{who}: {n_rows} aligned rows here but {rows} at the guest (run PSI first)")
-    return rows
+    k = whole_count(msg.scalars.get("n_outputs", 1.0), f"{who}: the guest's n_outputs", lo=1, hi=MAX_CLASSES + 1)
+    try:
+        loss = TaylorLoss(cfg.task, k)
+    except ValueError as exc:
+        raise ProtocolError(f"{who}: the guest's n_outputs: {exc}") from None
+    return rows, loss
 
 
 def _scalars_parser(keys: Sequence[str]):
@@ -368,13 +409,17 @@ class VerticalLRGuest(PredictionGuest, _Role):
         transport: this party's transport.
         host_ids: the hosts, in the same order at every party.
         X: float64 (n, d_g) features, rows aligned by PSI with every host.
-        y: (n,) labels in {0, 1} or {-1, +1}.
+        y: (n,) labels: ``task`` binary: {0, 1} or {-1, +1}; multiclass: class ids 0..K-1; regression:
+            float targets.
         config: :class:`VerticalLRConfig` (or a dict of its fields).
         arbiter_id: the arbiter's party id (``mode="arbiter"``), else None.
         keypair: (public, private) Paillier key to use in two-party mode (default: generated).
         backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
             :class:`~secureflhv.crypto.he.HEBackend`.
         on_epoch: optional ``callback(epoch, loss)`` called after each epoch (progress reporting).
+        n_classes: K for ``task: multiclass`` (default: largest label + 1); sent to every party in the setup.
+
+    Weights: binary / regression (d_g,) float64 and a float intercept; multiclass (d_g, K) and (K,).
 
     What the guest learns:
         arbiter mode: its own gradient and weights; the per-batch and per-epoch Taylor loss (sum over
@@ -387,7 +432,7 @@ class VerticalLRGuest(PredictionGuest, _Role):
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, config, arbiter_id: str | None = None,
-                 *, keypair=None, backend=None, on_epoch=None):
+                 *, keypair=None, backend=None, on_epoch=None, n_classes: int | None = None):
         super().__init__(transport, config, backend)
         self.on_epoch = on_epoch  # optional callback(epoch index, epoch loss), e.g. for a progress bar
         self.host_ids = list(host_ids)
@@ -402,28 +447,38 @@ class VerticalLRGuest(PredictionGuest, _Role):
         y = np.asarray(y).ravel()
         if y.shape[0] != self.X.shape[0]:
             raise ValueError(f"y: {y.shape[0]} labels for {self.X.shape[0]} rows")
-        labels = set(np.unique(y).tolist())
-        if labels <= {0, 1}:
-            y = np.where(y == 1, 1.0, -1.0)
-        elif not labels <= {-1, 1}:
-            raise ValueError(f"y: labels must be 0/1 or -1/+1, found {sorted(labels)[:5]}")
-        self.y = y.astype(np.float64)
+        k = 1
+        if self.config.task == "multiclass":
+            if n_classes is None and not (y.size and np.all(np.isfinite(y)) and np.all(y == np.round(y))):
+                raise ValueError("y: multiclass labels must be class ids 0..K-1")
+            k = int(n_classes if n_classes is not None else np.max(y) + 1)
+        self.loss = TaylorLoss(self.config.task, k)
+        self.T = self.loss.targets(y)  # (n, K) targets: +-1, one-hot or the value
+        self.y = self.loss.wire(self.T)
         self._keypair = keypair
-        self.weights = np.zeros(self.X.shape[1])
-        self.intercept: float | None = 0.0 if self.config.fit_intercept else None
+        self.weights = np.zeros((self.X.shape[1],) + self.loss.cols)
+        self.intercept = (0.0 if k == 1 else np.zeros(k)) if self.config.fit_intercept else None
         self.result: FitResult | None = None
         self.public_key = None  # the key holder's public key, once training has started
 
     @classmethod
     def from_model(cls, transport: Transport, host_ids: Sequence[str], weights, intercept: float | None,
                    config) -> "VerticalLRGuest":
-        """A guest that only predicts (:meth:`predict_proba`), with saved ``weights`` (d_g,) float64 and
-        ``intercept`` (None without one). Prediction needs no key and no arbiter, whatever ``config.mode``."""
+        """A guest that only predicts (:meth:`predict_proba`), with saved ``weights`` (d_g,) float64
+        (multiclass: (d_g, K)) and ``intercept`` (a float, multiclass (K,); None without one). Prediction
+        needs no key and no arbiter, whatever ``config.mode``."""
         cfg = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
-        w = np.asarray(weights, dtype=np.float64).ravel()
-        guest = cls(transport, host_ids, np.zeros((1, len(w))), np.zeros(1),
-                    cfg.model_copy(update={"mode": "two_party", "fit_intercept": intercept is not None}))
-        guest.weights, guest.intercept = w.copy(), None if intercept is None else float(intercept)
+        w = np.asarray(weights, dtype=np.float64)
+        w = w.reshape(w.shape[0], -1) if cfg.task == "multiclass" else w.ravel()
+        guest = cls(transport, host_ids, np.zeros((1, w.shape[0])), np.zeros(1),
+                    cfg.model_copy(update={"mode": "two_party", "fit_intercept": intercept is not None}),
+                    n_classes=w.shape[1] if w.ndim == 2 else None)
+        guest.weights = w.copy()
+        if intercept is not None:
+            b = np.asarray(intercept, dtype=np.float64)
+            guest.intercept = float(b) if w.ndim == 1 else b.reshape(w.shape[1]).copy()
+        else:
+            guest.intercept = None
         return guest
 
     def _peers(self):
@@ -445,7 +500,8 @@ class VerticalLRGuest(PredictionGuest, _Role):
         Xd = self._design(self.X)
         keys = self._key_exchange(n, Xd.shape[1])
         self.public_key = keys[0]
-        w, v = np.zeros(Xd.shape[1]), np.zeros(Xd.shape[1])
+        w = np.zeros((Xd.shape[1],) + self.loss.cols)
+        v = np.zeros_like(w)
         losses, seconds, kept = [], [], _BestWeights()
         best, bad, stopped = math.inf, 0, False
         first, arr, st = self._restored(("w", "v", "kept", "losses", "seconds"), Xd.shape[1])
@@ -487,7 +543,7 @@ class VerticalLRGuest(PredictionGuest, _Role):
                  losses[best_epoch])
         w = kept.pick(best_epoch)
         self.weights = w[:-1].copy() if cfg.fit_intercept else w.copy()
-        self.intercept = float(w[-1]) if cfg.fit_intercept else None
+        self.intercept = (float(w[-1]) if w.ndim == 1 else w[-1].copy()) if cfg.fit_intercept else None
         return FitResult(self.weights, self.intercept, losses, seconds, stopped, best_epoch)
 
     def _key_exchange(self, n: int, d_g: int):
@@ -495,7 +551,7 @@ class VerticalLRGuest(PredictionGuest, _Role):
 
         Returns (pub, priv or None, {host: n_features})."""
         cfg, t = self.config, self.t
-        setup = _setup_message(cfg, n, self.host_ids)
+        setup = _setup_message(cfg, n, self.host_ids, self.loss.k)
         for p in self._peers():
             t.send(p, TAG_SETUP, setup, round=0)
         if cfg.mode == "arbiter":
@@ -513,14 +569,14 @@ class VerticalLRGuest(PredictionGuest, _Role):
                      host_dims) -> tuple[np.ndarray, np.ndarray, float]:
         """One epoch of mini-batch gradient descent with the hosts; returns (weights, velocity, mean batch loss)."""
         cfg = self.config
-        penal = np.ones(Xd.shape[1])
+        penal = np.ones((Xd.shape[1],) + (1,) * (w.ndim - 1))
         if cfg.fit_intercept:
             penal[-1] = 0.0  # the intercept is not regularised
         lr = cfg.learning_rate_at(epoch)
         batch_losses = []
         for b, idx in enumerate(batch_plan(Xd.shape[0], cfg.batch_size, cfg.seed, epoch)):
             rnd = round_id(epoch, b, 0)
-            Xb, yb = Xd[idx], self.y[idx]
+            Xb, yb = Xd[idx], self.T[idx]
             u_g = Xb @ w
             reg_g = 0.5 * cfg.l2 * float(np.sum(penal * w * w))
             if cfg.mode == "arbiter":
@@ -531,79 +587,87 @@ class VerticalLRGuest(PredictionGuest, _Role):
             batch_losses.append(loss_b)
         return w, v, float(np.mean(batch_losses))
 
-    def _batch_arbiter(self, pub, Xb, yb, u_g, reg_g, rnd):
-        he, t = self.he, self.t
+    def _batch_arbiter(self, pub, Xb, Tb, u_g, reg_g, rnd):
+        he, t, L = self.he, self.t, self.loss
         nb = Xb.shape[0]
+        quad = ("u2", "reg") + (("u1",) if L.k > 1 else ())
 
         def fwd_parser(h):
             def validate(m: messages_pb2.Bundle):
-                missing = [k for k in ("u", "u2", "reg") if k not in m.encrypted]
+                missing = [k for k in ("u",) + quad if k not in m.encrypted]
                 if missing:
                     raise ProtocolError(f"{TAG_FWD} from {h}: missing {missing}")
                 e = self._wire_exponent(TAG_FWD)
-                return (self.wire.from_proto(m.encrypted["u"], pub, (nb,), f"{TAG_FWD}.u from {h}", exponent=e),
-                        self.wire.from_proto(m.encrypted["u2"], pub, (1,), f"{TAG_FWD}.u2 from {h}", exponent=e),
-                        self.wire.from_proto(m.encrypted["reg"], pub, (1,), f"{TAG_FWD}.reg from {h}", exponent=e))
+                return (self.wire.from_proto(m.encrypted["u"], pub, (nb,) + L.cols, f"{TAG_FWD}.u from {h}",
+                                             exponent=e),) + \
+                    tuple(self.wire.from_proto(m.encrypted[k], pub, (1,), f"{TAG_FWD}.{k} from {h}", exponent=e)
+                          for k in quad)
             return parse_message(messages_pb2.Bundle, validate)
 
         fwds = [t.recv(h, TAG_FWD, round=rnd + S_FWD, parse=fwd_parser(h)) for h in self.host_ids]
         U = reduce(lambda a, b: a + b, [f[0] for f in fwds])
-        d_enc = U * 0.25 + (0.25 * u_g - 0.5 * yb)
+        coef = L.wire(L.residual(Tb, L.rows(u_g)))  # a + u_g H: the guest's plaintext part of d
+        d_enc = self._h_times(U) + coef
         d_msg = self.wire.to_proto(d_enc)
         for h in self.host_ids:
             t.send(h, TAG_D, d_msg, round=rnd + S_D)
         # our gradient first, so the arbiter can start decrypting while we assemble the loss
-        g_mask = self._ask_decrypt(pub, he.dot(Xb, d_enc), self.arbiter_id, TAG_GRAD, rnd + S_GRAD)
-        # cross terms u_h . u_h' (h < h'), computed by host j on the encrypted sum of the earlier hosts' u
+        g_mask = self._ask_decrypt(pub, self._xt_enc(Xb, d_enc), self.arbiter_id, TAG_GRAD, rnd + S_GRAD)
+        # cross terms u_h H u_h' (h < h'), computed by host j on the encrypted sum of the earlier hosts' u
         S = fwds[0][0]
         for j, h in enumerate(self.host_ids[1:], start=1):
             t.send(h, TAG_CROSS_IN, self.wire.to_proto(S), round=rnd + S_D)
             S = S + fwds[j][0]
         cross = [t.recv(h, TAG_CROSS, round=rnd + S_CROSS, parse=self._enc_parser(
                      pub, (1,), f"{TAG_CROSS} from {h}", self._wire_exponent(TAG_CROSS))) for h in self.host_ids[1:]]
-        # n_b * loss = sum_i[log2 - y u_g/2 + u_g^2/8] + coef . U + 1/8 sum_h |u_h|^2 + 1/4 sum cross + n_b * reg
-        plain = nb * LOG2 + float(np.sum(-0.5 * yb * u_g + 0.125 * u_g * u_g)) + nb * reg_g
-        coef = -0.5 * yb + 0.25 * u_g
-        loss_enc = he.dot(coef[:, None], U) + np.array([plain])
-        for _, u2, reg in fwds:
-            loss_enc = loss_enc + u2 * 0.125 + reg * nb
+        # n_b * loss = sum_i[c0 + a.u_g + u_g H u_g/2] + coef . U + 1/2 sum_h u_h H u_h + sum cross + n_b * reg
+        # (binary: coef = -y/2 + u_g/4, u_h H u_h / 2 = |u_h|^2 / 8; lr_tasks.TaylorLoss)
+        plain = float(np.sum(L.row_losses(Tb, L.rows(u_g)))) + nb * reg_g
+        loss_enc = he.dot(coef.reshape(-1, 1), U.reshape(-1)) + np.array([plain])
+        for f in fwds:
+            loss_enc = loss_enc + f[1] * (0.5 * L.h) + f[2] * nb
+            if L.k > 1:  # - h beta / 2 * sum_i (sum_c u_ic)^2
+                loss_enc = loss_enc + f[3] * (-0.5 * L.h * L.beta)
         for c in cross:
-            loss_enc = loss_enc + c * 0.25
+            loss_enc = loss_enc + (c if L.h == 1.0 else c * L.h)
         l_mask = self._ask_decrypt(pub, loss_enc, self.arbiter_id, TAG_LOSS, rnd + S_GRAD)
-        g_sum = self._take_decrypted(pub, g_mask, self.arbiter_id, TAG_GRAD_DEC, rnd + S_DEC, (Xb.shape[1],))
+        g_sum = self._take_decrypted(pub, g_mask, self.arbiter_id, TAG_GRAD_DEC, rnd + S_DEC,
+                                     self._grad_shape(Xb.shape[1]))
         loss_b = float(self._take_decrypted(pub, l_mask, self.arbiter_id, TAG_LOSS_DEC, rnd + S_DEC, (1,))[0]) / nb
-        return g_sum, loss_b
+        return g_sum.T, loss_b
 
-    def _batch_two_party(self, pub, priv, Xb, yb, u_g, reg_g, rnd, host_dims):
-        he, t = self.he, self.t
+    def _batch_two_party(self, pub, priv, Xb, Tb, u_g, reg_g, rnd, host_dims):
+        he, t, L = self.he, self.t, self.loss
         nb = Xb.shape[0]
 
         def fwd_parser(h):
             def validate(m: messages_pb2.Bundle):
                 if "u" not in m.tensors or "reg" not in m.scalars:
                     raise ProtocolError(f"{TAG_FWD} from {h}: needs tensor 'u' and scalar 'reg'")
-                return tensor_from_proto(m.tensors["u"], shape=(nb,), what=f"{TAG_FWD}.u from {h}"), float(m.scalars["reg"])
+                return (tensor_from_proto(m.tensors["u"], shape=(nb,) + L.cols, what=f"{TAG_FWD}.u from {h}"),
+                        float(m.scalars["reg"]))
             return parse_message(messages_pb2.Bundle, validate)
 
         fwds = [t.recv(h, TAG_FWD, round=rnd + S_FWD, parse=fwd_parser(h)) for h in self.host_ids]
-        wx = u_g + sum(f[0] for f in fwds)
-        d = 0.25 * wx - 0.5 * yb
+        z = L.rows(u_g + sum(f[0] for f in fwds))
+        d = L.wire(L.residual(Tb, z))
         d_msg = self.wire.to_proto(he.encrypt(priv, d))  # the key holder encrypts with CRT (faster, same distribution)
         for h in self.host_ids:
             t.send(h, TAG_D, d_msg, round=rnd + S_D)
-        loss_b = float(np.mean(LOG2 - 0.5 * yb * wx + 0.125 * wx * wx)) + reg_g + sum(f[1] for f in fwds)
+        loss_b = float(np.mean(L.row_losses(Tb, z))) + reg_g + sum(f[1] for f in fwds)
         for h in self.host_ids:
-            self._serve_decrypt(priv, pub, h, TAG_GRAD, TAG_GRAD_DEC, rnd + S_GRAD, (host_dims[h],))
+            self._serve_decrypt(priv, pub, h, TAG_GRAD, TAG_GRAD_DEC, rnd + S_GRAD, self._grad_shape(host_dims[h]))
         return Xb.T @ d, loss_b
 
     # prediction ------------------------------------------------------------
     def predict_proba(self, X, rows: Sequence[int] | None = None) -> np.ndarray:
-        """P(y=1) for the given rows, from the guest's X and the hosts' partial scores.
+        """Predictions for the given rows, from the guest's X and the hosts' partial scores: binary P(y=1),
+        multiclass the softmax class probabilities (m, K), regression the predicted value.
 
         Args:
             X: guest features (m, d_g) of the prediction set, rows aligned with every host's set.
             rows: optional row indices into that set (default: all m rows).
-        Returns: float64 (len(rows),) probabilities. The hosts must be in
+        Returns: float64 (len(rows),) (multiclass (len(rows), K)). The hosts must be in
             :meth:`VerticalLRHost.serve_predictions`. Raises PeerTimeout if a host does not answer.
         """
         return self._guarded(self._predict, X, rows)
@@ -611,11 +675,12 @@ class VerticalLRGuest(PredictionGuest, _Role):
     def _predict(self, X, rows):
         X, sel = self._prediction_rows(X, self.weights.shape[0], rows)
         rnd = self._request_rows(X.shape[0], [] if rows is None else sel.tolist())
-        score = X[sel] @ self.weights + (self.intercept or 0.0)
+        score = X[sel] @ self.weights + (0.0 if self.intercept is None else self.intercept)
+        shape = (len(sel),) + self.loss.cols
         for h in self.host_ids:
             score = score + self.t.recv(h, TAG_PRED, round=rnd, parse=parse_message(
-                messages_pb2.Tensor, lambda msg, h=h: tensor_from_proto(msg, shape=(len(sel),), what=f"{TAG_PRED} from {h}")))
-        return 1.0 / (1.0 + np.exp(-score))
+                messages_pb2.Tensor, lambda msg, h=h: tensor_from_proto(msg, shape=shape, what=f"{TAG_PRED} from {h}")))
+        return self.loss.link(score)
 
 
 # --------------------------------------------------------------------------- host
@@ -656,10 +721,11 @@ class VerticalLRHost(PredictionHost, _Role):
     def from_model(cls, transport: Transport, guest_id: str, host_ids: Sequence[str], weights,
                    config) -> "VerticalLRHost":
         """A host that only answers prediction requests (:meth:`serve_predictions`) with saved ``weights``
-        (d_h,) float64; no key and no arbiter are needed."""
+        (d_h,) float64 (multiclass: (d_h, K)); no key and no arbiter are needed."""
         cfg = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
-        w = np.asarray(weights, dtype=np.float64).ravel()
-        host = cls(transport, guest_id, host_ids, np.zeros((1, len(w))), cfg.model_copy(update={"mode": "two_party"}))
+        w = np.asarray(weights, dtype=np.float64)
+        w = w.reshape(w.shape[0], -1) if cfg.task == "multiclass" else w.ravel()
+        host = cls(transport, guest_id, host_ids, np.zeros((1, w.shape[0])), cfg.model_copy(update={"mode": "two_party"}))
         host.weights = w.copy()
         return host
 
@@ -674,8 +740,9 @@ class VerticalLRHost(PredictionHost, _Role):
     def _fit(self) -> FitResult:
         cfg, he, t = self.config, self.he, self.t
         n, d_h = self.X.shape
-        _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg, self.host_ids,
-                     n, self.party_id)
+        _, L = _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg,
+                            self.host_ids, n, self.party_id)
+        self.loss = L
         arbiter = cfg.mode == "arbiter"
         key_holder = self.arbiter_id if arbiter else self.guest_id
         pub = self.public_key = t.recv(key_holder, TAG_PUBKEY, parse=self._pubkey_parser())
@@ -683,7 +750,8 @@ class VerticalLRHost(PredictionHost, _Role):
         t.send(self.guest_id, TAG_HELLO, hello, round=0)
         if arbiter:
             t.send(self.arbiter_id, TAG_HELLO, hello, round=0)
-        w, v = np.zeros(d_h), np.zeros(d_h)
+        w = np.zeros((d_h,) + L.cols)
+        v = np.zeros_like(w)
         seconds, stopped, kept = [], False, _BestWeights()
         first, arr, st = self._restored(("w", "v", "kept", "seconds"), d_h)
         if first:
@@ -697,27 +765,33 @@ class VerticalLRHost(PredictionHost, _Role):
                 Xb = self.X[idx]
                 nb = len(idx)
                 u = Xb @ w
-                reg = 0.5 * cfg.l2 * float(w @ w)
+                reg = 0.5 * cfg.l2 * float(np.sum(w * w))
                 if arbiter:
                     fwd = messages_pb2.Bundle()
                     fwd.encrypted["u"].CopyFrom(self.wire.to_proto(he.encrypt(pub, u)))
-                    fwd.encrypted["u2"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([u @ u]))))
+                    fwd.encrypted["u2"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([np.sum(u * u)]))))
                     fwd.encrypted["reg"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([reg]))))
+                    if L.k > 1:  # for the coupling term of the multinomial Hessian
+                        fwd.encrypted["u1"].CopyFrom(self.wire.to_proto(
+                            he.encrypt(pub, np.array([np.sum(u.sum(axis=1) ** 2)]))))
                 else:
                     fwd = messages_pb2.Bundle(scalars={"reg": reg})
                     fwd.tensors["u"].CopyFrom(tensor_to_proto(u))
                 t.send(self.guest_id, TAG_FWD, fwd, round=rnd + S_FWD)
                 d_enc = t.recv(self.guest_id, TAG_D, round=rnd + S_D,
-                               parse=self._enc_parser(pub, (nb,), f"{TAG_D} from {self.guest_id}",
+                               parse=self._enc_parser(pub, (nb,) + L.cols, f"{TAG_D} from {self.guest_id}",
                                                       self._wire_exponent(TAG_D)))
-                g_mask = self._ask_decrypt(pub, he.dot(Xb, d_enc), key_holder, TAG_GRAD, rnd + S_GRAD)
+                g_mask = self._ask_decrypt(pub, self._xt_enc(Xb, d_enc), key_holder, TAG_GRAD, rnd + S_GRAD)
                 if arbiter and self.index > 0:
                     S = t.recv(self.guest_id, TAG_CROSS_IN, round=rnd + S_D,
-                               parse=self._enc_parser(pub, (nb,), f"{TAG_CROSS_IN} from {self.guest_id}",
+                               parse=self._enc_parser(pub, (nb,) + L.cols, f"{TAG_CROSS_IN} from {self.guest_id}",
                                                       self._wire_exponent(TAG_CROSS_IN)))
-                    t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(he.dot(u[:, None], S)), round=rnd + S_CROSS)
-                g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, (d_h,))
-                w, v = cfg.step(w, v, g_sum / nb + cfg.l2 * w, lr)
+                    # sum_i u_i (I - beta 1 1^T) S_i; the guest multiplies by h
+                    uP = u - L.beta * u.sum(axis=1, keepdims=True) if L.k > 1 else u
+                    t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(he.dot(uP.reshape(-1, 1), S.reshape(-1))),
+                           round=rnd + S_CROSS)
+                g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, self._grad_shape(d_h))
+                w, v = cfg.step(w, v, g_sum.T / nb + cfg.l2 * w, lr)
             kept.record(w)
             stopped = self._end_epoch(epoch, t0, seconds, "done")
             self._checkpoint(epoch + 1, {"w": w, "v": v, "kept": np.array(kept.history), "seconds": np.array(seconds)},
@@ -771,8 +845,8 @@ class VerticalLRArbiter(_Role):
 
     def _fit(self) -> FitResult:
         cfg, he, t = self.config, self.he, self.t
-        n = _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg,
-                         self.host_ids, None, self.party_id)
+        n, self.loss = _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg,
+                                    self.host_ids, None, self.party_id)
         pub, priv = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
         for p in self._peers():
             t.send(p, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
@@ -788,7 +862,7 @@ class VerticalLRArbiter(_Role):
                 rnd = round_id(epoch, b, S_GRAD)
                 # hosts first: if a host dies, the arbiter's own timeout names it
                 for p in self.host_ids + [self.guest_id]:
-                    self._serve_decrypt(priv, pub, p, TAG_GRAD, TAG_GRAD_DEC, rnd, (dims[p],))
+                    self._serve_decrypt(priv, pub, p, TAG_GRAD, TAG_GRAD_DEC, rnd, self._grad_shape(dims[p]))
                 self._serve_decrypt(priv, pub, self.guest_id, TAG_LOSS, TAG_LOSS_DEC, rnd, (1,))
             stopped = self._end_epoch(epoch, t0, seconds, "served")
             self._checkpoint(epoch + 1, {"seconds": np.array(seconds)}, {"stopped": stopped})

@@ -65,8 +65,77 @@ def reference_taylor_lr(X, y01, **cfg):
     return w, b, losses
 
 
+def _reference_gd(X, targets, loss_and_resid, cfg):
+    """The mini-batch heavy-ball GD loop of :func:`reference_taylor_lr` for K outputs: W (d, K), b (K,).
+
+    ``loss_and_resid(z, targets_rows) -> (mean loss without penalty, dloss/dz (n_b, K))``."""
+    c = VerticalLRConfig(**{k: v for k, v in cfg.items() if k in VerticalLRConfig.model_fields and "key" not in k})
+    X = np.asarray(X, float)
+    n, d = X.shape
+    k = targets.shape[1]
+    W, b, vW, vb = np.zeros((d, k)), np.zeros(k), np.zeros((d, k)), np.zeros(k)
+    losses, kept, best, bad = [], [], math.inf, 0
+    for epoch in range(c.epochs):
+        lr = {"constant": c.learning_rate, "inverse_time": c.learning_rate / (1.0 + c.lr_decay * epoch),
+              "cosine": c.learning_rate * (1.0 + math.cos(math.pi * epoch / c.epochs)) / 2.0,
+              "step": c.learning_rate * c.lr_decay ** (epoch // c.lr_step_epochs)}[c.lr_schedule]
+        if c.batch_size is None or c.batch_size >= n:
+            batches = [np.arange(n)]
+        else:
+            order = np.random.default_rng([c.seed, epoch]).permutation(n)
+            batches = [order[s:s + c.batch_size] for s in range(0, n, c.batch_size)]
+        epoch_losses = []
+        for rows in batches:
+            z = X[rows] @ W + (b if c.fit_intercept else 0.0)
+            loss, resid = loss_and_resid(z, targets[rows])
+            epoch_losses.append(loss + 0.5 * c.l2 * np.sum(W * W))
+            vW = c.momentum * vW - lr * (X[rows].T @ resid / len(rows) + c.l2 * W)
+            W = W + vW
+            if c.fit_intercept:
+                vb = c.momentum * vb - lr * resid.mean(axis=0)
+                b = b + vb
+        kept.append((W.copy(), b.copy()))
+        losses.append(float(np.mean(epoch_losses)))
+        if losses[-1] < best - c.tol:
+            best, bad = losses[-1], 0
+        else:
+            bad += 1
+        if c.early_stopping and bad >= c.patience:
+            break
+    W, b = kept[int(np.argmin(losses)) if c.restore_best else -1]
+    return W, b, losses
+
+
+def reference_taylor_softmax(X, y, n_classes, **cfg):
+    """Centralised multinomial LR on the second-order Taylor expansion at z = 0 of the softmax
+    cross-entropy -z_y + log sum_c exp(z_c):  log K + (1/K - Y).z + 1/2 (|z|^2/K - (sum_c z_c)^2/K^2),
+    residual (1/K - Y) + z/K - sum_c z_c / K^2. Batches and schedule as :func:`reference_taylor_lr`.
+    Returns (W (d, K), b (K,), losses)."""
+    K = n_classes
+    Y = np.eye(K)[np.asarray(y, dtype=int)]
+
+    def loss_and_resid(z, Yb):
+        s = z.sum(axis=1, keepdims=True)
+        loss = np.mean(math.log(K) + np.sum((1.0 / K - Yb) * z, axis=1)
+                       + 0.5 * (np.sum(z * z, axis=1) / K - s[:, 0] ** 2 / K ** 2))
+        return loss, (1.0 / K - Yb) + z / K - s / K ** 2
+
+    return _reference_gd(X, Y, loss_and_resid, cfg)
+
+
+def reference_linear_regression(X, y, **cfg):
+    """Centralised linear regression by the same mini-batch GD: loss mean((z - y)^2)/2, residual z - y
+    (FATE's hetero linear regression). Returns (w (d,), b, losses)."""
+    def loss_and_resid(z, yb):
+        r = z - yb
+        return 0.5 * np.mean(r ** 2), r
+
+    W, b, losses = _reference_gd(X, np.asarray(y, float).reshape(-1, 1), loss_and_resid, cfg)
+    return W[:, 0], float(b[0]), losses
+
+
 def run_vertical_lr(X_guest, y, X_hosts, cfg: dict, *, deadline=60.0, transports=None, predict_sets=None,
-                    job_id="vlr-test"):
+                    job_id="vlr-test", n_classes=None):
     """Train guest + hosts (+ arbiter) in threads. ``transports``: optional {party: factory(net, pid)}.
 
     Returns (results, errors, net, roles) where results/errors map party id -> FitResult/exception.
@@ -82,7 +151,7 @@ def run_vertical_lr(X_guest, y, X_hosts, cfg: dict, *, deadline=60.0, transports
     def tr(pid):
         return transports[pid](net, pid) if pid in transports else net.transport(pid)
 
-    roles = {"guest": VerticalLRGuest(tr("guest"), hosts, X_guest, y, config, arbiter)}
+    roles = {"guest": VerticalLRGuest(tr("guest"), hosts, X_guest, y, config, arbiter, n_classes=n_classes)}
     for h, Xh in zip(hosts, X_hosts):
         roles[h] = VerticalLRHost(tr(h), "guest", hosts, Xh, config, arbiter)
     if arbiter:

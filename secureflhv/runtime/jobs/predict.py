@@ -210,11 +210,10 @@ def _vertical_lr(cfg: JobConfig, party: PartySpec, transport: Transport, params:
         host.serve_predictions(X)
         return {}
     intercept = bundle.files.get("intercept.npy")
-    guest = VerticalLRGuest.from_model(transport, model_hosts(bundle), weights,
-                                       None if intercept is None else float(intercept), config)
+    guest = VerticalLRGuest.from_model(transport, model_hosts(bundle), weights, intercept, config)
     scores = _in_batches(len(ids), params.batch_rows, lambda rows: guest.predict_proba(X, rows=rows))
     guest.end_prediction()
-    return write_predictions(cfg, party, bundle, ids, scores, y, own)
+    return write_predictions(cfg, party, bundle, ids, scores, y, own, config.task)
 
 
 def _secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,

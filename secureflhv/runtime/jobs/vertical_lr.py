@@ -3,13 +3,17 @@
 Data parties first run the shared preparation (:func:`secureflhv.runtime.data_prep.prepare_vertical`:
 load, PSI, split, standardise); the server (arbiter mode's Paillier key holder) holds no data and takes
 part only in training. Then training (:mod:`secureflhv.vertical.lr`) and federated prediction of the
-training and test rows: the hosts send partial scores, the guest computes probabilities, AUC and accuracy.
+training and test rows: the hosts send partial scores, the guest computes the predictions and the metrics
+of ``params.task`` (:func:`secureflhv.data.metrics.task_metrics`): ``binary`` (default; P(y=1): AUC, KS,
+accuracy, ...), ``multiclass`` (labels 0..K-1, K = largest label + 1 over all aligned rows; class
+probabilities: accuracy, macro-F1, log loss) or ``regression`` (the value: RMSE, MAE, R²).
 
 Artifacts (:mod:`secureflhv.runtime.artifacts`): every party's ``model.json``; at the guest also
 ``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``. Guest and hosts also write their
 model bundle (:mod:`secureflhv.runtime.model_bundle`): ``weights.npy`` (float64, the party's features in
-``feature_names`` order), at the guest ``intercept.npy``; the standardisation state; the config. A
-prediction job (:mod:`secureflhv.runtime.jobs.predict`) scores new rows with them.
+``feature_names`` order; multiclass (features, K)), at the guest ``intercept.npy`` (multiclass (K,));
+the standardisation state; the config (with ``task``). A prediction job
+(:mod:`secureflhv.runtime.jobs.predict`) scores new rows with them.
 
 Checkpoints (:mod:`secureflhv.runtime.checkpoint`): every party saves its training state after each
 epoch under ``<output_dir>/<party>/checkpoints/`` (step = epochs done). At start-up (after PSI) the
@@ -21,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import ConfigDict
 
+from ...data.metrics import task_metrics
 from ...transport import Transport
 from ...vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
 from ..artifacts import save_model
@@ -28,7 +33,7 @@ from ..data_prep import StandardisedSplitParams, prepare_vertical, preprocessing
 from ..model_bundle import save_job_bundle
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..progress import emit_progress
-from ..reports import classification_metrics, evaluate_split, log_summary, save_guest_reports
+from ..reports import evaluate_split, log_summary, save_guest_reports
 from ..resume import attach_checkpoints
 
 
@@ -50,6 +55,24 @@ def check(cfg: JobConfig, params: VerticalLRJobParams) -> None:
         raise JobConfigError("params.mode: 'arbiter' needs a party with role: server (the key holder)")
     if params.mode == "two_party" and cfg.server is not None:
         raise JobConfigError("params.mode: 'two_party' runs without a server; remove it or use mode: arbiter")
+
+
+def _n_classes(y: np.ndarray, task: str) -> int | None:
+    """K of a multiclass job: largest label + 1 over every aligned row (so a class absent from the
+    training rows still has its column). JobConfigError naming ``params.task`` for labels that are
+    not class ids."""
+    if task != "multiclass":
+        return None
+    y = np.asarray(y, dtype=np.float64)
+    if not (y.size and np.all(np.isfinite(y)) and np.all(y == np.round(y)) and y.min() >= 0):
+        raise JobConfigError("params.task: 'multiclass' needs labels that are class ids 0..K-1 "
+                             "(data.label_column); use task: regression for real-valued targets")
+    return int(y.max()) + 1
+
+
+def _named(names, weights: np.ndarray) -> dict:
+    """model.json's {feature: weight} (multiclass: {feature: [weight per class]})."""
+    return {n: (w.tolist() if np.ndim(w) else float(w)) for n, w in zip(names, weights)}
 
 
 def _bundle_fields(data, config: VerticalLRConfig) -> dict:
@@ -83,27 +106,36 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                                   VerticalLRHost(transport, cfg.guest.id, host_ids, X[train], config, arbiter_id))
         host.fit()
         host.serve_predictions(X)  # the guest asks for training and test rows by index
-        save({"weights": dict(zip(data.feature_names, host.weights))}, data.meta)
+        save({"weights": _named(data.feature_names, host.weights)}, data.meta)
         save_job_bundle(cfg, party, files={"weights.npy": host.weights}, **_bundle_fields(data, config),
                         public_key=host.public_key)
         return {}
 
-    guest = VerticalLRGuest(transport, host_ids, X[train], data.y[train], config, arbiter_id,
-                            on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs, f"loss {loss:.5f}",
-                                                                  {"loss": loss}))
+    try:
+        guest = VerticalLRGuest(transport, host_ids, X[train], data.y[train], config, arbiter_id,
+                                on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs,
+                                                                      f"loss {loss:.5f}", {"loss": loss}),
+                                n_classes=_n_classes(data.y, params.task))
+    except ValueError as exc:
+        raise JobConfigError(f"params.task {params.task!r} and data.label_column of {party.id!r}: {exc}") from None
     result = attach_checkpoints(cfg, party, transport, guest).fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
-                                     classification_metrics)
+                                     lambda y, p: task_metrics(y, p, params.task))
     guest.end_prediction()
     history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds, "stopped_early": result.stopped_early,
                "best_epoch": result.best_epoch + 1}
     plot = save_guest_reports(out_dir, cfg, data, metrics, history, p_test, "vertical LR",
-                              loss_label="training Taylor loss (mean over the epoch's batches)")
-    save({"weights": dict(zip(data.feature_names, guest.weights)), "intercept": guest.intercept},
+                              loss_label="training Taylor loss (mean over the epoch's batches)"
+                              if params.task != "regression" else "training squared loss / 2 (mean over batches)",
+                              score_name="prediction" if params.task == "regression" else "probability",
+                              task=params.task)
+    intercept = None if guest.intercept is None else np.asarray(guest.intercept, dtype=np.float64)
+    save({"weights": _named(data.feature_names, guest.weights),
+          "intercept": None if intercept is None else intercept.tolist()},
          {**data.meta, "metrics": metrics})
     files = {"weights.npy": guest.weights}
-    if guest.intercept is not None:
-        files["intercept.npy"] = np.array(guest.intercept, dtype=np.float64)
+    if intercept is not None:
+        files["intercept.npy"] = intercept
     save_job_bundle(cfg, party, files=files, metrics=metrics, **_bundle_fields(data, config),
                     public_key=guest.public_key)
     log_summary(party.id, metrics, result.losses, plot)
