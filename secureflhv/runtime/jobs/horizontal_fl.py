@@ -34,8 +34,9 @@ arrays, ``np.load(..., allow_pickle=False)``; IFCA: the most chosen cluster, and
 SHA-256, params, final metrics), ``metrics.json`` (per round, with each client's own accuracy and the
 worst client's) and ``accuracy.png`` (overall and worst client); at each client
 ``metrics.json`` (its local test metrics per round, and under ``final`` the task's metrics of the last
-global model on its local test rows: :func:`secureflhv.data.metrics.task_metrics`) with that task's
-plots (``roc_ks.png`` and ``confusion.png``; ``confusion.png``; ``predicted_vs_true.png``). A regression
+global model on its local test rows: :func:`secureflhv.data.metrics.task_metrics`), ``predictions.csv``
+(those rows: ``row`` = row number in its data file, ``label``, then ``value`` / ``probability`` /
+``p0..``) and that task's plots (``roc_ks.png`` and ``confusion.png``; ``confusion.png``; ``predicted_vs_true.png``). A regression
 head (``model.task: regression``) reports pooled RMSE / MAE / R² per round (``test_metrics``) and draws
 ``r2.png`` at the server instead of the accuracy curve. The server and every client also write the final
 global model as a bundle (``model/``, :mod:`secureflhv.runtime.model_bundle`: ``model.safetensors``),
@@ -285,10 +286,12 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
 
 
 def _final_metrics(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, client: HorizontalClient,
-                   X_test: np.ndarray, y_test: np.ndarray) -> dict:
-    """The task's metrics of the last global model on this client's local test rows, and their plots
-    (:func:`secureflhv.data.metrics.task_metrics`); ``{}`` without test rows. The model is the one
-    :func:`secureflhv.load_model` rebuilds from the bundle (IFCA / FedPer clients: their global part)."""
+                   X_test: np.ndarray, y_test: np.ndarray, rows: np.ndarray) -> dict:
+    """The task's metrics of the last global model on this client's local test rows (numbers ``rows`` of
+    its data file), ``predictions.csv`` and the plots (:func:`secureflhv.data.metrics.task_metrics`); ``{}``
+    without test rows. The model is the one :func:`secureflhv.load_model` rebuilds from the bundle
+    (IFCA / FedPer clients: their global part)."""
+    import pandas as pd
     import torch
 
     if not len(y_test):
@@ -304,6 +307,12 @@ def _final_metrics(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams
         p = torch.softmax(out, dim=1).double().numpy()
         scores, task = (p[:, 1], "binary") if p.shape[1] == 2 else (p, "multiclass")
     metrics = task_metrics(y_test, scores, task)
+    cols = {"row": rows, "label": y_test}
+    if scores.ndim == 2:
+        cols.update({f"p{c}": scores[:, c] for c in range(scores.shape[1])})
+    else:
+        cols["value" if task == "regression" else "probability"] = scores
+    pd.DataFrame(cols).to_csv(cfg.output_dir(party.id) / "predictions.csv", index=False, float_format="%.17g")
     save_task_plots(cfg.output_dir(party.id), y_test, scores, task,
                     f"{params.strategy}, job {cfg.job.id}, {party.id} local test rows")
     return {"task": task, "test": metrics}
@@ -326,7 +335,7 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     if client.global_vec is not None:  # the last global model the server sent: every client can score with it
         _save_bundle(cfg, party, params, named_arrays(build_model(params.model), client.global_vec),
                      _finite(history[-1]) if history else {})
-        final = _final_metrics(cfg, party, params, client, X[test], y[test])
+        final = _final_metrics(cfg, party, params, client, X[test], y[test], test)
     write_json(cfg.output_dir(party.id) / "metrics.json",
                {"job_id": cfg.job.id, "party_id": party.id, "n_train": len(train), "n_test": len(test),
                 "rounds": _finite(history), "final": final})
