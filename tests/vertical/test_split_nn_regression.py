@@ -62,3 +62,27 @@ def test_regression_steps_equal_centralised_torch(optimizer, n_hosts):
     # the saved state carries the target's scale: a guest rebuilt from it predicts the same values
     arrays = guest.state_arrays()
     np.testing.assert_allclose(arrays["target"], [y.mean(), y.std()])
+
+
+@pytest.mark.slow
+def test_regression_job_guest_and_host_processes_on_diabetes(tmp_path):
+    import secureflhv
+    from secureflhv.runtime.demo import write_vertical_nn_job
+
+    params = {"task": "regression", "epochs": 4, "batch_size": 128, "host_bottom": [8, 4], "guest_bottom": [8],
+              "interactive_units": 4, "key_bits": 1024, "learning_rate": 0.05, "interactive_lr": 0.2,
+              "test_fraction": 0.25, "split_seed": 3, "seed": 1}
+    job = write_vertical_nn_job(tmp_path, None, None, params, dataset=load_dataset("diabetes"), n_hosts=1,
+                                scheme="random", seed=2, deadline_s=120, insecure_test_keys=True)
+    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(job), "--timeout", "240"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    out = job.parent / "out" / "guest"
+    test = json.loads((out / "metrics.json").read_text())["metrics"]["test"]
+    pred = __import__("pandas").read_csv(out / "predictions.csv")
+    assert test["n"] == len(pred) > 80
+    assert test["r2"] == pytest.approx(r2_score(pred["label"], pred["value"]), rel=1e-9)
+    assert test["r2"] > 0.2, test  # predicting the mean scores 0
+    assert (out / "predicted_vs_true.png").stat().st_size > 1000
+    model = secureflhv.load_model(out)
+    assert model.task == "regression" and model.bundle.extra["n_classes"] is None
