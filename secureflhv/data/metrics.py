@@ -1,4 +1,4 @@
-"""Quality metrics per task, as every job writes them to ``metrics.json``, and the ROC/KS plot.
+"""Quality metrics per task, as every job writes them to ``metrics.json``, and their plots.
 
 Tasks:
 - ``binary``: scores are P(y=1), shape (n,). AUC, KS (max |TPR - FPR|, Kolmogorov–Smirnov distance
@@ -7,6 +7,10 @@ Tasks:
 - ``multiclass``: scores are class probabilities, shape (n, C). Accuracy, macro-F1, log loss.
 - ``regression``: scores are predictions, shape (n,). RMSE, MAE, R².
 All metrics are computed with scikit-learn's implementations; ``n`` is the row count.
+
+Plots (:func:`task_plots`, PNG through matplotlib's Agg canvas): binary — ROC and KS curves
+(``roc_ks.png``) and the confusion matrix at 0.5 (``confusion.png``); multi-class — the confusion matrix
+(``confusion.png``); regression — predicted against true values (``predicted_vs_true.png``).
 """
 from __future__ import annotations
 
@@ -24,6 +28,39 @@ def infer_task(y: np.ndarray) -> str:
     if y.dtype.kind == "f" and (not np.all(y == np.round(y)) or len(np.unique(y)) > 20):
         return "regression"
     return "binary" if len(np.unique(y)) <= 2 else "multiclass"
+
+
+def task_of(scores: np.ndarray, regression: bool = False) -> str:
+    """The task that scores of this shape belong to: ``regression`` when told so, else ``binary`` for
+    (n,) probabilities and ``multiclass`` for (n, C)."""
+    if regression:
+        return "regression"
+    return "multiclass" if np.asarray(scores).ndim == 2 else "binary"
+
+
+def task_plots(y: np.ndarray, scores: np.ndarray, task: str, out_dir, *, title: str = "") -> list[Path]:
+    """Write the plots of ``task`` (see the module docstring) for ``scores`` against ``y`` into
+    ``out_dir``; returns the paths written (none for zero rows; no ROC/KS when ``y`` has one class).
+    Raises ValueError for an unknown task."""
+    from .plots import plot_confusion_matrix, plot_predicted_vs_true
+
+    out_dir = Path(out_dir)
+    y, scores = np.asarray(y), np.asarray(scores, dtype=np.float64)
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if not len(y):
+        return []
+    if task == "regression":
+        return [plot_predicted_vs_true(y, scores, out_dir / "predicted_vs_true.png", title=title)]
+    y = y.astype(np.int64)
+    if task == "binary":
+        paths = []
+        if len(np.unique(y)) == 2:
+            paths.append(plot_roc_ks(y, scores, out_dir / "roc_ks.png", title=title))
+        paths.append(plot_confusion_matrix(y, (scores >= 0.5).astype(np.int64), 2, out_dir / "confusion.png",
+                                           title=title))
+        return paths
+    return [plot_confusion_matrix(y, scores.argmax(axis=1), scores.shape[1], out_dir / "confusion.png", title=title)]
 
 
 def ks_statistic(y: np.ndarray, p: np.ndarray) -> float:
@@ -85,6 +122,7 @@ def plot_roc_ks(y: np.ndarray, p: np.ndarray, path, title: str = "") -> Path:
     import matplotlib.pyplot as plt
     from sklearn.metrics import roc_auc_score, roc_curve
 
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fpr, tpr, thr = roc_curve(y, p)
     ks_at = int(np.argmax(tpr - fpr))
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 4))

@@ -21,9 +21,11 @@ One job = one server (no data) and N clients (same features, different rows). Pe
    then take slots 2, 3;
 3. the server applies the strategy's server half and sends the new global model (``fl.eval``) to
    every alive client; each evaluates it on its local test split and answers ``fl.metrics``
-   (``Scalars``: test correct / n / loss sum; if it trained: train loss, samples, steps);
+   (``Scalars``: test correct / n / loss sum; if it trained: train loss, samples, steps; a regression
+   head adds Σ|ŷ − y|, Σy and Σy² of its test rows, with loss sum = Σ(ŷ − y)² and correct = 0);
 4. the server logs the round (accuracy = Σ correct / Σ n over the reporting clients; each client's
-   own accuracy and the worst client's, which personalisation and clustering aim to raise). A client
+   own accuracy and the worst client's, which personalisation and clustering aim to raise; a
+   regression head: pooled RMSE, MAE and R² from the clients' sums, in ``RoundRecord.test_metrics``). A client
    evaluates what its strategy says (:meth:`Strategy.eval_vector`): the global model, its IFCA
    cluster's model, or the global base with its own FedPer head.
 
@@ -38,7 +40,8 @@ names and shapes (float32, finite) — a bad payload is rejected by the transpor
 
 What each role learns: the server learns the selected/surviving ids, what the aggregation kind
 reveals of the updates (secure aggregation: only the weighted sums and total weights), and each
-client's local test counts (correct, n, loss) and training statistics (loss, samples, steps). A client
+client's local test counts (correct, n, loss; regression: also Σ|ŷ − y|, Σy, Σy² of its test
+labels) and training statistics (loss, samples, steps). A client
 learns the global models it receives and this round's participant list.
 """
 from __future__ import annotations
@@ -73,6 +76,7 @@ PARTS_PER_ROUND = 8  # aggregation round id = fl round * 8 + part index
 DEFAULT_PART_CLIPS = {"control": 10.0, "nova": 1e5}
 METRIC_KEYS = ("trained", "test_correct", "test_n", "test_loss_sum")  # fl.metrics of every client
 TRAIN_METRIC_KEYS = ("train_loss", "train_n", "steps")                 # ... and of one that trained
+REGRESSION_METRIC_KEYS = ("test_abs_sum", "test_y_sum", "test_y2_sum")  # ... and of a regression head's
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,19 @@ class RoundRecord:
     contribution: dict = field(default_factory=dict)  # status, n, latent_sum_norm, exp_sum (when on)
     client_accuracy: dict = field(default_factory=dict)  # client -> its local test accuracy (clients with rows)
     worst_client_accuracy: float = float("nan")          # min of client_accuracy (personalisation's measure)
+    test_metrics: dict = field(default_factory=dict)     # regression: pooled rmse, mae, r2 over the test rows
+
+
+def pooled_regression(metrics: Sequence[dict]) -> dict:
+    """RMSE, MAE and R² over every client's test rows from their sums (``fl.metrics`` of a regression
+    head): R² = 1 − Σ(ŷ − y)² / (Σy² − (Σy)²/n), the pooled rows' own total sum of squares."""
+    n = sum(m["test_n"] for m in metrics)
+    if not n:
+        return {}
+    sse = sum(m["test_loss_sum"] for m in metrics)
+    sst = sum(m["test_y2_sum"] for m in metrics) - sum(m["test_y_sum"] for m in metrics) ** 2 / n
+    return {"rmse": math.sqrt(sse / n), "mae": sum(m["test_abs_sum"] for m in metrics) / n,
+            "r2": 1.0 - sse / sst if sst > 0 else float("nan"), "n": int(n)}
 
 
 # ------------------------------------------------------------------------------------ wire helpers
@@ -245,10 +262,15 @@ class HorizontalServer(ProtocolRole):
                  self.strategy.name, len(self.clients), cfg.rounds, cfg.fraction, self.dim, cfg.aggregation.kind)
         for r in range(1, cfg.rounds + 1):
             record = self.run_round(r)
-            log.info("round %d/%d: %d selected, %d survived%s; test accuracy %.4f (n=%d, worst client %.4f), "
-                     "train loss %.4f, %.1fs", r, cfg.rounds, len(record.selected), len(record.survivors),
-                     f" (dropped {', '.join(record.dropped)})" if record.dropped else "", record.test_accuracy,
-                     record.test_n, record.worst_client_accuracy, record.train_loss, record.seconds)
+            tm = record.test_metrics
+            quality = (f"test RMSE {tm.get('rmse', float('nan')):.4f}, R² {tm.get('r2', float('nan')):.4f} "
+                       f"(n={record.test_n})" if self.spec.task == "regression" else
+                       f"test accuracy {record.test_accuracy:.4f} (n={record.test_n}, worst client "
+                       f"{record.worst_client_accuracy:.4f})")
+            log.info("round %d/%d: %d selected, %d survived%s; %s, train loss %.4f, %.1fs", r, cfg.rounds,
+                     len(record.selected), len(record.survivors),
+                     f" (dropped {', '.join(record.dropped)})" if record.dropped else "", quality, record.train_loss,
+                     record.seconds)
             if self.on_round is not None:
                 self.on_round(record, self.global_vec)
         self._send_all(self._alive(), TAG_ROUND, cfg.rounds + 1,
@@ -344,7 +366,7 @@ class HorizontalServer(ProtocolRole):
             trained = vals.get("trained")
             if trained not in (0.0, 1.0):
                 raise ProtocolError(f"metrics: 'trained' is {trained!r}, expected 0 or 1")
-            expected = set(METRIC_KEYS) | (set(TRAIN_METRIC_KEYS) if trained else set())
+            expected = set(METRIC_KEYS) | (set(TRAIN_METRIC_KEYS) if trained else set()) | regression_keys
             unknown, missing = set(vals) - expected, expected - set(vals)
             if unknown or missing:
                 raise ProtocolError(f"metrics: unexpected keys {sorted(unknown)}, missing {sorted(missing)}")
@@ -360,7 +382,14 @@ class HorizontalServer(ProtocolRole):
             loss = vals.get("test_loss_sum", 0.0)
             if not math.isfinite(loss) or loss < 0:
                 raise ProtocolError(f"metrics: test_loss_sum {loss!r} is not a finite non-negative sum")
+            for k in regression_keys:
+                if not math.isfinite(vals[k]) or (k != "test_y_sum" and vals[k] < 0):
+                    raise ProtocolError(f"metrics: {k} {vals[k]!r} is not a finite{'' if k == 'test_y_sum' else ' non-negative'} sum")
+            if regression_keys and vals["test_correct"] != 0:
+                raise ProtocolError(f"metrics: test_correct {vals['test_correct']!r} from a regression head (expected 0)")
             return vals
+
+        regression_keys = set(REGRESSION_METRIC_KEYS) if self.spec.task == "regression" else set()
 
         deadline = time.monotonic() + self.config.round_timeout_s
         out = {}
@@ -385,6 +414,10 @@ class HorizontalServer(ProtocolRole):
         agg = {p: {"clip": res.clip, "scale": res.scale, "k_bits": res.k_bits, "n_clipped": res.n_clipped,
                    "weight": res.weight, "survivors": len(res.survivors)} for p, res in results.items()}
         per_client = {c: m["test_correct"] / m["test_n"] for c, m in sorted(metrics.items()) if m["test_n"] > 0}
+        if self.spec.task == "regression":  # no accuracy: the pooled regression metrics instead
+            return RoundRecord(r, list(selected), survivors, dropped, float("nan"),
+                               loss_sum / n_test if n_test else float("nan"), int(n_test), train_loss, seconds, agg,
+                               sorted(self.dead), test_metrics=pooled_regression(list(metrics.values())))
         return RoundRecord(r, list(selected), survivors, dropped,
                            correct / n_test if n_test else float("nan"),
                            loss_sum / n_test if n_test else float("nan"), int(n_test), train_loss, seconds, agg,
@@ -402,7 +435,8 @@ class HorizontalClient(ProtocolRole):
     Args:
         transport: this client's transport.
         server_id: the server's party id.
-        X_train, y_train: local training rows (n, n_features) float32 and int labels in [0, n_classes).
+        X_train, y_train: local training rows (n, n_features) float32 and int labels in [0, n_classes)
+            (a regression head: finite float targets).
         X_test, y_test: local test rows for the per-round metrics (may be empty).
         spec, strategy, config: as at the server (the client owns its strategy instance).
 
@@ -421,13 +455,17 @@ class HorizontalClient(ProtocolRole):
                                  f"(rows, {spec.n_features}) (model.n_features)")
             if len(y) != len(X):
                 raise ValueError(f"{self.party_id}: {what} data has {len(X)} rows but {len(y)} labels")
-            if len(y) and (y.min() < 0 or y.max() >= spec.n_classes):
+            if spec.task == "regression":
+                if not np.all(np.isfinite(np.asarray(y, np.float64))):
+                    raise ValueError(f"{self.party_id}: {what} regression targets must be finite numbers")
+            elif len(y) and (y.min() < 0 or y.max() >= spec.n_classes):
                 raise ValueError(f"{self.party_id}: {what} labels must be integers in [0, {spec.n_classes}) "
                                  f"(model.n_classes), found {y.min()}..{y.max()}")
         if len(y_train) == 0:
             raise ValueError(f"{self.party_id}: no training rows")
-        self.X_train, self.y_train = np.asarray(X_train, np.float32), np.asarray(y_train, np.int64)
-        self.X_test, self.y_test = np.asarray(X_test, np.float32), np.asarray(y_test, np.int64)
+        ydt = np.float64 if spec.task == "regression" else np.int64
+        self.X_train, self.y_train = np.asarray(X_train, np.float32), np.asarray(y_train, ydt)
+        self.X_test, self.y_test = np.asarray(X_test, np.float32), np.asarray(y_test, ydt)
         self.spec = spec
         self.strategy = strategy
         self.config = config
@@ -512,19 +550,27 @@ class HorizontalClient(ProtocolRole):
                                                               self.y_train))
             stats.update(test_correct=metrics["correct"], test_n=metrics["n"],
                          test_loss_sum=metrics["loss"] * metrics["n"] if metrics["n"] else 0.0)
+            if self.spec.task == "regression":
+                stats.update(test_loss_sum=metrics.get("sse", 0.0), test_abs_sum=metrics.get("sae", 0.0),
+                             test_y_sum=metrics.get("y_sum", 0.0), test_y2_sum=metrics.get("y2_sum", 0.0))
             self.t.send(self.server_id, TAG_METRICS, messages_pb2.Scalars(values=stats), round=r,
                                 timeout=timeout)
             local = {}  # kept here, never sent: the server must not learn a client's Λ_r
             if cmd == "train" and self.contrib is not None and self.contrib.factor is not None:
                 local["contribution_factor"] = self.contrib.factor
-            self.history.append({"round": r, **stats, "test_accuracy": metrics["accuracy"], **local})
-            log.info("%s: round %d %s; local test accuracy %.4f (n=%d)", self.party_id, r,
+            quality = {"test_accuracy": metrics["accuracy"]}
+            if self.spec.task == "regression":
+                quality = {"test_mse": metrics["loss"]}
+            self.history.append({"round": r, **stats, **quality, **local})
+            log.info("%s: round %d %s; local %s (n=%d)", self.party_id, r,
                      f"trained {int(stats['steps'])} steps, loss {stats['train_loss']:.4f}" if cmd == "train"
-                     else "not selected", metrics["accuracy"], metrics["n"])
+                     else "not selected", ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in quality.items()),
+                     metrics["n"])
             r += 1
 
     def evaluate(self, vector: np.ndarray) -> dict[str, float]:
         set_flat(self.model, vector)
         if len(self.y_test) == 0:
-            return {"accuracy": float("nan"), "loss": float("nan"), "correct": 0.0, "n": 0.0}
+            return {"accuracy": float("nan"), "loss": float("nan"), "correct": 0.0, "n": 0.0, "sse": 0.0, "sae": 0.0,
+                    "y_sum": 0.0, "y2_sum": 0.0}
         return evaluate(self.model, self.X_test, self.y_test)

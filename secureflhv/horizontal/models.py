@@ -6,6 +6,13 @@
   (1×28×28) it has 44,426 float32 parameters.
 * :class:`MLP` — NIID-Bench's tabular ``FcNet``: hidden layers 32-16-8 with ReLU, then n_classes.
 
+Tasks (``ModelSpec.task``): ``classification`` — ``n_classes`` logits, cross-entropy; ``regression`` —
+one output, mean squared error. A regression head predicts ``target_mean + target_std · net(x)``: the
+affine map is a fixed constant of the architecture (not a parameter), so the network learns the
+standardised target and its updates stay inside the aggregation clip whatever the target's units,
+while ``model(x)`` and every prediction are in the target's own units. The training loss is the MSE
+of the standardised target, ``mean((ŷ − y)²) / target_std²`` (:func:`task_loss`).
+
 Both take flat feature rows ``(batch, n_features)`` float32 (the layout of every
 :class:`secureflhv.data.Dataset`); the CNN reshapes them to ``image_shape``.
 
@@ -30,8 +37,13 @@ class ModelSpec(BaseModel):
 
     Attributes:
         name: ``cnn`` (NIID-Bench simple CNN, images) or ``mlp`` (tables).
+        task: ``classification`` (``n_classes`` outputs, cross-entropy) or ``regression`` (one output, MSE).
         n_features: length of a feature row (784 for Fashion-MNIST).
-        n_classes: number of classes (every client uses the same, even if it holds fewer labels).
+        n_classes: number of classes (every client uses the same, even if it holds fewer labels);
+            classification only (leave unset for regression).
+        target_mean, target_std: regression only: the head predicts ``target_mean + target_std · net(x)``
+            (a prior on the target's location and scale in its own units, e.g. from the data dictionary;
+            the defaults 0 and 1 suit an already standardised target).
         image_shape: (channels, height, width) for ``cnn``; default: 1×s×s when n_features = s², else
             3×s×s when n_features = 3s².
         hidden: hidden layer widths of ``mlp`` (NIID-Bench: 32, 16, 8); ``[]`` gives softmax regression.
@@ -40,13 +52,22 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Literal["cnn", "mlp"] = "cnn"
+    task: Literal["classification", "regression"] = "classification"
     n_features: int = Field(gt=0)
-    n_classes: int = Field(ge=2)
+    n_classes: int | None = Field(default=None, ge=2)
+    target_mean: float = Field(default=0.0, allow_inf_nan=False)
+    target_std: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     image_shape: tuple[int, int, int] | None = None
     hidden: tuple[int, ...] = (32, 16, 8)
 
     @model_validator(mode="after")
     def _shape(self) -> "ModelSpec":
+        if self.task == "classification" and self.n_classes is None:
+            raise ValueError("n_classes: required for task 'classification' (an integer >= 2)")
+        if self.task == "regression" and self.n_classes is not None:
+            raise ValueError(f"n_classes: task 'regression' has one output; remove n_classes ({self.n_classes})")
+        if self.task == "classification" and (self.target_mean, self.target_std) != (0.0, 1.0):
+            raise ValueError("target_mean, target_std: only for task 'regression'")
         if self.name == "cnn":
             c, h, w = self.resolved_image_shape()
             if c * h * w != self.n_features:
@@ -56,6 +77,11 @@ class ModelSpec(BaseModel):
         if any(width < 1 for width in self.hidden):
             raise ValueError(f"hidden: layer widths must be >= 1, got {list(self.hidden)}")
         return self
+
+    @property
+    def n_outputs(self) -> int:
+        """Width of the output layer: n_classes (classification) or 1 (regression)."""
+        return 1 if self.task == "regression" else int(self.n_classes)
 
     def resolved_image_shape(self) -> tuple[int, int, int]:
         if self.image_shape is not None:
@@ -67,11 +93,37 @@ class ModelSpec(BaseModel):
         raise ValueError(f"image_shape: n_features={self.n_features} is not c*s*s for c in (1, 3); give image_shape")
 
 
+def _head(model: nn.Module, out: torch.Tensor) -> torch.Tensor:
+    """Regression: ``target_mean + target_std · out`` (constants, not parameters); classification: ``out``."""
+    if model.task == "regression":
+        mean, std = model.target
+        return out * std + mean
+    return out
+
+
+def task_loss(model: nn.Module, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The training loss of ``model``'s task on its output ``out``: cross-entropy of logits (batch, K)
+    against int64 labels, or for regression the MSE of the standardised target,
+    ``(out[:, 0] − y)² / target_std²`` (float ``y`` in the target's units)."""
+    if model.task == "regression":
+        std = model.target[1]
+        return nn.functional.mse_loss(out[:, 0], y.to(out.dtype), reduction=reduction) / (std * std)
+    return nn.functional.cross_entropy(out, y, reduction=reduction)
+
+
+def label_tensor(model: nn.Module, y: np.ndarray) -> torch.Tensor:
+    """Labels as the loss wants them: int64 class ids, or float32 regression targets."""
+    if model.task == "regression":
+        return torch.from_numpy(np.asarray(y, dtype=np.float32))
+    return torch.from_numpy(np.asarray(y, dtype=np.int64))
+
+
 class SimpleCNN(nn.Module):
     """NIID-Bench simple CNN (see module docstring). Input (batch, c*h*w) float32; output logits (batch, K)."""
 
     def __init__(self, image_shape: Sequence[int] = (1, 28, 28), n_classes: int = 10):
         super().__init__()
+        self.task, self.target = "classification", (0.0, 1.0)  # build_model sets a regression head
         c, h, w = image_shape
         self.image_shape = (c, h, w)
         self.conv1 = nn.Conv2d(c, 6, 5)
@@ -89,7 +141,7 @@ class SimpleCNN(nn.Module):
         x = x.flatten(1)
         x = torch.relu(self.fc1(x))
         x = torch.relu(self.fc2(x))
-        return self.fc3(x)
+        return _head(self, self.fc3(x))
 
 
 class MLP(nn.Module):
@@ -97,6 +149,7 @@ class MLP(nn.Module):
 
     def __init__(self, n_features: int, hidden: Sequence[int] = (32, 16, 8), n_classes: int = 2):
         super().__init__()
+        self.task, self.target = "classification", (0.0, 1.0)  # build_model sets a regression head
         widths = [n_features, *hidden, n_classes]
         layers: list[nn.Module] = []
         for i in range(len(widths) - 1):
@@ -106,7 +159,7 @@ class MLP(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        return _head(self, self.net(x))
 
 
 def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
@@ -117,8 +170,13 @@ def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
         torch.manual_seed(seed)
     try:
         if spec.name == "cnn":
-            return SimpleCNN(spec.resolved_image_shape(), spec.n_classes)
-        return MLP(spec.n_features, spec.hidden, spec.n_classes)
+            model = SimpleCNN(spec.resolved_image_shape(), spec.n_outputs)
+        else:
+            model = MLP(spec.n_features, spec.hidden, spec.n_outputs)
+        if spec.task == "regression":
+            model.task = "regression"
+            model.target = (float(spec.target_mean), float(spec.target_std))
+        return model
     finally:
         if gen_state is not None:
             torch.random.set_rng_state(gen_state)
@@ -191,20 +249,36 @@ def flatten_named(model: nn.Module, arrays: dict[str, np.ndarray]) -> np.ndarray
 
 @torch.no_grad()
 def predict(model: nn.Module, X: np.ndarray, batch_size: int = 1024) -> np.ndarray:
-    """Class predictions (int64, (n,)) for feature rows ``X`` (n, n_features)."""
+    """Class predictions (int64, (n,)), or for a regression head the predicted values (float64, (n,)),
+    for feature rows ``X`` (n, n_features)."""
     model.train(False)  # inference mode
+    regression = model.task == "regression"
     out = []
     for start in range(0, len(X), batch_size):
         xb = torch.from_numpy(np.asarray(X[start:start + batch_size], dtype=np.float32))
-        out.append(model(xb).argmax(1).numpy())
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
+        o = model(xb)
+        out.append(o[:, 0].double().numpy() if regression else o.argmax(1).numpy())
+    return np.concatenate(out) if out else np.zeros(0, np.float64 if regression else np.int64)
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, X: np.ndarray, y: np.ndarray, batch_size: int = 1024) -> dict[str, float]:
-    """Accuracy, mean cross-entropy, correct count and n of ``model`` on (X, y)."""
+    """Metrics of ``model`` on (X, y) as sums, so that clients' results add up.
+
+    Classification: accuracy, mean cross-entropy ``loss``, ``correct`` count and ``n``. Regression:
+    ``loss`` = mean squared error (target units²), ``sse`` = Σ(ŷ − y)², ``sae`` = Σ|ŷ − y|,
+    ``y_sum`` = Σy, ``y2_sum`` = Σy², ``n`` (``accuracy`` NaN, ``correct`` 0).
+    """
     model.train(False)  # inference mode
-    n, correct, loss_sum = len(y), 0, 0.0
+    n = len(y)
+    if model.task == "regression":
+        pred = predict(model, X, batch_size)
+        yy = np.asarray(y, dtype=np.float64)
+        err = pred - yy
+        sse = float(err @ err)
+        return {"accuracy": float("nan"), "loss": sse / n if n else float("nan"), "correct": 0.0, "n": float(n),
+                "sse": sse, "sae": float(np.abs(err).sum()), "y_sum": float(yy.sum()), "y2_sum": float(yy @ yy)}
+    correct, loss_sum = 0, 0.0
     for start in range(0, n, batch_size):
         xb = torch.from_numpy(np.asarray(X[start:start + batch_size], dtype=np.float32))
         yb = torch.from_numpy(np.asarray(y[start:start + batch_size], dtype=np.int64))

@@ -3,7 +3,8 @@
 Every strategy follows NIID-Bench's update rules (Li, Diao, Chen, He, "Federated Learning on
 Non-IID Data Silos: An Experimental Study", ICDE 2022, Algorithms 1–2, and its ``experiments.py``):
 
-* local training is SGD with momentum ``rho`` and weight decay ``reg`` on cross-entropy, a fresh
+* local training is SGD with momentum ``rho`` and weight decay ``reg`` on cross-entropy (a regression
+  head: the MSE of the standardised target, :func:`~.models.task_loss`), a fresh
   optimizer every round, mini-batches of a per-epoch random permutation (last batch may be short);
 * **FedAvg** (McMahan et al., AISTATS 2017): ``w ← Σ_i p_i w_i`` with ``p_i = n_i / Σ n_j`` over the
   clients of the round. Each client sends ``Δ_i = w_i − w`` with weight ``n_i`` and the server adds
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .models import get_flat, set_flat
+from .models import get_flat, label_tensor, set_flat, task_loss
 
 StrategyName = Literal["fedavg", "fedprox", "scaffold", "fednova"]
 STRATEGIES = ("fedavg", "fedprox", "scaffold", "fednova")  # the FedAvg family (contribution normalisation composes)
@@ -94,14 +95,14 @@ def local_sgd(model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainCon
               after_step: Callable[[nn.Module], None] | None = None) -> tuple[int, float]:
     """Train ``model`` in place; return (number of optimizer steps, mean batch loss).
 
-    X: (n, n_features) float32; y: (n,) int labels. Each epoch draws a permutation from ``rng`` and
+    X: (n, n_features) float32; y: (n,) int labels (a regression head: float targets). Each epoch draws a permutation from ``rng`` and
     walks it in batches of ``cfg.batch_size`` (the last one may be short), as a shuffling DataLoader.
     """
     n = len(y)
     if n == 0:
         raise ValueError("local training needs at least one sample")
     Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32))
-    yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    yt = label_tensor(model, y)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     model.train()
     steps, loss_sum = 0, 0.0
@@ -110,7 +111,7 @@ def local_sgd(model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainCon
         for start in range(0, n, cfg.batch_size):
             idx = perm[start:start + cfg.batch_size]
             opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(Xt[idx]), yt[idx])
+            loss = task_loss(model, model(Xt[idx]), yt[idx])
             if extra_loss is not None:
                 loss = loss + extra_loss(model)
             loss.backward()

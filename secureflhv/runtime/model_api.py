@@ -7,12 +7,17 @@
     model.describe()                                     # job, algorithm, party, features, metrics, files
     model.predict_proba(X)                               # horizontal FL / horizontal SecureBoost only
     model.predict(X)
+    model.task                                           # "binary", "multiclass" or "regression"
 
 Local scoring works for the families whose model every party holds whole: horizontal FL (the global
 torch model, rebuilt from its architecture and ``model.safetensors``) and horizontal SecureBoost (the
 global trees, ``model.json``; ``model.xgboost.json`` is the same model for ``xgboost.Booster``). A
 vertical model is split across parties by design: ``predict`` raises :class:`ModelBundleError`
 pointing to the prediction job (``job.algorithm: predict``), which brings the parties together.
+
+The task comes from the bundle (manifest ``task``, else the model's configuration): a regression
+model's ``predict`` and ``predict_proba`` both return its predicted values (n,) float64 unchanged, in
+the target's units; a classifier's ``predict_proba`` returns probabilities and ``predict`` class ids.
 
 ``X``: a float array (n, n_features), or a pandas DataFrame (the model's feature columns are taken by
 name when the bundle records them, else all columns in order). Loading verifies the bundle
@@ -41,12 +46,21 @@ class LoadedModel:
         b = self.bundle
         return f"LoadedModel({b.algorithm}, job {b.job_id!r}, party {b.party_id!r} ({b.role}), {b.path})"
 
+    @property
+    def task(self) -> str:
+        """``binary``, ``multiclass`` or ``regression``: the manifest's ``task``, else (bundles written
+        before it was recorded) inferred from the configuration."""
+        m = self.bundle.manifest
+        if m.get("task") in ("binary", "multiclass", "regression"):
+            return m["task"]
+        return task_from_config(m.get("algorithm"), m.get("config") or {}, m.get("extra") or {})
+
     def describe(self) -> dict:
         """What the bundle holds: job, algorithm, party and role, features, metrics, peers, files, whether
         it scores locally (``local``)."""
         m = self.bundle.manifest
         return {"path": str(self.bundle.path), "job_id": m["job_id"], "algorithm": m["algorithm"],
-                "party_id": m["party_id"], "role": m["role"], "created": m.get("created"),
+                "party_id": m["party_id"], "role": m["role"], "task": self.task, "created": m.get("created"),
                 "format_version": m["format_version"], "feature_names": m.get("feature_names", []),
                 "metrics": m.get("metrics", {}), "peers": [p["id"] for p in m.get("peers", [])],
                 "paillier_key_sha256": m.get("paillier_key_sha256"),
@@ -106,16 +120,35 @@ class LoadedModel:
             import torch
 
             with torch.no_grad():
-                logits = model(torch.from_numpy(X.astype(np.float32)))
-                return torch.softmax(logits, dim=1).numpy().astype(np.float64)
+                out = model(torch.from_numpy(X.astype(np.float32)))
+                if self.task == "regression":  # the head's values, in the target's units
+                    return out[:, 0].numpy().astype(np.float64)
+                return torch.softmax(out, dim=1).numpy().astype(np.float64)
         return model.predict(X)
 
     def predict(self, X) -> np.ndarray:
-        """Class ids (n,) int64 (binary trees: P >= 0.5), or values (n,) for regression trees."""
+        """Class ids (n,) int64 (binary: P >= 0.5), or predicted values (n,) float64 for a regression model."""
         p = self.predict_proba(X)
-        if self.bundle.algorithm == "secureboost_horizontal" and self._built().params.objective == "regression":
+        if self.task == "regression":
             return p
         return p.argmax(axis=1).astype(np.int64) if p.ndim == 2 else (p >= 0.5).astype(np.int64)
+
+
+def task_from_config(algorithm: str | None, config: dict, extra: dict) -> str:
+    """The task of a bundle from its algorithm's configuration: a horizontal FL ``model.task`` /
+    ``n_classes``, a tree ``objective``, a split NN's ``task`` / ``n_classes``; ``binary`` otherwise."""
+    if algorithm == "horizontal":
+        model = config.get("model") or {}
+        if model.get("task") == "regression":
+            return "regression"
+        return "binary" if model.get("n_classes") == 2 else "multiclass"
+    if algorithm in ("secureboost", "secureboost_vertical", "secureboost_horizontal"):
+        objective = config.get("objective")
+        return objective if objective in ("regression", "binary") else "multiclass"
+    if config.get("task") == "regression":
+        return "regression"
+    n_classes = extra.get("n_classes") or config.get("n_classes")
+    return "multiclass" if n_classes and int(n_classes) > 2 else "binary"
 
 
 def load_model(path: Path | str, *, expect_party: str | None = None, expect_job: str | None = None) -> LoadedModel:

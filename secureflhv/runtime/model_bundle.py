@@ -9,7 +9,8 @@ parameter files it lists. Nothing in it is ever unpickled or evaluated:
 * ``.xgboost.json`` — an XGBoost JSON model (``xgboost.Booster.load_model``).
 
 The manifest (``format: secureflhv.bundle``, ``format_version`` 1) names the job, the algorithm, the
-party and its role, the feature names in column order, the preprocessing state (e.g. standardisation
+party and its role, the task where the job records it (``binary`` / ``multiclass`` / ``regression``:
+what the model's outputs are, so a regression model's values are returned as they are), the feature names in column order, the preprocessing state (e.g. standardisation
 means and standard deviations), the algorithm's configuration, metrics, the peers the model was
 trained with (party ids, roles and, where this party can read them, certificate SHA-256 fingerprints,
 plus the job CA's), the Paillier public key fingerprint where one was used, every file's SHA-256 and
@@ -151,7 +152,7 @@ class ModelBundle:
 def write_bundle(out_dir: Path, *, job_id: str, algorithm: str, party_id: str, role: str,
                  files: dict[str, Any], feature_names: list[str] | None = None, preprocessing: dict | None = None,
                  config: dict | None = None, metrics: dict | None = None, identity: dict | None = None,
-                 paillier_key_sha256: str | None = None, extra: dict | None = None) -> Path:
+                 paillier_key_sha256: str | None = None, extra: dict | None = None, task: str | None = None) -> Path:
     """Write a bundle to ``out_dir/model/`` atomically (replacing an older one); returns that folder.
 
     Args:
@@ -163,9 +164,13 @@ def write_bundle(out_dir: Path, *, job_id: str, algorithm: str, party_id: str, r
         config: the algorithm's configuration (what a prediction needs to rebuild the model).
         identity: :func:`job_identity` (peers, CA and own certificate fingerprints).
         paillier_key_sha256: the Paillier public key fingerprint (hex) used in training, if any.
+        task: ``binary``, ``multiclass`` or ``regression`` (None: not recorded; readers infer it from
+            ``config``).
     Raises ValueError for a bad file name or content (e.g. object arrays), OSError from the disk.
     """
     out_dir = Path(out_dir)
+    if task not in (None, "binary", "multiclass", "regression"):
+        raise ValueError(f"task must be binary, multiclass or regression, got {task!r}")
     blobs = {}
     for name, value in files.items():
         if not _NAME.match(name) or name == MANIFEST:
@@ -175,6 +180,7 @@ def write_bundle(out_dir: Path, *, job_id: str, algorithm: str, party_id: str, r
         "format": FORMAT, "format_version": FORMAT_VERSION, "secureflhv_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "job_id": job_id, "algorithm": algorithm, "party_id": party_id, "role": role,
+        **({"task": task} if task is not None else {}),
         "feature_names": list(feature_names or []), "preprocessing": preprocessing or {}, "config": config or {},
         "metrics": metrics or {}, **(identity or {"peers": [], "ca_sha256": None, "cert_sha256": None}),
         "paillier_key_sha256": paillier_key_sha256, "extra": extra or {},
@@ -281,9 +287,9 @@ def key_sha256(public_key) -> str | None:
 
 def save_job_bundle(cfg, party, *, files: dict[str, Any], feature_names: list[str] | None = None,
                     preprocessing: dict | None = None, config: dict | None = None, metrics: dict | None = None,
-                    public_key=None, extra: dict | None = None) -> Path:
+                    public_key=None, extra: dict | None = None, task: str | None = None) -> Path:
     """:func:`write_bundle` for ``party`` of job ``cfg`` into ``<output_dir>/<party id>/model/``."""
     return write_bundle(cfg.output_dir(party.id), job_id=cfg.job.id, algorithm=cfg.job.algorithm, party_id=party.id,
                         role=party.role, files=files, feature_names=feature_names, preprocessing=preprocessing,
                         config=config, metrics=metrics, identity=job_identity(cfg, party),
-                        paillier_key_sha256=key_sha256(public_key), extra=extra)
+                        paillier_key_sha256=key_sha256(public_key), extra=extra, task=task)

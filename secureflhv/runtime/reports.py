@@ -2,7 +2,9 @@
 party's bytes on the wire.
 
 Files (under ``<output_dir>/<party id>/``, see :mod:`secureflhv.runtime.artifacts`): ``metrics.json``,
-``predictions.csv`` (held-out rows), ``split.json`` (which ids were trained / held out), ``loss.png``.
+``predictions.csv`` (held-out rows), ``split.json`` (which ids were trained / held out), ``loss.png``,
+and the task's plots (:func:`secureflhv.data.metrics.task_plots`: ``roc_ks.png`` / ``confusion.png`` /
+``predicted_vs_true.png``).
 Every party's ``metrics.json`` gets a ``wire`` key at the end of a successful job (:func:`save_wire_report`).
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.metrics import plot_roc_ks, task_metrics
+from ..data.metrics import task_metrics, task_of, task_plots
 from ..transport.wire import report as wire_report
 from ..transport.wire import totals as wire_totals
 from .artifacts import plot_curves, write_json
@@ -37,6 +39,21 @@ def objective_metrics(y: np.ndarray, pred: np.ndarray, objective: str) -> dict:
     return task_metrics(y, pred, objective if objective in ("regression", "binary") else "multiclass")
 
 
+def regression_metrics(y: np.ndarray, pred: np.ndarray) -> dict:
+    """RMSE, MAE and R² of predicted values ``pred`` (m,) against float targets ``y``."""
+    return task_metrics(np.asarray(y, dtype=np.float64), pred, "regression")
+
+
+def save_task_plots(out_dir: Path, y: np.ndarray, scores: np.ndarray, task: str, title: str) -> list[Path]:
+    """The plots of ``task`` for these rows into ``out_dir`` (:func:`secureflhv.data.metrics.task_plots`);
+    a plotting failure is logged, never fatal (the model and metrics are already saved)."""
+    try:
+        return task_plots(y, scores, task, out_dir, title=title)
+    except Exception as exc:  # noqa: BLE001 - matplotlib raises many types; a missing picture must not fail a job
+        log.warning("could not draw the %s plots in %s: %s", task, out_dir, exc)
+        return []
+
+
 def evaluate_split(y: np.ndarray, split: RowSplit, predict, metric) -> tuple[dict, np.ndarray | None]:
     """``({"train": ..., "test": ...}, test predictions)``: ``metric(y[rows], predict(rows))`` per part.
 
@@ -52,12 +69,13 @@ def evaluate_split(y: np.ndarray, split: RowSplit, predict, metric) -> tuple[dic
 
 def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: dict, history: dict,
                        p_test: np.ndarray | None, title: str, *, loss_label: str = "training loss",
-                       score_name: str = "probability", **extra) -> Path:
-    """Write ``metrics.json``, ``predictions.csv`` (test rows), ``split.json``, ``loss.png`` and, for a
-    binary task with both classes among the test rows, ``roc_ks.png``; return the loss plot.
+                       task: str | None = None, **extra) -> Path:
+    """Write ``metrics.json``, ``predictions.csv`` (test rows), ``split.json``, ``loss.png`` and the
+    task's plots of the test rows (:func:`save_task_plots`); return the loss plot.
 
-    ``loss_label`` names the plotted loss on the y axis (which loss, on which rows, how averaged);
-    ``score_name`` the predictions.csv column of 1-D predictions ("prediction" for regression).
+    ``loss_label`` names the plotted loss on the y axis (which loss, on which rows, how averaged).
+    ``task``: ``binary`` / ``multiclass`` / ``regression``; None: binary for (m,) scores, multi-class
+    for (m, C).
     """
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics, "history": history,
                                           "psi_common_ids": len(data.ids), **extra})
@@ -65,14 +83,13 @@ def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: 
         import pandas as pd
 
         cols = {"id": data.ids[data.test], "label": data.y[data.test]}
+        task = task or task_of(p_test)
         if p_test.ndim == 1:
-            cols[score_name] = p_test
+            cols["value" if task == "regression" else "probability"] = p_test
         else:
             cols.update({f"p{c}": p_test[:, c] for c in range(p_test.shape[1])})
         pd.DataFrame(cols).to_csv(out_dir / "predictions.csv", index=False)
-        y_test = data.y[data.test]
-        if p_test.ndim == 1 and set(np.unique(y_test)) == {0, 1}:
-            plot_roc_ks(y_test, p_test, out_dir / "roc_ks.png", title=f"{title}, job {cfg.job.id}, test rows")
+        save_task_plots(out_dir, data.y[data.test], p_test, task, f"{title}, job {cfg.job.id}, test rows")
     write_json(out_dir / "split.json", {"train": data.ids[data.train], "test": data.ids[data.test]})
     return plot_curves(out_dir / "loss.png", {loss_label: history["loss"]}, title=f"{title}, job {cfg.job.id}",
                        ylabel=loss_label)
@@ -83,11 +100,13 @@ def log_summary(party_id: str, metrics: dict, losses: list[float], plot: Path) -
     (regression: RMSE and R²)."""
     which = "test" if "test" in metrics else "train"
     s = metrics[which]
-    quality = (f"accuracy {s['accuracy']:.4f} AUC {s['auc']:.4f}" if "auc" in s else
-               f"accuracy {s['accuracy']:.4f} AUC n/a" if "accuracy" in s else
-               f"RMSE {s.get('rmse', float('nan')):.4f} R2 {s.get('r2', float('nan')):.4f}")
-    log.info("%s: done: %d epochs, final loss %.5f, %s %s; loss curve %s", party_id,
-             len(losses), losses[-1] if losses else float("nan"), which, quality, plot)
+    if "r2" in s:
+        quality = f"{which} RMSE {s['rmse']:.4f} R² {s['r2']:.4f}"
+    else:
+        auc = f"{s['auc']:.4f}" if "auc" in s else "n/a"
+        quality = f"{which} accuracy {s['accuracy']:.4f} AUC {auc}"
+    log.info("%s: done: %d epochs, final loss %.5f, %s; loss curve %s", party_id,
+             len(losses), losses[-1] if losses else float("nan"), quality, plot)
 
 
 def save_wire_report(out_dir: Path, job_id: str, party_id: str, stats: dict) -> Path:

@@ -10,6 +10,9 @@ Architecture (every width is in :class:`SplitNNConfig`)::
     guest  : alpha_g = bottom_g(X_g)              (guest_bottom = []: alpha_g = X_g)
     guest  : z = alpha_g W_g + sum_h alpha_h W_h + c     interactive layer, o = interactive_units
              a = act(z); logits = top(a); loss = BCE-with-logits (2 classes) | cross-entropy (C > 2)
+             regression (task = regression): one output u = top(a), prediction m + s u, loss = mean((u - (y - m)/s)^2)
+             with m, s the mean and standard deviation of the guest's training targets (its own data: nothing
+             leaves it; they keep the top model's output near unit scale whatever the target's units)
 
 The true host weights are **shared**: W_h = V_h + E_h, the guest holds V_h and host h holds its
 accumulated noise E_h (zero at start, as in FATE), so neither side holds W_h once training started.
@@ -150,7 +153,10 @@ class SplitNNConfig(BaseModel):
     interactive_activation: Literal["relu", "tanh", "sigmoid", "identity"] = "relu"
     top_hidden: list[int] = Field(default=[], description="hidden widths of the guest's top model")
     activation: Literal["relu", "tanh", "sigmoid"] = "relu"
-    n_classes: int | None = Field(default=None, ge=2, description="None: inferred from the guest's labels")
+    task: Literal["classification", "regression"] = Field(
+        default="classification", description="classification (labels 0..C-1) or regression (float targets, MSE)")
+    n_classes: int | None = Field(default=None, ge=2, description="None: inferred from the guest's labels "
+                                                                  "(classification only)")
     epochs: int = Field(default=10, ge=1)
     batch_size: int = Field(default=64, ge=1)
     learning_rate: float = Field(default=0.01, gt=0, description="bottom and top models")
@@ -173,6 +179,8 @@ class SplitNNConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self):
+        if self.task == "regression" and self.n_classes is not None:
+            raise ValueError(f"n_classes: task 'regression' has one output; remove n_classes ({self.n_classes})")
         if self.key_bits < 2048 and not self.insecure_test_key:
             raise ValueError(f"key_bits: {self.key_bits} < 2048 needs insecure_test_key=True (tests only)")
         for name in ("host_bottom", "guest_bottom", "top_hidden"):
@@ -217,6 +225,27 @@ def build_mlp(in_dim: int, widths: Sequence[int], activation: str, seed: int, *,
                 m.weight.uniform_(-bound, bound, generator=g)
                 m.bias.uniform_(-bound, bound, generator=g)
     return torch.nn.Sequential(*layers)
+
+
+def target_scale(y: np.ndarray) -> tuple[float, float]:
+    """(mean, std) of regression targets (std 1 when they are constant)."""
+    y = np.asarray(y, dtype=np.float64)
+    if not len(y):
+        return 0.0, 1.0
+    std = float(y.std())
+    return float(y.mean()), std if std > 0 else 1.0
+
+
+def task_loss(logits: torch.Tensor, yb: np.ndarray, target: tuple[float, float] | None) -> torch.Tensor:
+    """The top model's loss: regression (``target`` = (mean, std)) the MSE of the standardised target;
+    else BCE-with-logits for one output (binary) or cross-entropy."""
+    if target is not None:
+        yt = (torch.as_tensor(np.asarray(yb, dtype=np.float64), dtype=DTYPE) - target[0]) / target[1]
+        return torch.nn.functional.mse_loss(logits[:, 0], yt)
+    yt = torch.as_tensor(np.asarray(yb, dtype=np.int64))
+    if logits.shape[1] == 1:
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits[:, 0], yt.to(DTYPE))
+    return torch.nn.functional.cross_entropy(logits, yt)
 
 
 def _optimizer(cfg: SplitNNConfig, params) -> torch.optim.Optimizer | None:
@@ -291,7 +320,7 @@ class SplitNNGuest(PredictionGuest, _Role):
         transport: this party's transport.
         host_ids: the hosts, same order at every party.
         X: float64 (n, d_g) guest features (d_g may be 0 only with ``guest_bottom=[]``), rows aligned.
-        y: (n,) integer labels 0..C-1.
+        y: (n,) integer labels 0..C-1 (``task: regression``: finite float targets).
         config: :class:`SplitNNConfig` or a dict of its fields.
         backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
             :class:`~secureflhv.crypto.he.HEBackend`.
@@ -312,13 +341,21 @@ class SplitNNGuest(PredictionGuest, _Role):
         y = np.asarray(y).ravel()
         if y.shape[0] != self.X.shape[0]:
             raise ValueError(f"y: {y.shape[0]} labels for {self.X.shape[0]} rows")
-        if not np.all(np.equal(np.mod(y, 1), 0)) or y.min() < 0:
-            raise ValueError("y: labels must be integers 0..C-1")
-        self.y = y.astype(np.int64)
-        self.n_classes = cfg.n_classes or max(2, int(self.y.max()) + 1)
-        if self.y.max() >= self.n_classes:
-            raise ValueError(f"y: label {int(self.y.max())} >= n_classes {self.n_classes}")
-        self.out_dim = 1 if self.n_classes == 2 else self.n_classes
+        self.target: tuple[float, float] | None = None  # regression: (mean, std) of the training targets
+        if cfg.task == "regression":
+            y = np.asarray(y, dtype=np.float64)
+            if not np.all(np.isfinite(y)):
+                raise ValueError("y: regression targets must be finite numbers")
+            self.y, self.n_classes, self.out_dim = y, None, 1
+            self.target = target_scale(y)
+        else:
+            if not np.all(np.equal(np.mod(y, 1), 0)) or y.min() < 0:
+                raise ValueError("y: labels must be integers 0..C-1")
+            self.y = y.astype(np.int64)
+            self.n_classes = cfg.n_classes or max(2, int(self.y.max()) + 1)
+            if self.y.max() >= self.n_classes:
+                raise ValueError(f"y: label {int(self.y.max())} >= n_classes {self.n_classes}")
+            self.out_dim = 1 if self.n_classes == 2 else self.n_classes
         d_g = self.X.shape[1]
         if d_g == 0 and cfg.guest_bottom:
             raise ValueError("X: the guest has no features; set guest_bottom=[]")
@@ -340,16 +377,18 @@ class SplitNNGuest(PredictionGuest, _Role):
         self.result: FitResult | None = None
 
     @classmethod
-    def from_state(cls, transport: Transport, host_ids: Sequence[str], X, n_classes: int, config,
+    def from_state(cls, transport: Transport, host_ids: Sequence[str], X, n_classes: int | None, config,
                    arrays: dict[str, np.ndarray], *, backend=None) -> "SplitNNGuest":
         """A guest that only predicts on ``X`` (the prediction set) with saved :meth:`state_arrays`;
         call :meth:`start_prediction` (the hosts send fresh keys), then :meth:`predict_proba`.
-        ValueError for arrays that do not fit ``config``."""
+        ``n_classes``: the saved class count (None for regression). ValueError for arrays that do not
+        fit ``config``."""
         X = check_matrix(X, "X")
         y = np.zeros(X.shape[0], dtype=np.int64)
-        y[:1] = n_classes - 1  # no labels here: this only makes the class count the saved one
+        if n_classes is not None:
+            y[:1] = int(n_classes) - 1  # no labels here: this only makes the class count the saved one
         guest = cls(transport, host_ids, X, y, config, backend=backend)
-        if guest.n_classes != n_classes:
+        if guest.n_classes != (None if n_classes is None else int(n_classes)):
             raise ValueError(f"n_classes: {n_classes} saved, config gives {guest.n_classes}")
         guest.load_state(arrays)
         return guest
@@ -371,12 +410,11 @@ class SplitNNGuest(PredictionGuest, _Role):
         return self.top(_act(self.config.interactive_activation)(z))
 
     def _loss(self, logits: torch.Tensor, yb: np.ndarray) -> torch.Tensor:
-        yt = torch.as_tensor(yb)
-        if self.out_dim == 1:
-            return torch.nn.functional.binary_cross_entropy_with_logits(logits[:, 0], yt.to(DTYPE))
-        return torch.nn.functional.cross_entropy(logits, yt)
+        return task_loss(logits, yb, self.target)
 
     def _proba(self, logits: torch.Tensor) -> np.ndarray:
+        if self.target is not None:
+            return (self.target[0] + self.target[1] * logits[:, 0]).detach().numpy()
         if self.out_dim == 1:
             return torch.sigmoid(logits[:, 0]).detach().numpy()
         return torch.softmax(logits, dim=1).detach().numpy()
@@ -500,6 +538,8 @@ class SplitNNGuest(PredictionGuest, _Role):
         out.update(_module_arrays("top", self.top))
         if self.bottom is not None:
             out.update(_module_arrays("bottom", self.bottom))
+        if self.target is not None:
+            out["target"] = np.array(self.target, dtype=np.float64)  # regression: training targets' mean, std
         return out
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
@@ -511,13 +551,19 @@ class SplitNNGuest(PredictionGuest, _Role):
         self.W_g = get("interactive.W_g", self.W_g.shape)
         self.bias = get("interactive.bias", self.bias.shape)
         self.V = {h: get(f"interactive.V.{h}", v.shape) for h, v in self.V.items()}
+        if self.target is not None:
+            mean, std = get("target", (2,))
+            if not (math.isfinite(mean) and math.isfinite(std) and std > 0):
+                raise ValueError(f"checkpoint: 'target' must be a finite mean and a positive std, got {[mean, std]}")
+            self.target = (float(mean), float(std))
         _load_module("top", self.top, arrays)
         if self.bottom is not None:
             _load_module("bottom", self.bottom, arrays)
 
     # ---- prediction ----------------------------------------------------------------
     def predict_proba(self, X, rows: Sequence[int] | None = None) -> np.ndarray:
-        """Federated prediction: P(y=1) (m,) for 2 classes, else class probabilities (m, C).
+        """Federated prediction: P(y=1) (m,) for 2 classes, else class probabilities (m, C); a regression
+        model's predicted values (m,) in the target's units.
 
         Args:
             X: guest features of the prediction set (m, d_g), rows aligned with every host's set.
@@ -741,7 +787,7 @@ class CentralisedSplitNN:
     """
 
     def __init__(self, config: SplitNNConfig, guest_bottom, host_bottoms: list, W_g, W_hosts: list, bias, top,
-                 n_classes: int):
+                 n_classes: int | None, target: tuple[float, float] | None = None):
         self.config = config
         self.guest_bottom = guest_bottom
         self.host_bottoms = host_bottoms
@@ -750,7 +796,8 @@ class CentralisedSplitNN:
         self.bias = torch.as_tensor(np.array(bias), dtype=DTYPE).requires_grad_(True)
         self.top = top
         self.n_classes = n_classes
-        self.out_dim = 1 if n_classes == 2 else n_classes
+        self.out_dim = 1 if config.task == "regression" or n_classes == 2 else n_classes
+        self.target = target  # regression: (mean, std); None: taken from the targets at fit
         mods = [m for m in [guest_bottom, *host_bottoms, top] if m is not None]
         self.opt = _optimizer(config, [p for m in mods for p in m.parameters()])
 
@@ -760,10 +807,10 @@ class CentralisedSplitNN:
 
         return cls(guest.config, copy.deepcopy(guest.bottom), [copy.deepcopy(h.bottom) for h in hosts],
                    guest.W_g, [guest.V[h.party_id] + h.E for h in hosts], guest.bias, copy.deepcopy(guest.top),
-                   guest.n_classes)
+                   guest.n_classes, guest.target)
 
     @classmethod
-    def create(cls, config: SplitNNConfig, d_guest: int, d_hosts: Sequence[int], n_classes: int,
+    def create(cls, config: SplitNNConfig, d_guest: int, d_hosts: Sequence[int], n_classes: int | None,
                seed: int = 0) -> "CentralisedSplitNN":
         cfg = config
         gb = build_mlp(d_guest, cfg.guest_bottom, cfg.activation, seed * 1000 + 1) if cfg.guest_bottom else None
@@ -774,7 +821,7 @@ class CentralisedSplitNN:
         rng = np.random.default_rng([seed, 7])
         W_g = rng.uniform(-lim, lim, size=(k_g, o))
         W_h = [rng.uniform(-lim, lim, size=(cfg.host_bottom[-1], o)) for _ in d_hosts]
-        out = 1 if n_classes == 2 else n_classes
+        out = 1 if cfg.task == "regression" or n_classes == 2 else n_classes
         top = build_mlp(o, cfg.top_hidden, cfg.activation, seed * 1000 + 2, out_dim=out)
         return cls(cfg, gb, hbs, W_g, W_h, np.zeros(o), top, n_classes)
 
@@ -787,15 +834,14 @@ class CentralisedSplitNN:
         return self.top(_act(self.config.interactive_activation)(z))
 
     def _loss(self, logits, yb):
-        yt = torch.as_tensor(np.asarray(yb, dtype=np.int64))
-        if self.out_dim == 1:
-            return torch.nn.functional.binary_cross_entropy_with_logits(logits[:, 0], yt.to(DTYPE))
-        return torch.nn.functional.cross_entropy(logits, yt)
+        return task_loss(logits, yb, self.target)
 
     def fit(self, Xg, Xhs, y, epochs: int | None = None) -> list[float]:
         """Train; returns the per-batch losses."""
         cfg = self.config
         n = len(y)
+        if cfg.task == "regression" and self.target is None:
+            self.target = target_scale(y)
         out = []
         for epoch in range(cfg.epochs if epochs is None else epochs):
             for idx in batch_plan(n, cfg.batch_size, cfg.seed, epoch):
@@ -816,6 +862,8 @@ class CentralisedSplitNN:
     def predict_proba(self, Xg, Xhs) -> np.ndarray:
         with torch.no_grad():
             logits = self.logits(Xg, Xhs)
+        if self.target is not None:
+            return (self.target[0] + self.target[1] * logits[:, 0]).numpy()
         if self.out_dim == 1:
             return torch.sigmoid(logits[:, 0]).numpy()
         return torch.softmax(logits, dim=1).numpy()

@@ -127,7 +127,7 @@ def test_prediction_job_equals_in_job_predictions(trained):
     _predict_in_process(pjob)
     pred = pd.read_csv(pjob.parent / "predictions" / "guest" / "predictions.csv", dtype={"id": str}).set_index("id")
     pred = pred.loc[in_job.index]  # the prediction job scores every aligned row; compare the held-out ones
-    cols = ["p0", "p1", "p2"] if params["task"] == "multiclass" else ["prediction"]
+    cols = ["p0", "p1", "p2"] if params["task"] == "multiclass" else ["value"]
     got = pred[cols if params["task"] == "multiclass" else ["score"]].to_numpy()
     np.testing.assert_allclose(got, in_job[cols].to_numpy(), rtol=1e-9, atol=1e-12)
     if params["task"] == "multiclass":

@@ -17,6 +17,7 @@ Example ``params``::
       personal_layers: 1         # FedPer only: final linear layers kept local
       contribution_temperature: 1.0   # client contribution normalisation (Kundalwal et al.), T; null = off
       model: {name: cnn, n_features: 784, n_classes: 10}   # or {name: mlp, n_features: 54, n_classes: 7}
+      # regression: model: {name: mlp, task: regression, n_features: 10, target_mean: 150, target_std: 75}
       rounds: 20
       fraction: 1.0              # clients sampled per round
       local_epochs: 2
@@ -32,7 +33,12 @@ arrays, ``np.load(..., allow_pickle=False)``; IFCA: the most chosen cluster, and
 ``cluster_models.npz``), ``model.json`` (architecture, parameter shapes, the npz's
 SHA-256, params, final metrics), ``metrics.json`` (per round, with each client's own accuracy and the
 worst client's) and ``accuracy.png`` (overall and worst client); at each client
-``metrics.json`` (its local test metrics per round). The server and every client also write the final
+``metrics.json`` (its local test metrics per round, and under ``final`` the task's metrics of the last
+global model on its local test rows: :func:`secureflhv.data.metrics.task_metrics`), ``predictions.csv``
+(those rows: ``row`` = row number in its data file, ``label``, then ``value`` / ``probability`` /
+``p0..``) and that task's plots (``roc_ks.png`` and ``confusion.png``; ``confusion.png``; ``predicted_vs_true.png``). A regression
+head (``model.task: regression``) reports pooled RMSE / MAE / R² per round (``test_metrics``) and draws
+``r2.png`` at the server instead of the accuracy curve. The server and every client also write the final
 global model as a bundle (``model/``, :mod:`secureflhv.runtime.model_bundle`: ``model.safetensors``),
 which :func:`secureflhv.load_model` scores locally.
 """
@@ -48,7 +54,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...secagg import AggregationConfig
 from ...horizontal.fl import DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, HorizontalClient, HorizontalServer, RoundRecord
-from ...horizontal.models import ModelSpec, build_model, named_arrays
+from ...data.metrics import task_metrics
+from ...horizontal.models import ModelSpec, build_model, named_arrays, set_flat
 from ...horizontal.registry import make_strategy
 from ...horizontal.strategies import LocalTrainConfig
 from ...transport import Transport
@@ -57,6 +64,7 @@ from ..data_prep import load_party_table, local_split
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..model_bundle import save_job_bundle
 from ..progress import emit_progress
+from ..reports import save_task_plots
 
 log = logging.getLogger("secureflhv.job")
 
@@ -156,18 +164,24 @@ def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
 
 
 def load_client_data(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams) -> tuple[np.ndarray, np.ndarray]:
-    """(X float32 (n, n_features), y int64 (n,)) of a client; JobConfigError naming the party's data."""
+    """(X float32 (n, n_features), y int64 (n,); regression: float64 targets) of a client; JobConfigError
+    naming the party's data."""
     table = load_party_table(cfg, party, label_column=party.data.label_column or params.label_column,
                              require_label=True, id_required=False)
     where, path = cfg.where(party, "data"), cfg.resolve(party.data.path)
     y = np.asarray(table.y)
-    if not np.issubdtype(y.dtype, np.number) or not np.all(np.asarray(y, float) == np.round(np.asarray(y, float))):
+    if params.model.task == "regression":
+        if not np.issubdtype(y.dtype, np.number) or not np.all(np.isfinite(np.asarray(y, float))):
+            raise JobConfigError(f"{where}: regression targets in {path} must be finite numbers")
+        y = np.asarray(y, np.float64)
+    elif not np.issubdtype(y.dtype, np.number) or not np.all(np.asarray(y, float) == np.round(np.asarray(y, float))):
         raise JobConfigError(f"{where}: labels in {path} must be integer class ids 0..n_classes-1")
-    y = y.astype(np.int64)
+    else:
+        y = y.astype(np.int64)
     if table.n_features != params.model.n_features:
         raise JobConfigError(f"{where}: {path} has {table.n_features} feature columns, params.model.n_features is "
                              f"{params.model.n_features}")
-    if len(y) and (y.min() < 0 or y.max() >= params.model.n_classes):
+    if params.model.task == "classification" and len(y) and (y.min() < 0 or y.max() >= params.model.n_classes):
         raise JobConfigError(f"{where}: labels in {path} range {y.min()}..{y.max()}, outside 0.."
                              f"{params.model.n_classes - 1} (params.model.n_classes)")
     return np.asarray(table.X, dtype=np.float32), y
@@ -191,8 +205,10 @@ def _record_json(rec: RoundRecord) -> dict:
 def _save_bundle(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, arrays: dict, metrics: dict) -> None:
     """The global model as a bundle: ``model.safetensors`` (the torch ``state_dict``, float32) and the
     architecture in the config (:func:`secureflhv.load_model` rebuilds and runs it)."""
+    spec = params.model
+    task = "regression" if spec.task == "regression" else ("binary" if spec.n_classes == 2 else "multiclass")
     save_job_bundle(cfg, party, files={"model.safetensors": arrays}, config=params.model_dump(mode="json"),
-                    metrics=metrics, extra={"n_features": params.model.n_features})
+                    metrics=metrics, extra={"n_features": spec.n_features}, task=task)
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams) -> dict:
@@ -214,7 +230,14 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
 
 def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
                 config: FLConfig, strategy) -> dict:
+    regression = params.model.task == "regression"
+
     def on_round(rec: RoundRecord, _vec) -> None:
+        if regression and rec.test_metrics:
+            r2 = rec.test_metrics["r2"]
+            emit_progress("rounds", rec.round, params.rounds, f"R² {r2:.4f}", {"train loss": rec.train_loss,
+                                                                               "test R²": r2})
+            return
         emit_progress("rounds", rec.round, params.rounds,
                       f"accuracy {rec.test_accuracy:.4f}" if rec.test_n else f"loss {rec.train_loss:.4f}",
                       {"train loss": rec.train_loss, **({"test accuracy": rec.test_accuracy} if rec.test_n else {})})
@@ -240,7 +263,11 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
                                           "rounds": [_record_json(r) for r in history], "final": final})
     acc = [r.test_accuracy for r in history]
     plot = None
-    if any(math.isfinite(a) for a in acc):
+    r2 = [r.test_metrics.get("r2", float("nan")) for r in history]
+    if regression and any(math.isfinite(v) for v in r2):
+        plot = plot_curves(out_dir / "r2.png", {"R² over the clients' local test rows": r2},
+                           title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="R²")
+    elif any(math.isfinite(a) for a in acc):
         plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc,
                                                       "worst client": [r.worst_client_accuracy for r in history]},
                            title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="accuracy")
@@ -252,9 +279,43 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
                          "params": params.model_dump(mode="json"), "clients": clients, "final_metrics": final,
                          **extra_meta})
     _save_bundle(cfg, party, params, arrays, final)
-    log.info("%s: done: %d rounds, final accuracy %.4f; model %s; plot %s", party.id, len(history),
-             history[-1].test_accuracy if history else float("nan"), npz, plot)
+    log.info("%s: done: %d rounds, final %s; model %s; plot %s", party.id, len(history),
+             (f"R² {r2[-1]:.4f}" if regression else f"accuracy {history[-1].test_accuracy:.4f}") if history else "-",
+             npz, plot)
     return final
+
+
+def _final_metrics(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, client: HorizontalClient,
+                   X_test: np.ndarray, y_test: np.ndarray, rows: np.ndarray) -> dict:
+    """The task's metrics of the last global model on this client's local test rows (numbers ``rows`` of
+    its data file), ``predictions.csv`` and the plots (:func:`secureflhv.data.metrics.task_metrics`); ``{}``
+    without test rows. The model is the one :func:`secureflhv.load_model` rebuilds from the bundle
+    (IFCA / FedPer clients: their global part)."""
+    import pandas as pd
+    import torch
+
+    if not len(y_test):
+        return {}
+    model = build_model(params.model)
+    set_flat(model, client.global_vec)
+    model.train(False)  # inference mode
+    with torch.no_grad():
+        out = model(torch.from_numpy(np.asarray(X_test, np.float32)))
+    if params.model.task == "regression":
+        scores, task = out[:, 0].double().numpy(), "regression"
+    else:
+        p = torch.softmax(out, dim=1).double().numpy()
+        scores, task = (p[:, 1], "binary") if p.shape[1] == 2 else (p, "multiclass")
+    metrics = task_metrics(y_test, scores, task)
+    cols = {"row": rows, "label": y_test}
+    if scores.ndim == 2:
+        cols.update({f"p{c}": scores[:, c] for c in range(scores.shape[1])})
+    else:
+        cols["value" if task == "regression" else "probability"] = scores
+    pd.DataFrame(cols).to_csv(cfg.output_dir(party.id) / "predictions.csv", index=False, float_format="%.17g")
+    save_task_plots(cfg.output_dir(party.id), y_test, scores, task,
+                    f"{params.strategy}, job {cfg.job.id}, {party.id} local test rows")
+    return {"task": task, "test": metrics}
 
 
 def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
@@ -270,10 +331,12 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     except ValueError as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     history = client.run()
+    final = {}
     if client.global_vec is not None:  # the last global model the server sent: every client can score with it
         _save_bundle(cfg, party, params, named_arrays(build_model(params.model), client.global_vec),
                      _finite(history[-1]) if history else {})
+        final = _final_metrics(cfg, party, params, client, X[test], y[test], test)
     write_json(cfg.output_dir(party.id) / "metrics.json",
                {"job_id": cfg.job.id, "party_id": party.id, "n_train": len(train), "n_test": len(test),
-                "rounds": _finite(history)})
+                "rounds": _finite(history), "final": final})
     return history[-1] if history else {}

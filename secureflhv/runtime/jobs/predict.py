@@ -170,10 +170,12 @@ def model_hosts(bundle: ModelBundle) -> list[str]:
 
 def write_predictions(cfg: JobConfig, party: PartySpec, bundle: ModelBundle, ids, scores: np.ndarray, y,
                       own_rows: int, objective: str = "binary") -> dict:
-    """``predictions.csv`` and ``metrics.json`` in this job's output folder; returns the metrics."""
+    """``predictions.csv``, ``metrics.json`` and (with labels) the task's plots in this job's output folder;
+    returns the metrics."""
     import pandas as pd
 
-    from ..reports import classification_metrics, objective_metrics
+    from ...data.metrics import task_of
+    from ..reports import classification_metrics, objective_metrics, save_task_plots
 
     out = cfg.output_dir(party.id)
     out.mkdir(parents=True, exist_ok=True)
@@ -191,6 +193,9 @@ def write_predictions(cfg: JobConfig, party: PartySpec, bundle: ModelBundle, ids
             metrics.update(objective_metrics(np.asarray(y, float), scores, "regression"))
         else:
             metrics.update(classification_metrics(np.asarray(y).astype(np.int64), scores))
+        task = task_of(scores, objective == "regression")
+        save_task_plots(out, np.asarray(y, float) if task == "regression" else np.asarray(y).astype(np.int64), scores,
+                        task, f"{bundle.algorithm}, job {cfg.job.id}, rows scored")
     write_json(out / "metrics.json", {"job_id": cfg.job.id, "model_job_id": bundle.job_id, "metrics": metrics})
     log.info("%s: scored %d rows (%d of this party's ids have no partner); %s", party.id, len(ids),
              own_rows - len(ids), ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
@@ -262,14 +267,16 @@ def _vertical_nn(cfg: JobConfig, party: PartySpec, transport: Transport, params:
         host.serve_predictions(X)
         return {}
     try:
-        guest = SplitNNGuest.from_state(transport, model_hosts(bundle), X, int(bundle.extra["n_classes"]), config,
-                                        arrays)
-    except (ValueError, KeyError) as exc:
+        n_classes = bundle.extra["n_classes"]  # None: a regression model
+        guest = SplitNNGuest.from_state(transport, model_hosts(bundle), X,
+                                        None if n_classes is None else int(n_classes), config, arrays)
+    except (ValueError, KeyError, TypeError) as exc:
         raise JobConfigError(f"{where}: {exc}") from None
     guest.start_prediction()
     scores = _in_batches(len(ids), params.batch_rows, lambda rows: guest.predict_proba(X, rows=rows))
     guest.end_prediction()
-    return write_predictions(cfg, party, bundle, ids, scores, y, own)
+    return write_predictions(cfg, party, bundle, ids, scores, y, own,
+                             "regression" if config.task == "regression" else "binary")
 
 
 def _local(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
@@ -288,11 +295,12 @@ def _local(cfg: JobConfig, party: PartySpec, transport: Transport, params: Predi
     if want is not None and table.n_features != want:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {table.n_features} feature columns, the model takes "
                              f"{want} (set data.feature_columns)")
+    loaded = LoadedModel(bundle)
     try:
-        scores = LoadedModel(bundle).predict_proba(np.asarray(table.X, dtype=np.float64))
+        scores = loaded.predict_proba(np.asarray(table.X, dtype=np.float64))
     except ValueError as exc:
         raise JobConfigError(f"params.model_dir (party {party.id!r}): {bundle.path}: {exc}") from None
-    regression = bundle.algorithm == "secureboost_horizontal" and bundle.config.get("objective") == "regression"
+    regression = loaded.task == "regression"
     return write_predictions(cfg, party, bundle, np.asarray(table.ids), scores, table.y, table.n_rows,
                              "regression" if regression else "binary")
 

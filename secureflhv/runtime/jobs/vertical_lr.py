@@ -127,7 +127,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     plot = save_guest_reports(out_dir, cfg, data, metrics, history, p_test, "vertical LR",
                               loss_label="training Taylor loss (mean over the epoch's batches)"
                               if params.task != "regression" else "training squared loss / 2 (mean over batches)",
-                              score_name="prediction" if params.task == "regression" else "probability",
                               task=params.task)
     intercept = None if guest.intercept is None else np.asarray(guest.intercept, dtype=np.float64)
     save({"weights": _named(data.feature_names, guest.weights),

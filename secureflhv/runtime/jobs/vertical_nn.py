@@ -9,7 +9,8 @@ Guest and hosts also write their model bundle (:mod:`secureflhv.runtime.model_bu
 ``state.safetensors`` (float64 arrays of :meth:`state_arrays`: bottom / top torch ``state_dict`` entries,
 interactive-layer shares), the standardisation state and the config, for the prediction job.
 
-Labels at the guest must be integers 0..C-1 (C = 2: binary with AUC; C > 2: multi-class accuracy).
+Labels at the guest must be integers 0..C-1 (C = 2: binary with AUC; C > 2: multi-class accuracy), or
+with ``task: regression`` finite numbers (one output, MSE; RMSE / MAE / R² and ``predicted_vs_true.png``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ..data_prep import StandardisedSplitParams, prepare_vertical, preprocessing
 from ..model_bundle import save_job_bundle
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..progress import emit_progress
-from ..reports import classification_metrics, evaluate_split, log_summary, save_guest_reports
+from ..reports import classification_metrics, evaluate_split, log_summary, regression_metrics, save_guest_reports
 
 
 class VerticalNNJobParams(SplitNNConfig, StandardisedSplitParams):
@@ -70,23 +71,31 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         save_job_bundle(cfg, party, files={"state.safetensors": host.state_arrays()}, **_bundle_fields(data, config))
         return {}
 
-    if not np.all(np.equal(np.mod(data.y, 1), 0)) or np.min(data.y) < 0:
+    regression = config.task == "regression"
+    if regression:
+        if not np.issubdtype(np.asarray(data.y).dtype, np.number) or not np.all(np.isfinite(data.y)):
+            raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: regression targets must be finite numbers")
+        data.y = np.asarray(data.y, dtype=np.float64)
+    elif not np.all(np.equal(np.mod(data.y, 1), 0)) or np.min(data.y) < 0:
         raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: labels must be integers 0..C-1")
-    data.y = data.y.astype(np.int64)
+    else:
+        data.y = data.y.astype(np.int64)
     guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config, checkpoint_dir=ckpt_dir)
     guest.on_epoch = lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}",
                                                        {"loss": loss})
     result = guest.fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
-                                     classification_metrics)
+                                     regression_metrics if regression else classification_metrics)
     guest.end_prediction()
     history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds}
+    task = "regression" if regression else ("binary" if guest.n_classes == 2 else "multiclass")
     plot = save_guest_reports(out_dir, cfg, data, metrics, history, p_test, "vertical NN",
-                              loss_label="training cross-entropy (mean over the epoch's batches)",
-                              n_classes=guest.n_classes)
+                              loss_label=("training MSE of the standardised target" if regression else
+                                          "training cross-entropy") + " (mean over the epoch's batches)",
+                              n_classes=guest.n_classes, task=task)
     save({"state": guest.state_arrays(), "n_classes": guest.n_classes},
          {**data.meta, "metrics": metrics, "checkpoints": result.checkpoints})
     save_job_bundle(cfg, party, files={"state.safetensors": guest.state_arrays()}, metrics=metrics,
-                    extra={"n_classes": guest.n_classes}, **_bundle_fields(data, config))
+                    extra={"n_classes": guest.n_classes}, task=task, **_bundle_fields(data, config))
     log_summary(party.id, metrics, result.losses, plot)
     return metrics
