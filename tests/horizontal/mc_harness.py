@@ -31,7 +31,8 @@ def config(**kw) -> MCConfig:
     return MCConfig(**{**base, **kw})
 
 
-def run_peers(shards, cfg: MCConfig, *, ids=None, net=None, transport_of=None, test_rows: int = 20):
+def run_peers(shards, cfg: MCConfig, *, ids=None, net=None, transport_of=None, test_rows: int = 20,
+              spec: ModelSpec = SPEC):
     """Every peer in its own thread over one InProcessNetwork. ``transport_of(net, pid)`` may wrap a
     transport (an attacker). The last ``test_rows`` rows of each shard are its local test split.
     Returns (peers, errors by party id, network)."""
@@ -41,7 +42,7 @@ def run_peers(shards, cfg: MCConfig, *, ids=None, net=None, transport_of=None, t
     for pid, (X, y) in zip(ids, shards):
         t = transport_of(net, pid) if transport_of else net.transport(pid)
         peers.append(MultiConfederatedPeer(t, ids, X[:-test_rows], y[:-test_rows], X[-test_rows:], y[-test_rows:],
-                                           SPEC, cfg))
+                                           spec, cfg))
     errors: dict[str, BaseException] = {}
 
     def run(p):

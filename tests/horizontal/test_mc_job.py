@@ -15,7 +15,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mc_harness import cancer_shards  # noqa: E402
 
+from secureflhv import load_model  # noqa: E402
 from secureflhv.runtime.config import JobConfigError, parse_job  # noqa: E402
+from secureflhv.runtime.data_prep import local_split  # noqa: E402
+from secureflhv.runtime.jobs.horizontal_fl import load_client_data  # noqa: E402
 from secureflhv.runtime.jobs import multiconfederated as mcj  # noqa: E402
 from secureflhv.runtime.registry import job_params, job_spec  # noqa: E402
 from secureflhv.runtime.rendezvous import partners  # noqa: E402
@@ -126,3 +129,12 @@ def test_grpc_tls_peers_reach_the_models_of_an_in_process_run(tmp_path):
         assert m_grpc["final"]["test_accuracy"] == pytest.approx(m_local["final"]["test_accuracy"], abs=1e-9)
         assert m_grpc["wire"]["total"]["sent"] > 0  # the peers talked directly to each other
         assert set(m_grpc["wire"]["peers"]) == set(PEERS) - {p}
+    # each peer's saved bundle (its personal model) scores its local test split as the job reported
+    cfg = parse_job(job, tmp_path)
+    params = job_params(cfg)
+    for spec in cfg.clients:
+        X, y = load_client_data(cfg, spec, params)
+        test = local_split(len(y), params.test_fraction, params.seed, spec.id).test
+        final = json.loads((tmp_path / "out" / spec.id / "metrics.json").read_text())["final"]
+        acc = float(np.mean(load_model(tmp_path / "out" / spec.id).predict(X[test]) == y[test]))
+        assert acc == pytest.approx(final["test_accuracy"], abs=1e-12) and final["test_n"] == len(test)
