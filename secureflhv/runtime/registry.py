@@ -74,6 +74,9 @@ def _vertical_roles(cfg: JobConfig) -> None:
 
 
 def _horizontal_roles(cfg: JobConfig) -> None:
+    if isinstance(cfg.params, dict) and cfg.params.get("strategy") == "multiconfederated":
+        raise JobConfigError("params.strategy: multiconfederated is decentralised (no server): set "
+                             "job.algorithm: multiconfederated and drop params.strategy")
     roles = [p.role for p in cfg.parties]
     if roles.count("guest") > 1:
         raise JobConfigError(f"parties: at most one guest, found {roles.count('guest')}")

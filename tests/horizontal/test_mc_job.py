@@ -67,6 +67,11 @@ def test_a_server_is_refused_naming_the_field(tmp_path):
         parse_job(job_dict(paths, params={**PARAMS, "tolerance": -1.0}), tmp_path)
     with pytest.raises(JobConfigError, match=r"params\.initial_models"):
         parse_job(job_dict(paths, params={**PARAMS, "initial_models": 5, "max_models": 4}), tmp_path)
+    as_strategy = job_dict(paths, server=True)
+    as_strategy["job"]["algorithm"], as_strategy["params"] = "horizontal", {**PARAMS, "strategy": "multiconfederated"}
+    with pytest.raises(JobConfigError, match=r"params\.strategy: multiconfederated is decentralised .* "
+                                             r"job\.algorithm: multiconfederated"):
+        parse_job(as_strategy, tmp_path)
     cfg = parse_job(job_dict(paths), tmp_path)
     assert cfg.server is None and job_spec("multiconfederated").family == "peer"
     assert partners(cfg, cfg.parties[0], "peer") == ["peer-b"]  # every peer meets every other
