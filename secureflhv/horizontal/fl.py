@@ -188,7 +188,11 @@ def read_model(b: messages_pb2.Bundle, shapes: dict[str, tuple[int, ...]]) -> np
 
 
 def check_slots(strategy: Strategy, config: FLConfig) -> None:
-    """ValueError when the strategy's parts (after contribution's two sums) exceed a round's aggregation slots."""
+    """ValueError when the strategy's parts (after contribution's two sums) exceed a round's aggregation slots,
+    or when the strategy is decentralised (MultiConfederated: no server, see :mod:`.mc_peer`)."""
+    if getattr(strategy, "decentralised", False):
+        raise ValueError(f"{strategy.name} is decentralised: it has no server or clients; run its peers "
+                         f"(job.algorithm: {strategy.name})")
     if config.part_offset + len(strategy.parts) > PARTS_PER_ROUND:
         raise ValueError(f"{strategy.name}: {len(strategy.parts)} aggregated parts"
                          f"{' + 2 contribution sums' if config.part_offset else ''} exceed the {PARTS_PER_ROUND} "

@@ -5,12 +5,13 @@
     import secureflhv
     model = secureflhv.load_model("out/client-1")        # or "out/client-1/model"
     model.describe()                                     # job, algorithm, party, features, metrics, files
-    model.predict_proba(X)                               # horizontal FL / horizontal SecureBoost only
+    model.predict_proba(X)                               # horizontal FL / MultiConfederated / horizontal SecureBoost only
     model.predict(X)
     model.task                                           # "binary", "multiclass" or "regression"
 
 Local scoring works for the families whose model every party holds whole: horizontal FL (the global
-torch model, rebuilt from its architecture and ``model.safetensors``) and horizontal SecureBoost (the
+torch model, rebuilt from its architecture and ``model.safetensors``; MultiConfederated learning: the peer's
+personal model) and horizontal SecureBoost (the
 global trees, ``model.json``; ``model.xgboost.json`` is the same model for ``xgboost.Booster``). A
 vertical model is split across parties by design: ``predict`` raises :class:`ModelBundleError`
 pointing to the prediction job (``job.algorithm: predict``), which brings the parties together.
@@ -32,7 +33,8 @@ import numpy as np
 
 from .model_bundle import ModelBundle, ModelBundleError, read_bundle
 
-LOCAL = ("horizontal", "secureboost_horizontal")
+LOCAL = ("horizontal", "multiconfederated", "secureboost_horizontal")
+TORCH = ("horizontal", "multiconfederated")  # a torch model every party holds whole (MultiConfederated: its personal model)
 
 
 class LoadedModel:
@@ -88,7 +90,7 @@ class LoadedModel:
             raise ModelBundleError(f"{self.bundle.path}: a {algo} model is split across the parties that trained "
                                    f"it; score it with a prediction job (job.algorithm: predict, see README "
                                    f"'Use a trained model')")
-        if algo == "horizontal":
+        if algo in TORCH:
             import torch
 
             from ..horizontal.models import ModelSpec, build_model
@@ -116,7 +118,7 @@ class LoadedModel:
         trees; regression trees give values (n,). Raises ModelBundleError for a vertical model."""
         model = self._built()
         X = self._features(X)
-        if self.bundle.algorithm == "horizontal":
+        if self.bundle.algorithm in TORCH:
             import torch
 
             with torch.no_grad():

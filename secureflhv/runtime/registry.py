@@ -17,9 +17,9 @@ from pydantic import BaseModel
 
 from ..transport import Transport
 from .job_file import JobConfig, JobConfigError, PartySpec, validate_params
-from .jobs import horizontal_fl, predict, secureboost_horizontal, secureboost_vertical, vertical_lr, vertical_nn
+from .jobs import horizontal_fl, multiconfederated, predict, secureboost_horizontal, secureboost_vertical, vertical_lr, vertical_nn
 
-Family = Literal["vertical", "horizontal"]
+Family = Literal["vertical", "horizontal", "peer"]
 RunFn = Callable[[JobConfig, PartySpec, Transport, BaseModel], dict]
 CheckFn = Callable[[JobConfig, BaseModel], None]
 
@@ -31,7 +31,8 @@ class JobSpec:
     Attributes:
         name: the value of ``job.algorithm``.
         family: ``vertical`` (one guest with the labels, hosts with features, optional server) or
-            ``horizontal`` (clients with rows, one server that aggregates).
+            ``horizontal`` (clients with rows, one server that aggregates) or ``peer`` (decentralised: clients
+            with rows and no server; every party talks to every other, and any failure stops the job).
         summary: one line for ``secureflhv validate`` and the docs.
         params: the pydantic model of ``params``; a field ``insecure_test_key`` (Paillier jobs) is set
             from ``security.insecure_test_keys``, never from ``params``.
@@ -73,6 +74,9 @@ def _vertical_roles(cfg: JobConfig) -> None:
 
 
 def _horizontal_roles(cfg: JobConfig) -> None:
+    if isinstance(cfg.params, dict) and cfg.params.get("strategy") == "multiconfederated":
+        raise JobConfigError("params.strategy: multiconfederated is decentralised (no server): set "
+                             "job.algorithm: multiconfederated and drop params.strategy")
     roles = [p.role for p in cfg.parties]
     if roles.count("guest") > 1:
         raise JobConfigError(f"parties: at most one guest, found {roles.count('guest')}")
@@ -83,7 +87,8 @@ def _horizontal_roles(cfg: JobConfig) -> None:
 
 
 FAMILY_RULES: dict[str, Callable[[JobConfig], None]] = {"vertical": _vertical_roles,
-                                                         "horizontal": _horizontal_roles}
+                                                         "horizontal": _horizontal_roles,
+                                                         "peer": multiconfederated.roles}
 
 JOBS: dict[str, JobSpec] = {spec.name: spec for spec in (
     JobSpec("vertical_lr", "vertical", "logistic regression, Paillier-encrypted gradients (Hardy et al. 2017)",
@@ -97,6 +102,8 @@ JOBS: dict[str, JobSpec] = {spec.name: spec for spec in (
     JobSpec("secureboost_horizontal", "horizontal", "histogram GBDT, histograms through secure aggregation",
             secureboost_horizontal.HorizontalSecureBoostJobParams, secureboost_horizontal.run,
             secureboost_horizontal.check),
+    JobSpec("multiconfederated", "peer", "MultiConfederated learning, decentralised, no server (Duchesne et al. 2024)",
+            multiconfederated.MultiConfederatedJobParams, multiconfederated.run, multiconfederated.check),
     # every party meets every other, as in a vertical job; the roles follow the trained model
     JobSpec("predict", "vertical", "score new rows with the model bundles of a trained job (see docs)",
             predict.PredictJobParams, predict.run, predict.check, roles=predict.roles),

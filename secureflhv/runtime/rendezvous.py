@@ -52,7 +52,7 @@ def job_digest(cfg: JobConfig) -> str:
 
 
 def partners(cfg: JobConfig, party: PartySpec, family: str) -> list[str]:
-    """The parties ``party`` talks to: every other party (vertical), or client <-> server (horizontal)."""
+    """The parties ``party`` talks to: every other party (vertical, peer), or client <-> server (horizontal)."""
     others = [p.id for p in cfg.parties if p.id != party.id]
     if family == "horizontal":
         return others if party.role == "server" else [cfg.server.id]

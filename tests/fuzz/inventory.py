@@ -90,6 +90,8 @@ INVENTORY: dict[str, Entry] = {
     # client contribution normalisation (horizontal/contribution.py)
     "fl.latent_sum": E("fl_contrib", ("c0", "c1"), m.Bundle, "ContributionClient._latent_parser"),
     "fl.exp_sum": E("fl_contrib", ("c0", "c1"), m.Bundle, "ContributionClient._exp_parser"),
+    # MultiConfederated learning, peer to peer (horizontal/mc_peer.py)
+    "mc.update": E("mc", ("p0", "p1", "p2"), m.Bundle, "MultiConfederatedPeer.parser"),
     # secure aggregation (secagg/plain.py, bonawitz_server.py, bonawitz_client.py)
     "agg.plain": E("fl", ("server",), s.PlainInput, "PlainServer._validate"),
     "agg.advertise": E("secagg", ("server",), s.AdvertiseKeys, "advertise check"),
@@ -107,6 +109,7 @@ RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("horizontal/contribution.py", "factor_for", "TAG_EXP_SUM"): ("fl.exp_sum",),
     ("horizontal/contribution.py", "factor_for", "TAG_LATENT_SUM"): ("fl.latent_sum",),
     ("horizontal/fl.py", "_collect_metrics", "TAG_METRICS"): ("fl.metrics",),
+    ("horizontal/mc_peer.py", "run_round", "TAG_UPDATE"): ("mc.update",),
     ("horizontal/fl.py", "run", "TAG_EVAL"): ("fl.eval",),
     ("horizontal/fl.py", "run", "TAG_ROUND"): ("fl.round",),
     ("secagg/bonawitz_client.py", "_from_server", "TAG_SERVER"): ("agg.server",),

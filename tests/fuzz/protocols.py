@@ -21,6 +21,7 @@ for sub in ("vertical", "tree", "horizontal"):
         sys.path.insert(0, str(TESTS / sub))
 
 import fl_harness  # noqa: E402
+import mc_harness  # noqa: E402
 import sb_harness  # noqa: E402
 import secagg_harness  # noqa: E402
 import snn_harness  # noqa: E402
@@ -181,6 +182,16 @@ def run_fl_contrib(net_cls):
     return run_fl(net_cls, fl_kw={"contribution_temperature": 1.0})
 
 
+def run_mc(net_cls):
+    """MultiConfederated learning (horizontal/mc_peer.py): three peers, two rounds, peer-to-peer updates."""
+    shards = [(X[:24], y[:24]) for X, y in mc_harness.cancer_shards(3, rows=30)]
+    net = net_cls("fuzz-mc", ["p0", "p1", "p2"], deadline=DEADLINE)
+    cfg = mc_harness.config(rounds=2, round_timeout_s=DEADLINE, send_timeout_s=DEADLINE / 2)
+    peers, errors, _ = mc_harness.run_peers(shards, cfg, net=net, test_rows=4)
+    return fingerprint([(p.pool, [dataclasses.replace(r, seconds=0.0) for r in p.history]) for p in peers]), \
+        errors, [net]
+
+
 def run_secagg(net_cls):
     cfg = secagg_harness.config(stage_timeout_s=DEADLINE, input_timeout_s=DEADLINE, consistency_check=True)
     ids, xs, ws = secagg_harness.make_inputs(3, 4, seed=1)
@@ -232,5 +243,6 @@ PROTOCOLS = {
     "sb_horizontal": run_sb_horizontal,
     "fl": run_fl,
     "fl_contrib": run_fl_contrib,
+    "mc": run_mc,
     "secagg": run_secagg,
 }

@@ -1,5 +1,5 @@
 """The complete grid: every horizontal strategy (the FedAvg family, contribution normalisation, IFCA,
-FedPer) × every horizontal partition of secureflhv.data (NIID-Bench's settings: #C=1/2/3, Dir(0.5) and
+FedPer; MultiConfederated learning, decentralised, at the end) × every horizontal partition of secureflhv.data (NIID-Bench's settings: #C=1/2/3, Dir(0.5) and
 Dir(0.1), ...) through secure aggregation gives bit for bit the model of plaintext aggregation of the
 same quantised updates (``plain_quantised``, same seed). Tiny MLP, one round, in-process transport.
 And the simple CNN trains (one local step on tiny images: loss falls, weights change and stay finite)."""
@@ -13,11 +13,15 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mc_harness  # noqa: E402
 from fl_harness import run_fl  # noqa: E402
 
 from secureflhv.data import available_schemes, make_fcube, partition  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec, build_model, get_flat  # noqa: E402
+from secureflhv.horizontal.mc_peer import TAG_UPDATE  # noqa: E402
 from secureflhv.horizontal.strategies import LocalTrainConfig, batch_rng, local_sgd  # noqa: E402
+from secureflhv.proto import messages_pb2  # noqa: E402
+from secureflhv.transport.inprocess import InProcessTransport  # noqa: E402
 
 N_PARTIES = 4
 SPEC = ModelSpec(name="mlp", n_features=3, n_classes=4, hidden=(8,))
@@ -129,3 +133,45 @@ def test_the_cnn_trains_through_secure_aggregation():
     sec = runs["secagg"]
     assert np.array_equal(sec.global_vec, runs["plain_quantised"].global_vec)
     assert np.all(np.isfinite(sec.global_vec)) and not np.array_equal(sec.global_vec, sec.initial[0])
+
+
+# MultiConfederated learning has no server and no secure aggregation (peers see each other's models), so
+# the secagg-equals-plaintext property above does not apply to it. Its place in the grid: under every
+# partition, each peer's models after a round are exactly the divergence-filtered, sample-weighted mean of
+# its own and the accepted peers' models as they went over the wire.
+class _Recording(InProcessTransport):
+    sent: dict = {}
+
+    def send(self, receiver, tag, payload, round=0, timeout=None):
+        if tag == TAG_UPDATE:
+            type(self).sent[self.party_id] = messages_pb2.Bundle.FromString(payload.SerializeToString())
+        super().send(receiver, tag, payload, round, timeout)
+
+
+@pytest.mark.parametrize("scheme, params", PARTITIONS,
+                         ids=[f"{s}-{'-'.join(f'{k}{v}' for k, v in p.items())}".rstrip("-") for s, p in PARTITIONS])
+def test_multiconfederated_aggregates_the_filtered_weighted_mean(scheme, params):
+    data = shards(scheme, params)
+    test_rows = 1
+    _Recording.sent = {}
+    cfg = mc_harness.config(rounds=1, local=LOCAL, fork_margin=1.0, merge_tolerance=0.0)
+    peers, errors, _ = mc_harness.run_peers([(X, y) for X, y in data], cfg, test_rows=test_rows, spec=SPEC,
+                                            transport_of=lambda net, pid: _Recording(net, pid))
+    assert not errors, errors
+    sent = {pid: ({k[len("model/"):]: np.frombuffer(t.data, "<f4") for k, t in b.tensors.items()}, b.scalars["n"])
+            for pid, b in _Recording.sent.items()}
+    assert {pid: n for pid, (_, n) in sent.items()} == {p.party_id: len(y) - test_rows
+                                                      for p, (_, y) in zip(peers, data)}
+    for p in peers:
+        rec = p.history[0]
+        own, n_own = sent[p.party_id]
+        for m in rec.trained:
+            others = [q for q in sorted(sent) if q != p.party_id and m in sent[q][0]]
+            d = np.array([np.linalg.norm(sent[q][0][m].astype(np.float64) - own[m]) / np.linalg.norm(own[m].astype(
+                np.float64)) for q in others])
+            accepted = [q for q, k in zip(others, d <= np.median(d) + cfg.tolerance * np.std(d)) if k]
+            assert rec.accepted[m] == accepted
+            w = np.array([n_own] + [sent[q][1] for q in accepted])
+            stack = np.stack([own[m]] + [sent[q][0][m] for q in accepted]).astype(np.float64)
+            np.testing.assert_allclose(p.pool[m], (w[:, None] * stack).sum(0) / w.sum(), rtol=0, atol=1e-7)
+        assert np.all(np.isfinite(np.concatenate(list(p.pool.values()))))

@@ -145,7 +145,7 @@ def test_every_registered_algorithm_is_known_to_validation_and_documented():
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
     for name, spec in JOBS.items():
-        assert job_spec(name) is spec and spec.family in ("vertical", "horizontal")
+        assert job_spec(name) is spec and spec.family in ("vertical", "horizontal", "peer")
         assert f"`{name}`" in docs, f"docs/architecture.md does not list algorithm {name}"
     with pytest.raises(JobConfigError, match="choose one of"):
         job_spec("fedavg_typo")

@@ -1,0 +1,145 @@
+"""MultiConfederated learning as a job (``job.algorithm: multiconfederated``): no server role in config
+validation, and real peer processes over gRPC + mutual TLS reach the models of an in-process run."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mc_harness import cancer_shards  # noqa: E402
+
+from secureflhv import load_model  # noqa: E402
+from secureflhv.runtime.config import JobConfigError, parse_job  # noqa: E402
+from secureflhv.runtime.data_prep import local_split  # noqa: E402
+from secureflhv.runtime.jobs.horizontal_fl import load_client_data  # noqa: E402
+from secureflhv.runtime.jobs import multiconfederated as mcj  # noqa: E402
+from secureflhv.runtime.registry import job_params, job_spec  # noqa: E402
+from secureflhv.runtime.rendezvous import partners  # noqa: E402
+from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
+
+MODEL = {"name": "mlp", "n_features": 30, "n_classes": 2, "hidden": [8]}
+PARAMS = {"model": MODEL, "rounds": 2, "batch_size": 32, "lr": 0.05, "seed": 4, "test_fraction": 0.2,
+          "fork_margin": 0.05}
+PEERS = ["peer-a", "peer-b", "peer-c"]
+
+
+def write_data(tmp_path: Path, n: int = 3) -> list[Path]:
+    paths = []
+    (tmp_path / "data").mkdir(exist_ok=True)
+    for i, (X, y) in enumerate(cancer_shards(n, rows=80, seed=1)):
+        cols = {f"f{j}": X[:, j] for j in range(X.shape[1])}
+        lines = [",".join(["y", *cols])] + [",".join([str(int(y[r]))] + [repr(float(X[r, j])) for j in range(30)])
+                                            for r in range(len(y))]
+        path = tmp_path / "data" / f"peer{i}.csv"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths
+
+
+def job_dict(paths, *, server=False, tls=False, ports=None, params=PARAMS) -> dict:
+    ports = ports or list(range(50900, 50900 + len(paths) + 1))
+    parties = [{"id": "server", "role": "server", "address": f"127.0.0.1:{ports[-1]}"}] if server else []
+    for i, (pid, path) in enumerate(zip(PEERS, paths)):
+        parties.append({"id": pid, "role": "guest" if i == 0 else "host", "address": f"127.0.0.1:{ports[i]}",
+                        "data": {"path": str(path), "label_column": "y"}})
+    if tls:
+        for p in parties:
+            p.update(cert=f"certs/{p['id']}.pem", key=f"certs/{p['id']}.key")
+    return {"job": {"id": "mc-test", "algorithm": "multiconfederated", "output_dir": "out", "deadline_s": 60},
+            "security": {"ca": "certs/ca.pem"} if tls else {"insecure": True}, "parties": parties, "params": params}
+
+
+def test_a_server_is_refused_naming_the_field(tmp_path):
+    paths = write_data(tmp_path, 2)
+    with pytest.raises(JobConfigError, match=r"parties\[0\]\.role: multiconfederated is decentralised and has no "
+                                             r"server role; remove party 'server'"):
+        parse_job(job_dict(paths, server=True), tmp_path)
+    with pytest.raises(JobConfigError, match=r"parties: multiconfederated needs at least two peers"):
+        parse_job(job_dict(paths[:1]), tmp_path)
+    with pytest.raises(JobConfigError, match=r"params\.tolerance"):
+        parse_job(job_dict(paths, params={**PARAMS, "tolerance": -1.0}), tmp_path)
+    with pytest.raises(JobConfigError, match=r"params\.initial_models"):
+        parse_job(job_dict(paths, params={**PARAMS, "initial_models": 5, "max_models": 4}), tmp_path)
+    as_strategy = job_dict(paths, server=True)
+    as_strategy["job"]["algorithm"], as_strategy["params"] = "horizontal", {**PARAMS, "strategy": "multiconfederated"}
+    with pytest.raises(JobConfigError, match=r"params\.strategy: multiconfederated is decentralised .* "
+                                             r"job\.algorithm: multiconfederated"):
+        parse_job(as_strategy, tmp_path)
+    cfg = parse_job(job_dict(paths), tmp_path)
+    assert cfg.server is None and job_spec("multiconfederated").family == "peer"
+    assert partners(cfg, cfg.parties[0], "peer") == ["peer-b"]  # every peer meets every other
+
+
+def run_in_process(cfg) -> None:
+    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
+    errors = {}
+
+    def run(spec):
+        try:
+            mcj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
+        except BaseException as exc:  # noqa: BLE001
+            errors[spec.id] = exc
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not errors, errors
+
+
+def pools(out: Path) -> dict:
+    res = {}
+    for p in PEERS:
+        with np.load(out / p / "pool_models.npz", allow_pickle=False) as z:
+            res[p] = {k: z[k] for k in z.files}
+    return res
+
+
+@pytest.mark.slow
+def test_grpc_tls_peers_reach_the_models_of_an_in_process_run(tmp_path):
+    from secureflhv.runtime.demo import free_ports
+    from secureflhv.transport.certs import generate_certificates
+
+    paths = write_data(tmp_path)
+    generate_certificates(tmp_path / "certs", PEERS, overwrite=True)
+    job = job_dict(paths, tls=True, ports=free_ports(3))
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(path), "--timeout", "240"],
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "[server]" not in out and all(f"[{p}]" in out for p in PEERS)  # only the peers were started
+
+    job["job"]["output_dir"] = "out-inprocess"
+    run_in_process(parse_job(job, tmp_path))
+    grpc, local = pools(tmp_path / "out"), pools(tmp_path / "out-inprocess")
+    for p in PEERS:
+        assert sorted(grpc[p]) == sorted(local[p]), p
+        for k in grpc[p]:
+            assert grpc[p][k].dtype == np.float32
+            np.testing.assert_allclose(grpc[p][k], local[p][k], rtol=0, atol=1e-6, err_msg=f"{p} {k}")
+        m_grpc = json.loads((tmp_path / "out" / p / "metrics.json").read_text())
+        m_local = json.loads((tmp_path / "out-inprocess" / p / "metrics.json").read_text())
+        assert [r["trained"] for r in m_grpc["rounds"]] == [r["trained"] for r in m_local["rounds"]]
+        assert m_grpc["final"]["personal"] == m_local["final"]["personal"]
+        assert m_grpc["final"]["test_accuracy"] == pytest.approx(m_local["final"]["test_accuracy"], abs=1e-9)
+        assert m_grpc["wire"]["total"]["sent"] > 0  # the peers talked directly to each other
+        assert set(m_grpc["wire"]["peers"]) == set(PEERS) - {p}
+    # each peer's saved bundle (its personal model) scores its local test split as the job reported
+    cfg = parse_job(job, tmp_path)
+    params = job_params(cfg)
+    for spec in cfg.clients:
+        X, y = load_client_data(cfg, spec, params)
+        test = local_split(len(y), params.test_fraction, params.seed, spec.id).test
+        final = json.loads((tmp_path / "out" / spec.id / "metrics.json").read_text())["final"]
+        acc = float(np.mean(load_model(tmp_path / "out" / spec.id).predict(X[test]) == y[test]))
+        assert acc == pytest.approx(final["test_accuracy"], abs=1e-12) and final["test_n"] == len(test)
