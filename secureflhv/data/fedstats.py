@@ -122,11 +122,6 @@ class StatsSpec:
         return json.dumps({"names": list(self.names), "vocabularies": {k: list(v) for k, v in self.vocabularies.items()}},
                           sort_keys=True)
 
-    def with_columns_json(self, text: str) -> "StatsSpec":
-        """This spec's ranges/moments with the columns of ``text`` (:func:`parse_columns_json`)."""
-        names, vocab = parse_columns_json(text)
-        return StatsSpec(names, vocab, self.ranges, self.moments)
-
     # -------------------------------------------------------------------------------- layouts
     @property
     def dim_a(self) -> int:

@@ -94,21 +94,23 @@ class FederatedStatsServer(ProtocolRole):
     Args:
         transport: the server's transport.
         client_ids: the job's clients (at least 2).
-        spec: ranges and moments settings; its columns are replaced by the clients' agreed layout.
         aggregation: :func:`stats_aggregation_config` (its threshold: the job's).
+        ranges: public (lo, hi) per numeric column (as :class:`StatsSpec`), or None.
+        moments: run round B. The columns are the clients' agreed layout.
         first_round: aggregation round id of round A (see the module docstring).
         timeout_s: wait for each client's hello.
     """
 
     protocol = "federated preprocessing"
 
-    def __init__(self, transport: Transport, client_ids: Sequence[str], spec: StatsSpec,
-                 aggregation: AggregationConfig, *, first_round: int = 1, timeout_s: float = 600.0):
+    def __init__(self, transport: Transport, client_ids: Sequence[str], aggregation: AggregationConfig, *,
+                 ranges=None, moments: bool = True, first_round: int = 1, timeout_s: float = 600.0):
         super().__init__(transport)
         self.client_ids = sorted(client_ids)
         if len(self.client_ids) < 2:
             raise ValueError("client_ids: federated statistics need at least two clients")
-        self.spec, self.config, self.first_round, self.timeout_s = spec, aggregation, first_round, timeout_s
+        self.ranges, self.moments = ranges, moments
+        self.config, self.first_round, self.timeout_s = aggregation, first_round, timeout_s
         self.agg = make_server(transport, aggregation)
         self._active = list(self.client_ids)
 
@@ -137,7 +139,8 @@ class FederatedStatsServer(ProtocolRole):
                 f"({first[:200]}...): give every client the same data.schema (columns, categories)")
         self._active = sorted(layouts)
         try:
-            return self.spec.with_columns_json(first)
+            names, vocab = parse_columns_json(first)
+            return StatsSpec(names, vocab, self.ranges, self.moments)
         except StatsError as exc:
             raise FederatedStatsError(f"column layout: {exc}") from None
 

@@ -236,7 +236,7 @@ def run_fed_stats(net_cls):
         tables[c] = X
     cfg = stats_aggregation_config("plain_quantised", seed=1, stage_timeout_s=DEADLINE, input_timeout_s=DEADLINE)
     net = net_cls("fuzz-fpp", ["server", *tables], deadline=DEADLINE)
-    targets = {"server": lambda: FederatedStatsServer(net.transport("server"), list(tables), spec, cfg,
+    targets = {"server": lambda: FederatedStatsServer(net.transport("server"), list(tables), cfg,
                                                       timeout_s=DEADLINE).run().to_dict()}
     for c, X in tables.items():
         targets[c] = (lambda c=c, X=X: FederatedStatsClient(net.transport(c), "server", list(tables), spec,

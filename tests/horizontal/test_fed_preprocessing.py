@@ -45,7 +45,8 @@ def run(shards, spec, *, kind="secagg", specs=None, recording=False):
         except Exception as exc:  # noqa: BLE001
             errors[name] = exc
 
-    threads = [threading.Thread(target=go, args=("server", lambda: FederatedStatsServer(st, ids, spec, cfg).run()))]
+    threads = [threading.Thread(target=go, args=("server", lambda: FederatedStatsServer(
+        st, ids, cfg, ranges=spec.ranges, moments=spec.moments).run()))]
     for i, c in enumerate(ids):
         s = (specs or {}).get(c, spec)
         threads.append(threading.Thread(target=go, args=(c, lambda c=c, s=s, X=shards[i]: FederatedStatsClient(
