@@ -118,6 +118,11 @@ class LoadedModel:
         trees; regression trees give values (n,). Raises ModelBundleError for a vertical model."""
         model = self._built()
         X = self._features(X)
+        saved = (self.bundle.manifest.get("preprocessing") or {}).get("preprocessor")
+        if saved:  # the federated preprocessing the model was trained behind (raw rows in, NaN = missing)
+            from ..data.tabular import Preprocessor
+
+            X = Preprocessor.from_dict(saved).transform(X)
         if self.bundle.algorithm in TORCH:
             import torch
 

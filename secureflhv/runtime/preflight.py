@@ -246,8 +246,9 @@ def _data_columns(report: _Report, params, columns: list[str]) -> dict[str, tupl
 
 
 def _accepts_missing(params) -> bool:
-    """Whether the job takes empty numeric cells (NaN): its params class says so."""
-    return bool(getattr(type(params), "accepts_missing_values", False))
+    """Whether the job takes empty numeric cells (NaN): its params say so (a class constant, or a property
+    where it depends on the params, e.g. horizontal FL with federated preprocessing)."""
+    return bool(getattr(params, "accepts_missing_values", False))
 
 
 def _read_frame(path: Path):

@@ -92,6 +92,10 @@ INVENTORY: dict[str, Entry] = {
     "fl.exp_sum": E("fl_contrib", ("c0", "c1"), m.Bundle, "ContributionClient._exp_parser"),
     # MultiConfederated learning, peer to peer (horizontal/mc_peer.py)
     "mc.update": E("mc", ("p0", "p1", "p2"), m.Bundle, "MultiConfederatedPeer.parser"),
+    # federated preprocessing statistics (horizontal/preprocessing.py)
+    "fpp.hello": E("fed_stats", ("server",), m.Bundle, "parse_message(Bundle, _layout_check)"),
+    "fpp.ranges": E("fed_stats", ("client-0", "client-1"), m.Bundle, "_vector_parser(dim_a)"),
+    "fpp.stats": E("fed_stats", ("client-0", "client-1"), m.Bundle, "_vector_parser(dim_b)"),
     # secure aggregation (secagg/plain.py, bonawitz_server.py, bonawitz_client.py)
     "agg.plain": E("fl", ("server",), s.PlainInput, "PlainServer._validate"),
     "agg.advertise": E("secagg", ("server",), s.AdvertiseKeys, "advertise check"),
@@ -110,6 +114,9 @@ RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("horizontal/contribution.py", "factor_for", "TAG_LATENT_SUM"): ("fl.latent_sum",),
     ("horizontal/fl.py", "_collect_metrics", "TAG_METRICS"): ("fl.metrics",),
     ("horizontal/mc_peer.py", "run_round", "TAG_UPDATE"): ("mc.update",),
+    ("horizontal/preprocessing.py", "_hello", "TAG_HELLO"): ("fpp.hello",),
+    ("horizontal/preprocessing.py", "_run", "TAG_RANGES"): ("fpp.ranges",),
+    ("horizontal/preprocessing.py", "_run", "TAG_STATS"): ("fpp.stats",),
     ("horizontal/fl.py", "run", "TAG_EVAL"): ("fl.eval",),
     ("horizontal/fl.py", "run", "TAG_ROUND"): ("fl.round",),
     ("secagg/bonawitz_client.py", "_from_server", "TAG_SERVER"): ("agg.server",),

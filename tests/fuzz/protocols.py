@@ -232,7 +232,32 @@ def run_resume(net_cls):
     return fingerprint(results), errors, [net]
 
 
+def run_fed_stats(net_cls):
+    """Federated preprocessing statistics (horizontal/preprocessing.py), two clients, both rounds."""
+    from secureflhv.data.fedstats import StatsSpec
+    from secureflhv.horizontal.preprocessing import (FederatedStatsClient, FederatedStatsServer,
+                                                     stats_aggregation_config)
+
+    rng = np.random.default_rng(5)
+    spec = StatsSpec(("a", "b", "c"), {"c": ("x", "y")})
+    tables = {}
+    for c in ("client-0", "client-1"):
+        X = np.column_stack([rng.normal(3, 2, 8), rng.normal(-1, 5, 8), rng.integers(0, 2, 8)]).astype(float)
+        X[0, 1] = np.nan
+        tables[c] = X
+    cfg = stats_aggregation_config("plain_quantised", seed=1, stage_timeout_s=DEADLINE, input_timeout_s=DEADLINE)
+    net = net_cls("fuzz-fpp", ["server", *tables], deadline=DEADLINE)
+    targets = {"server": lambda: FederatedStatsServer(net.transport("server"), list(tables), cfg,
+                                                      timeout_s=DEADLINE).run().to_dict()}
+    for c, X in tables.items():
+        targets[c] = (lambda c=c, X=X: FederatedStatsClient(net.transport(c), "server", list(tables), spec,
+                                                            cfg).run(X).to_dict())
+    results, errors = sb_harness.run_threads(targets, timeout=30)
+    return fingerprint(results), errors, [net]
+
+
 PROTOCOLS = {
+    "fed_stats": run_fed_stats,
     "rendezvous": run_rendezvous,
     "resume": run_resume,
     "psi": run_psi,

@@ -22,6 +22,7 @@ from mutations import is_value_lie, mutate, mutation_plans
 from protocols import PROTOCOLS, same
 from secureflhv.crypto.paillier import CiphertextError
 from secureflhv.crypto.psi import LowOrderPointError
+from secureflhv.horizontal.preprocessing import FederatedStatsError
 from secureflhv.runtime.job_file import JobConfigError
 from secureflhv.secagg.result import AggregationError
 from secureflhv.transport.base import ProtocolError, TransportError
@@ -29,7 +30,7 @@ from secureflhv.tree.horizontal import HorizontalSecureBoostError
 from secureflhv.tree.vertical import SecureBoostError
 
 CLEAR_ERRORS = (TransportError, ProtocolError, AggregationError, SecureBoostError, HorizontalSecureBoostError,
-                CiphertextError, LowOrderPointError, JobConfigError)
+                CiphertextError, LowOrderPointError, JobConfigError, FederatedStatsError)
 EXAMPLES = 8
 FUZZ = dict(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

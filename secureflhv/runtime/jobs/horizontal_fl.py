@@ -27,6 +27,13 @@ Example ``params``::
       seed: 0
       aggregation: {kind: secagg, clip: 1.0, precision_bits: 16}
       test_fraction: 0.2
+      preprocessing: {standardize: true, missing_indicator: false}   # optional: federated preprocessing
+
+With ``params.preprocessing`` (:mod:`secureflhv.runtime.fed_prep`) the clients first compute global
+statistics of their training rows through the job's aggregation (the server learns only pooled counts
+and sums), build the same imputation / one-hot / standardisation and train on its output; tables may
+then have missing cells and categorical columns (declared in ``data.schema``), and
+``params.model.n_features`` is the width after one-hot encoding. The bundles record the preprocessor.
 
 Artifacts under ``<output_dir>/<party id>/``: at the server ``global_model.npz`` (named float32
 arrays, ``np.load(..., allow_pickle=False)``; IFCA: the most chosen cluster, and every cluster in
@@ -61,6 +68,7 @@ from ...horizontal.strategies import LocalTrainConfig
 from ...transport import Transport
 from ..artifacts import plot_curves, save_model, write_json
 from ..data_prep import load_party_table, local_split
+from .. import fed_prep
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..model_bundle import save_job_bundle
 from ..progress import emit_progress
@@ -116,6 +124,13 @@ class HorizontalJobParams(BaseModel):
     test_fraction: float = Field(default=0.2, ge=0, lt=1, description="local test split of each client")
     label_column: str = Field(default="y", description="label column when parties[i].data.label_column is unset")
     round_timeout_s: float | None = Field(default=None, gt=0, description="default: job.deadline_s")
+    preprocessing: fed_prep.FederatedPreprocessingParams | None = Field(
+        default=None, description="federated imputation / one-hot / standardisation before training")
+
+    @property
+    def accepts_missing_values(self) -> bool:
+        """Preflight: empty cells are fine when the federated preprocessing imputes them."""
+        return self.preprocessing is not None
 
 
 def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
@@ -178,7 +193,7 @@ def load_client_data(cfg: JobConfig, party: PartySpec, params: HorizontalJobPara
         raise JobConfigError(f"{where}: labels in {path} must be integer class ids 0..n_classes-1")
     else:
         y = y.astype(np.int64)
-    if table.n_features != params.model.n_features:
+    if params.preprocessing is None and table.n_features != params.model.n_features:
         raise JobConfigError(f"{where}: {path} has {table.n_features} feature columns, params.model.n_features is "
                              f"{params.model.n_features}")
     if params.model.task == "classification" and len(y) and (y.min() < 0 or y.max() >= params.model.n_classes):
@@ -202,13 +217,51 @@ def _record_json(rec: RoundRecord) -> dict:
     return _finite(dict(vars(rec)))
 
 
-def _save_bundle(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, arrays: dict, metrics: dict) -> None:
+def _save_bundle(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, arrays: dict, metrics: dict,
+                 prep: dict | None = None) -> None:
     """The global model as a bundle: ``model.safetensors`` (the torch ``state_dict``, float32) and the
-    architecture in the config (:func:`secureflhv.load_model` rebuilds and runs it)."""
+    architecture in the config (:func:`secureflhv.load_model` rebuilds and runs it); with federated
+    preprocessing its state (``prep``: input columns, preprocessor, pooled statistics)."""
     spec = params.model
     task = "regression" if spec.task == "regression" else ("binary" if spec.n_classes == 2 else "multiclass")
     save_job_bundle(cfg, party, files={"model.safetensors": arrays}, config=params.model_dump(mode="json"),
-                    metrics=metrics, extra={"n_features": spec.n_features}, task=task)
+                    metrics=metrics, extra={"n_features": spec.n_features}, task=task,
+                    feature_names=prep["input_features"] if prep else None, preprocessing=prep)
+
+
+def _check_width(params: HorizontalJobParams, pre, where: str) -> None:
+    if len(pre.output_names) != params.model.n_features:
+        raise JobConfigError(f"{where}: the federated preprocessing gives {len(pre.output_names)} features "
+                             f"{pre.output_names[:8]}{'...' if len(pre.output_names) > 8 else ''}; set "
+                             f"params.model.n_features to {len(pre.output_names)}")
+
+
+def _preprocess_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
+                       config: FLConfig) -> dict | None:
+    """The server's part of the federated preprocessing (before training); its bundle state or None."""
+    if params.preprocessing is None:
+        return None
+    stats = fed_prep.run_server(cfg, party, transport, config.aggregation, ranges=params.preprocessing.ranges)
+    pre = fed_prep.preprocessor_of(stats, params.preprocessing, "params.preprocessing")
+    _check_width(params, pre, "params.model.n_features")
+    return fed_prep.bundle_state(stats, pre)
+
+
+def _preprocess_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
+                       config: FLConfig, X: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, dict | None]:
+    """Federated preprocessing of this client's rows (statistics of its training rows); returns the
+    transformed float32 features and the bundle state, or ``X`` unchanged and None when it is off."""
+    if params.preprocessing is None:
+        return X, None
+    # the float64 table (X was cast to float32): the bundle scores raw float64 rows the same way
+    table = load_party_table(cfg, party, label_column=party.data.label_column or params.label_column,
+                             require_label=True, id_required=False)
+    X64 = np.asarray(table.X, dtype=np.float64)
+    stats = fed_prep.run_client(cfg, party, transport, config.aggregation, X64[train], table.feature_names,
+                                table.categories, ranges=params.preprocessing.ranges)
+    pre = fed_prep.preprocessor_of(stats, params.preprocessing, cfg.where(party, "data"))
+    _check_width(params, pre, "params.model.n_features")
+    return pre.transform(X64).astype(np.float32), fed_prep.bundle_state(stats, pre)
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams) -> dict:
@@ -243,6 +296,7 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
                       {"train loss": rec.train_loss, **({"test accuracy": rec.test_accuracy} if rec.test_n else {})})
 
     clients = [p.id for p in cfg.clients]
+    prep = _preprocess_server(cfg, party, transport, params, config)
     server = HorizontalServer(transport, clients, params.model, strategy, config, on_round=on_round)
     history = server.run()
     out_dir = cfg.output_dir(party.id)
@@ -278,7 +332,7 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
                metadata={"architecture": params.model.model_dump(mode="json"),
                          "params": params.model_dump(mode="json"), "clients": clients, "final_metrics": final,
                          **extra_meta})
-    _save_bundle(cfg, party, params, arrays, final)
+    _save_bundle(cfg, party, params, arrays, final, prep)
     log.info("%s: done: %d rounds, final %s; model %s; plot %s", party.id, len(history),
              (f"R² {r2[-1]:.4f}" if regression else f"accuracy {history[-1].test_accuracy:.4f}") if history else "-",
              npz, plot)
@@ -323,6 +377,7 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     X, y = load_client_data(cfg, party, params)
     split = local_split(len(y), params.test_fraction, params.seed, party.id)
     train, test = split.train, split.test
+    X, prep = _preprocess_client(cfg, party, transport, params, config, X, train)
     log.info("%s: %d rows (%d train, %d local test) x %d features from %s", party.id, len(y), len(train), len(test),
              X.shape[1], cfg.resolve(party.data.path))
     try:
@@ -334,7 +389,7 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     final = {}
     if client.global_vec is not None:  # the last global model the server sent: every client can score with it
         _save_bundle(cfg, party, params, named_arrays(build_model(params.model), client.global_vec),
-                     _finite(history[-1]) if history else {})
+                     _finite(history[-1]) if history else {}, prep)
         final = _final_metrics(cfg, party, params, client, X[test], y[test], test)
     write_json(cfg.output_dir(party.id) / "metrics.json",
                {"job_id": cfg.job.id, "party_id": party.id, "n_train": len(train), "n_test": len(test),
