@@ -170,6 +170,10 @@ def test_every_hostile_variant_fails_the_parser(shards):
             assert isinstance(exc, ProtocolError) or "Decode" in type(exc).__name__, (name, exc)
         else:
             pytest.fail(f"the parser accepted a hostile update ({name})")
+    huge = messages_pb2.Bundle.FromString(good)
+    huge.text["pad"] = "x" * peers[1].max_update_bytes
+    with pytest.raises(ProtocolError, match="at most"):
+        parse(huge.SerializeToString())
     too_many = messages_pb2.Bundle.FromString(good)
     too_many.text["models"] = "m0,m1,m0"
     with pytest.raises(ProtocolError, match="model ids"):
