@@ -13,7 +13,8 @@ Per round ``r`` (1-based; tag ``mc.update``, transport round ``r``), every peer:
    is used: protobuf, exactly these keys, sender field = the authenticated sender, 1..⌈√max_models⌉
    distinct model ids each known in the network or the sender's own fork of last round (id
    ``<sender>@<r−1>``, only while forks are allowed), float32 tensors of the model's shape with finite
-   values, n a whole number in [1, 2^40), loss finite and >= 0. A message that fails is rejected and
+   values, n a whole number in [1, 2^40), loss finite and >= 0, at most ⌈√max_models⌉·(4·dim + 256) + 4096
+   bytes (checked before decoding). A message that fails is rejected and
    logged by the transport (with its size and digest) and the peer keeps waiting for a valid one;
    the payload size is bounded by the transport (``job.max_message_mb``);
 5. for every model someone trained: aggregates its own trained copy (if it trained it) with the peers'
@@ -136,6 +137,8 @@ class MultiConfederatedPeer(ProtocolRole):
         self.announced: set[str] = set(self.pool)   # every id seen in a round's messages (same at every peer)
         self.popularity: dict[str, int] = {}        # model -> peers that trained it last round
         self.pending_fork: str | None = None        # this peer's fork, to train and announce next round
+        # an honest update: ≤ ⌈√max_models⌉ tensors of dim float32, ids and a few fields
+        self.max_update_bytes = max_selected(config.max_models) * (4 * self.dim + 256) + 4096
         self.trainer = FedAvg()                      # plain local SGD (Strategy.client_update)
         self.history: list[MCRound] = []
 
@@ -158,6 +161,9 @@ class MultiConfederatedPeer(ProtocolRole):
         limit = max_selected(self.config.max_models)
 
         def parse(payload: bytes) -> PeerUpdate:
+            if len(payload) > self.max_update_bytes:  # before decoding: the most an honest update can weigh
+                raise ProtocolError(f"mc.update of {len(payload)} bytes, at most {self.max_update_bytes} "
+                                    f"({limit} models of {self.dim} float32)")
             b = messages_pb2.Bundle.FromString(payload)
             if set(b.text) != {"sender", "models"} or set(b.scalars) != {"n", "loss"} or b.encrypted:
                 raise ProtocolError(f"mc.update: fields text {sorted(b.text)}, scalars {sorted(b.scalars)}, "

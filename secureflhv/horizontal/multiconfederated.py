@@ -24,6 +24,13 @@ This module holds the numerics, independent of the wire (float64 arithmetic, flo
 * **merge**: two pool models with divergence ≤ ``merge_tolerance`` become their mean under the more
   popular id; the other is retired (:func:`merge_pool`).
 
+Where this differs from the paper, and why: the paper's learners work asynchronously and record model
+versions in a DAG; here rounds are synchronous (every peer sends one update per round to every other),
+so the pool, the popularity counts and the fork ids are the same at every honest peer and a run is
+reproducible from its seed (a gRPC run equals an in-process run). Popularity is the number of peers that
+trained a model in the previous round; the fork criterion (local accuracy gap) and the merge criterion
+(divergence) are this implementation's concrete choices for the paper's fork / merge of groups.
+
 What each peer learns (as in the paper: **peers see each other's updates in the clear**, there is no
 secure aggregation here): every other peer's trained weights of the models it trains each round, its
 training sample count and mean training loss, and so which models (groups) it follows. Never a row of

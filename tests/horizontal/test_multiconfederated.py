@@ -2,6 +2,7 @@
 outlier peer excluded by it, hostile updates rejected, a dead peer named, forks and merges."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -170,6 +171,10 @@ def test_every_hostile_variant_fails_the_parser(shards):
             assert isinstance(exc, ProtocolError) or "Decode" in type(exc).__name__, (name, exc)
         else:
             pytest.fail(f"the parser accepted a hostile update ({name})")
+    huge = messages_pb2.Bundle.FromString(good)
+    huge.text["pad"] = "x" * peers[1].max_update_bytes
+    with pytest.raises(ProtocolError, match="at most"):
+        parse(huge.SerializeToString())
     too_many = messages_pb2.Bundle.FromString(good)
     too_many.text["models"] = "m0,m1,m0"
     with pytest.raises(ProtocolError, match="model ids"):
@@ -220,3 +225,9 @@ def test_peers_fork_when_the_aggregate_is_worse_and_forks_spread(shards):
             if int(r) < cfg.rounds:  # announced in the next round: every peer holds it (unless merged)
                 assert f in p.pool or any(f in pair for rec in p.history for pair in rec.merged), (p.party_id, f)
     assert all(np.all(np.isfinite(w)) for p in peers for w in p.pool.values())
+    # what forking buys: both groups' personal models fit their own labels; one shared pool cannot
+    single, errors, _ = run_peers(data, dataclasses.replace(cfg, fork_margin=1.0))
+    assert not errors and not any(rec.forked for p in single for rec in p.history)
+    forked_acc = [p.history[-1].test_accuracy for p in peers]
+    single_acc = [p.history[-1].test_accuracy for p in single]
+    assert min(forked_acc) >= 0.85 and min(single_acc) < 0.8, (forked_acc, single_acc)
