@@ -121,6 +121,7 @@ class RayExecutor(Executor):
         shards_per_worker: object-store shards per cluster CPU for row-aligned data.
         min_batch: batches below this size run inline in the party process (None: the local pool's
             break-even sizes).
+        task_cpus: CPUs Ray reserves per task (the parallelism is cluster CPUs / task_cpus).
         max_retries: Ray retries of a task whose worker or node died.
         task_timeout_s: a step that has not finished after this raises ComputeError.
         ship_code: upload this ``secureflhv`` package to the workers (``runtime_env.py_modules``);
@@ -132,7 +133,7 @@ class RayExecutor(Executor):
     name = "ray"
 
     def __init__(self, address: str | None = None, *, owner: str = "party", shards_per_worker: int = 2,
-                 min_batch: int | None = None, max_retries: int = 3, task_timeout_s: float = 3600.0,
+                 min_batch: int | None = None, task_cpus: float = 1.0, max_retries: int = 3, task_timeout_s: float = 3600.0,
                  ship_code: bool = True):
         try:
             import ray
@@ -148,14 +149,14 @@ class RayExecutor(Executor):
             if not ray.is_initialized():
                 ray.init(address=self.address, namespace="secureflhv", runtime_env=runtime_env,
                          log_to_driver=False, configure_logging=False, include_dashboard=False)
-            self._cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            self._cpus = max(1, int(ray.cluster_resources().get("CPU", 1) / task_cpus))
         except Exception as exc:  # noqa: BLE001 - any connection failure is reported the same way
             raise ComputeError(f"{owner}: cannot connect to the Ray cluster at {self.address!r}: {exc}") from None
-        opts = {"max_retries": self.max_retries, "retry_exceptions": False, "num_cpus": 1}
+        opts = {"max_retries": self.max_retries, "retry_exceptions": False, "num_cpus": task_cpus}
         self._task = ray.remote(**opts)(_call)
         self._shard_task = ray.remote(**opts)(_call_shard)
         self._shards: list = []  # [(obj, bounds, [ObjectRef per shard])], most recent last
-        log.info("%s: batch work on Ray cluster %s (%d CPUs, %d nodes)", owner, self.address or "(local)",
+        log.info("%s: batch work on Ray cluster %s (%d task slots, %d nodes)", owner, self.address or "(local)",
                  self._cpus, len([n for n in ray.nodes() if n.get("Alive")]))
 
     def workers(self) -> int:

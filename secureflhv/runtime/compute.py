@@ -64,7 +64,7 @@ def make_executor(spec: ComputeSpec, party_id: str, where: str = "compute") -> e
 
     try:
         return RayExecutor(address, owner=party_id, shards_per_worker=spec.shards_per_worker,
-                           min_batch=spec.min_batch, max_retries=spec.max_retries,
+                           min_batch=spec.min_batch, task_cpus=spec.task_cpus, max_retries=spec.max_retries,
                            task_timeout_s=spec.task_timeout_s, ship_code=spec.ship_code)
     except ComputeError as exc:
         raise JobConfigError(f"{where}: {exc}") from None
