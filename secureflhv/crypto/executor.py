@@ -14,7 +14,8 @@ see it. Two implementations:
 Executors only ever see this party's own values (its plaintexts, its keys, ciphertexts already
 decoded and checked by the transport); nothing of an executor is reachable by a peer.
 
-Long steps report progress (shards done / total, rate, ETA) on the ``secureflhv.compute`` logger.
+Long steps report progress (shards done / total, rate, ETA) on the ``secureflhv.compute`` logger and to
+the listeners the runtime adds (:func:`add_progress_listener`: the party's progress output).
 """
 from __future__ import annotations
 
@@ -43,6 +44,19 @@ def step_name(fn) -> str:
     return getattr(fn, "__name__", "batch").removeprefix("_").removeprefix("task_").removesuffix("_task")
 
 
+_listeners: list = []  # callables(owner, step, engine, done, total, rate, eta): the runtime's progress output
+
+
+def add_progress_listener(fn) -> None:
+    """Also send each progress line to ``fn(owner, step, engine, done, total, rate, eta_s)``."""
+    _listeners.append(fn)
+
+
+def remove_progress_listener(fn) -> None:
+    if fn in _listeners:
+        _listeners.remove(fn)
+
+
 class Progress:
     """Counts finished shards of one step; logs ``done/total``, rate and ETA once the step runs long."""
 
@@ -62,6 +76,8 @@ class Progress:
             eta = (self.total - self.done) / rate if rate > 0 else float("inf")
             log.info("%s: %s on %s: %d/%d shards done, %.2f shards/s, ETA %.0fs",
                      self.owner, self.step, self.engine, self.done, self.total, rate, eta)
+            for fn in list(_listeners):
+                fn(self.owner, self.step, self.engine, self.done, self.total, rate, eta)
 
 
 class Executor(ABC):

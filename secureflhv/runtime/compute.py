@@ -18,6 +18,7 @@ import socket
 from ..crypto import executor as ex
 from ..crypto.executor import ComputeError
 from .job_file import ComputeSpec, JobConfigError
+from .progress import emit_progress
 
 log = logging.getLogger("secureflhv.compute")
 
@@ -70,14 +71,24 @@ def make_executor(spec: ComputeSpec, party_id: str, where: str = "compute") -> e
         raise JobConfigError(f"{where}: {exc}") from None
 
 
+def _progress_event(owner, step, engine, done, total, rate, eta) -> None:
+    """A long step's progress as a ``@progress`` event (the launcher's bars, the job page)."""
+    emit_progress(f"compute: {step}", done, total, info=f"{engine}, {rate:.2f} shards/s, ETA {eta:.0f}s")
+
+
 @contextlib.contextmanager
 def party_executor(spec: ComputeSpec, party_id: str, where: str = "compute"):
-    """Install the party's executor for the block, then shut it down and restore the previous one."""
+    """Install the party's executor for the block, then shut it down and restore the previous one.
+
+    Long steps' progress goes to the party's log and, as ``@progress`` events, to its progress output.
+    """
     executor = make_executor(spec, party_id, where)
     executor.owner = party_id
+    ex.add_progress_listener(_progress_event)
     try:
         with ex.using(executor):
             yield executor
     finally:
+        ex.remove_progress_listener(_progress_event)
         if executor.name != "local":
             executor.shutdown()

@@ -119,11 +119,18 @@ def test_batch_crypto_runs_on_the_installed_executor():
 def test_progress_lines_report_done_total_rate_and_eta(monkeypatch, caplog):
     clock = iter([0.0, 6.0, 12.0, 30.0])
     monkeypatch.setattr(ex.time, "monotonic", lambda: next(clock))
+    events = []
+    listener = lambda *a: events.append(a)  # noqa: E731
     p = ex.Progress("host-1", "histograms", 4, "ray")
-    with caplog.at_level(logging.INFO, logger="secureflhv.compute"):
-        p.advance()      # t=6: first line
-        p.advance()      # t=12: within 10 s of the last: silent... unless 12-6 >= 10 (no)
-        p.advance(2)     # t=30: last one always logged
+    ex.add_progress_listener(listener)
+    try:
+        with caplog.at_level(logging.INFO, logger="secureflhv.compute"):
+            p.advance()      # t=6: first line
+            p.advance()      # t=12: within 10 s of the last line: silent
+            p.advance(2)     # t=30: the last one is always logged
+    finally:
+        ex.remove_progress_listener(listener)
+    assert [(e[3], e[4]) for e in events] == [(1, 4), (4, 4)] and events[0][:3] == ("host-1", "histograms", "ray")
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0] == "host-1: histograms on ray: 1/4 shards done, 0.17 shards/s, ETA 18s"
     assert lines[-1].startswith("host-1: histograms on ray: 4/4 shards done") and len(lines) == 2
