@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard protos/secureflhv/proto/*.proto)
 	$(PYTHON) -m venv $(VENV)
 	# the CPU wheel of torch first, so that nothing later pulls CUDA packages
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[ml,test]"
+	$(PY) -m pip install --quiet -e ".[ml,test,ray]"
 	touch $(STAMP)
 
 # Fashion-MNIST as IDX files from Debian (no download at run time); needs root or sudo.

@@ -54,7 +54,7 @@ import numpy as np
 from . import ou
 from . import paillier as pl
 from . import paillier_hist as ph
-from . import paillier_parallel as par
+from . import executor as _ex
 from .paillier import CiphertextError
 from .paillier_encoding import DEFAULT_PRECISION_BITS, encode_mantissas
 
@@ -360,14 +360,14 @@ def _dots_task(precision_bits: int, n: int, scheme: str, Xs: list, rows: list, e
 def _parallel_dots(precision_bits: int, Xs: list, vecs: list) -> list:
     """dot(X_i, vec_i) for every i, spread over the Paillier worker pool when it pays off."""
     work = sum(X.size for X in Xs)
-    parts = par.parallel_chunks(len(vecs), 8) if work >= 4000 else 1
+    parts = _ex.parallel_chunks(len(vecs), 8) if work >= 4000 else 1
     if parts <= 1:
         return [pl.dot(X, v, precision_bits=precision_bits) for X, v in zip(Xs, vecs)]
     pub, e = vecs[0].public_key, vecs[0].exponent
     bounds = [len(vecs) * i // parts for i in range(parts + 1)]
     chunks = [(Xs[bounds[i]:bounds[i + 1]], [list(v.ciphertexts) for v in vecs[bounds[i]:bounds[i + 1]]], e)
               for i in range(parts)]
-    res = par.run(_dots_task, (precision_bits, int(pub.n), getattr(pub, "scheme", "paillier")), chunks)
+    res = _ex.run(_dots_task, (precision_bits, int(pub.n), getattr(pub, "scheme", "paillier")), chunks)
     e_out = e - precision_bits
     return [pl.EncryptedArray(pub, np.asarray(c, dtype=object), e_out) for r in res for c in r]
 

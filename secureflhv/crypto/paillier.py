@@ -83,6 +83,7 @@ import numpy as np
 from gmpy2 import mpz
 
 from secureflhv.crypto import paillier_engine as _eng
+from secureflhv.crypto import executor as _ex
 from secureflhv.crypto import paillier_parallel as _par
 from secureflhv.crypto.paillier_encoding import (  # noqa: F401 - CiphertextError re-exported
     CiphertextError, DecryptedRangeError,
@@ -240,33 +241,33 @@ def _encrypt_ints(key, mantissas: list) -> list:
     """Encrypt signed int mantissas with the public key or (CRT) the private key; parallel if large."""
     priv = key if isinstance(key, PrivateKey) else None
     pub = priv.public_key if priv else key
-    parts = _par.parallel_chunks(len(mantissas), PAR_ENCRYPT_MIN)
+    parts = _ex.parallel_chunks(len(mantissas), PAR_ENCRYPT_MIN)
     if parts == 1:
         if priv:
             return _eng.private_engine(priv.p, priv.q).encrypt(mantissas)
         return _eng.public_engine(pub.n).encrypt(mantissas)
     chunks = [(c,) for c in _par.split(mantissas, parts)]
     if priv:
-        res = _par.run(_eng.task_encrypt_crt, (priv.p, priv.q), chunks)
+        res = _ex.run(_eng.task_encrypt_crt, (priv.p, priv.q), chunks)
     else:
-        res = _par.run(_eng.task_encrypt, (pub.n,), chunks)
+        res = _ex.run(_eng.task_encrypt, (pub.n,), chunks)
     return [c for r in res for c in r]
 
 
 def _decrypt_ints(priv: PrivateKey, cts: list) -> list:
-    parts = _par.parallel_chunks(len(cts), PAR_DECRYPT_MIN)
+    parts = _ex.parallel_chunks(len(cts), PAR_DECRYPT_MIN)
     if parts == 1:
         return _eng.private_engine(priv.p, priv.q).decrypt(cts)
-    res = _par.run(_eng.task_decrypt, (priv.p, priv.q), [(c,) for c in _par.split(cts, parts)])
+    res = _ex.run(_eng.task_decrypt, (priv.p, priv.q), [(c,) for c in _par.split(cts, parts)])
     return [m for r in res for m in r]
 
 
 def _powmod_list(pub: PublicKey, cts: list, exps: list) -> list:
-    parts = _par.parallel_chunks(len(cts), PAR_POWMOD_MIN)
+    parts = _ex.parallel_chunks(len(cts), PAR_POWMOD_MIN)
     if parts == 1:
         return _eng.powmod_elementwise(cts, exps, pub.nsquare)
     chunks = list(zip(_par.split(cts, parts), _par.split(exps, parts)))
-    res = _par.run(_eng.task_powmod, (int(pub.nsquare),), chunks)
+    res = _ex.run(_eng.task_powmod, (int(pub.nsquare),), chunks)
     return [c for r in res for c in r]
 
 
@@ -407,13 +408,13 @@ class EncryptedArray:
         n2 = self.public_key.nsquare
         a, b = np.broadcast_arrays(a, b)
         size = a.size
-        parts = _par.parallel_chunks(size, PAR_MULMOD_MIN)
+        parts = _ex.parallel_chunks(size, PAR_MULMOD_MIN)
         if parts == 1:
             # a list comprehension on flat lists: ~2x numpy's object-array (a * b) % n2
             out = _obj([x * y % n2 for x, y in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist())], a.shape)
         else:
             fa, fb = a.reshape(-1).tolist(), b.reshape(-1).tolist()
-            res = _par.run(_eng.task_mulmod, (int(n2),),
+            res = _ex.run(_eng.task_mulmod, (int(n2),),
                            list(zip(_par.split(fa, parts), _par.split(fb, parts))))
             out = _obj([c for r in res for c in r], a.shape)
         return self._like(np.asarray(out, dtype=object).reshape(a.shape), exponent=e, summands=summands)
@@ -616,14 +617,14 @@ def dot(X, enc: EncryptedArray, precision_bits: int = DEFAULT_DOT_PRECISION_BITS
     n2 = enc.public_key.nsquare
     cts = enc._c.tolist()
     rows, d = E.shape
-    parts = _par.parallel_chunks(rows * d, PAR_DOT_MIN)
+    parts = _ex.parallel_chunks(rows * d, PAR_DOT_MIN)
     if parts == 1 or rows < parts:
         res = _eng.signed_multiexp_columns(cts, E, n2)
     else:
         parts = min(parts, max(1, rows // 256)) if rows >= 512 else min(parts, rows)
         b = [rows * i // parts for i in range(parts + 1)]
         chunks = [(cts[b[i]:b[i + 1]], np.ascontiguousarray(E[b[i]:b[i + 1]])) for i in range(parts)]
-        partial = _par.run(_eng.task_dot, (int(n2),), chunks)
+        partial = _ex.run(_eng.task_dot, (int(n2),), chunks)
         res = [mpz(1)] * d
         for pr in partial:
             res = [a * b % n2 for a, b in zip(res, pr)]

@@ -10,7 +10,7 @@ Costs and tricks (measured in ``benchmarks/secureboost.py``):
 * integer-index bucketing: one pass over the node's rows per feature (or per PAIR of features on
   the joint bin, for nodes with more than 2 B^2 rows: ~half the multiplications), ``acc[bin] = acc[bin] * c % n2``
   (~4 us per row and feature at 2048-bit keys, the whole host cost); rows are cut into chunks for the
-  worker pool (:mod:`secureflhv.crypto.paillier_parallel`), each worker returns partial histograms that
+  executor (:mod:`secureflhv.crypto.executor`: local pool or Ray shards), each worker returns partial histograms that
   are multiplied together (no ciphertext is sent twice);
 * histogram subtraction (Ke et al. LightGBM 2017; SecureBoost+ sec. 4.2): only the child with fewer
   rows is built, its sibling is parent / child (one batched modular inversion, Montgomery's trick);
@@ -25,6 +25,7 @@ import gmpy2
 import numpy as np
 from gmpy2 import mpz
 
+from . import executor as _ex
 from . import paillier_parallel as _par
 from .paillier_engine import batch_invert
 
@@ -88,16 +89,23 @@ def _merge(a: list, b: list, n2) -> list:
 def build_node(cts_all: list, rows: np.ndarray, bins_all: np.ndarray, n_bins: list[int], n2) -> list[list]:
     """Histograms of the node whose rows (int64, ascending) index ``cts_all`` / ``bins_all``."""
     n2 = mpz(n2)
+    parts = _ex.parallel_chunks(len(rows) * bins_all.shape[1], PAR_MIN_WORK)
+    if parts > 1:  # an executor that keeps the rows as shards builds each shard's part where it lies
+        res = _ex.run_sharded(task_histograms, (int(n2),), (cts_all, bins_all), rows, (list(n_bins),))
+        if res is not None:
+            out = res[0]
+            for r in res[1:]:
+                out = _merge(out, r, n2)
+            return out
     cts = [cts_all[i] for i in rows.tolist()]
     b = bins_all[rows]
-    parts = _par.parallel_chunks(len(rows) * b.shape[1], PAR_MIN_WORK)
     if parts == 1:
         return histograms(cts, b, n_bins, n2)
-    parts = min(parts, _par.get_workers())  # one chunk per worker: partial results are multiplied
+    parts = min(parts, _ex.workers())  # one chunk per worker: partial results are multiplied
     bounds = [len(rows) * i // parts for i in range(parts + 1)]
     chunks = [(cts[bounds[i]:bounds[i + 1]], np.ascontiguousarray(b[bounds[i]:bounds[i + 1]]), list(n_bins))
               for i in range(parts) if bounds[i + 1] > bounds[i]]
-    res = _par.run(task_histograms, (int(n2),), chunks)
+    res = _ex.run(task_histograms, (int(n2),), chunks)
     out = res[0]
     for r in res[1:]:
         out = _merge(out, r, n2)
@@ -136,11 +144,11 @@ def compress(cts: list, per: int, shift_bits: int, n2) -> list:
     """Pack groups of ``per`` ciphertexts into one: C = prod_t c_t^(2^(t*shift_bits)) (Horner)."""
     n2 = mpz(n2)
     groups = [cts[i:i + per] for i in range(0, len(cts), per)]
-    parts = _par.parallel_chunks(len(cts), PAR_MIN_COMPRESS)
+    parts = _ex.parallel_chunks(len(cts), PAR_MIN_COMPRESS)
     if parts == 1:
         return _compress_groups(int(n2), shift_bits, groups)
     chunks = [(c,) for c in _par.split(groups, parts)]
-    return [x for r in _par.run(_compress_groups, (int(n2), shift_bits), chunks) for x in r]
+    return [x for r in _ex.run(_compress_groups, (int(n2), shift_bits), chunks) for x in r]
 
 
 def _compress_groups(n2: int, shift_bits: int, groups: list) -> list:

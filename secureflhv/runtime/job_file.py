@@ -30,6 +30,7 @@ Example (see ``examples/vertical_lr.py``, which writes one)::
         cert: certs/host-1.pem
         key: certs/host-1.key
         data: {path: data/host-1.csv, id_column: id}
+        compute: {engine: ray, address: "10.0.0.5:6379"}  # optional: this party's Ray cluster (default local)
     params: {mode: arbiter, epochs: 30, batch_size: 64, learning_rate: 0.15, l2: 0.001}
 """
 from __future__ import annotations
@@ -79,6 +80,41 @@ class DataSpec(_Strict):
         return v
 
 
+class ComputeSpec(_Strict):
+    """Where this party's batch crypto work runs (:mod:`secureflhv.runtime.compute`); the party's own business.
+
+    ``local`` (default): this machine's process pool. ``ray``: the organisation's Ray cluster at
+    ``address`` (``host:port`` of its head, or ``ray://host:10001``; default ``RAY_ADDRESS``).
+    ``auto``: Ray when an address is given (or ``RAY_ADDRESS`` is set) and reachable, else local.
+    """
+
+    engine: Literal["local", "ray", "auto"] = "local"
+    address: str | None = Field(default=None, description="Ray cluster: host:port or ray://host:port")
+    min_batch: int | None = Field(default=None, ge=1, description="batches below this size run in the party "
+                                                                  "process (default: the local pool's)")
+    shards_per_worker: int = Field(default=2, ge=1, le=64, description="object-store shards per cluster CPU")
+    task_cpus: float = Field(default=1.0, gt=0, le=64, description="CPUs Ray reserves per task")
+    max_retries: int = Field(default=3, ge=0, le=100, description="Ray retries of a task whose worker died")
+    task_timeout_s: float = Field(default=3600.0, gt=0, description="a step still running after this fails")
+    ship_code: bool = Field(default=True, description="upload this secureflhv package to the Ray workers")
+
+    @field_validator("address")
+    @classmethod
+    def _ray_address(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        host, sep, port = v.removeprefix("ray://").rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected host:port or ray://host:port with a port in 1..65535, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _address_needs_ray(self) -> "ComputeSpec":
+        if self.engine == "local" and self.address is not None:
+            raise ValueError("address: only used with engine ray or auto (engine is local)")
+        return self
+
+
 class PartySpec(_Strict):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     role: Literal["guest", "host", "server"]
@@ -88,6 +124,8 @@ class PartySpec(_Strict):
     cert: Path | None = None
     key: Path | None = None
     data: DataSpec | None = None
+    compute: ComputeSpec = Field(default_factory=ComputeSpec,
+                                 description="where this party's heavy work runs: local pool or its Ray cluster")
 
     @field_validator("address", "listen")
     @classmethod

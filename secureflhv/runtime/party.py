@@ -17,8 +17,10 @@ import threading
 import time
 from pathlib import Path
 
+from ..crypto.executor import ComputeError
 from ..transport import Transport, TransportError
 from .blame import NOTICE_ENV, Blame, Stopped, listen_for_notices, root_cause
+from .compute import party_executor
 from .config import JobConfig, JobConfigError, PartySpec, load_job_params
 from .preflight import require_preflight
 from .progress import emit_wire
@@ -134,14 +136,17 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: boo
             live = _live_wire(transport, stopping)
         log.info("%s (%s) of job %r listening on %s; peers: %s", party_id, spec.role, cfg.job.id, spec.address,
                  ", ".join(peers))
-        meet(transport, cfg, partners(cfg, spec, job.family))
-        status.set_state("running")
-        result = job.run(cfg, spec, transport, params)
+        # the executor (local pool or this party's Ray cluster) is connected before the partners are met
+        with party_executor(spec.compute, party_id, cfg.where(spec, "compute")):
+            meet(transport, cfg, partners(cfg, spec, job.family))
+            status.set_state("running")
+            result = job.run(cfg, spec, transport, params)
         stopping.set()
     except BaseException as exc:  # noqa: BLE001 - any failure must reach the peers, the log and the exit code
         stopping.set()
         # expected failures are one line (below); anything else is a bug whose traceback the user needs
-        expected = isinstance(exc, (TransportError, JobConfigError, Stopped, SystemExit, KeyboardInterrupt))
+        expected = isinstance(exc, (TransportError, JobConfigError, ComputeError, Stopped, SystemExit,
+                                         KeyboardInterrupt))
         log.log(logging.DEBUG if expected else logging.ERROR, "%s: failure details", party_id, exc_info=True)
         failure = blame.record(root_cause(exc, party_id, parties))
         code = EXIT_CONFIG if isinstance(exc, JobConfigError) else EXIT_FAILED

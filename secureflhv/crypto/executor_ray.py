@@ -1,0 +1,231 @@
+"""Batch crypto work on the party's own Ray cluster (optional dependency: ``pip install secureflhv[ray]``).
+
+:class:`RayExecutor` implements :class:`secureflhv.crypto.executor.Executor` with Ray tasks
+(https://docs.ray.io). The party process is a Ray driver: it connects to its organisation's cluster,
+splits its rows into shards held in the cluster's object store, and runs encryption, decryption,
+``X^T·[[d]]`` and per-shard encrypted histograms as tasks where the shards lie; only aggregated
+results (e.g. one histogram per shard, multiplied together here) come back to it.
+
+Trust. Ray is internal to one organisation: the cluster is reached only by this party's process,
+never by a peer, and nothing about it (address, nodes, shards) is sent to another party. Between the
+party and its workers, big integers travel as fixed-width big-endian byte matrices (numpy ``uint8``,
+see :func:`encode`), so ciphertexts that came from a peer are never pickled as Python objects; Ray
+itself serialises only our task functions and numpy arrays.
+
+Failures. Tasks are retried by Ray when a worker or node dies (``max_retries``); work that is still
+lost, or a step that outlasts ``task_timeout_s``, raises :class:`~secureflhv.crypto.executor.ComputeError`
+naming the party and the step, never a hang.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from gmpy2 import mpz
+
+from .executor import ComputeError, Executor, Progress, step_name
+
+log = logging.getLogger("secureflhv.compute")
+
+_SHARD_CACHE = 4  # row-aligned arrays kept sharded in the object store (features, this tree's ciphertexts)
+
+
+# ---------------------------------------------------------------------------------------- encoding
+class IntBlock:
+    """A list of Python/gmpy2 integers (None allowed) as numpy arrays: magnitudes (m, width) uint8, signs, presence."""
+
+    __slots__ = ("mag", "neg", "present")
+
+    def __init__(self, values: list):
+        present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        ints = [int(v) if v is not None else 0 for v in values]
+        width = max(1, (max((abs(v).bit_length() for v in ints), default=0) + 7) // 8)
+        self.neg = np.fromiter((v < 0 for v in ints), dtype=bool, count=len(ints))
+        self.mag = np.frombuffer(b"".join(abs(v).to_bytes(width, "big") for v in ints),
+                                 dtype=np.uint8).reshape(len(ints), width)
+        self.present = None if present.all() else present
+
+    def __getstate__(self):
+        return self.mag, self.neg, self.present
+
+    def __setstate__(self, state):
+        self.mag, self.neg, self.present = state
+
+    def __len__(self) -> int:
+        return len(self.mag)
+
+    def take(self, idx: np.ndarray) -> "IntBlock":
+        out = IntBlock.__new__(IntBlock)
+        out.mag, out.neg = self.mag[idx], self.neg[idx]
+        out.present = None if self.present is None else self.present[idx]
+        return out
+
+    def values(self) -> list:
+        raw, w = self.mag.tobytes(), self.mag.shape[1]
+        out = [mpz(int.from_bytes(raw[i * w:(i + 1) * w], "big")) for i in range(len(self.mag))]
+        for i in np.flatnonzero(self.neg).tolist():
+            out[i] = -out[i]
+        if self.present is not None:
+            for i in np.flatnonzero(~self.present).tolist():
+                out[i] = None
+        return out
+
+
+def _is_int_list(x) -> bool:
+    return isinstance(x, list) and len(x) > 0 and all(
+        v is None or isinstance(v, (int, type(mpz(0)))) for v in x) and any(v is not None for v in x)
+
+
+def encode(x):
+    """Integers lists -> IntBlock, recursively through lists/tuples; numpy arrays and scalars unchanged."""
+    if _is_int_list(x):
+        return IntBlock(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(encode(v) for v in x)
+    if isinstance(x, type(mpz(0))):
+        return int(x)
+    return x
+
+
+def decode(x):
+    """Inverse of :func:`encode` (integers come back as gmpy2 mpz)."""
+    if isinstance(x, IntBlock):
+        return x.values()
+    if isinstance(x, (list, tuple)):
+        return type(x)(decode(v) for v in x)
+    return x
+
+
+def _call(fn, common, args):
+    """What a Ray worker runs: decode our arrays, call the crypto task, encode the result."""
+    return encode(fn(*decode(common), *decode(args)))
+
+
+def _call_shard(fn, common, local_rows, extra, *shard_parts):
+    # shards are top-level arguments: Ray resolves them and schedules the task next to them
+    parts = [p.take(local_rows) if isinstance(p, IntBlock) else p[local_rows] for p in shard_parts]
+    return encode(fn(*decode(common), *decode(parts), *decode(extra)))
+
+
+# ---------------------------------------------------------------------------------------- executor
+class RayExecutor(Executor):
+    """Executor on a Ray cluster.
+
+    Args:
+        address: the cluster (``host:port`` of the head's GCS, ``ray://host:10001`` for Ray Client, or
+            None for ``RAY_ADDRESS``).
+        owner: the party id (named in progress lines and errors).
+        shards_per_worker: object-store shards per cluster CPU for row-aligned data.
+        min_batch: batches below this size run inline in the party process (None: the local pool's
+            break-even sizes).
+        task_cpus: CPUs Ray reserves per task (the parallelism is cluster CPUs / task_cpus).
+        max_retries: Ray retries of a task whose worker or node died.
+        task_timeout_s: a step that has not finished after this raises ComputeError.
+        ship_code: upload this ``secureflhv`` package to the workers (``runtime_env.py_modules``);
+            False when the cluster's image already has the same version installed.
+    Raises:
+        ComputeError: ``ray`` is not installed or the cluster cannot be reached.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, *, owner: str = "party", shards_per_worker: int = 2,
+                 min_batch: int | None = None, task_cpus: float = 1.0, max_retries: int = 3, task_timeout_s: float = 3600.0,
+                 ship_code: bool = True):
+        try:
+            import ray
+        except ImportError:
+            raise ComputeError(f"{owner}: compute.engine is ray but the 'ray' package is not installed "
+                               "(pip install 'secureflhv[ray]')") from None
+        self._ray, self.owner, self.address = ray, owner, address or os.environ.get("RAY_ADDRESS")
+        self.shards_per_worker, self.min_batch = max(1, int(shards_per_worker)), min_batch
+        self.max_retries, self.task_timeout_s = int(max_retries), float(task_timeout_s)
+        pkg = Path(__file__).resolve().parents[1]
+        runtime_env = {"py_modules": [str(pkg)]} if ship_code else None
+        try:
+            if not ray.is_initialized():
+                ray.init(address=self.address, namespace="secureflhv", runtime_env=runtime_env,
+                         log_to_driver=False, configure_logging=False, include_dashboard=False)
+            self._cpus = max(1, int(ray.cluster_resources().get("CPU", 1) / task_cpus))
+        except Exception as exc:  # noqa: BLE001 - any connection failure is reported the same way
+            raise ComputeError(f"{owner}: cannot connect to the Ray cluster at {self.address!r}: {exc}") from None
+        opts = {"max_retries": self.max_retries, "retry_exceptions": False, "num_cpus": task_cpus}
+        self._task = ray.remote(**opts)(_call)
+        self._shard_task = ray.remote(**opts)(_call_shard)
+        self._shards: list = []  # [(obj, bounds, [ObjectRef per shard])], most recent last
+        log.info("%s: batch work on Ray cluster %s (%d task slots, %d nodes)", owner, self.address or "(local)",
+                 self._cpus, len([n for n in ray.nodes() if n.get("Alive")]))
+
+    def workers(self) -> int:
+        return self._cpus
+
+    # -------------------------------------------------------------------------------------- running
+    def _gather(self, refs: list, step: str) -> list:
+        """Results of ``refs`` in order; progress logged; ComputeError naming party and step on loss."""
+        ray = self._ray
+        progress = Progress(self.owner, step, len(refs), self.name)
+        deadline = time.monotonic() + self.task_timeout_s
+        pending = list(refs)
+        try:
+            while pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    for r in pending:
+                        ray.cancel(r, force=True)
+                    raise ComputeError(f"{self.owner}: step {step!r} did not finish on the Ray cluster within "
+                                       f"{self.task_timeout_s:.0f}s ({progress.done}/{len(refs)} shards done)")
+                done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
+                if done:
+                    ray.get(done)  # raise a failed task's error now, not after the others
+                    progress.advance(len(done))
+            return [decode(r) for r in ray.get(refs)]
+        except ray.exceptions.RayTaskError as exc:  # fn itself raised: the same error as the local pool
+            cause = exc.as_instanceof_cause()
+            raise cause from None
+        except ray.exceptions.RayError as exc:
+            raise ComputeError(f"{self.owner}: step {step!r} failed on the Ray cluster "
+                               f"({type(exc).__name__} after {self.max_retries} retries): {exc}") from None
+
+    def run(self, fn, common: tuple, chunks: list) -> list:
+        common_ref = self._ray.put(encode(tuple(common)))
+        refs = [self._task.remote(fn, common_ref, encode(tuple(chunk))) for chunk in chunks]
+        return self._gather(refs, step_name(fn))
+
+    def _sharded(self, obj):
+        """Bounds and object-store refs of ``obj``'s row shards (put once, reused while ``obj`` lives here)."""
+        for i, (o, bounds, refs) in enumerate(self._shards):
+            if o is obj:
+                self._shards.append(self._shards.pop(i))
+                return bounds, refs
+        n = len(obj)
+        parts = max(1, min(n, self._cpus * self.shards_per_worker))
+        bounds = np.array([n * i // parts for i in range(parts + 1)], dtype=np.int64)
+        whole = IntBlock(obj) if isinstance(obj, list) else np.asarray(obj)
+        refs = [self._ray.put(whole.take(np.arange(bounds[i], bounds[i + 1])) if isinstance(whole, IntBlock)
+                              else np.ascontiguousarray(whole[bounds[i]:bounds[i + 1]])) for i in range(parts)]
+        self._shards.append((obj, bounds, refs))
+        del self._shards[:-_SHARD_CACHE]
+        return bounds, refs
+
+    def run_sharded(self, fn, common: tuple, data: tuple, rows, extra: tuple = ()) -> list | None:
+        rows = np.asarray(rows, dtype=np.int64)
+        layout = [self._sharded(d) for d in data]
+        bounds = layout[0][0]
+        if any(len(b) != len(bounds) or (b != bounds).any() for b, _ in layout):
+            return None  # not row-aligned: the caller chunks it itself
+        cut = np.searchsorted(rows, bounds)
+        common_ref, extra_enc = self._ray.put(encode(tuple(common))), encode(tuple(extra))
+        refs = []
+        for s in range(len(bounds) - 1):
+            if cut[s + 1] > cut[s]:
+                local = rows[cut[s]:cut[s + 1]] - bounds[s]
+                refs.append(self._shard_task.remote(fn, common_ref, local, extra_enc, *[r[s] for _, r in layout]))
+        return self._gather(refs, step_name(fn))
+
+    def shutdown(self) -> None:
+        self._shards.clear()
+        if self._ray.is_initialized():
+            self._ray.shutdown()
