@@ -199,6 +199,20 @@ def check_slots(strategy: Strategy, config: FLConfig) -> None:
                          f"aggregation slots of a round (fewer IFCA clusters?)")
 
 
+def _check_target_scale(party_id: str, y: np.ndarray, spec: ModelSpec) -> None:
+    """Warn (locally: nothing is sent) when this client's targets sit far from the head's
+    ``target_mean`` / ``target_std``: the network would then have to learn a large offset or scale, and its
+    updates may be clipped by the aggregation or diverge."""
+    if len(y) < 2:
+        return
+    mean, std = float(y.mean()), float(y.std())
+    if abs(mean - spec.target_mean) > 3 * spec.target_std or not 0.1 <= std / spec.target_std <= 10:
+        log.warning("%s: the local regression targets have mean %.4g and std %.4g, far from model.target_mean "
+                    "%.4g / model.target_std %.4g: set them near the target's location and scale (e.g. from the "
+                    "data dictionary) so training stays inside the aggregation clip", party_id, mean, std,
+                    spec.target_mean, spec.target_std)
+
+
 def _parallel(fn, items) -> list:
     items = list(items)
     if len(items) <= 1:
@@ -467,6 +481,8 @@ class HorizontalClient(ProtocolRole):
                                  f"(model.n_classes), found {y.min()}..{y.max()}")
         if len(y_train) == 0:
             raise ValueError(f"{self.party_id}: no training rows")
+        if spec.task == "regression":
+            _check_target_scale(self.party_id, np.asarray(y_train, np.float64), spec)
         ydt = np.float64 if spec.task == "regression" else np.int64
         self.X_train, self.y_train = np.asarray(X_train, np.float32), np.asarray(y_train, ydt)
         self.X_test, self.y_test = np.asarray(X_test, np.float32), np.asarray(y_test, ydt)

@@ -34,9 +34,14 @@ def classification_metrics(y: np.ndarray, p: np.ndarray) -> dict:
     return task_metrics(y, p, "binary" if p.ndim == 1 else "multiclass")
 
 
+def objective_task(objective: str) -> str:
+    """The metrics task of a tree ``objective``: ``regression``, ``binary`` or ``multiclass``."""
+    return objective if objective in ("regression", "binary") else "multiclass"
+
+
 def objective_metrics(y: np.ndarray, pred: np.ndarray, objective: str) -> dict:
     """Tree metrics for ``objective`` (``regression``, ``binary`` with ``pred`` = P(y=1), or multi-class)."""
-    return task_metrics(y, pred, objective if objective in ("regression", "binary") else "multiclass")
+    return task_metrics(y, pred, objective_task(objective))
 
 
 def regression_metrics(y: np.ndarray, pred: np.ndarray) -> dict:

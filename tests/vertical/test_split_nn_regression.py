@@ -59,9 +59,44 @@ def test_regression_steps_equal_centralised_torch(optimizer, n_hosts):
     assert pred.shape == (24,)
     np.testing.assert_allclose(pred, central.predict_proba(Xg, Xhs), rtol=1e-6)
     assert 50 < pred.mean() < 250  # in the target's units, not standardised
-    # the saved state carries the target's scale: a guest rebuilt from it predicts the same values
+    # the saved state carries the target's scale: roles rebuilt from it (a prediction job) predict the same values
     arrays = guest.state_arrays()
     np.testing.assert_allclose(arrays["target"], [y.mean(), y.std()])
+    if n_hosts == 1:
+        assert _predict_from_state(guest, hosts, Xg, Xhs, cfg) == pytest.approx(pred, rel=1e-9)
+
+
+def _predict_from_state(guest, hosts, Xg, Xhs, cfg):
+    import threading
+
+    from secureflhv.transport import InProcessNetwork
+    from secureflhv.vertical.split_nn import SplitNNGuest, SplitNNHost
+
+    ids = [h.party_id for h in hosts]
+    net = InProcessNetwork("snn-predict", ["guest"] + ids, deadline=60)
+    g2 = SplitNNGuest.from_state(net.transport("guest"), ids, Xg, None, cfg, guest.state_arrays())
+    assert g2.target == guest.target
+    h2 = [SplitNNHost.from_state(net.transport(h.party_id), "guest", ids, X, cfg, h.state_arrays())
+          for h, X in zip(hosts, Xhs)]
+    errors = []
+
+    def serve(h, X):
+        try:
+            h.start_prediction()
+            h.serve_predictions(X)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve, args=(h, X), daemon=True) for h, X in zip(h2, Xhs)]
+    for t in threads:
+        t.start()
+    g2.start_prediction()
+    out = g2.predict_proba(Xg)
+    g2.end_prediction()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return out
 
 
 @pytest.mark.slow
@@ -70,7 +105,7 @@ def test_regression_job_guest_and_host_processes_on_diabetes(tmp_path):
     from secureflhv.runtime.demo import write_vertical_nn_job
 
     params = {"task": "regression", "epochs": 4, "batch_size": 128, "host_bottom": [8, 4], "guest_bottom": [8],
-              "interactive_units": 4, "key_bits": 1024, "learning_rate": 0.05, "interactive_lr": 0.2,
+              "interactive_units": 4, "key_bits": 512, "learning_rate": 0.05, "interactive_lr": 0.2,
               "test_fraction": 0.25, "split_seed": 3, "seed": 1}
     job = write_vertical_nn_job(tmp_path, None, None, params, dataset=load_dataset("diabetes"), n_hosts=1,
                                 scheme="random", seed=2, deadline_s=120, insecure_test_keys=True)

@@ -30,7 +30,7 @@ from ..artifacts import save_model, write_json
 from ..data_prep import load_party_table, split_rows
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..model_bundle import save_job_bundle
-from ..reports import evaluate_split, objective_metrics
+from ..reports import evaluate_split, objective_metrics, objective_task, save_task_plots
 from .secureboost_vertical import SecureBoostJobParams, tree_params
 
 
@@ -84,9 +84,12 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
                                          X_val=split.validation(X), y_val=split.validation(y),
                                          aggregation=agg, send_ranges=params.feature_ranges is None)
     model = client.fit()
-    metrics, _ = evaluate_split(y, split, lambda rows: model.predict(X[rows]),
-                                lambda y_, p_: objective_metrics(y_, p_, algo.objective))
+    metrics, p_test = evaluate_split(y, split, lambda rows: model.predict(X[rows]),
+                                     lambda y_, p_: objective_metrics(y_, p_, algo.objective))
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics})
+    if p_test is not None:
+        save_task_plots(out_dir, y[split.test], p_test, objective_task(algo.objective),
+                        f"horizontal SecureBoost, job {cfg.job.id}, {party.id} local test rows")
     save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="client", algorithm=cfg.job.algorithm,
                model=model_to_dict(model), metadata={**meta, "metrics": metrics})
     _save_bundle(cfg, party, model, params, list(table.feature_names), metrics)
@@ -99,4 +102,5 @@ def _save_bundle(cfg: JobConfig, party: PartySpec, model, params, feature_names,
 
     save_job_bundle(cfg, party, files={"model.json": model_to_dict(model),
                                        "model.xgboost.json": json.dumps(to_xgboost_json(model))},
-                    feature_names=feature_names, config=params.model_dump(mode="json"), metrics=metrics)
+                    feature_names=feature_names, config=params.model_dump(mode="json"), metrics=metrics,
+                    task=objective_task(params.objective))

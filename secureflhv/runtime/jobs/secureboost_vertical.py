@@ -30,7 +30,7 @@ from ..artifacts import save_model, write_json
 from ..data_prep import ValidationSplitParams, prepare_vertical
 from ..job_file import JobConfig, PartySpec
 from ..model_bundle import save_job_bundle
-from ..reports import evaluate_split, objective_metrics
+from ..reports import evaluate_split, objective_metrics, objective_task, save_task_plots
 from ..resume import attach_checkpoints
 
 log = logging.getLogger("secureflhv.job")
@@ -107,8 +107,12 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
                                           "stopped_early": res.stopped_early, "val_losses": res.model.val_losses})
     save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="guest", algorithm=cfg.job.algorithm,
                model=model_to_dict(res.model), metadata={**data.meta, "metrics": metrics})
+    task = objective_task(algo.objective)
     save_job_bundle(cfg, party, files={"model.json": model_to_dict(res.model)}, feature_names=data.feature_names,
-                    config=algo.model_dump(mode="json"), metrics=metrics, public_key=guest.pub)
+                    config=algo.model_dump(mode="json"), metrics=metrics, public_key=guest.pub, task=task)
     _save_test_predictions(out_dir, data, pred)
+    if len(data.split.test):
+        rows = data.split.test
+        save_task_plots(out_dir, y[rows], pred[rows], task, f"SecureBoost, job {cfg.job.id}, test rows")
     log.info("%s: %d trees, metrics %s", party.id, len(res.model.trees), metrics.get("test", metrics["train"]))
     return metrics
