@@ -14,7 +14,9 @@ global trees, ``model.json``; ``model.xgboost.json`` is the same model for ``xgb
 vertical model is split across parties by design: ``predict`` raises :class:`ModelBundleError`
 pointing to the prediction job (``job.algorithm: predict``), which brings the parties together.
 
-``X``: a float array (n, n_features), or a pandas DataFrame (the model's feature columns are taken by
+``X``: a float array (n, n_features) of raw rows (NaN = missing, categorical columns as codes) when the
+bundle records a preprocessor (horizontal FL with ``params.preprocessing``: it is applied first), else of
+model inputs; or a pandas DataFrame (the model's feature columns are taken by
 name when the bundle records them, else all columns in order). Loading verifies the bundle
 (:func:`secureflhv.runtime.model_bundle.read_bundle`: format version, hashes; ``expect_party`` /
 ``expect_job`` when given).
