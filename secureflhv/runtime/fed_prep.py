@@ -109,7 +109,8 @@ def preprocessor_of(stats: FederatedStatistics, settings: FederatedPreprocessing
         raise JobConfigError(f"{where}: {exc}") from None
 
 
-def bundle_state(stats: FederatedStatistics, pre: Preprocessor | None) -> dict:
-    """The bundle's ``preprocessing``: input columns, the preprocessor, and the pooled statistics."""
-    return {"input_features": list(stats.spec.names), "preprocessor": None if pre is None else pre.to_dict(),
-            "federated_statistics": stats.to_dict()}
+def bundle_state(stats: FederatedStatistics, pre: Preprocessor | None, schema: dict | None = None) -> dict:
+    """The bundle's ``preprocessing``: input columns, the schema they are read with (category codes),
+    the preprocessor, and the pooled statistics."""
+    return {"input_features": list(stats.spec.names), "schema": schema,
+            "preprocessor": None if pre is None else pre.to_dict(), "federated_statistics": stats.to_dict()}

@@ -96,6 +96,25 @@ def test_fl_job_over_grpc_tls_with_federated_preprocessing(tmp_path, monkeypatch
     check_bundles_predict_as_in_job(tmp_path / "out", csvs, params)
     final = json.loads((tmp_path / "out" / "server" / "metrics.json").read_text())["final"]
     assert final["test_accuracy"] > 0.8     # standardised + one-hot: learnable in a few rounds
+    check_predict_job(tmp_path, csvs)
+
+
+def check_predict_job(tmp_path: Path, csvs: list[Path]) -> None:
+    """The prediction job (each client scores locally with its bundle) reads the raw table with the training
+    schema and applies the saved preprocessor: the same scores as load_model."""
+    from secureflhv.runtime.jobs import predict
+
+    import pandas as pd
+
+    pjob = predict.write_predict_job(tmp_path / "job.yaml", tmp_path / "predict" / "job.yaml",
+                                     data={f"client-{i}": p for i, p in enumerate(csvs, start=1)})
+    cfg = parse_job(yaml.safe_load(pjob.read_text()), pjob.parent)
+    for party in cfg.clients:
+        predict.run(cfg, party, None, job_params(cfg))
+        got = pd.read_csv(pjob.parent / "predictions" / party.id / "predictions.csv")
+        table = load_table(csvs[int(party.id[-1]) - 1], label_column="species", schema=SCHEMA)
+        want = secureflhv.load_model(tmp_path / "out" / party.id).predict_proba(table.X)
+        np.testing.assert_allclose(got[[f"p{k}" for k in range(3)]].to_numpy(), want, rtol=0, atol=1e-6)
 
 
 def test_secureboost_job_bins_on_the_federated_range_sketch(tmp_path):
