@@ -14,7 +14,7 @@ import yaml
 import secureflhv
 from secureflhv.data import load_table
 from secureflhv.data.loaders import PENGUIN_SCHEMA
-from secureflhv.runtime.config import JobConfigError, parse_job
+from secureflhv.runtime.config import parse_job
 from secureflhv.runtime.data_prep import local_split, split_rows
 from secureflhv.runtime.registry import job_params
 
