@@ -35,6 +35,7 @@ non-integers, negative counts) is rejected by the client's parser.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Sequence
 
 import numpy as np
@@ -123,10 +124,11 @@ class FederatedStatsServer(ProtocolRole):
 
     def _hello(self) -> StatsSpec:
         layouts = {}
+        deadline = time.monotonic() + self.timeout_s   # one wait for all: absent clients do not add up
         for c in self.client_ids:
             try:
-                layouts[c] = self.t.recv(c, TAG_HELLO, 0, timeout=self.timeout_s, parse=parse_message(
-                    messages_pb2.Bundle, _layout_check))
+                layouts[c] = self.t.recv(c, TAG_HELLO, 0, timeout=max(deadline - time.monotonic(), 0.01),
+                                         parse=parse_message(messages_pb2.Bundle, _layout_check))
             except TransportError as exc:
                 log.warning("%s: no layout from %s (%s): left out", self.party_id, c, exc)
         if not layouts:
@@ -147,8 +149,8 @@ class FederatedStatsServer(ProtocolRole):
     def _aggregate(self, round_id: int, dim: int, what: str):
         try:
             res = self.agg.aggregate(round_id, self._active, dim)
-        except (AggregationError, TransportError) as exc:
-            raise FederatedStatsError(f"aggregation of {what} failed: {exc}") from exc
+        except (AggregationError, TransportError, ValueError) as exc:   # ValueError: t too high for those left
+            raise FederatedStatsError(f"aggregation of {what} over {self._active} failed: {exc}") from exc
         if res.dropped:
             log.warning("%s: %s: clients %s dropped (%s)", self.party_id, what, res.dropped, res.dropped_at)
         if res.n_clipped:
@@ -242,14 +244,16 @@ class FederatedStatsClient(ProtocolRole):
                                        parse=_vector_parser(spec.dim_a, "fpp.ranges"))
         try:
             counts: Counts = decode_round_a(total_a, spec)
+            bits = moment_bits(counts.n_rows)
         except StatsError as exc:
             raise ProtocolError(f"fpp.ranges from the server: {exc}") from None
-        if self.party_id not in clients or len(vec_a) and counts.n_rows < vec_a[0]:
+        if self.party_id not in clients or not set(clients) <= set(self.client_ids) or len(clients) < 2 \
+                or counts.n_rows < vec_a[0]:
             raise FederatedStatsError(f"{self.party_id}: the server's round A ({counts.n_rows} rows, clients "
                                       f"{clients}) does not hold this client's rows")
         out = FederatedStatistics(spec, counts, participants=clients)
         if spec.moments:
-            out.bits = moment_bits(counts.n_rows)
+            out.bits = bits
             self.agg.submit(self.first_round + 1, clients, _encode(round_b_vector(X, spec, counts)), 1.0)
             total_b, _ = self.t.recv(self.server_id, TAG_STATS, self.first_round, timeout=self.timeout,
                                      parse=_vector_parser(spec.dim_b, "fpp.stats"))

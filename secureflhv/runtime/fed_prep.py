@@ -13,7 +13,13 @@ the server learns: only pooled counts and sums) and every party gets the same
   :func:`secureflhv.load_model` applies it to raw rows.
 * horizontal SecureBoost: round A only (counts and the log-magnitude range sketch); its global
   ranges replace the clients' revealed min/max as the trees' ``feature_ranges``, over which the
-  trees' own grid-count sketch (:mod:`secureflhv.tree.binning`) places the bin edges.
+  trees' own grid-count sketch (:mod:`secureflhv.tree.binning`) places the bin edges. The sketch is
+  thus two-level and mergeable by summation: log-magnitude bucket counts (ratio 2^(1/8)) give a range
+  [lo, hi] holding every training value, then counts over ``sketch_bins`` equal cells of width
+  w = (hi - lo) / sketch_bins. Error bound: each cut is the upper boundary of the cell holding the
+  pooled order statistic of its target rank ceil(k N / max_bin), so 0 < cut - quantile <= w (up to
+  float32 rounding of the grid; ``tests/tree/test_fed_sketch_bins.py``), where
+  w <= (max - min + (2^(1/8) - 1) (|min| + |max|) + 2^-23) / sketch_bins (the pooled min and max).
 
 Columns: the table's feature columns; categorical ones need declared categories (``data.schema``),
 identical at every client (the server checks and names a client that differs).
@@ -103,7 +109,8 @@ def preprocessor_of(stats: FederatedStatistics, settings: FederatedPreprocessing
         raise JobConfigError(f"{where}: {exc}") from None
 
 
-def bundle_state(stats: FederatedStatistics, pre: Preprocessor | None) -> dict:
-    """The bundle's ``preprocessing``: input columns, the preprocessor, and the pooled statistics."""
-    return {"input_features": list(stats.spec.names), "preprocessor": None if pre is None else pre.to_dict(),
-            "federated_statistics": stats.to_dict()}
+def bundle_state(stats: FederatedStatistics, pre: Preprocessor | None, schema: dict | None = None) -> dict:
+    """The bundle's ``preprocessing``: input columns, the schema they are read with (category codes),
+    the preprocessor, and the pooled statistics."""
+    return {"input_features": list(stats.spec.names), "schema": schema,
+            "preprocessor": None if pre is None else pre.to_dict(), "federated_statistics": stats.to_dict()}

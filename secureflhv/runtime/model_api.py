@@ -20,7 +20,9 @@ The task comes from the bundle (manifest ``task``, else the model's configuratio
 model's ``predict`` and ``predict_proba`` both return its predicted values (n,) float64 unchanged, in
 the target's units; a classifier's ``predict_proba`` returns probabilities and ``predict`` class ids.
 
-``X``: a float array (n, n_features), or a pandas DataFrame (the model's feature columns are taken by
+``X``: a float array (n, n_features) of raw rows (NaN = missing, categorical columns as codes) when the
+bundle records a preprocessor (horizontal FL with ``params.preprocessing``: it is applied first), else of
+model inputs; or a pandas DataFrame (the model's feature columns are taken by
 name when the bundle records them, else all columns in order). Loading verifies the bundle
 (:func:`secureflhv.runtime.model_bundle.read_bundle`: format version, hashes; ``expect_party`` /
 ``expect_job`` when given).

@@ -32,7 +32,7 @@ def spec_of(ds, **kw) -> StatsSpec:
     return StatsSpec(tuple(ds.feature_names), {k: tuple(v) for k, v in ds.categories.items()}, **kw)
 
 
-def run(shards, spec, *, kind="secagg", specs=None, recording=False):
+def run(shards, spec, *, kind="secagg", specs=None, recording=False, absent=()):
     ids = [f"client{i}" for i in range(len(shards))]
     net = InProcessNetwork("job-fpp", ["server", *ids], deadline=20, cert_dir=secagg_harness.CERT_DIR)
     cfg = stats_aggregation_config(kind, seed=3, stage_timeout_s=10, input_timeout_s=10)
@@ -46,8 +46,10 @@ def run(shards, spec, *, kind="secagg", specs=None, recording=False):
             errors[name] = exc
 
     threads = [threading.Thread(target=go, args=("server", lambda: FederatedStatsServer(
-        st, ids, cfg, ranges=spec.ranges, moments=spec.moments).run()))]
+        st, ids, cfg, ranges=spec.ranges, moments=spec.moments, timeout_s=4).run()))]
     for i, c in enumerate(ids):
+        if c in absent:
+            continue
         s = (specs or {}).get(c, spec)
         threads.append(threading.Thread(target=go, args=(c, lambda c=c, s=s, X=shards[i]: FederatedStatsClient(
             net.transport(c), "server", ids, s, cfg).run(X))))
@@ -170,6 +172,18 @@ def test_clients_with_different_vocabularies_are_named():
     out, errors, _ = run(shards, spec_of(ds), specs={"client2": odd})
     assert isinstance(errors.get("server"), FederatedStatsError)
     assert "client2" in str(errors["server"]) and "data.schema" in str(errors["server"])
+
+
+def test_an_absent_client_is_left_out_and_the_others_get_their_sums():
+    ds, shards = penguin_shards()
+    out, errors, _ = run(shards, spec_of(ds), absent=("client2",))
+    assert not errors, errors
+    res = out["server"]
+    assert res.participants == ["client0", "client1"] == out["client0"].participants
+    assert res.counts.n_rows == len(shards[0]) + len(shards[1])
+    mean, _ = res.mean_var()
+    pooled = np.nanmean(np.vstack(shards[:2])[:, 1])
+    assert abs(mean[0] - pooled) <= res.error_bounds()[0][0]
 
 
 def test_all_missing_column_is_a_clear_error():

@@ -1,7 +1,7 @@
 """Federated preprocessing in the horizontal jobs (runtime/fed_prep.py): Palmer Penguins with its missing
 cells and categorical columns left in, split over 3 clients; the bundles carry the global preprocessor
-and predict from raw rows exactly what the job measured. One run is real party processes over gRPC with
-mutual TLS; horizontal SecureBoost takes its ranges from the federated sketch (no client min/max)."""
+and predict from raw rows exactly what the job measured. The FL run is real party processes over gRPC with
+mutual TLS; horizontal SecureBoost (in-process) takes its ranges from the federated sketch (no client min/max)."""
 from __future__ import annotations
 
 import json
@@ -14,8 +14,8 @@ import yaml
 import secureflhv
 from secureflhv.data import load_table
 from secureflhv.data.loaders import PENGUIN_SCHEMA
-from secureflhv.runtime.config import JobConfigError, parse_job
-from secureflhv.runtime.data_prep import local_split
+from secureflhv.runtime.config import parse_job
+from secureflhv.runtime.data_prep import local_split, split_rows
 from secureflhv.runtime.registry import job_params
 
 from test_fl_job import job_dict, run_grpc_job, run_in_process
@@ -76,16 +76,6 @@ def check_bundles_predict_as_in_job(out: Path, csvs: list[Path], params: dict) -
         assert float(np.mean(pred == table.y[test])) == pytest.approx(in_job, abs=1e-12)
 
 
-def test_fl_job_in_process_with_federated_preprocessing(tmp_path):
-    csvs = penguin_csvs(tmp_path)
-    params = fl_params()
-    cfg = parse_job(with_schema(job_dict(csvs, params)), tmp_path)
-    run_in_process(cfg)
-    check_bundles_predict_as_in_job(tmp_path / "out", csvs, params)
-    final = json.loads((tmp_path / "out" / "server" / "metrics.json").read_text())["final"]
-    assert final["test_accuracy"] > 0.8     # standardised + one-hot: learnable in a few rounds
-
-
 def test_wrong_model_width_names_the_expected_width(tmp_path):
     csvs = penguin_csvs(tmp_path)
     cfg = parse_job(with_schema(job_dict(csvs, fl_params(model={"name": "mlp", "n_features": 6, "n_classes": 3}))),
@@ -104,4 +94,80 @@ def test_fl_job_over_grpc_tls_with_federated_preprocessing(tmp_path, monkeypatch
     monkeypatch.setattr(test_fl_job, "job_dict", lambda *a, **kw: with_schema(job_dict(*a, **kw)))
     job, out = run_grpc_job(tmp_path, params)
     check_bundles_predict_as_in_job(tmp_path / "out", csvs, params)
-    assert "federated statistics" in out
+    final = json.loads((tmp_path / "out" / "server" / "metrics.json").read_text())["final"]
+    assert final["test_accuracy"] > 0.8     # standardised + one-hot: learnable in a few rounds
+    check_predict_job(tmp_path, csvs)
+
+
+def check_predict_job(tmp_path: Path, csvs: list[Path]) -> None:
+    """The prediction job (each client scores locally with its bundle) reads the raw table with the training
+    schema and applies the saved preprocessor: the same scores as load_model."""
+    from secureflhv.runtime.jobs import predict
+
+    import pandas as pd
+
+    pjob = predict.write_predict_job(tmp_path / "job.yaml", tmp_path / "predict" / "job.yaml",
+                                     data={f"client-{i}": p for i, p in enumerate(csvs, start=1)})
+    cfg = parse_job(yaml.safe_load(pjob.read_text()), pjob.parent)
+    for party in cfg.clients:
+        predict.run(cfg, party, None, job_params(cfg))
+        got = pd.read_csv(pjob.parent / "predictions" / party.id / "predictions.csv")
+        table = load_table(csvs[int(party.id[-1]) - 1], label_column="species", schema=SCHEMA)
+        want = secureflhv.load_model(tmp_path / "out" / party.id).predict_proba(table.X)
+        np.testing.assert_allclose(got[[f"p{k}" for k in range(3)]].to_numpy(), want, rtol=0, atol=1e-6)
+
+
+def test_secureboost_job_bins_on_the_federated_range_sketch(tmp_path):
+    """No client sends its min/max (no hsb.ranges reaches the server); the trees' ranges are the range
+    sketch's, which contain every training value; the bundle predicts raw rows (NaN, codes) as in the job."""
+    import threading
+
+    from secureflhv.runtime.jobs import secureboost_horizontal as sbj
+    from secureflhv.transport.inprocess import InProcessNetwork, InProcessTransport
+
+    csvs = penguin_csvs(tmp_path)
+    params = {"n_trees": 3, "max_depth": 3, "max_bin": 16, "sketch_bins": 256, "test_fraction": 0.25,
+              "split_seed": 2, "objective": "multiclass", "n_classes": 3}
+    job = with_schema(job_dict(csvs, params))
+    job["job"]["algorithm"] = "secureboost_horizontal"
+    cfg = parse_job(job, tmp_path)
+    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
+    seen = []
+
+    class Recording(InProcessTransport):
+        def recv(self, sender, tag, round=0, timeout=None, parse=None):
+            seen.append(tag)
+            return super().recv(sender, tag, round, timeout, parse)
+
+    errors, results = {}, {}
+
+    def run(spec):
+        t = Recording(net, spec.id) if spec.role == "server" else net.transport(spec.id)
+        try:
+            results[spec.id] = sbj.run(cfg, spec, t, job_params(cfg))
+        except BaseException as exc:  # noqa: BLE001
+            errors[spec.id] = exc
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not errors, errors
+    assert "fpp.hello" in seen and "hsb.ranges" not in seen
+    out = tmp_path / "out"
+    server = secureflhv.load_model(out / "server")
+    stats = server.bundle.manifest["preprocessing"]["federated_statistics"]
+    assert stats["range_source"].startswith("log-magnitude")
+    for i, path in enumerate(csvs, start=1):
+        table = load_table(path, label_column="species", schema=SCHEMA)
+        model = secureflhv.load_model(out / f"client-{i}")
+        for j, name in enumerate(table.feature_names):
+            lo, hi = stats["ranges"][name]
+            assert lo <= np.nanmin(table.X[:, j]) and np.nanmax(table.X[:, j]) <= hi
+        pred = model.predict(table.X)
+        np.testing.assert_array_equal(pred, server.predict(table.X))
+        test = split_rows(table.n_rows, 0.25, 2).test
+        in_job = results[f"client-{i}"]["test"]["accuracy"]
+        assert float(np.mean(pred[test] == table.y[test])) == pytest.approx(in_job, abs=1e-12)
+    assert np.mean([results[f"client-{i}"]["test"]["accuracy"] for i in (1, 2, 3)]) > 0.8

@@ -244,7 +244,7 @@ def _preprocess_server(cfg: JobConfig, party: PartySpec, transport: Transport, p
     stats = fed_prep.run_server(cfg, party, transport, config.aggregation, ranges=params.preprocessing.ranges)
     pre = fed_prep.preprocessor_of(stats, params.preprocessing, "params.preprocessing")
     _check_width(params, pre, "params.model.n_features")
-    return fed_prep.bundle_state(stats, pre)
+    return fed_prep.bundle_state(stats, pre, cfg.clients[0].data.table_schema)   # clients agreed on the columns
 
 
 def _preprocess_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
@@ -261,7 +261,7 @@ def _preprocess_client(cfg: JobConfig, party: PartySpec, transport: Transport, p
                                 table.categories, ranges=params.preprocessing.ranges)
     pre = fed_prep.preprocessor_of(stats, params.preprocessing, cfg.where(party, "data"))
     _check_width(params, pre, "params.model.n_features")
-    return pre.transform(X64).astype(np.float32), fed_prep.bundle_state(stats, pre)
+    return pre.transform(X64).astype(np.float32), fed_prep.bundle_state(stats, pre, party.data.table_schema)
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams) -> dict:

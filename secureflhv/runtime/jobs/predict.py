@@ -286,12 +286,14 @@ def _local(cfg: JobConfig, party: PartySpec, transport: Transport, params: Predi
 
     spec = party.data
     names = list(bundle.feature_names) or spec.feature_columns
-    try:
+    state = bundle.manifest.get("preprocessing") or {}
+    try:   # with a federated preprocessor: raw columns, read with the training schema (category codes)
         table = load_table(cfg.resolve(spec.path), id_column=spec.id_column, label_column=spec.label_column,
-                           feature_columns=names)
+                           feature_columns=names, schema=spec.table_schema or state.get("schema"),
+                           predicting=bool(state.get("preprocessor")))
     except (OSError, ValueError) as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
-    want = bundle.extra.get("n_features")
+    want = len(names) if state.get("preprocessor") else bundle.extra.get("n_features")
     if want is not None and table.n_features != want:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {table.n_features} feature columns, the model takes "
                              f"{want} (set data.feature_columns)")

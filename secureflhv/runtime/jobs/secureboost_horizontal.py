@@ -7,7 +7,10 @@ writes ``metrics.json`` on its own test rows.
 
 ``params``: :class:`secureflhv.tree.params.SecureBoostParams` fields plus ``test_fraction``,
 ``split_seed``, ``validation_fraction``, ``aggregation`` ("secagg" | "plain_quantised" | "plain"),
-``feature_ranges`` (public [lo, hi] per feature; then clients do not reveal their min/max) and
+``feature_ranges`` (public [lo, hi] per feature), ``range_source`` ("federated", the default: without
+public ranges the global ranges come from the federated preprocessing's range sketch, one secure
+aggregation of counts per log-magnitude bucket, :mod:`secureflhv.runtime.fed_prep`, so no client
+reveals its min/max; "clients": each client sends its min/max to the server) and
 ``threshold`` (t: a count or a fraction of the clients; default ceil(2n/3); must be > n/2 and >= 2):
 the job goes on without clients that drop out while at least t remain (the launcher tolerates a
 failing client; the server rebuilds the boosting round the client was lost in, see
@@ -26,6 +29,7 @@ from ...tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoo
                                 tree_aggregation_config)
 from ...tree.model import model_to_dict
 from ...tree.xgb_export import save_xgboost_json, to_xgboost_json
+from .. import fed_prep
 from ..artifacts import save_model, write_json
 from ..data_prep import load_party_table, split_rows
 from ..job_file import JobConfig, JobConfigError, PartySpec
@@ -41,6 +45,9 @@ class HorizontalSecureBoostJobParams(SecureBoostJobParams):
 
     aggregation: Literal["secagg", "plain_quantised", "plain"] = "secagg"
     feature_ranges: list[tuple[float, float]] | None = None
+    range_source: Literal["federated", "clients"] = Field(
+        default="federated", description="without feature_ranges: the federated range sketch (the server learns "
+                                         "pooled bucket counts only) or each client's min/max (revealed)")
     threshold: int | float | None = Field(default=None, gt=0, description="clients that must remain (t): a count "
                                           "or a fraction of the clients; default ceil(2n/3); must be > n/2")
 
@@ -67,22 +74,31 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     out_dir = cfg.output_dir(party.id)
     client_ids = [c.id for c in cfg.clients]
     meta = {"params": params.model_dump(mode="json")}
+    federated = params.feature_ranges is None and params.range_source == "federated"
     if party.role == "server":
-        server = HorizontalSecureBoostServer(transport, client_ids, algo, aggregation=agg,
-                                             feature_ranges=params.feature_ranges)
+        ranges, prep = params.feature_ranges, None
+        if federated:   # aggregation round 0: before the trees' rounds (1, 2, ...)
+            stats = fed_prep.run_server(cfg, party, transport, agg, moments=False, first_round=0)
+            ranges, prep = _ranges_of(stats), fed_prep.bundle_state(stats, None)
+        server = HorizontalSecureBoostServer(transport, client_ids, algo, aggregation=agg, feature_ranges=ranges)
         model = server.fit()
         out_dir.mkdir(parents=True, exist_ok=True)
         save_xgboost_json(model, out_dir / "model.xgboost.json")
         save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm=cfg.job.algorithm,
                    model=model_to_dict(model), metadata={**meta, "tree_seconds": server.tree_seconds})
-        _save_bundle(cfg, party, model, params, None, {})
+        _save_bundle(cfg, party, model, params, None, {}, prep)
         return {}
     table = load_party_table(cfg, party, require_label=True)
     X, y = table.X.astype(np.float64), table.y
     split = split_rows(len(y), params.test_fraction, params.split_seed, params.validation_fraction)
+    prep = None
+    if federated:   # trees bin raw values and category codes: every column is numeric to the sketch
+        stats = fed_prep.run_client(cfg, party, transport, agg, X[split.train], table.feature_names, {},
+                                    moments=False, first_round=0)
+        prep = fed_prep.bundle_state(stats, None)
     client = HorizontalSecureBoostClient(transport, cfg.server.id, client_ids, X[split.train], y[split.train], algo,
                                          X_val=split.validation(X), y_val=split.validation(y),
-                                         aggregation=agg, send_ranges=params.feature_ranges is None)
+                                         aggregation=agg, send_ranges=params.feature_ranges is None and not federated)
     model = client.fit()
     metrics, p_test = evaluate_split(y, split, lambda rows: model.predict(X[rows]),
                                      lambda y_, p_: objective_metrics(y_, p_, algo.objective))
@@ -92,15 +108,24 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
                         f"horizontal SecureBoost, job {cfg.job.id}, {party.id} local test rows")
     save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="client", algorithm=cfg.job.algorithm,
                model=model_to_dict(model), metadata={**meta, "metrics": metrics})
-    _save_bundle(cfg, party, model, params, list(table.feature_names), metrics)
+    _save_bundle(cfg, party, model, params, list(table.feature_names), metrics, prep)
     return metrics
 
 
-def _save_bundle(cfg: JobConfig, party: PartySpec, model, params, feature_names, metrics: dict) -> None:
-    """The global model as a bundle: ``model.json`` (every split known) and ``model.xgboost.json``."""
+def _ranges_of(stats) -> list[tuple[float, float]]:
+    """The trees' (lo, hi) per feature from the range sketch (a column with no value anywhere: (0, 0))."""
+    c = stats.counts
+    return [(float(lo), float(hi)) if c.present[n] else (0.0, 0.0)
+            for n, lo, hi in zip(stats.spec.numeric, c.lo, c.hi)]
+
+
+def _save_bundle(cfg: JobConfig, party: PartySpec, model, params, feature_names, metrics: dict,
+                 prep: dict | None = None) -> None:
+    """The global model as a bundle: ``model.json`` (every split known) and ``model.xgboost.json``; with the
+    federated range sketch, its pooled statistics (``preprocessing.federated_statistics``)."""
     import json
 
     save_job_bundle(cfg, party, files={"model.json": model_to_dict(model),
                                        "model.xgboost.json": json.dumps(to_xgboost_json(model))},
                     feature_names=feature_names, config=params.model_dump(mode="json"), metrics=metrics,
-                    task=objective_task(params.objective))
+                    task=objective_task(params.objective), preprocessing=prep)
