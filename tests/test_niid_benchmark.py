@@ -24,10 +24,18 @@ def test_summarise_means_and_stds_over_seeds():
     assert nb._pm(s, "accuracy_std") == " ± 10.0" and nb._pm({"accuracy_std": 0.1, "seeds": [0]}, "accuracy_std") == ""
 
 
-def test_committed_json_renders_the_committed_table(tmp_path):
+def test_committed_json_renders_the_committed_tables(tmp_path):
     saved = json.loads((ROOT / "docs" / "niid_accuracy.json").read_text())
     nb.main(["--report-only", str(ROOT / "docs" / "niid_accuracy.json"), "--out-dir", str(tmp_path)])
-    table = (tmp_path / "niid_accuracy.md").read_text().split("![accuracy")[0]
+    rendered = (tmp_path / "niid_accuracy.md").read_text().split("![accuracy")[0]
     committed = (ROOT / "docs" / "niid_accuracy.md").read_text()
-    assert table in committed and "| partition |" in table
-    assert all(p in table for p in saved["results"])
+    assert rendered in committed and rendered.count("| partition |") >= 2 * len(saved["grids"])
+    for grid in saved["grids"].values():
+        assert grid["results"] and all(f"| {p} " in rendered for p in [*grid["results"], *grid["na"]])
+
+
+def test_settings_match_across_seeds_but_not_across_configs():
+    """One process per seed shares finished runs (settings equal but for the seeds); another config does not."""
+    a = {"rows": 1500, "rounds": 4, "seeds": [0]}
+    assert nb._same_settings(dict(a, seeds=[1, 2]), a)
+    assert not nb._same_settings(dict(a, rounds=5), a) and not nb._same_settings(None, a)

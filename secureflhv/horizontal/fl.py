@@ -525,6 +525,8 @@ class HorizontalClient(ProtocolRole):
         extras = {k[len("extra/"):]: float32_tensor(t, (self.dim,), k) for k, t in bundle.tensors.items()
                   if k.startswith("extra/")}
         rng = batch_rng(self.config.seed, round_id, self.party_id)
+        if self.strategy.trainer is not None:  # batched simulation: this round's batch has every participant
+            self.strategy.trainer.begin(round_id, len(participants))
         upd = self.strategy.client_update(self.model, global_vec, self.X_train, self.y_train, self.config.local,
                                           rng, extras)
         for part in self.strategy.parts:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .models import evaluate, get_flat, set_flat
-from .strategies import ClientUpdate, Strategy, local_sgd
+from .strategies import ClientUpdate, Strategy
 
 
 def cluster_part(j: int) -> str:
@@ -96,7 +96,7 @@ class IFCA(Strategy):
         models = self._models(extras)
         j = self.choice = self.choose(model, models, X, y)
         set_flat(model, models[j])
-        steps, loss = local_sgd(model, X, y, cfg, rng)
+        steps, loss = self.local_train(model, X, y, cfg, rng)
         delta = get_flat(model).astype(np.float64) - models[j].astype(np.float64)
         zeros = np.zeros_like(delta)
         parts = {p: (delta, 1.0) if i == j else (zeros, 0.0) for i, p in enumerate(self.parts)}

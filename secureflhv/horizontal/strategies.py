@@ -153,6 +153,30 @@ class Strategy(ABC):
     parts: tuple[str, ...] = ("model",)
     sample_weighted_parts: tuple[str, ...] = ("model",)
     n_models: int = 1
+    trainer = None  # a batched trainer's handle (:mod:`.batched`, simulations only); None = train here
+
+    def local_train(self, model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainConfig,
+                    rng: np.random.Generator, *, prox: tuple[float, np.ndarray] | None = None,
+                    correction: np.ndarray | None = None) -> tuple[int, float]:
+        """Local SGD of ``model`` in place (:func:`local_sgd`), or through :attr:`trainer` when set (same
+        maths, batched with the other clients of the process). ``prox`` = (mu, anchor (dim,)): FedProx's
+        ``(mu/2)||w − anchor||²``; ``correction`` (dim,): SCAFFOLD's ``w ← w − lr·correction`` per step."""
+        if self.trainer is not None:
+            return self.trainer.train(model, X, y, cfg, rng, prox=prox, correction=correction)
+        extra_loss = after_step = None
+        if prox is not None:
+            mu, anchors = prox[0], [t.detach() for t in _split_like(model, prox[1])]
+
+            def extra_loss(m: nn.Module) -> torch.Tensor:
+                return (mu / 2) * sum(torch.sum((p - a) ** 2) for p, a in zip(m.parameters(), anchors))
+        if correction is not None:
+            corr, lr = [t.detach() for t in _split_like(model, correction)], cfg.lr
+
+            def after_step(m: nn.Module) -> None:  # w_i <- w_i - lr (c - c_i), after every optimizer step
+                with torch.no_grad():
+                    for p, d in zip(m.parameters(), corr):
+                        p.sub_(lr * d)
+        return local_sgd(model, X, y, cfg, rng, extra_loss=extra_loss, after_step=after_step)
 
     # ---------------------------------------------------------------- shared
     def part_dims(self, dim: int) -> dict[str, int]:
@@ -186,11 +210,12 @@ class Strategy(ABC):
                       extras: dict[str, np.ndarray] | None = None) -> ClientUpdate:
         """Load ``global_vec`` into ``model``, train on (X, y), return the parts to aggregate."""
         set_flat(model, global_vec)
-        steps, loss = local_sgd(model, X, y, cfg, rng, extra_loss=self._extra_loss(model, global_vec))
+        steps, loss = self.local_train(model, X, y, cfg, rng, prox=self._prox(global_vec))
         delta = get_flat(model).astype(np.float64) - np.asarray(global_vec, dtype=np.float32).astype(np.float64)
         return ClientUpdate({"model": (delta, float(len(y)))}, len(y), steps, loss)
 
-    def _extra_loss(self, model: nn.Module, global_vec: np.ndarray):
+    def _prox(self, global_vec: np.ndarray) -> tuple[float, np.ndarray] | None:
+        """(mu, anchor) of a proximal term in the local loss (FedProx); None = none."""
         return None
 
     def eval_vector(self, model: nn.Module, global_vec: np.ndarray, extras: dict[str, np.ndarray], X: np.ndarray,
@@ -219,14 +244,8 @@ class FedProx(Strategy):
     def hyperparameters(self) -> dict:
         return {"mu": self.mu}
 
-    def _extra_loss(self, model, global_vec):
-        anchors = [t.detach() for t in _split_like(model, global_vec)]
-        mu = self.mu
-
-        def prox(m: nn.Module) -> torch.Tensor:
-            return (mu / 2) * sum(torch.sum((p - a) ** 2) for p, a in zip(m.parameters(), anchors))
-
-        return prox
+    def _prox(self, global_vec):
+        return self.mu, global_vec
 
 
 class Scaffold(Strategy):
@@ -261,15 +280,9 @@ class Scaffold(Strategy):
         if self.c_local is None:
             self.c_local = np.zeros_like(c)
         set_flat(model, global_vec)
-        corr = [t.detach() for t in _split_like(model, c.astype(np.float64) - self.c_local.astype(np.float64))]
+        steps, loss = self.local_train(model, X, y, cfg, rng,
+                                       correction=c.astype(np.float64) - self.c_local.astype(np.float64))
         lr = cfg.lr
-
-        def correct(m: nn.Module) -> None:  # w_i <- w_i - lr (c - c_i), after every optimizer step
-            with torch.no_grad():
-                for p, d in zip(m.parameters(), corr):
-                    p.sub_(lr * d)
-
-        steps, loss = local_sgd(model, X, y, cfg, rng, after_step=correct)
         w_i = get_flat(model).astype(np.float64)
         w = np.asarray(global_vec, dtype=np.float32).astype(np.float64)
         c_new = self.c_local.astype(np.float64) - c + (w - w_i) / (steps * lr)
@@ -303,7 +316,7 @@ class FedNova(Strategy):
 
     def client_update(self, model, global_vec, X, y, cfg, rng, extras=None):
         set_flat(model, global_vec)
-        steps, loss = local_sgd(model, X, y, cfg, rng)
+        steps, loss = self.local_train(model, X, y, cfg, rng)
         a = fednova_a(steps, cfg.momentum)
         w = np.asarray(global_vec, dtype=np.float32).astype(np.float64)
         d = (w - get_flat(model).astype(np.float64)) / a
