@@ -82,13 +82,13 @@ def save_guest_reports(out_dir: Path, cfg: JobConfig, data: PartyData, metrics: 
     ``task``: ``binary`` / ``multiclass`` / ``regression``; None: binary for (m,) scores, multi-class
     for (m, C).
     """
-    write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics, "history": history,
-                                          "psi_common_ids": len(data.ids), **extra})
+    task = task or (task_of(p_test) if p_test is not None else None)
+    write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "task": task, "metrics": metrics,
+                                          "history": history, "psi_common_ids": len(data.ids), **extra})
     if p_test is not None and len(data.test):
         import pandas as pd
 
         cols = {"id": data.ids[data.test], "label": data.y[data.test]}
-        task = task or task_of(p_test)
         if p_test.ndim == 1:
             cols["value" if task == "regression" else "probability"] = p_test
         else:

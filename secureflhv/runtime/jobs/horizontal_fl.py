@@ -193,7 +193,7 @@ def load_client_data(cfg: JobConfig, party: PartySpec, params: HorizontalJobPara
         raise JobConfigError(f"{where}: labels in {path} must be integer class ids 0..n_classes-1")
     else:
         y = y.astype(np.int64)
-    if params.preprocessing is None and table.n_features != params.model.n_features:
+    if getattr(params, "preprocessing", None) is None and table.n_features != params.model.n_features:
         raise JobConfigError(f"{where}: {path} has {table.n_features} feature columns, params.model.n_features is "
                              f"{params.model.n_features}")
     if params.model.task == "classification" and len(y) and (y.min() < 0 or y.max() >= params.model.n_classes):
