@@ -233,7 +233,7 @@ def test_killed_client_is_a_dropout_the_job_survives(tmp_path):
     npz, _ = shards(tmp_path, 4)
     ids = ["server"] + [f"client-{i}" for i in range(1, 5)]
     generate_certificates(tmp_path / "certs", ids, overwrite=True)
-    params = {**PARAMS, "rounds": 3, "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 8,
+    params = {**PARAMS, "rounds": 3, "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 20,
                                                        "input_timeout_s": 20}}
     job = job_dict(npz, params, tls=True, ports=free_ports(5), certs="certs")
     job["job"]["deadline_s"] = 20  # how long the server keeps trying to reach the dead client
