@@ -66,6 +66,10 @@ Two-party mode, one batch ([[.]] under the guest's key)::
 A stronger two-party variant (Yang et al. 2019, both parties hold keys, u_h never in the clear) is not
 implemented.
 
+Prediction (:mod:`secureflhv.vertical.prediction`): two-party mode, each host sends the guest u_h of
+the rows asked for in plaintext; arbiter mode, u_h only encrypted under the arbiter's key, and the
+arbiter decrypts the guest's masked total (:mod:`secureflhv.vertical.lr_scores`).
+
 Messages are protobuf (``messages.proto`` Bundle/EncryptedTensor/Control/Scalars/MaskedValues/
 RowsRequest). Every received payload is checked by the ``parse`` callback of
 :meth:`~secureflhv.transport.Transport.recv` (shape, key fingerprint, range), so a wrong-shape,
@@ -102,6 +106,7 @@ from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..data.dataset import check_matrix
 from .common import VerticalRole, control_parser
+from .lr_scores import ScoreArbiter, ScoreGuest, ScoreHost
 from .prediction import PredictionGuest, PredictionHost
 
 log = logging.getLogger("secureflhv.vertical.lr")
@@ -361,7 +366,7 @@ class _BestWeights:
 
 
 # --------------------------------------------------------------------------- guest
-class VerticalLRGuest(PredictionGuest, _Role):
+class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
     """The label holder (active party); drives training, decides early stopping, predicts.
 
     Args:
@@ -383,7 +388,8 @@ class VerticalLRGuest(PredictionGuest, _Role):
         two-party mode: additionally each host's partial score u_h = X_h w_h for every row of every
         batch and each host's ||w_h||^2 (through the loss); it decrypts the hosts' masked gradients but
         the masks are uniform in Z_n, so it learns nothing about them.
-        prediction: each host's partial score u_h for every row it asks about.
+        prediction, two-party mode: each host's partial score u_h of every row it asks about; arbiter
+        mode: only each row's total score (:mod:`secureflhv.vertical.lr_scores`).
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, config, arbiter_id: str | None = None,
@@ -416,13 +422,16 @@ class VerticalLRGuest(PredictionGuest, _Role):
 
     @classmethod
     def from_model(cls, transport: Transport, host_ids: Sequence[str], weights, intercept: float | None,
-                   config) -> "VerticalLRGuest":
+                   config, arbiter_id: str | None = None) -> "VerticalLRGuest":
         """A guest that only predicts (:meth:`predict_proba`), with saved ``weights`` (d_g,) float64 and
-        ``intercept`` (None without one). Prediction needs no key and no arbiter, whatever ``config.mode``."""
+        ``intercept`` (None without one). With ``arbiter_id`` the hosts' scores arrive encrypted and the
+        arbiter (in :meth:`VerticalLRArbiter.serve_predictions`) decrypts the masked totals; without one
+        they arrive in plaintext and no key is needed."""
         cfg = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
         w = np.asarray(weights, dtype=np.float64).ravel()
+        mode = "two_party" if arbiter_id is None else "arbiter"
         guest = cls(transport, host_ids, np.zeros((1, len(w))), np.zeros(1),
-                    cfg.model_copy(update={"mode": "two_party", "fit_intercept": intercept is not None}))
+                    cfg.model_copy(update={"mode": mode, "fit_intercept": intercept is not None}), arbiter_id)
         guest.weights, guest.intercept = w.copy(), None if intercept is None else float(intercept)
         return guest
 
@@ -604,14 +613,24 @@ class VerticalLRGuest(PredictionGuest, _Role):
             X: guest features (m, d_g) of the prediction set, rows aligned with every host's set.
             rows: optional row indices into that set (default: all m rows).
         Returns: float64 (len(rows),) probabilities. The hosts must be in
-            :meth:`VerticalLRHost.serve_predictions`. Raises PeerTimeout if a host does not answer.
+            :meth:`VerticalLRHost.serve_predictions` (arbiter mode: the arbiter too, and the scores are
+            exact to the fixed-point encoding, :mod:`~secureflhv.vertical.lr_scores`). Raises PeerTimeout
+            if a peer does not answer.
         """
         return self._guarded(self._predict, X, rows)
+
+    def end_prediction(self) -> None:
+        """Tell the hosts (and in arbiter mode the arbiter) that prediction is over."""
+        super().end_prediction()
+        if self.arbiter_id is not None:
+            self.end_score_service(self._pred_round)
 
     def _predict(self, X, rows):
         X, sel = self._prediction_rows(X, self.weights.shape[0], rows)
         rnd = self._request_rows(X.shape[0], [] if rows is None else sel.tolist())
         score = X[sel] @ self.weights + (self.intercept or 0.0)
+        if self.arbiter_id is not None:  # hosts' parts only encrypted, the total decrypted under our mask
+            return 1.0 / (1.0 + np.exp(-self._encrypted_total(score, rnd)))
         for h in self.host_ids:
             score = score + self.t.recv(h, TAG_PRED, round=rnd, parse=parse_message(
                 messages_pb2.Tensor, lambda msg, h=h: tensor_from_proto(msg, shape=(len(sel),), what=f"{TAG_PRED} from {h}")))
@@ -619,7 +638,7 @@ class VerticalLRGuest(PredictionGuest, _Role):
 
 
 # --------------------------------------------------------------------------- host
-class VerticalLRHost(PredictionHost, _Role):
+class VerticalLRHost(PredictionHost, ScoreHost, _Role):
     """A feature holder without labels (passive party).
 
     Args:
@@ -633,7 +652,8 @@ class VerticalLRHost(PredictionHost, _Role):
     batch plan and the epoch at which the guest stops. Everything else it receives is a ciphertext
     under a key it does not hold ([[d]], and with several hosts the encrypted sum of earlier hosts'
     scores), so it learns nothing about labels, the guest's features or other hosts.
-    In two-party mode it reveals to the guest its partial scores u_h per batch row and ||w_h||^2.
+    In two-party mode it reveals to the guest its partial scores u_h per batch row and ||w_h||^2, and
+    per prediction row; in arbiter mode prediction sends u_h encrypted (:mod:`~secureflhv.vertical.lr_scores`).
     """
 
     def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], X, config,
@@ -654,12 +674,14 @@ class VerticalLRHost(PredictionHost, _Role):
 
     @classmethod
     def from_model(cls, transport: Transport, guest_id: str, host_ids: Sequence[str], weights,
-                   config) -> "VerticalLRHost":
+                   config, arbiter_id: str | None = None) -> "VerticalLRHost":
         """A host that only answers prediction requests (:meth:`serve_predictions`) with saved ``weights``
-        (d_h,) float64; no key and no arbiter are needed."""
+        (d_h,) float64: encrypted under the key of ``arbiter_id`` when given, else in plaintext."""
         cfg = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
         w = np.asarray(weights, dtype=np.float64).ravel()
-        host = cls(transport, guest_id, host_ids, np.zeros((1, len(w))), cfg.model_copy(update={"mode": "two_party"}))
+        mode = "two_party" if arbiter_id is None else "arbiter"
+        host = cls(transport, guest_id, host_ids, np.zeros((1, len(w))), cfg.model_copy(update={"mode": mode}),
+                   arbiter_id)
         host.weights = w.copy()
         return host
 
@@ -733,11 +755,14 @@ class VerticalLRHost(PredictionHost, _Role):
         return self._prediction_features(X, self.weights.shape[0])
 
     def _answer(self, X, rows, rnd):
-        self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=rnd)
+        if self.arbiter_id is not None:
+            self._send_encrypted_scores(X[rows] @ self.weights, rnd)
+        else:
+            self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=rnd)
 
 
 # --------------------------------------------------------------------------- arbiter
-class VerticalLRArbiter(_Role):
+class VerticalLRArbiter(ScoreArbiter, _Role):
     """The data-less key holder of arbiter mode (the job's server).
 
     Args:
@@ -749,6 +774,7 @@ class VerticalLRArbiter(_Role):
     the epoch at which training stops. Every value it decrypts (gradients, loss) is masked with a
     fresh uniform element of Z_n by the party that asked, so it learns nothing about gradients, loss,
     weights or data. Assumes it does not collude with the guest or a host (DESIGN.md threat model).
+    Prediction (:meth:`serve_predictions`): the number of requests and rows per request only.
     """
 
     def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], config, *, keypair=None,
@@ -773,7 +799,8 @@ class VerticalLRArbiter(_Role):
         cfg, he, t = self.config, self.he, self.t
         n = _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg,
                          self.host_ids, None, self.party_id)
-        pub, priv = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+        self.n_rows = n  # the training rows: the bound of an in-job prediction request
+        pub, priv = self._keypair = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
         for p in self._peers():
             t.send(p, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
         dims = {p: int(t.recv(p, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
@@ -795,3 +822,13 @@ class VerticalLRArbiter(_Role):
             if stopped:
                 break
         return FitResult(np.zeros(0), None, [], seconds, stopped)
+
+    n_rows: int | None = None  # training rows, known after fit()
+
+    def serve_predictions(self, max_rows: int | None = None) -> int:
+        """Serve the guest's prediction requests (:meth:`ScoreArbiter.serve_scores`) until it ends
+        prediction, with the training key pair after :meth:`fit`, else a fresh one. ``max_rows``: most
+        rows per request (default: the training rows, after :meth:`fit`). Returns the requests served."""
+        if max_rows is None and self.n_rows is None:
+            raise ValueError("max_rows: needed when the arbiter has not trained")
+        return self.serve_scores(self.n_rows if max_rows is None else max_rows, self._keypair)

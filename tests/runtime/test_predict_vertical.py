@@ -1,6 +1,8 @@
 """Vertical families end to end: train (real processes, gRPC + mutual TLS), save bundles, then a prediction
 job on new tables (some ids unknown to one party) whose scores equal the in-job held-out predictions on
-the shared rows (exactly for LR and SecureBoost); a damaged bundle, another party's bundle and another
+the shared rows (exactly for LR and SecureBoost: LR in arbiter mode goes through the same fixed-point
+encoding in both, lr_scores); in arbiter mode the guest receives the host's scores only encrypted
+(wire report per tag); a damaged bundle, another party's bundle and another
 job's bundle are each refused with a clear error."""
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job
 from secureflhv.runtime.jobs.predict import write_predict_job
@@ -88,6 +91,12 @@ def test_predict_job_equals_in_job_predictions(trained):
     metrics = json.loads((tmp / "predict" / "predictions" / "guest" / "metrics.json").read_text())["metrics"]
     assert metrics["rows_scored"] == len(shared) and metrics["ids_without_partner"] == 4 + 5
     assert 0.5 < metrics["auc"] <= 1.0
+    if read_bundle(out / "guest").algorithm == "vertical_lr":  # arbiter mode, in the job and in the prediction job:
+        for run in (out / "guest", tmp / "predict" / "predictions" / "guest"):
+            wire = json.loads((run / "metrics.json").read_text())["wire"]["peers"]
+            from_host = {tag for tag, c in wire["host-1"]["by_tag"].items() if c.get("messages_received")}
+            assert "vlr.pred_enc" in from_host and "vlr.pred" not in from_host, from_host  # host scores: encrypted
+            assert wire["server"]["by_tag"]["vlr.pred_total"]["messages_received"] >= 1  # totals via the arbiter
 
 
 def test_bundle_manifest(trained):
@@ -144,3 +153,22 @@ def test_bad_bundle_is_refused(trained, tmp_path, damage, expected):
     assert code != 0
     assert expected in log, log[-3000:]
     assert "params.model_dir (party 'guest')" in log
+
+
+def test_arbiter_model_is_never_scored_without_its_server(trained, tmp_path):
+    """A model trained in arbiter mode needs its server in the prediction job (the hosts' scores travel only
+    under its key); a model trained without one needs none. Checked before any process starts."""
+    from secureflhv.runtime.config import load_job_params
+    from secureflhv.runtime.job_file import JobConfigError
+
+    tmp, job, guest_csv, host_csv = trained
+    pjob = write_predict_job(job, tmp_path / "job.yaml", data={"guest": guest_csv, "host-1": host_csv})
+    doc = yaml.safe_load(pjob.read_text())
+    doc["parties"] = [p for p in doc["parties"] if p["role"] != "server"]
+    pjob.write_text(yaml.safe_dump(doc, sort_keys=False))
+    if FAMILIES[read_bundle(job.parent / "out" / "guest").algorithm][1]:
+        with pytest.raises(JobConfigError, match=r"\(party 'guest'\).*arbiter mode with server 'server'.*needs that "
+                                                 r"party \(role: server\)"):
+            load_job_params(pjob)
+    else:
+        assert load_job_params(pjob)[0].server is None

@@ -1,9 +1,11 @@
 """Vertical logistic regression as a job: prepare data, train, predict, save.
 
 Data parties first run the shared preparation (:func:`secureflhv.runtime.data_prep.prepare_vertical`:
-load, PSI, split, standardise); the server (arbiter mode's Paillier key holder) holds no data and takes
-part only in training. Then training (:mod:`secureflhv.vertical.lr`) and federated prediction of the
-training and test rows: the hosts send partial scores, the guest computes probabilities, AUC and accuracy.
+load, PSI, split, standardise); the server (arbiter mode's Paillier key holder) holds no data. Then
+training (:mod:`secureflhv.vertical.lr`) and federated prediction of the training and test rows: the
+hosts send partial scores, the guest computes probabilities, AUC and accuracy. In arbiter mode the
+hosts' scores reach the guest only encrypted and the server decrypts the guest's masked totals
+(:mod:`secureflhv.vertical.lr_scores`), then writes a config-only bundle for later prediction jobs.
 
 Artifacts (:mod:`secureflhv.runtime.artifacts`): every party's ``model.json``; at the guest also
 ``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``. Guest and hosts also write their
@@ -57,6 +59,13 @@ def _bundle_fields(data, config: VerticalLRConfig) -> dict:
             "preprocessing": preprocessing_state(data)}
 
 
+def _scores(guest: VerticalLRGuest, X: np.ndarray, rows) -> np.ndarray:
+    """P(y=1) of ``rows``, in requests of at most the training row count (the arbiter's bound)."""
+    rows, step = np.asarray(rows), guest.X.shape[0]
+    return np.concatenate([np.zeros(0)] + [guest.predict_proba(X, rows=rows[i:i + step])
+                                           for i in range(0, len(rows), step)])
+
+
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams) -> dict:
     """Run this party's role of a vertical LR job; return the guest's metrics (others: ``{}``).
 
@@ -72,8 +81,12 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                    model=model, metadata=meta)
 
     if party.role == "server":
-        attach_checkpoints(cfg, party, transport, VerticalLRArbiter(transport, cfg.guest.id, host_ids, config)).fit()
+        arbiter = VerticalLRArbiter(transport, cfg.guest.id, host_ids, config)
+        attach_checkpoints(cfg, party, transport, arbiter)
+        arbiter.fit()
+        arbiter.serve_predictions()  # the held-out scores: decrypts the guest's masked totals
         save({}, {"params": params.model_dump(mode="json")})
+        save_job_bundle(cfg, party, files={}, config=config.model_dump(mode="json"))  # for a prediction job
         return {}
 
     data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize, preprocess=True)
@@ -92,7 +105,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                             on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs, f"loss {loss:.5f}",
                                                                   {"loss": loss}))
     result = attach_checkpoints(cfg, party, transport, guest).fit()
-    metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
+    metrics, p_test = evaluate_split(data.y, data.split, lambda rows: _scores(guest, X, rows),
                                      classification_metrics)
     guest.end_prediction()
     history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds, "stopped_early": result.stopped_early,
