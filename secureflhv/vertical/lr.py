@@ -627,14 +627,26 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
 
     def _predict(self, X, rows):
         X, sel = self._prediction_rows(X, self.weights.shape[0], rows)
+        if self.arbiter_id is not None:  # hosts' parts only encrypted, the total decrypted under our mask
+            return 1.0 / (1.0 + np.exp(-self._encrypted_scores(X, sel)))
         rnd = self._request_rows(X.shape[0], [] if rows is None else sel.tolist())
         score = X[sel] @ self.weights + (self.intercept or 0.0)
-        if self.arbiter_id is not None:  # hosts' parts only encrypted, the total decrypted under our mask
-            return 1.0 / (1.0 + np.exp(-self._encrypted_total(score, rnd)))
         for h in self.host_ids:
             score = score + self.t.recv(h, TAG_PRED, round=rnd, parse=parse_message(
                 messages_pb2.Tensor, lambda msg, h=h: tensor_from_proto(msg, shape=(len(sel),), what=f"{TAG_PRED} from {h}")))
         return 1.0 / (1.0 + np.exp(-score))
+
+
+    def _encrypted_scores(self, X: np.ndarray, sel: np.ndarray) -> np.ndarray:
+        """Arbiter mode: total scores of rows ``sel``, one request per ``batch_size`` rows (each party's
+        work per step as in a training batch, so the job's deadline fits; full batch: one request)."""
+        step = self.config.batch_size or max(len(sel), 1)
+        parts = [np.zeros(0)]
+        for i in range(0, len(sel), step):
+            chunk = sel[i:i + step]
+            rnd = self._request_rows(X.shape[0], chunk.tolist())
+            parts.append(self._encrypted_total(X[chunk] @ self.weights + (self.intercept or 0.0), rnd))
+        return np.concatenate(parts)
 
 
 # --------------------------------------------------------------------------- host
@@ -827,8 +839,10 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
 
     def serve_predictions(self, max_rows: int | None = None) -> int:
         """Serve the guest's prediction requests (:meth:`ScoreArbiter.serve_scores`) until it ends
-        prediction, with the training key pair after :meth:`fit`, else a fresh one. ``max_rows``: most
-        rows per request (default: the training rows, after :meth:`fit`). Returns the requests served."""
-        if max_rows is None and self.n_rows is None:
-            raise ValueError("max_rows: needed when the arbiter has not trained")
-        return self.serve_scores(self.n_rows if max_rows is None else max_rows, self._keypair)
+        prediction, with the training key pair after :meth:`fit`, else a fresh one. Rows per request: at
+        most ``config.batch_size`` (the guest's request size), full batch: ``max_rows`` (default: the
+        training rows, after :meth:`fit`). Returns the number of requests served."""
+        bound = self.config.batch_size or max_rows or self.n_rows
+        if bound is None:
+            raise ValueError("max_rows: needed with a full-batch config when the arbiter has not trained")
+        return self.serve_scores(bound, self._keypair)

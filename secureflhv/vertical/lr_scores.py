@@ -1,8 +1,10 @@
-"""Vertical LR prediction in arbiter mode: the guest learns each row's total score, never a host's part.
+"""Vertical LR prediction in arbiter mode: the guest gets each row's total score, no host's part in the clear.
 
 With an arbiter (the data-less key holder of ``mode="arbiter"``), prediction keeps the training's
 promise that host values reach the guest only encrypted. For every prediction request of k rows
-(:mod:`secureflhv.vertical.prediction` sends the row indices to the hosts)::
+(:mod:`secureflhv.vertical.prediction` sends the row indices to the hosts; the guest asks for at most
+``batch_size`` rows at a time, so every party's work between two messages is that of a training batch
+and the job's deadline fits)::
 
     arbiter -> guest, hosts : public key pk                      (once; a fresh key pair, or the training one)
     host h  -> guest        : [[u_h]] = Enc_pk(X_h[rows] w_h)    (k,)  at exponent -precision_bits

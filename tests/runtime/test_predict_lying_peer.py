@@ -143,7 +143,7 @@ def test_secureboost_host_refuses_unknown_records_and_rows():
 
 
 # ------------------------------------------------------------------------ vertical LR, arbiter mode
-ARB = VerticalLRConfig(mode="arbiter", key_bits=512, insecure_test_key=True)
+ARB = VerticalLRConfig(mode="arbiter", key_bits=512, insecure_test_key=True, batch_size=3)  # 3 rows a request
 HOSTS = ["host-1", "host-2"]
 # fixed-point: each of the 3 parts is rounded to 2**-40 (precision_bits 40), so the total score is off by at
 # most 3 * 2**-41 and the probability by a quarter of that
@@ -219,7 +219,7 @@ def test_arbiter_mode_guest_gets_only_totals(arbiter_keys):
                                                                    np.random.default_rng(1))
     p, errors, served = _score_with_arbiter(guest, hosts, arbiter, Xg, Xh, [np.arange(4), np.arange(4, 6)])
     assert not errors, errors
-    assert served == {"host-1": 2, "host-2": 2, "server": 2}
+    assert served == {"host-1": 3, "host-2": 3, "server": 3}  # rows 0-2, 3, 4-5
     np.testing.assert_allclose(p, 1.0 / (1.0 + np.exp(-plain)), rtol=0, atol=SCORE_TOL / 4)
     to_guest = {(s, tag) for s, r, tag, _, _ in log if r == "guest"}
     assert to_guest == {("host-1", lr_scores.TAG_PRED_ENC), ("host-2", lr_scores.TAG_PRED_ENC),
@@ -227,7 +227,7 @@ def test_arbiter_mode_guest_gets_only_totals(arbiter_keys):
     for sender, _, tag, rnd, data in log:
         if tag == lr_scores.TAG_PRED_ENC:  # a ciphertext of exactly the host's partial score of the rows asked
             i = HOSTS.index(sender)
-            rows = np.arange(4) if rnd == 1 else np.arange(4, 6)
+            rows = {1: np.arange(3), 2: np.arange(3, 4), 3: np.arange(4, 6)}[rnd]
             enc = guest.wire.from_proto(messages_pb2.EncryptedTensor.FromString(data), pub, (len(rows),), "t",
                                         exponent=-40)
             np.testing.assert_allclose(he.decrypt(priv, enc), Xh[i][rows] @ wh[i], rtol=0, atol=2.0 ** -40)
@@ -275,13 +275,14 @@ def _out_of_range(payload) -> bytes:
 
 
 @pytest.mark.parametrize("liar, tag, lie, reason", [
-    ("host-1", "vlr.pred_enc", lambda keys: lambda p: _enc(keys[1], 5), "shape"),
-    ("host-1", "vlr.pred_enc", lambda keys: lambda p: _enc(keys[2], 6), "key"),            # another key
-    ("host-1", "vlr.pred_enc", lambda keys: lambda p: _enc(keys[1], 6, exponent=-8), "exponent"),
+    ("host-1", "vlr.pred_enc", lambda keys: lambda p: _enc(keys[1], 2), "shape"),
+    ("host-1", "vlr.pred_enc", lambda keys: lambda p: _enc(keys[2], 3), "key"),            # another key
+    ("host-1", "vlr.pred_enc", lambda keys: lambda p: _enc(keys[1], 3, exponent=-8), "exponent"),
     ("host-1", "vlr.pred_enc", lambda keys: _out_of_range, "outside (0, n^2)"),
-    ("host-1", "vlr.pred_enc", lambda keys: lambda p: tensor_to_proto(np.zeros(6)).SerializeToString(), ""),
+    ("host-1", "vlr.pred_enc", lambda keys: lambda p: tensor_to_proto(np.zeros(3)).SerializeToString(),
+     "EncryptedTensor"),                                                                    # plaintext scores
     ("guest", "vlr.pred_dec", lambda keys: lambda p: _bundle_plain(), "needs"),            # a plaintext score
-    ("guest", "vlr.pred_dec", lambda keys: lambda p: _bundle_s(_enc(keys[1], 7)), "shape"),  # more rows than allowed
+    ("guest", "vlr.pred_dec", lambda keys: lambda p: _bundle_s(_enc(keys[1], 4)), "shape"),  # more rows than allowed
     ("server", "vlr.pred_total", lambda keys: lambda p: _wrong_masked(p), "value"),
 ])
 def test_arbiter_mode_lying_peer_is_rejected(arbiter_keys, liar, tag, lie, reason):
@@ -300,7 +301,7 @@ def _bundle_s(enc_payload: bytes) -> bytes:
 
 def _bundle_plain() -> bytes:
     msg = messages_pb2.Bundle()
-    msg.tensors["s"].CopyFrom(tensor_to_proto(np.zeros(6)))
+    msg.tensors["s"].CopyFrom(tensor_to_proto(np.zeros(3)))
     return msg.SerializeToString()
 
 

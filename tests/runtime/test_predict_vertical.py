@@ -19,7 +19,8 @@ import yaml
 
 from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job
 from secureflhv.runtime.jobs.predict import write_predict_job
-from secureflhv.runtime.model_bundle import read_bundle
+import secureflhv
+from secureflhv.runtime.model_bundle import ModelBundleError, read_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -122,6 +123,17 @@ def test_bundle_manifest(trained):
         nodes = [n for t in b.file("model.json")["trees"] for n in t["nodes"] if n.get("owner") == "host-1"]
         assert nodes and all("threshold" not in n and n["feature"] == -1 for n in nodes)
         assert all(len(r) == 4 for r in host.file("split_table.json"))  # feature, bin, threshold, default_left
+    if algorithm == "vertical_lr":  # the arbiter's bundle: the config a prediction job needs, no key, no parameters
+        server = read_bundle(job.parent / "out" / "server", expect_party="server", expect_role="server")
+        assert server.config["mode"] == "arbiter" and server.config["key_bits"] == 1024 and not server.files
+    for party in ["guest", "host-1"] + (["server"] if FAMILIES[algorithm][1] else []):  # the notebook API
+        model = secureflhv.load_model(job.parent / "out" / party, expect_party=party, expect_job="model-train")
+        d = model.describe()
+        assert (d["algorithm"], d["party_id"], d["local"]) == (algorithm, party, False)
+        assert d["feature_names"] == read_bundle(job.parent / "out" / party).feature_names
+        assert party == "server" or d["feature_names"]
+        with pytest.raises(ModelBundleError, match=r"job.algorithm: predict"):
+            model.predict_proba(np.zeros((1, len(d["feature_names"]))))
 
 
 @pytest.mark.parametrize("damage, expected", [
