@@ -7,7 +7,8 @@ every party saves its part of the model as a bundle (``out/<party>/model/``). St
 prediction job (``job.algorithm: predict``, derived from the training job: same parties and
 certificates, ``data`` pointing at the new tables, ``params.model_dir`` at the bundles) and runs it
 with ``secureflhv run``: PSI aligns the new ids (a few are known to one party only), the host sends
-its partial scores, the guest writes ``predictions/guest/predictions.csv``. The script prints the AUC
+its partial scores encrypted under the server's key, the server decrypts only the guest's masked
+totals (arbiter mode), the guest writes ``predictions/guest/predictions.csv``. The script prints the AUC
 of the predicted scores on those never-seen rows and the number of rows scored.
 
 ``--reuse runs/vertical_lr_demo`` skips training and scores the held-out rows (``split.json``) of a

@@ -75,6 +75,10 @@ Two-party mode, one batch ([[.]] under the guest's key)::
 A stronger two-party variant (Yang et al. 2019, both parties hold keys, u_h never in the clear) is not
 implemented.
 
+Prediction (:mod:`secureflhv.vertical.prediction`): two-party mode, each host sends the guest u_h of
+the rows asked for in plaintext; arbiter mode, u_h only encrypted under the arbiter's key, and the
+arbiter decrypts the guest's masked total (:mod:`secureflhv.vertical.lr_scores`).
+
 Messages are protobuf (``messages.proto`` Bundle/EncryptedTensor/Control/Scalars/MaskedValues/
 RowsRequest). Every received payload is checked by the ``parse`` callback of
 :meth:`~secureflhv.transport.Transport.recv` (shape, key fingerprint, range), so a wrong-shape,
@@ -112,6 +116,7 @@ from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..data.dataset import check_matrix
 from .common import VerticalRole, control_parser
 from .lr_tasks import MAX_CLASSES, TaylorLoss
+from .lr_scores import ScoreArbiter, ScoreGuest, ScoreHost
 from .prediction import PredictionGuest, PredictionHost
 
 log = logging.getLogger("secureflhv.vertical.lr")
@@ -402,7 +407,7 @@ class _BestWeights:
 
 
 # --------------------------------------------------------------------------- guest
-class VerticalLRGuest(PredictionGuest, _Role):
+class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
     """The label holder (active party); drives training, decides early stopping, predicts.
 
     Args:
@@ -428,7 +433,8 @@ class VerticalLRGuest(PredictionGuest, _Role):
         two-party mode: additionally each host's partial score u_h = X_h w_h for every row of every
         batch and each host's ||w_h||^2 (through the loss); it decrypts the hosts' masked gradients but
         the masks are uniform in Z_n, so it learns nothing about them.
-        prediction: each host's partial score u_h for every row it asks about.
+        prediction, two-party mode: each host's partial score u_h of every row it asks about; arbiter
+        mode: only each row's total score (:mod:`secureflhv.vertical.lr_scores`).
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, config, arbiter_id: str | None = None,
@@ -463,16 +469,19 @@ class VerticalLRGuest(PredictionGuest, _Role):
 
     @classmethod
     def from_model(cls, transport: Transport, host_ids: Sequence[str], weights, intercept: float | None,
-                   config) -> "VerticalLRGuest":
+                   config, arbiter_id: str | None = None) -> "VerticalLRGuest":
         """A guest that only predicts (:meth:`predict_proba`), with saved ``weights`` (d_g,) float64
-        (multiclass: (d_g, K)) and ``intercept`` (a float, multiclass (K,); None without one). Prediction
-        needs no key and no arbiter, whatever ``config.mode``."""
+        (multiclass: (d_g, K)) and ``intercept`` (a float, multiclass (K,); None without one). With
+        ``arbiter_id`` the hosts' scores arrive encrypted and the arbiter (in
+        :meth:`VerticalLRArbiter.serve_predictions`) decrypts the masked totals; without one they arrive
+        in plaintext and no key is needed."""
         cfg = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
         w = np.asarray(weights, dtype=np.float64)
         w = w.reshape(w.shape[0], -1) if cfg.task == "multiclass" else w.ravel()
         guest = cls(transport, host_ids, np.zeros((1, w.shape[0])), np.zeros(1),
-                    cfg.model_copy(update={"mode": "two_party", "fit_intercept": intercept is not None}),
-                    n_classes=w.shape[1] if w.ndim == 2 else None)
+                    cfg.model_copy(update={"mode": "two_party" if arbiter_id is None else "arbiter",
+                                           "fit_intercept": intercept is not None}),
+                    arbiter_id, n_classes=w.shape[1] if w.ndim == 2 else None)
         guest.weights = w.copy()
         if intercept is not None:
             b = np.asarray(intercept, dtype=np.float64)
@@ -668,12 +677,22 @@ class VerticalLRGuest(PredictionGuest, _Role):
             X: guest features (m, d_g) of the prediction set, rows aligned with every host's set.
             rows: optional row indices into that set (default: all m rows).
         Returns: float64 (len(rows),) (multiclass (len(rows), K)). The hosts must be in
-            :meth:`VerticalLRHost.serve_predictions`. Raises PeerTimeout if a host does not answer.
+            :meth:`VerticalLRHost.serve_predictions` (arbiter mode: the arbiter too, and the scores are
+            exact to the fixed-point encoding, :mod:`~secureflhv.vertical.lr_scores`). Raises PeerTimeout
+            if a peer does not answer.
         """
         return self._guarded(self._predict, X, rows)
 
+    def end_prediction(self) -> None:
+        """Tell the hosts (and in arbiter mode the arbiter) that prediction is over."""
+        super().end_prediction()
+        if self.arbiter_id is not None:
+            self.end_score_service(self._pred_round)
+
     def _predict(self, X, rows):
         X, sel = self._prediction_rows(X, self.weights.shape[0], rows)
+        if self.arbiter_id is not None:  # hosts' parts only encrypted, the total decrypted under our mask
+            return self.loss.link(self._encrypted_scores(X, sel))
         rnd = self._request_rows(X.shape[0], [] if rows is None else sel.tolist())
         score = X[sel] @ self.weights + (0.0 if self.intercept is None else self.intercept)
         shape = (len(sel),) + self.loss.cols
@@ -683,8 +702,23 @@ class VerticalLRGuest(PredictionGuest, _Role):
         return self.loss.link(score)
 
 
+    def _encrypted_scores(self, X: np.ndarray, sel: np.ndarray) -> np.ndarray:
+        """Arbiter mode: total scores of rows ``sel``, one request per ``batch_size`` rows (each party's
+        work per step as in a training batch, so the job's deadline fits; full batch: one request)."""
+        # multiclass: K scores per row travel as one flat vector, so a request holds step // K rows
+        step = max((self.config.batch_size or max(len(sel), 1)) // self.loss.k, 1)
+        b = 0.0 if self.intercept is None else self.intercept
+        parts = [np.zeros((0,) + self.loss.cols)]
+        for i in range(0, len(sel), step):
+            chunk = sel[i:i + step]
+            rnd = self._request_rows(X.shape[0], chunk.tolist())
+            own = X[chunk] @ self.weights + b
+            parts.append(self._encrypted_total(own.ravel(), rnd).reshape(own.shape))
+        return np.concatenate(parts)
+
+
 # --------------------------------------------------------------------------- host
-class VerticalLRHost(PredictionHost, _Role):
+class VerticalLRHost(PredictionHost, ScoreHost, _Role):
     """A feature holder without labels (passive party).
 
     Args:
@@ -698,7 +732,8 @@ class VerticalLRHost(PredictionHost, _Role):
     batch plan and the epoch at which the guest stops. Everything else it receives is a ciphertext
     under a key it does not hold ([[d]], and with several hosts the encrypted sum of earlier hosts'
     scores), so it learns nothing about labels, the guest's features or other hosts.
-    In two-party mode it reveals to the guest its partial scores u_h per batch row and ||w_h||^2.
+    In two-party mode it reveals to the guest its partial scores u_h per batch row and ||w_h||^2, and
+    per prediction row; in arbiter mode prediction sends u_h encrypted (:mod:`~secureflhv.vertical.lr_scores`).
     """
 
     def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], X, config,
@@ -719,13 +754,15 @@ class VerticalLRHost(PredictionHost, _Role):
 
     @classmethod
     def from_model(cls, transport: Transport, guest_id: str, host_ids: Sequence[str], weights,
-                   config) -> "VerticalLRHost":
+                   config, arbiter_id: str | None = None) -> "VerticalLRHost":
         """A host that only answers prediction requests (:meth:`serve_predictions`) with saved ``weights``
-        (d_h,) float64 (multiclass: (d_h, K)); no key and no arbiter are needed."""
+        (d_h,) float64 (multiclass: (d_h, K)); encrypted under the key of ``arbiter_id`` when given, else in plaintext."""
         cfg = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
         w = np.asarray(weights, dtype=np.float64)
         w = w.reshape(w.shape[0], -1) if cfg.task == "multiclass" else w.ravel()
-        host = cls(transport, guest_id, host_ids, np.zeros((1, w.shape[0])), cfg.model_copy(update={"mode": "two_party"}))
+        mode = "two_party" if arbiter_id is None else "arbiter"
+        host = cls(transport, guest_id, host_ids, np.zeros((1, w.shape[0])), cfg.model_copy(update={"mode": mode}),
+                   arbiter_id)
         host.weights = w.copy()
         return host
 
@@ -807,11 +844,14 @@ class VerticalLRHost(PredictionHost, _Role):
         return self._prediction_features(X, self.weights.shape[0])
 
     def _answer(self, X, rows, rnd):
-        self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=rnd)
+        if self.arbiter_id is not None:
+            self._send_encrypted_scores((X[rows] @ self.weights).ravel(), rnd)
+        else:
+            self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=rnd)
 
 
 # --------------------------------------------------------------------------- arbiter
-class VerticalLRArbiter(_Role):
+class VerticalLRArbiter(ScoreArbiter, _Role):
     """The data-less key holder of arbiter mode (the job's server).
 
     Args:
@@ -823,6 +863,7 @@ class VerticalLRArbiter(_Role):
     the epoch at which training stops. Every value it decrypts (gradients, loss) is masked with a
     fresh uniform element of Z_n by the party that asked, so it learns nothing about gradients, loss,
     weights or data. Assumes it does not collude with the guest or a host (DESIGN.md threat model).
+    Prediction (:meth:`serve_predictions`): the number of requests and rows per request only.
     """
 
     def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], config, *, keypair=None,
@@ -847,7 +888,8 @@ class VerticalLRArbiter(_Role):
         cfg, he, t = self.config, self.he, self.t
         n, self.loss = _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg,
                                     self.host_ids, None, self.party_id)
-        pub, priv = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+        self.n_rows = n  # the training rows: the bound of an in-job prediction request
+        pub, priv = self._keypair = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
         for p in self._peers():
             t.send(p, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
         dims = {p: int(t.recv(p, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
@@ -869,3 +911,15 @@ class VerticalLRArbiter(_Role):
             if stopped:
                 break
         return FitResult(np.zeros(0), None, [], seconds, stopped)
+
+    n_rows: int | None = None  # training rows, known after fit()
+
+    def serve_predictions(self, max_rows: int | None = None) -> int:
+        """Serve the guest's prediction requests (:meth:`ScoreArbiter.serve_scores`) until it ends
+        prediction, with the training key pair after :meth:`fit`, else a fresh one. Rows per request: at
+        most ``config.batch_size`` (the guest's request size), full batch: ``max_rows`` (default: the
+        training rows, after :meth:`fit`). Returns the number of requests served."""
+        bound = self.config.batch_size or max_rows or self.n_rows
+        if bound is None:
+            raise ValueError("max_rows: needed with a full-batch config when the arbiter has not trained")
+        return self.serve_scores(bound, self._keypair)

@@ -5,7 +5,8 @@ model; a prediction set is aligned row by row across parties (PSI) like the trai
 asks for rows by index, each host answers for exactly those rows, the guest combines::
 
     guest -> hosts   RowsRequest(n_rows, rows)   round = the guest's prediction counter
-    hosts -> guest   the algorithm's answer      (LR: the partial scores X_h[rows] @ w_h;
+    hosts -> guest   the algorithm's answer      (LR: the partial scores X_h[rows] @ w_h,
+                                                  encrypted in arbiter mode: lr_scores;
                                                   split NN: the interactive-layer exchange)
     guest -> hosts   RowsRequest(stop=True)      (:meth:`PredictionGuest.end_prediction`)
 

@@ -74,6 +74,7 @@ def test_load_model_reproduces_in_job_metrics(trained):
     out = job.parent / "out"
     params = FAMILIES[algorithm]
     server = secureflhv.load_model(out / "server", expect_job="h-train")
+    assert server.describe()["role"] == "server" and server.describe()["algorithm"] == algorithm
     for c in CLIENTS:
         model = secureflhv.load_model(out / c, expect_party=c, expect_job="h-train")
         assert model.describe()["local"] and model.describe()["algorithm"] == algorithm
@@ -84,10 +85,14 @@ def test_load_model_reproduces_in_job_metrics(trained):
             test = local_split(len(y), params["test_fraction"], params["seed"], c).test
             last = in_job["rounds"][-1]
             assert int((model.predict(X[test]) == y[test]).sum()) == last["test_correct"]
+            p_test = model.predict_proba(X[test])  # the in-job cross-entropy sum of these rows, to float32
+            np.testing.assert_allclose(-np.log(p_test[np.arange(len(test)), y[test]]).sum(), last["test_loss_sum"],
+                                       rtol=1e-5)
             np.testing.assert_array_equal(model.predict_proba(X), server.predict_proba(X))  # one global model
         else:
             test = split_rows(len(y), params["test_fraction"], params["split_seed"]).test
             assert objective_metrics(y[test], model.predict_proba(df.iloc[test]), "binary") == in_job["metrics"]["test"]
+            np.testing.assert_array_equal(model.predict(X), (model.predict_proba(X) >= 0.5).astype(np.int64))
             np.testing.assert_array_equal(model.predict_proba(X), server.predict_proba(X))
 
 
@@ -129,3 +134,27 @@ def test_bundle_of_another_party_is_refused(trained):
     assert code != 0
     assert "params.model_dir (party 'client-2')" in log and "belongs to party 'client-3', not 'client-2'" in log, \
         log[-3000:]
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("tamper", ".sha256: the file does not match the manifest's hash"),
+    ("other_job", "job_id: this bundle belongs to job 'h-train', not 'another-job'"),
+])
+def test_tampered_or_foreign_job_bundle_is_refused(trained, tmp_path, damage, expected):
+    """Checked when the prediction job is loaded (``secureflhv validate`` / ``run``), before anyone starts."""
+    from secureflhv.runtime.config import load_job_params
+    from secureflhv.runtime.job_file import JobConfigError
+
+    algorithm, tmp, job, data = trained
+    models = tmp_path / "models"
+    shutil.copytree(job.parent / "out", models)
+    pjob = write_predict_job(job, tmp_path / "p" / "job.yaml", data=data, model_dir=models)
+    if damage == "tamper":
+        target = next(f for f in sorted((models / "client-2" / "model").iterdir()) if f.name != "manifest.json")
+        target.write_bytes(target.read_bytes() + b" ")
+    else:
+        pjob.write_text(pjob.read_text().replace("model_job_id: h-train", "model_job_id: another-job"))
+    with pytest.raises(JobConfigError) as err:
+        load_job_params(pjob)
+    who = "client-2" if damage == "tamper" else "client-1"
+    assert f"params.model_dir (party '{who}')" in str(err.value) and expected in str(err.value), str(err.value)

@@ -1,6 +1,8 @@
 """Vertical families end to end: train (real processes, gRPC + mutual TLS), save bundles, then a prediction
 job on new tables (some ids unknown to one party) whose scores equal the in-job held-out predictions on
-the shared rows (exactly for LR and SecureBoost); a damaged bundle, another party's bundle and another
+the shared rows (exactly for LR and SecureBoost: LR in arbiter mode goes through the same fixed-point
+encoding in both, lr_scores); in arbiter mode the guest receives the host's scores only encrypted
+(wire report per tag); a damaged bundle, another party's bundle and another
 job's bundle are each refused with a clear error."""
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job
 from secureflhv.runtime.jobs.predict import write_predict_job
-from secureflhv.runtime.model_bundle import read_bundle
+import secureflhv
+from secureflhv.runtime.model_bundle import ModelBundleError, read_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -88,6 +92,12 @@ def test_predict_job_equals_in_job_predictions(trained):
     metrics = json.loads((tmp / "predict" / "predictions" / "guest" / "metrics.json").read_text())["metrics"]
     assert metrics["rows_scored"] == len(shared) and metrics["ids_without_partner"] == 4 + 5
     assert 0.5 < metrics["auc"] <= 1.0
+    if read_bundle(out / "guest").algorithm == "vertical_lr":  # arbiter mode, in the job and in the prediction job:
+        for run in (out / "guest", tmp / "predict" / "predictions" / "guest"):
+            wire = json.loads((run / "metrics.json").read_text())["wire"]["peers"]
+            from_host = {tag for tag, c in wire["host-1"]["by_tag"].items() if c.get("messages_received")}
+            assert "vlr.pred_enc" in from_host and "vlr.pred" not in from_host, from_host  # host scores: encrypted
+            assert wire["server"]["by_tag"]["vlr.pred_total"]["messages_received"] >= 1  # totals via the arbiter
 
 
 def test_bundle_manifest(trained):
@@ -113,6 +123,17 @@ def test_bundle_manifest(trained):
         nodes = [n for t in b.file("model.json")["trees"] for n in t["nodes"] if n.get("owner") == "host-1"]
         assert nodes and all("threshold" not in n and n["feature"] == -1 for n in nodes)
         assert all(len(r) == 4 for r in host.file("split_table.json"))  # feature, bin, threshold, default_left
+    if algorithm == "vertical_lr":  # the arbiter's bundle: the config a prediction job needs, no key, no parameters
+        server = read_bundle(job.parent / "out" / "server", expect_party="server", expect_role="server")
+        assert server.config["mode"] == "arbiter" and server.config["key_bits"] == 1024 and not server.files
+    for party in ["guest", "host-1"] + (["server"] if FAMILIES[algorithm][1] else []):  # the notebook API
+        model = secureflhv.load_model(job.parent / "out" / party, expect_party=party, expect_job="model-train")
+        d = model.describe()
+        assert (d["algorithm"], d["party_id"], d["local"]) == (algorithm, party, False)
+        assert d["feature_names"] == read_bundle(job.parent / "out" / party).feature_names
+        assert party == "server" or d["feature_names"]
+        with pytest.raises(ModelBundleError, match=r"job.algorithm: predict"):
+            model.predict_proba(np.zeros((1, len(d["feature_names"]))))
 
 
 @pytest.mark.parametrize("damage, expected", [
@@ -144,3 +165,22 @@ def test_bad_bundle_is_refused(trained, tmp_path, damage, expected):
     assert code != 0
     assert expected in log, log[-3000:]
     assert "params.model_dir (party 'guest')" in log
+
+
+def test_arbiter_model_is_never_scored_without_its_server(trained, tmp_path):
+    """A model trained in arbiter mode needs its server in the prediction job (the hosts' scores travel only
+    under its key); a model trained without one needs none. Checked before any process starts."""
+    from secureflhv.runtime.config import load_job_params
+    from secureflhv.runtime.job_file import JobConfigError
+
+    tmp, job, guest_csv, host_csv = trained
+    pjob = write_predict_job(job, tmp_path / "job.yaml", data={"guest": guest_csv, "host-1": host_csv})
+    doc = yaml.safe_load(pjob.read_text())
+    doc["parties"] = [p for p in doc["parties"] if p["role"] != "server"]
+    pjob.write_text(yaml.safe_dump(doc, sort_keys=False))
+    if FAMILIES[read_bundle(job.parent / "out" / "guest").algorithm][1]:
+        with pytest.raises(JobConfigError, match=r"\(party 'guest'\).*arbiter mode with server 'server'.*needs that "
+                                                 r"party \(role: server\)"):
+            load_job_params(pjob)
+    else:
+        assert load_job_params(pjob)[0].server is None

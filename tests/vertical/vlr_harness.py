@@ -161,8 +161,10 @@ def run_vertical_lr(X_guest, y, X_hosts, cfg: dict, *, deadline=60.0, transports
     def work(pid):
         try:
             results[pid] = roles[pid].fit()
-            if predict_sets is not None and pid != arbiter:
-                if pid == "guest":
+            if predict_sets is not None:
+                if pid == arbiter:  # arbiter mode: decrypts the guest's masked total scores
+                    roles[pid].serve_predictions(max_rows=len(predict_sets[0]))
+                elif pid == "guest":
                     results["proba"] = roles[pid].predict_proba(predict_sets[0])
                     roles[pid].end_prediction()
                 else:

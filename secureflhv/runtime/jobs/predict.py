@@ -10,7 +10,11 @@ are the model's, then runs the prediction protocol of the bundle's algorithm on 
 * ``vertical_lr``: PSI aligns the new ids; each party applies its saved standardisation; the guest
   asks the hosts for their partial scores ``u_h = X_h w_h`` of the aligned rows
   (:mod:`secureflhv.vertical.prediction`, ``vlr.pred_req`` / ``vlr.pred``) and adds its own
-  ``X_g w_g + b``.
+  ``X_g w_g + b``. A model trained in arbiter mode keeps the hosts' scores from the guest here too:
+  the training job's server takes part (it reads its own config-only bundle), sends a fresh public
+  key, the hosts send ``[[u_h]]`` under it, the guest adds its part, masks the total with a uniform
+  random value and has the server decrypt it (:mod:`secureflhv.vertical.lr_scores`); the scores equal
+  the training job's held-out ones bit for bit (same fixed-point encoding).
 * ``vertical_nn``: the guest sends its setup (config, hosts, rows: each host checks them against its own
   bundle), each host sends a fresh Paillier public key, then per chunk of rows the hosts run their
   bottom models and the interactive layer's encrypted exchange (``vnn.pred_*``), and the guest
@@ -27,7 +31,7 @@ data pointing at the new tables)::
 
     job: {id: breast-vlr-scoring, algorithm: predict, output_dir: scored}
     security: {ca: certs/ca.pem}
-    parties: ...                      # guest and hosts of the training job (a server is not needed)
+    parties: ...                      # guest and hosts of the training job (and its server: arbiter mode)
     params: {model_dir: out, model_job_id: breast-vlr}
 
 Every data party's new table needs its id column (``data.id_column``) and the model's feature columns
@@ -37,8 +41,9 @@ Every data party's new table needs its id column (``data.id_column``) and the mo
 ``metrics.json`` (rows scored, ids without a partner, AUC / accuracy when labels are given).
 
 What each role learns: as in the in-job prediction of the algorithm (PSI: the common ids and the set
-sizes; vertical LR: the guest learns each host's partial score of every aligned row; the hosts learn
-which rows are scored). A server in the job file takes no part.
+sizes; vertical LR two-party: the guest learns each host's partial score of every aligned row;
+arbiter mode: the guest learns each row's total score only, the server the number of rows per
+request only; the hosts learn which rows are scored). A server takes no part except in arbiter mode.
 """
 from __future__ import annotations
 
@@ -87,7 +92,7 @@ def check(cfg: JobConfig, params: PredictJobParams) -> None:
     """Verify, before anyone starts, every party's bundle that is on this machine (on a party's own
     machine: its own; with ``secureflhv run``: all). A party whose bundle folder is absent here is
     checked when it starts. Raises JobConfigError naming ``params.model_dir``, the party and the field."""
-    for party in cfg.clients:
+    for party in [*cfg.clients, *([cfg.server] if cfg.server is not None else [])]:
         if (cfg.resolve(params.model_dir) / party.id / "model").is_dir():
             load_party_bundle(cfg, party, params)
 
@@ -117,6 +122,12 @@ def _check_federation(cfg: JobConfig, party: PartySpec, bundle: ModelBundle) -> 
     if want != have:
         raise JobConfigError(f"{where}: peers: the model was trained with {want}, this job's other data parties "
                              f"are {have}; a vertical model needs every one of its parties")
+    arbiter = model_arbiter(bundle)
+    if arbiter is not None and party.role != "server" and (cfg.server is None or cfg.server.id != arbiter):
+        raise JobConfigError(f"{where}: config.mode: the model was trained in arbiter mode with server {arbiter!r}; "
+                             f"its prediction job needs that party (role: server), found "
+                             f"{None if cfg.server is None else cfg.server.id!r}: the hosts' scores reach the "
+                             f"guest only encrypted under its key")
     for peer in bundle.manifest.get("peers", []):
         now = certificate_sha256(cfg.resolve(cfg.party(peer["id"]).cert)) if peer["id"] in have else None
         if now and peer.get("cert_sha256") and now != peer["cert_sha256"]:
@@ -161,6 +172,15 @@ def aligned_rows(cfg: JobConfig, party: PartySpec, transport: Transport, bundle:
     X = _preprocess(np.asarray(table.X, dtype=np.float64)[psi.rows], bundle)
     y = None if table.y is None else np.asarray(table.y)[psi.rows]
     return X, np.asarray(psi.ids), y, table.n_rows
+
+
+def model_arbiter(bundle: ModelBundle) -> str | None:
+    """The training job's server of a vertical LR model trained in arbiter mode, else None."""
+    if bundle.algorithm != "vertical_lr" or bundle.config.get("mode") != "arbiter":
+        return None
+    if bundle.role == "server":
+        return bundle.party_id
+    return next((p["id"] for p in bundle.manifest.get("peers", []) if p.get("role") == "server"), None)
 
 
 def model_hosts(bundle: ModelBundle) -> list[str]:
@@ -208,14 +228,17 @@ def _vertical_lr(cfg: JobConfig, party: PartySpec, transport: Transport, params:
     from ...vertical.lr import VerticalLRConfig, VerticalLRGuest, VerticalLRHost
 
     config = VerticalLRConfig(**bundle.config)
+    arbiter = model_arbiter(bundle)  # arbiter mode: the hosts' scores travel encrypted under its key
     X, ids, y, own = aligned_rows(cfg, party, transport, bundle)
     weights = bundle.file("weights.npy")
     if party.role == "host":
-        host = VerticalLRHost.from_model(transport, cfg.guest.id, [h.id for h in cfg.hosts], weights, config)
+        host = VerticalLRHost.from_model(transport, cfg.guest.id, [h.id for h in cfg.hosts], weights, config,
+                                         arbiter)
         host.serve_predictions(X)
         return {}
     intercept = bundle.files.get("intercept.npy")
-    guest = VerticalLRGuest.from_model(transport, model_hosts(bundle), weights, intercept, config)
+    guest = VerticalLRGuest.from_model(transport, model_hosts(bundle), weights, intercept, config,
+                                       arbiter)
     scores = _in_batches(len(ids), params.batch_rows, lambda rows: guest.predict_proba(X, rows=rows))
     guest.end_prediction()
     return write_predictions(cfg, party, bundle, ids, scores, y, own, config.task)
@@ -307,6 +330,24 @@ def _local(cfg: JobConfig, party: PartySpec, transport: Transport, params: Predi
                              "regression" if regression else "binary")
 
 
+def _server(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams) -> dict:
+    """The arbiter of a vertical LR model trained in arbiter mode decrypts the guest's masked total scores
+    (at most ``params.batch_rows`` per request, the guest's request size); any other server does nothing."""
+    from ...vertical.lr import VerticalLRArbiter, VerticalLRConfig
+
+    if not (cfg.resolve(params.model_dir) / party.id / "model").is_dir():
+        log.info("%s: no model bundle of this server; nothing to do", party.id)
+        return {}
+    bundle = load_party_bundle(cfg, party, params)
+    if model_arbiter(bundle) is None:
+        log.info("%s: the %s model needs no server; nothing to do", party.id, bundle.algorithm)
+        return {}
+    arbiter = VerticalLRArbiter(transport, cfg.guest.id, model_hosts(bundle), VerticalLRConfig(**bundle.config))
+    served = arbiter.serve_predictions(max_rows=params.batch_rows)
+    log.info("%s: decrypted %d masked score requests", party.id, served)
+    return {}
+
+
 def _in_batches(n: int, size: int, fn) -> np.ndarray:
     parts = [fn(np.arange(s, min(n, s + size))) for s in range(0, n, size)]
     return np.concatenate(parts) if parts else np.zeros(0)
@@ -324,8 +365,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJ
     TransportError when a peer fails or goes silent.
     """
     if party.role == "server":
-        log.info("%s: a prediction job needs no server; nothing to do", party.id)
-        return {}
+        return _server(cfg, party, transport, params)
     bundle = load_party_bundle(cfg, party, params)
     predictor = PREDICTORS.get(bundle.algorithm)
     if predictor is None:

@@ -6,7 +6,9 @@ part only in training. Then training (:mod:`secureflhv.vertical.lr`) and federat
 training and test rows: the hosts send partial scores, the guest computes the predictions and the metrics
 of ``params.task`` (:func:`secureflhv.data.metrics.task_metrics`): ``binary`` (default; P(y=1): AUC, KS,
 accuracy, ...), ``multiclass`` (labels 0..K-1, K = largest label + 1 over all aligned rows; class
-probabilities: accuracy, macro-F1, log loss) or ``regression`` (the value: RMSE, MAE, R²).
+probabilities: accuracy, macro-F1, log loss) or ``regression`` (the value: RMSE, MAE, R²). In arbiter
+mode the hosts' scores reach the guest only encrypted and the server decrypts the guest's masked totals
+(:mod:`secureflhv.vertical.lr_scores`), then writes a config-only bundle for later prediction jobs.
 
 Artifacts (:mod:`secureflhv.runtime.artifacts`): every party's ``model.json``; at the guest also
 ``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``. Guest and hosts also write their
@@ -80,6 +82,14 @@ def _bundle_fields(data, config: VerticalLRConfig) -> dict:
             "preprocessing": preprocessing_state(data)}
 
 
+def _scores(guest: VerticalLRGuest, X: np.ndarray, rows) -> np.ndarray:
+    """The task's predictions of ``rows`` (binary (m,), multiclass (m, K), regression (m,)), in requests
+    of at most the training row count (the arbiter's bound)."""
+    rows, step = np.asarray(rows), guest.X.shape[0]
+    parts = [guest.predict_proba(X, rows=rows[i:i + step]) for i in range(0, len(rows), step)]
+    return np.concatenate(parts) if parts else np.zeros((0,) + guest.loss.cols)
+
+
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams) -> dict:
     """Run this party's role of a vertical LR job; return the guest's metrics (others: ``{}``).
 
@@ -95,8 +105,12 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                    model=model, metadata=meta)
 
     if party.role == "server":
-        attach_checkpoints(cfg, party, transport, VerticalLRArbiter(transport, cfg.guest.id, host_ids, config)).fit()
+        arbiter = VerticalLRArbiter(transport, cfg.guest.id, host_ids, config)
+        attach_checkpoints(cfg, party, transport, arbiter)
+        arbiter.fit()
+        arbiter.serve_predictions()  # the held-out scores: decrypts the guest's masked totals
         save({}, {"params": params.model_dump(mode="json")})
+        save_job_bundle(cfg, party, files={}, config=config.model_dump(mode="json"))  # for a prediction job
         return {}
 
     data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize, preprocess=True)
@@ -119,7 +133,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     except ValueError as exc:
         raise JobConfigError(f"params.task {params.task!r} and data.label_column of {party.id!r}: {exc}") from None
     result = attach_checkpoints(cfg, party, transport, guest).fit()
-    metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
+    metrics, p_test = evaluate_split(data.y, data.split, lambda rows: _scores(guest, X, rows),
                                      lambda y, p: task_metrics(y, p, params.task))
     guest.end_prediction()
     history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds, "stopped_early": result.stopped_early,
