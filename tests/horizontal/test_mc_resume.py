@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mc_harness import LOCAL, cancer_shards, config, run_peers  # noqa: E402
+from mc_harness import LOCAL, SPEC, cancer_shards, config, run_peers  # noqa: E402
 
+from secureflhv.horizontal.mc_peer import MultiConfederatedPeer  # noqa: E402
 from secureflhv.runtime.checkpoint import CheckpointStore  # noqa: E402
+from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
 
 CFG = config(rounds=4, fork_margin=0.05, max_models=7, merge_tolerance=0.05,
              local=dataclasses.replace(LOCAL, epochs=2, batch_size=16, lr=0.1))
@@ -49,8 +51,13 @@ def _records(peer):
     return [{k: v for k, v in dataclasses.asdict(r).items() if k != "seconds"} for r in peer.history]
 
 
-def test_resume_from_every_round_equals_uninterrupted(data, tmp_path):
-    full, stores = _run(data, tmp_path)
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory):
+    return _run(data, tmp_path_factory.mktemp("mc-full"))
+
+
+def test_resume_from_every_round_equals_uninterrupted(data, uninterrupted, tmp_path):
+    full, stores = uninterrupted
     assert all(s.steps() == list(range(1, CFG.rounds + 1)) for s in stores.values())
     assert any(r.forked for p in full for r in p.history), "the scenario should fork"
     for k in range(1, CFG.rounds + 1):  # k == rounds: nothing left to run, the state alone must be whole
@@ -68,8 +75,8 @@ def test_resume_from_every_round_equals_uninterrupted(data, tmp_path):
         assert all(s.steps() == list(range(k, CFG.rounds + 1)) for s in later.values())  # only what it ran
 
 
-def test_a_checkpoint_of_another_peer_or_shape_is_refused(data, tmp_path):
-    _, stores = _run(data, tmp_path)
+def test_a_checkpoint_of_another_peer_or_shape_is_refused(data, uninterrupted):
+    _, stores = uninterrupted
     arrays, state = stores["p0"].load(2)
     with pytest.raises(ValueError, match=r"checkpoint: not a MultiConfederated checkpoint of p1 .*party/peers/dim"):
         _run_one_with(data, (arrays, state), "p1")
@@ -80,10 +87,6 @@ def test_a_checkpoint_of_another_peer_or_shape_is_refused(data, tmp_path):
 
 def _run_one_with(data, resume, pid):
     """Build peer ``pid`` with ``resume`` and start it: the restore fails before any message."""
-    from secureflhv.horizontal.mc_peer import MultiConfederatedPeer
-    from secureflhv.transport.inprocess import InProcessNetwork
-    from mc_harness import SPEC
-
     ids = ["p0", "p1", "p2"]
     net = InProcessNetwork("mc-bad", ids, deadline=2)
     X, y = data[ids.index(pid)]
