@@ -29,11 +29,20 @@ failing peer tells every other peer (:meth:`Transport.abort`), so all stop at on
 failure. Rationale: the pool and the popularity counts stay the same at every honest peer only when
 every peer sees the same messages.
 
+Checkpoints (Issue 12): after each round ``r`` the peer calls ``on_checkpoint(r, arrays, state)`` with its whole
+state — ``arrays["pool"]`` float32 (|pool|, dim), the pool's models in pool order, and in ``state`` the pool
+ids, the announced ids, last round's popularity, its pending fork and its round records (plain JSON, no
+pickle). Nothing else carries over between rounds: batches come from ``batch_rng(seed, round, ...)`` and
+the torch module is reloaded from the pool before every use, so a peer built with ``resume_from`` = the
+states of round k (every peer the same k, agreed by :func:`secureflhv.runtime.resume.agree_step`) runs
+rounds k+1.. exactly as the uninterrupted run does.
+
 What each peer learns: see :mod:`.multiconfederated` — every other peer's trained weights of the
 models it trains, its sample count and training loss: **peers see each other's updates**, as in the paper.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -141,6 +150,9 @@ class MultiConfederatedPeer(ProtocolRole):
         self.max_update_bytes = max_selected(config.max_models) * (4 * self.dim + 256) + 4096
         self.trainer = FedAvg()                      # plain local SGD (Strategy.client_update)
         self.history: list[MCRound] = []
+
+    resume_from: tuple[dict, dict] | None = None  # (arrays, state) of the checkpoint to continue after
+    on_checkpoint = None  # callback(rounds_done, arrays, state) at the end of each round
 
     def _peers(self) -> list[str]:
         return self.others  # not dropout-tolerant: a failing peer tells everyone
@@ -255,6 +267,56 @@ class MultiConfederatedPeer(ProtocolRole):
         rec.merged = merge_pool(mergeable, self.popularity, cfg.merge_tolerance)
         self.pool = {**mergeable, **({self.pending_fork: self.pool[self.pending_fork]} if self.pending_fork else {})}
 
+    # ---------------------------------------------------------------- checkpoints
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """(arrays, state) of this peer after its last round: everything the next round reads."""
+        ids = list(self.pool)  # pool order, not sorted: the continuation iterates it the same way
+        arrays = {"pool": np.stack([self.pool[m] for m in ids]).astype(np.float32, copy=False)}
+        state = {"rounds_done": len(self.history), "party_id": self.party_id, "peers": self.all_peers,
+                 "dim": self.dim, "pool_ids": ids, "announced": sorted(self.announced),
+                 "popularity": dict(self.popularity), "pending_fork": self.pending_fork,
+                 "history": [dataclasses.asdict(r) for r in self.history]}
+        return arrays, state
+
+    def _restore(self) -> int:
+        """Load :attr:`resume_from` (if any); return the rounds it completed (0 without one).
+
+        Raises ValueError("checkpoint: ...") when it is not a checkpoint of this peer and configuration."""
+        if self.resume_from is None:
+            return 0
+        arrays, state = self.resume_from
+        done, ids, pool = state.get("rounds_done"), state.get("pool_ids"), arrays.get("pool")
+        fork, announced, pop = state.get("pending_fork"), state.get("announced"), state.get("popularity")
+        history = state.get("history")
+        problems = [what for what, bad in (
+            ("rounds_done", not (type(done) is int and 1 <= done <= self.config.rounds)),
+            ("party/peers/dim", (state.get("party_id"), state.get("peers"), state.get("dim"))
+             != (self.party_id, self.all_peers, self.dim)),
+            ("pool_ids", not (isinstance(ids, list) and 1 <= len(ids) <= self.config.max_models
+                              and len(set(ids)) == len(ids)
+                              and all(isinstance(m, str) and MODEL_ID.match(m) for m in ids))),
+            ("pool", not (isinstance(pool, np.ndarray) and pool.dtype == np.float32 and isinstance(ids, list)
+                          and pool.shape == (len(ids), self.dim) and np.all(np.isfinite(pool)))),
+            ("pending_fork", not (fork is None or (isinstance(ids, list) and fork in ids))),
+            ("announced", not (isinstance(announced, list) and all(isinstance(m, str) for m in announced)
+                               and isinstance(ids, list) and set(ids) - {fork} <= set(announced))),
+            ("popularity", not (isinstance(pop, dict) and all(type(v) is int and v >= 0 for v in pop.values()))),
+            ("history", not (isinstance(history, list) and len(history) == done
+                             and all(isinstance(h, dict) for h in history))),
+        ) if bad]
+        if problems:
+            raise ValueError(f"checkpoint: not a MultiConfederated checkpoint of {self.party_id} in this "
+                             f"configuration ({', '.join(problems)} do not fit)")
+        try:
+            records = [MCRound(**{**h, "merged": [tuple(x) for x in h.get("merged", [])]}) for h in history]
+        except TypeError as exc:
+            raise ValueError(f"checkpoint: round records do not fit ({exc})") from None
+        self.pool = {m: pool[i].copy() for i, m in enumerate(ids)}
+        self.announced, self.popularity, self.pending_fork = set(announced), dict(pop), fork
+        self.history = records
+        log.info("%s: resuming after round %d (pool %s)", self.party_id, done, ",".join(ids))
+        return done
+
     # ---------------------------------------------------------------- rounds
     def run(self) -> list[MCRound]:
         """Run every round; return this peer's records (also in :attr:`history`)."""
@@ -264,8 +326,10 @@ class MultiConfederatedPeer(ProtocolRole):
         cfg = self.config
         log.info("%s: MultiConfederated learning with %s, %d rounds, %d initial models, %d parameters",
                  self.party_id, ", ".join(self.others), cfg.rounds, len(self.pool), self.dim)
-        for r in range(1, cfg.rounds + 1):
+        for r in range(self._restore() + 1, cfg.rounds + 1):
             rec = self.run_round(r)
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(r, *self.checkpoint_state())
             log.info("%s: round %d/%d: trained %s; pool %s; personal model %s, local test accuracy %.4f (n=%d)%s%s",
                      self.party_id, r, cfg.rounds, ",".join(rec.trained), ",".join(rec.pool), rec.personal,
                      rec.test_accuracy, rec.test_n, f"; forked {rec.forked}" if rec.forked else "",

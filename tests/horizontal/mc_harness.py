@@ -32,10 +32,10 @@ def config(**kw) -> MCConfig:
 
 
 def run_peers(shards, cfg: MCConfig, *, ids=None, net=None, transport_of=None, test_rows: int = 20,
-              spec: ModelSpec = SPEC):
+              spec: ModelSpec = SPEC, setup=None):
     """Every peer in its own thread over one InProcessNetwork. ``transport_of(net, pid)`` may wrap a
-    transport (an attacker). The last ``test_rows`` rows of each shard are its local test split.
-    Returns (peers, errors by party id, network)."""
+    transport (an attacker); ``setup(peer)`` runs on each peer before it starts (checkpoints, resume).
+    The last ``test_rows`` rows of each shard are its local test split. Returns (peers, errors by party id, network)."""
     ids = ids or [f"p{i}" for i in range(len(shards))]
     net = net or InProcessNetwork("mc-test", ids, deadline=cfg.round_timeout_s)
     peers = []
@@ -43,6 +43,8 @@ def run_peers(shards, cfg: MCConfig, *, ids=None, net=None, transport_of=None, t
         t = transport_of(net, pid) if transport_of else net.transport(pid)
         peers.append(MultiConfederatedPeer(t, ids, X[:-test_rows], y[:-test_rows], X[-test_rows:], y[-test_rows:],
                                            spec, cfg))
+        if setup is not None:
+            setup(peers[-1])
     errors: dict[str, BaseException] = {}
 
     def run(p):

@@ -143,3 +143,83 @@ def test_grpc_tls_peers_reach_the_models_of_an_in_process_run(tmp_path):
         final = json.loads((tmp_path / "out" / spec.id / "metrics.json").read_text())["final"]
         acc = float(np.mean(load_model(tmp_path / "out" / spec.id).predict(X[test]) == y[test]))
         assert acc == pytest.approx(final["test_accuracy"], abs=1e-12) and final["test_n"] == len(test)
+
+
+RESUME_PARAMS = {**PARAMS, "rounds": 4, "fork_margin": 0.02}
+KILL_AFTER = 2  # rounds peer-c completes (and checkpoints) before it is SIGKILLed
+DEADLINE = 15
+
+
+def _party(job: Path, pid: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "secureflhv", "party", str(job), "--party", pid, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_a_killed_peer_is_named_and_resume_equals_the_uninterrupted_run(tmp_path):
+    """Real peer processes over gRPC + mTLS: peer-c is SIGKILLed after round 2; peer-a and peer-b stop within
+    their deadline naming it; ``run --resume`` continues from the last round every peer checkpointed and the
+    finished pools equal an uninterrupted run's (in-process, which the test above shows equal to gRPC)."""
+    import os
+    import re
+    import signal
+    import time
+
+    from secureflhv.runtime.demo import free_ports
+    from secureflhv.transport.certs import generate_certificates
+
+    paths = write_data(tmp_path)
+    generate_certificates(tmp_path / "certs", PEERS, overwrite=True)
+    job = job_dict(paths, tls=True, ports=free_ports(3), params=RESUME_PARAMS)
+    job["job"]["deadline_s"] = DEADLINE
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    reference = dict(job, job={**job["job"], "output_dir": "out-ref"})
+    run_in_process(parse_job(reference, tmp_path))
+
+    procs = {p: _party(path, p) for p in PEERS}
+    try:
+        for line in procs["peer-c"].stdout:
+            if f"round {KILL_AFTER}/{RESUME_PARAMS['rounds']}" in line:
+                break
+        else:
+            pytest.fail("peer-c never finished round 2")
+        os.killpg(procs["peer-c"].pid, signal.SIGKILL)
+        procs["peer-c"].wait()
+        t_kill = time.monotonic()
+        for p in ("peer-a", "peer-b"):
+            out, _ = procs[p].communicate(timeout=120)
+            assert procs[p].returncode not in (0, None), out[-2000:]
+            # its last line (the job's first failure) names the dead peer, and the log says where: it could
+            # not deliver its update to peer-c, timed out waiting for peer-c's, or was told by the other survivor
+            assert re.search(r"\bpeer-c\b", out.strip().splitlines()[-1]), out[-2000:]
+            assert re.search(r"'mc\.update' \(round [34]\).*'peer-c'|'peer-c'.*'mc\.update'", out), out[-2000:]
+        # within the deadline (plus slack for a loaded machine), not the job's 240 s timeout
+        assert time.monotonic() - t_kill < DEADLINE + 45
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    held = sorted(d.name for d in (tmp_path / "out" / "peer-c" / "checkpoints").iterdir() if d.name.startswith("step-"))
+    assert held == [f"step-{s:08d}" for s in (KILL_AFTER - 1, KILL_AFTER)]  # keep=2
+
+    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(path), "--resume", "--timeout", "240"],
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    steps = set(re.findall(r"resuming after checkpoint step (\d+)", out))
+    # every survivor completed round 2 unless the other's abort reached it first
+    assert len(steps) == 1 and int(steps.pop()) in (KILL_AFTER - 1, KILL_AFTER), out[-4000:]
+    assert out.count("resuming after checkpoint step") == len(PEERS)
+    resumed, ref = pools(tmp_path / "out"), pools(tmp_path / "out-ref")
+    for p in PEERS:
+        assert sorted(resumed[p]) == sorted(ref[p]), p
+        for k in ref[p]:
+            np.testing.assert_allclose(resumed[p][k], ref[p][k], rtol=0, atol=1e-6, err_msg=f"{p} {k}")
+        m_res = json.loads((tmp_path / "out" / p / "metrics.json").read_text())
+        m_ref = json.loads((tmp_path / "out-ref" / p / "metrics.json").read_text())
+        assert [r["trained"] for r in m_res["rounds"]] == [r["trained"] for r in m_ref["rounds"]]
+        assert [r["forked"] for r in m_res["rounds"]] == [r["forked"] for r in m_ref["rounds"]]
+        assert m_res["final"]["personal"] == m_ref["final"]["personal"]
+        assert m_res["final"]["test_accuracy"] == m_ref["final"]["test_accuracy"]

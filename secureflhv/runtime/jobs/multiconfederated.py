@@ -32,6 +32,12 @@ Artifacts under ``<output_dir>/<peer>/``: ``pool_models.npz`` (every model of th
 ``<model id>/<parameter>``, float32, ``np.load(..., allow_pickle=False)``), ``metrics.json`` (per round:
 trained models, divergences, accepted / rejected peers, forks, merges, pool, personal model, local test
 accuracy) and the personal model as a bundle (``model/``, ``model.safetensors``).
+
+Checkpoints: after every round each peer saves its whole state (its pool, announced ids, popularity,
+pending fork, round records) under ``<output_dir>/<peer>/checkpoints/``; ``secureflhv run JOB --resume``
+(or ``party --resume``) makes the peers agree on the newest round all of them completed
+(:func:`~secureflhv.runtime.resume.attach_checkpoints`) and continue from it; the finished pools equal an
+uninterrupted run's with the same seed.
 """
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ from ..artifacts import write_json
 from ..data_prep import local_split
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..model_bundle import save_job_bundle
+from ..resume import attach_checkpoints
 from .horizontal_fl import _finite, load_client_data
 
 log = logging.getLogger("secureflhv.job")
@@ -78,6 +85,11 @@ class MultiConfederatedJobParams(BaseModel):
     test_fraction: float = Field(default=0.2, ge=0, lt=1, description="local test split of each peer")
     label_column: str = Field(default="y", description="label column when parties[i].data.label_column is unset")
     round_timeout_s: float | None = Field(default=None, gt=0, description="default: job.deadline_s")
+
+    @property
+    def preprocessing(self) -> None:
+        """No federated preprocessing here (it needs a server); read by the shared ``load_client_data``."""
+        return None
 
 
 def roles(cfg: JobConfig) -> None:
@@ -130,7 +142,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: MultiCon
 
     Raises JobConfigError for bad data, PeerTimeout naming a silent peer, JobAborted when a peer failed.
     """
-    peer = make_peer(cfg, party, transport, params)
+    peer = attach_checkpoints(cfg, party, transport, make_peer(cfg, party, transport, params),
+                              [p.id for p in cfg.clients if p.id != party.id])
     history = peer.run()
     out_dir = cfg.output_dir(party.id)
     out_dir.mkdir(parents=True, exist_ok=True)
