@@ -12,6 +12,12 @@ writes ``metrics.json`` on its own test rows.
 the job goes on without clients that drop out while at least t remain (the launcher tolerates a
 failing client; the server rebuilds the boosting round the client was lost in, see
 :mod:`secureflhv.tree.horizontal`).
+
+Checkpoints (:mod:`secureflhv.runtime.checkpoint`): every party saves its state after each boosting round
+under ``<output_dir>/<party>/checkpoints/step-<rounds done>/`` (what is stored:
+:mod:`secureflhv.tree.horizontal`). At start-up (clients: after loading their data) all parties agree on
+a step (:mod:`secureflhv.runtime.resume`); with ``--resume`` they continue after it, and the finished
+trees equal an uninterrupted run's exactly.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from ..data_prep import load_party_table, split_rows
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..model_bundle import save_job_bundle
 from ..reports import evaluate_split, objective_metrics
+from ..resume import attach_checkpoints
 from .secureboost_vertical import SecureBoostJobParams, tree_params
 
 
@@ -70,7 +77,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     if party.role == "server":
         server = HorizontalSecureBoostServer(transport, client_ids, algo, aggregation=agg,
                                              feature_ranges=params.feature_ranges)
-        model = server.fit()
+        model = attach_checkpoints(cfg, party, transport, server).fit()
         out_dir.mkdir(parents=True, exist_ok=True)
         save_xgboost_json(model, out_dir / "model.xgboost.json")
         save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm=cfg.job.algorithm,
@@ -83,7 +90,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     client = HorizontalSecureBoostClient(transport, cfg.server.id, client_ids, X[split.train], y[split.train], algo,
                                          X_val=split.validation(X), y_val=split.validation(y),
                                          aggregation=agg, send_ranges=params.feature_ranges is None)
-    model = client.fit()
+    model = attach_checkpoints(cfg, party, transport, client).fit()
     metrics, _ = evaluate_split(y, split, lambda rows: model.predict(X[rows]),
                                 lambda y_, p_: objective_metrics(y_, p_, algo.objective))
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics})
