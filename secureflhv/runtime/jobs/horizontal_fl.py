@@ -40,7 +40,8 @@ Checkpoints (:mod:`secureflhv.runtime.checkpoint`): the server and every client 
 each round under ``<output_dir>/<party>/checkpoints/step-<rounds done>/`` (what is stored:
 :mod:`secureflhv.horizontal.fl`). At start-up (clients: after loading their data) all parties agree on a
 step (:mod:`secureflhv.runtime.resume`); with ``--resume`` they continue after it. With a fixed
-``aggregation.seed`` the finished model equals an uninterrupted run's exactly.
+``aggregation.seed`` the finished model equals an uninterrupted run's exactly. What a peer learns from the
+agreement: which rounds the others completed, nothing else.
 """
 from __future__ import annotations
 

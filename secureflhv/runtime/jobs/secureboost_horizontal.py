@@ -17,7 +17,8 @@ Checkpoints (:mod:`secureflhv.runtime.checkpoint`): every party saves its state 
 under ``<output_dir>/<party>/checkpoints/step-<rounds done>/`` (what is stored:
 :mod:`secureflhv.tree.horizontal`). At start-up (clients: after loading their data) all parties agree on
 a step (:mod:`secureflhv.runtime.resume`); with ``--resume`` they continue after it, and the finished
-trees equal an uninterrupted run's exactly.
+trees equal an uninterrupted run's exactly. What a peer learns from the agreement: which rounds the others
+completed, nothing else.
 """
 from __future__ import annotations
 

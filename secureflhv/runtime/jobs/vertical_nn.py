@@ -14,6 +14,7 @@ Checkpoints (:mod:`secureflhv.runtime.checkpoint`): guest and hosts save their t
 epoch under ``<output_dir>/<party>/checkpoints/step-<epochs done>/`` (what is stored: the split NN
 module docstring). At start-up (after PSI) they agree on a step (:mod:`secureflhv.runtime.resume`); with
 ``--resume`` they continue after it, and the finished model equals an uninterrupted run's (to ~1e-12).
+What a peer learns from the agreement: which epochs the others completed, nothing else.
 """
 from __future__ import annotations
 
