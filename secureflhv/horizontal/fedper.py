@@ -40,6 +40,7 @@ class FedPer(Strategy):
     """FedPer with a personal head of ``personal_layers`` final linear layers (see the module docstring)."""
 
     name = "fedper"
+    state_names = ("head",)
 
     def __init__(self, personal_layers: int = 1):
         if int(personal_layers) != personal_layers or personal_layers < 1:
@@ -50,6 +51,9 @@ class FedPer(Strategy):
 
     def hyperparameters(self) -> dict:
         return {"personal_layers": self.personal_layers}
+
+    def _state_length(self, name, dim):
+        return None  # the head: the personal coordinates only
 
     def mask(self, model: nn.Module) -> np.ndarray:
         if self._mask is None:

@@ -38,6 +38,15 @@ Wire: every payload is protobuf (``messages_pb2.Bundle`` / ``Scalars``); tensors
 little-endian bytes (:mod:`secureflhv.transport.codec`) and are checked against the model's parameter
 names and shapes (float32, finite) — a bad payload is rejected by the transport and the wait goes on.
 
+Checkpoints (``on_checkpoint(rounds_done, arrays, state)`` after every round, ``resume_from = (arrays,
+state)`` to continue after one; the job wires both to :mod:`secureflhv.runtime.checkpoint`): the server
+stores the global model (float32), the strategy's server state (SCAFFOLD's c, IFCA's cluster models)
+and the round records; a client stores its strategy state (SCAFFOLD's c_i, FedPer's head), the last
+global model it received and its metrics history. No RNG state: client sampling, batch orders and the
+aggregation's stochastic rounding are drawn from (seed, round[, client]), so a resumed job with a fixed
+``aggregation.seed`` gives the uninterrupted run's model exactly. A resumed job starts with every client
+alive (they all took part in the step agreement).
+
 What each role learns: the server learns the selected/surviving ids, what the aggregation kind
 reveals of the updates (secure aggregation: only the weighted sums and total weights), and each
 client's local test counts (correct, n, loss; regression: also Σ|ŷ − y|, Σy, Σy² of its test
@@ -222,7 +231,45 @@ def _parallel(fn, items) -> list:
 
 
 # ------------------------------------------------------------------------------------ server
-class HorizontalServer(ProtocolRole):
+class _Resumable:
+    """Checkpoint hooks shared by server and client (see the module docstring)."""
+
+    resume_from: tuple[dict, dict] | None = None  # (arrays, state) of a checkpoint to continue after
+    on_checkpoint = None  # callback(rounds_done, arrays, state) after each round
+
+    def _restored(self, history_type) -> tuple[int, dict, list]:
+        """(rounds done, arrays, history) of ``resume_from`` ((0, {}, []) without one); the strategy's state
+        is loaded. ValueError when it is not a horizontal FL checkpoint of this configuration."""
+        if self.resume_from is None:
+            return 0, {}, []
+        arrays, state = self.resume_from
+        done, history = state.get("rounds_done"), state.get("history")
+        if not isinstance(done, int) or not 1 <= done <= self.config.rounds or not isinstance(history, list) \
+                or len(history) != done or not all(isinstance(h, dict) for h in history) \
+                or state.get("strategy") != self.strategy.name:
+            raise ValueError(f"checkpoint: not a {self.strategy.name} horizontal FL checkpoint of this configuration")
+        try:
+            history = [history_type(**h) for h in history]
+        except TypeError as exc:
+            raise ValueError(f"checkpoint: malformed round history ({exc})") from None
+        self.strategy.load_state({k[len("strategy."):]: v for k, v in arrays.items() if k.startswith("strategy.")},
+                                 self.dim)
+        return done, arrays, history
+
+    def _checkpoint(self, done: int, arrays: dict, history: list) -> None:
+        if self.on_checkpoint is not None:
+            arrays = {**arrays, **{f"strategy.{k}": v for k, v in self.strategy.state_arrays().items()}}
+            self.on_checkpoint(done, arrays, {"rounds_done": done, "strategy": self.strategy.name,
+                                              "history": history})
+
+    def _restored_model(self, arrays: dict, name: str) -> np.ndarray:
+        vec = arrays.get(name)
+        if vec is None or vec.dtype != np.float32 or vec.shape != (self.dim,):
+            raise ValueError(f"checkpoint: {name!r} is not a float32 ({self.dim},) model")
+        return np.array(vec)
+
+
+class HorizontalServer(_Resumable, ProtocolRole):
     """The aggregator: samples clients, broadcasts the global model, aggregates, applies the strategy.
 
     Args:
@@ -278,8 +325,12 @@ class HorizontalServer(ProtocolRole):
         cfg = self.config
         log.info("server: %s, %d clients, %d rounds, fraction %g, %d parameters, aggregation %s",
                  self.strategy.name, len(self.clients), cfg.rounds, cfg.fraction, self.dim, cfg.aggregation.kind)
-        for r in range(1, cfg.rounds + 1):
+        done, arrays, self.history = self._restored(lambda **d: RoundRecord(**d))
+        if done:
+            self.global_vec = self._restored_model(arrays, "global")
+        for r in range(done + 1, cfg.rounds + 1):
             record = self.run_round(r)
+            self._checkpoint(r, {"global": self.global_vec}, [dict(vars(h)) for h in self.history])
             tm = record.test_metrics
             quality = (f"test RMSE {tm.get('rmse', float('nan')):.4f}, R² {tm.get('r2', float('nan')):.4f} "
                        f"(n={record.test_n})" if self.spec.task == "regression" else
@@ -444,7 +495,7 @@ class HorizontalServer(ProtocolRole):
 
 
 # ------------------------------------------------------------------------------------ client
-class HorizontalClient(ProtocolRole):
+class HorizontalClient(_Resumable, ProtocolRole):
     """A data holder: trains the global model on its rows and submits its update through aggregation.
 
     A failing client tells nobody (:meth:`_peers` is empty): it is a dropout of the round, which the
@@ -554,7 +605,10 @@ class HorizontalClient(ProtocolRole):
     def run(self) -> list[dict]:
         """Serve rounds until the server says stop; return this client's per-round metrics."""
         timeout = self.config.round_timeout_s
-        r = 1
+        done, arrays, self.history = self._restored(dict)
+        if done:
+            self.global_vec = self._restored_model(arrays, "global")
+        r = done + 1
         while True:
             bundle = self.t.recv(self.server_id, TAG_ROUND, r, timeout=timeout, parse=self._parse_round)
             cmd = bundle.text["command"]
@@ -584,6 +638,7 @@ class HorizontalClient(ProtocolRole):
             if self.spec.task == "regression":
                 quality = {"test_mse": metrics["loss"]}
             self.history.append({"round": r, **stats, **quality, **local})
+            self._checkpoint(r, {"global": self.global_vec}, self.history)
             log.info("%s: round %d %s; local %s (n=%d)", self.party_id, r,
                      f"trained {int(stats['steps'])} steps, loss {stats['train_loss']:.4f}" if cmd == "train"
                      else "not selected", ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in quality.items()),

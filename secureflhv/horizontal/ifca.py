@@ -53,6 +53,20 @@ class IFCA(Strategy):
     def hyperparameters(self) -> dict:
         return {"clusters": self.k}
 
+    def state_arrays(self):
+        """Server: the k cluster models ``cluster<j>`` (a client's choice is made afresh every round)."""
+        return {cluster_part(j): np.asarray(v) for j, v in enumerate(self.clusters)}
+
+    def load_state(self, arrays, dim):
+        want = {cluster_part(j) for j in range(self.k)}
+        if not arrays:  # a client: nothing carries over
+            return
+        if set(arrays) != want:
+            raise ValueError(f"checkpoint: IFCA needs {sorted(want)}, found {sorted(arrays)}")
+        self.state_names = tuple(sorted(want))
+        super().load_state(arrays, dim)
+        self.clusters = [np.array(arrays[cluster_part(j)]) for j in range(self.k)]
+
     def part_dims(self, dim):
         return {p: dim for p in self.parts}
 

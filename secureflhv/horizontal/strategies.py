@@ -186,6 +186,30 @@ class Strategy(ABC):
     def hyperparameters(self) -> dict:
         return {}
 
+    # ---------------------------------------------------------------- checkpoints
+    state_names: tuple[str, ...] = ()  # attributes that carry over from one round to the next
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """This instance's cross-round state (float32 (dim,) arrays, those set so far) for a checkpoint:
+        SCAFFOLD's c (server) / c_i (client), IFCA's cluster models, FedPer's head; FedAvg, FedProx and
+        FedNova keep none."""
+        return {n: np.asarray(getattr(self, n)) for n in self.state_names if getattr(self, n) is not None}
+
+    def load_state(self, arrays: dict[str, np.ndarray], dim: int) -> None:
+        """Restore :meth:`state_arrays`; ValueError for an unknown name or an array that is not float32 (dim,)."""
+        for name, arr in arrays.items():
+            if name not in self.state_names:
+                raise ValueError(f"checkpoint: {self.name} keeps no state {name!r}")
+            want = self._state_length(name, dim)
+            if arr.dtype != np.float32 or arr.ndim != 1 or not (arr.size == want if want else 0 < arr.size < dim):
+                raise ValueError(f"checkpoint: {self.name} state {name!r} is {arr.dtype} {arr.shape}, "
+                                 f"expected float32 ({want or f'< {dim}'},)")
+            setattr(self, name, np.array(arr))
+
+    def _state_length(self, name: str, dim: int) -> int | None:
+        """Length of state array ``name`` (None: a part of the model, shorter than ``dim``)."""
+        return dim
+
     # ---------------------------------------------------------------- server half
     def server_init(self, dim: int, initial: list[np.ndarray] | None = None) -> None:
         """Prepare server state for a model of ``dim`` parameters; ``initial``: :attr:`n_models` float32
@@ -253,6 +277,7 @@ class Scaffold(Strategy):
 
     name = "scaffold"
     parts = ("model", "control")
+    state_names = ("c_global", "c_local")
 
     def __init__(self):
         self.c_global: np.ndarray | None = None  # server: c

@@ -69,6 +69,16 @@ What each role learns:
   from the tree also aggregate information about other clients' data (as any shared model does);
   which clients dropped out.
 
+Checkpoints (``on_checkpoint(rounds_done, arrays, state)``, ``resume_from = (arrays, state)``; the job
+wires both to :mod:`secureflhv.runtime.checkpoint`): the server saves the model after each boosting
+round (trees, base margin, cuts, validation losses, best round: :func:`~.model.model_to_dict`) and its
+tree times; a client saves the same model and its margins at the start of the next round (``margin``,
+``vmargin``), when the server's first hsb.tree of that round confirms the round was kept with this
+client in it. A resumed session runs hello and binning again (deterministic: the same cuts, which are
+checked against the saved ones) and continues after the agreed round; its trees equal the
+uninterrupted run's exactly (every histogram sum is exact). A resumed job starts with every client
+active (they all took part in the step agreement).
+
 Failures: the server and every client are :class:`~secureflhv.transport.role.ProtocolRole` roles; a
 failing server tells every active client, a failing client tells nobody (it is a dropout, see above).
 """
@@ -92,7 +102,7 @@ from ..transport import JobAborted, ProtocolError, Transport, TransportError, pa
 from ..transport.codec import tensor_from_proto, tensor_to_proto
 from ..transport.role import ProtocolRole
 from .binning import Binner, apply_bins, cuts_from_grid_counts, grid, grid_counts, missing_bin
-from .model import BoostedModel, Node, Tree, plan_children
+from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children
 from .params import (SecureBoostParams, base_margin_from_sums, bound_log2, check_labels, dequantise, gradients,
                      loss, precision_bits_for, quantise)
 
@@ -133,6 +143,38 @@ class _Restart(Exception):
     def __init__(self, msg: tree_pb2.HsbLevel):
         super().__init__(f"restart at tree {msg.tree}")
         self.msg = msg
+
+
+class _Resumable:
+    """Checkpoint hooks of server and client (see Checkpoints in the module docstring)."""
+
+    resume_from: tuple[dict, dict] | None = None  # (arrays, state) of a checkpoint to continue after
+    on_checkpoint = None  # callback(rounds_done, arrays, state)
+
+    def _checkpoint(self, done: int, arrays: dict, model: BoostedModel) -> None:
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(done, arrays, {"rounds_done": done, "model": model_to_dict(model)})
+
+    def _restored(self, model: BoostedModel, arrays_needed: Sequence[str]) -> tuple[int, dict]:
+        """Put ``resume_from``'s trees and validation record into ``model`` (fresh from binning); returns
+        (rounds done, arrays) ((0, {}) without one). ValueError when the checkpoint is not a horizontal
+        SecureBoost checkpoint of this configuration, or its cuts / base margin differ from binning's."""
+        if self.resume_from is None:
+            return 0, {}
+        arrays, state = self.resume_from
+        done, K = state.get("rounds_done"), self.params.trees_per_round
+        if not isinstance(done, int) or not 1 <= done <= self.params.n_trees or not isinstance(state.get("model"), dict) \
+                or set(arrays_needed) - set(arrays):
+            raise ValueError("checkpoint: not a horizontal SecureBoost checkpoint of this configuration")
+        saved = model_from_dict(state["model"])
+        same_cuts = saved.cuts is not None and len(saved.cuts) == len(model.cuts) and \
+            all(np.array_equal(a, b) for a, b in zip(saved.cuts, model.cuts))
+        if not same_cuts or not np.array_equal(saved.base_margin, model.base_margin) or len(saved.trees) != done * K \
+                or saved.params != self.params:
+            raise ValueError("checkpoint: its model does not continue this job (other cuts, base margin, "
+                             "parameters or number of trees)")
+        model.trees, model.val_losses, model.best_round = saved.trees, saved.val_losses, saved.best_round
+        return done, arrays
 
 
 def tree_aggregation_config(kind: str = "secagg", **overrides) -> AggregationConfig:
@@ -259,7 +301,7 @@ class HistSplit:
 
 
 # ============================================================================================ server
-class HorizontalSecureBoostServer(ProtocolRole):
+class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
     """The data-less coordinator: agrees on bins, sums histograms via secure aggregation, grows trees.
 
     Stages (methods): :meth:`hello`, :meth:`binning`, then per tree :meth:`grow_tree` (one
@@ -313,9 +355,12 @@ class HorizontalSecureBoostServer(ProtocolRole):
         self.layout = HistLayout.of(self.binner.n_bins)
         model = BoostedModel(prm, binning.base_margin, [], binning.cuts)
         self.model = model
-        if self._lost:   # lost during binning: the cuts are those of the binning's survivors
-            self._restart(_Dropped(self._lost, TAG_TREE, None), 0)
         r, K = 0, prm.trees_per_round
+        r, arrays = self._restored(model, ("tree_seconds",))
+        if r:
+            self.tree_seconds = arrays["tree_seconds"].tolist()
+        if self._lost:   # lost during binning: the cuts are those of the binning's survivors
+            self._restart(_Dropped(self._lost, TAG_TREE, None), r * K)
         while r < prm.n_trees:
             try:
                 stop = self._boosting_round(r)
@@ -326,6 +371,7 @@ class HorizontalSecureBoostServer(ProtocolRole):
             r += 1
             if stop:
                 break
+            self._checkpoint(r, {"tree_seconds": np.array(self.tree_seconds)}, model)
         self._slot += 1
         self._send_all(TAG_TREE, tree_pb2.HsbLevel(tree=r * K, stop=True, keep_trees=len(model.trees)),
                        self._slot + 1, "stop")
@@ -619,7 +665,7 @@ class HorizontalSecureBoostServer(ProtocolRole):
 
 
 # ============================================================================================ client
-class HorizontalSecureBoostClient(ProtocolRole):
+class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
     """A data holder: computes local gradients and histograms, sends them only through aggregation.
 
     Stages (methods): :meth:`hello`, :meth:`binning`, then per tree :meth:`grow_tree` (one histogram
@@ -686,10 +732,19 @@ class HorizontalSecureBoostClient(ProtocolRole):
         vbins = None if self.X_val is None else apply_bins(self.X_val, binning.cuts, allow_nan=True)
         base = lambda b: None if b is None else np.tile(binning.base_margin, (len(b), 1)).astype(np.float64)  # noqa: E731
         starts = {0: (base(bins), base(vbins))}   # margins at the start of a round (the last two rounds)
-        r, K = 0, prm.trees_per_round
+        K = prm.trees_per_round
+        r, arrays = self._restored(self.model, ("margin",) + (() if vbins is None else ("vmargin",)))
+        if r:
+            saved = arrays["margin"], arrays.get("vmargin")
+            for fresh, old in zip(starts[0], saved):
+                if (fresh is None) != (old is None) or (fresh is not None and fresh.shape != old.shape):
+                    raise ValueError("checkpoint: margins of another shape")
+            starts = {r: tuple(None if m is None else np.array(m) for m in saved)}
+        self._saved = r
         while True:
             margin, vmargin = (None if m is None else m.copy() for m in starts[r])
             del self.model.trees[r * K:]
+            self._pending = (r, starts[r])
             try:
                 stop = self._boosting_round(r, bins, vbins, margin, vmargin)
             except _Restart as rs:
@@ -728,6 +783,11 @@ class HorizontalSecureBoostClient(ProtocolRole):
         msg = self._recv(TAG_TREE, self._slot + 1, self._level_parser(lambda m: m))
         if msg.restart:
             raise _Restart(msg)
+        done, (margin, vmargin) = self._pending
+        if done > self._saved:  # the server kept round done - 1 with this client: checkpoint it
+            self._checkpoint(done, {"margin": margin, **({} if vmargin is None else {"vmargin": vmargin})},
+                             self.model)
+            self._saved = done
         return msg
 
     def _apply_restart(self, msg: tree_pb2.HsbLevel, rounds: list[int], K: int) -> int:

@@ -81,6 +81,17 @@ host's decryptions ~15x with 2048-bit keys at the price of statistical instead o
 
 Checkpoints (``checkpoint_dir``): after every epoch each party writes ``<party>-epoch<NNN>.npz``
 (numpy arrays only, loaded with ``allow_pickle=False``) and a JSON sidecar; never torch.load.
+
+Resume (``on_checkpoint(epochs_done, arrays, state)`` at the end of every epoch, ``resume_from =
+(arrays, state)`` to continue after one; the job wires both to :mod:`secureflhv.runtime.checkpoint`):
+every array is plain float/int numpy, no pickle. The guest stores W_g, c, its shares V_h, the top and
+bottom ``state_dict`` entries, the torch optimiser state (``opt.<param index>.<key>``: Adam's step,
+exp_avg, exp_avg_sq; SGD has none) and the loss history; a host stores E_h, its bottom ``state_dict``
+and its optimiser state. No RNG state is needed for an identical continuation: the batch order is
+drawn from ``[seed, epoch]`` and the models have no dropout; the secret noise (OS randomness) is fresh
+after a resume as in any run, so V_h and E_h differ from run to run while W_h = V_h + E_h (the model)
+is the same up to fixed-point rounding (~2^-40). The host keys are not stored: a resumed session
+makes fresh ones (no trained value depends on them).
 """
 from __future__ import annotations
 
@@ -302,9 +313,68 @@ def _load_module(prefix: str, module: torch.nn.Module, arrays: dict[str, np.ndar
     module.load_state_dict(state)
 
 
+def _optimizer_arrays(opt: torch.optim.Optimizer | None) -> dict[str, np.ndarray]:
+    """The optimiser's per-parameter state as ``opt.<index>.<key>`` arrays (dtype kept; hyperparameters
+    come from the config, so ``param_groups`` are not stored)."""
+    if opt is None:
+        return {}
+    out = {}
+    for idx, st in opt.state_dict()["state"].items():
+        for key, v in st.items():
+            if isinstance(v, torch.Tensor):
+                out[f"opt.{idx}.{key}"] = v.detach().cpu().numpy().copy()
+            elif isinstance(v, (int, float)):
+                out[f"opt.{idx}.{key}"] = np.array(v)
+    return out
+
+
+def _load_optimizer(opt: torch.optim.Optimizer | None, arrays: dict[str, np.ndarray]) -> None:
+    """Restore :func:`_optimizer_arrays`; ValueError for an index, key or shape that does not fit."""
+    found = {k: v for k, v in arrays.items() if k.startswith("opt.")}
+    if opt is None:
+        if found:
+            raise ValueError("checkpoint: optimiser state for a party without trainable parameters")
+        return
+    sd = opt.state_dict()
+    params = [p for g in opt.param_groups for p in g["params"]]
+    state: dict[int, dict] = {}
+    for name, arr in found.items():
+        _, idx, key = name.split(".", 2)
+        if not idx.isdigit() or int(idx) >= len(params) or key not in ("step", "exp_avg", "exp_avg_sq",
+                                                                         "momentum_buffer"):
+            raise ValueError(f"checkpoint: unexpected optimiser entry {name!r}")
+        if key != "step" and tuple(arr.shape) != tuple(params[int(idx)].shape):
+            raise ValueError(f"checkpoint: optimiser entry {name!r} has shape {arr.shape}")
+        state.setdefault(int(idx), {})[key] = torch.as_tensor(np.array(arr))
+    sd["state"] = state
+    opt.load_state_dict(sd)
+
+
 class _Role(VerticalRole):
     protocol = "split NN"
     pred_request_tag = TAG_PRED_REQ
+    resume_from: tuple[dict, dict] | None = None  # (arrays, state) of a checkpoint to continue after
+    on_checkpoint = None  # callback(epochs_done, arrays, state) at the end of each epoch
+
+    def _restored(self, opt, history: Sequence[str]) -> tuple[int, dict]:
+        """Load ``resume_from`` into this role and ``opt``; returns (epochs done, arrays) ((0, {}) without one).
+        ValueError when it is not a split NN checkpoint of this configuration."""
+        if self.resume_from is None:
+            return 0, {}
+        arrays, state = self.resume_from
+        done = state.get("epochs_done")
+        if not isinstance(done, int) or not 1 <= done <= self.config.epochs or set(history) - set(arrays) \
+                or any(arrays[h].shape != (done,) for h in history if h != "batch_losses"):
+            raise ValueError(f"checkpoint: not a split NN checkpoint of this configuration ({sorted(arrays)})")
+        self.load_state(arrays)
+        _load_optimizer(opt, arrays)
+        return done, arrays
+
+    def _checkpoint(self, done: int, opt, history: dict) -> None:
+        if self.on_checkpoint is not None:
+            arrays = {**self.state_arrays(), **_optimizer_arrays(opt),
+                      **{k: np.asarray(v, dtype=np.float64) for k, v in history.items()}}
+            self.on_checkpoint(done, arrays, {"epochs_done": done})
 
     def __init__(self, transport: Transport, config, backend):
         self.config = config if isinstance(config, SplitNNConfig) else SplitNNConfig(**config)
@@ -446,7 +516,11 @@ class SplitNNGuest(PredictionGuest, _Role):
         params = list(self.top.parameters()) + (list(self.bottom.parameters()) if self.bottom is not None else [])
         opt = _optimizer(cfg, params)
         res = FitResult()
-        for epoch in range(cfg.epochs):
+        first, arrays = self._restored(opt, ("losses", "batch_losses", "seconds"))
+        if first:
+            res.losses, res.batch_losses = arrays["losses"].tolist(), arrays["batch_losses"].tolist()
+            res.epoch_seconds = arrays["seconds"].tolist()
+        for epoch in range(first, cfg.epochs):
             t0 = time.perf_counter()
             losses = []
             for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
@@ -460,6 +534,8 @@ class SplitNNGuest(PredictionGuest, _Role):
                 res.checkpoints.append(str(save_checkpoint(self.checkpoint_dir, self.party_id, epoch,
                                                            self.state_arrays(), {"loss": res.losses[-1]})))
             res.epoch_seconds.append(time.perf_counter() - t0)
+            self._checkpoint(epoch + 1, opt, {"losses": res.losses, "batch_losses": res.batch_losses,
+                                              "seconds": res.epoch_seconds})
             log.info("%s: epoch %d/%d loss %.6f %.2fs", self.party_id, epoch + 1, cfg.epochs, res.losses[-1],
                      res.epoch_seconds[-1])
             cb = getattr(self, "on_epoch", None)
@@ -695,7 +771,10 @@ class SplitNNHost(PredictionHost, _Role):
         opt = _optimizer(cfg, self.bottom.parameters())
         n = self.X.shape[0]
         res = FitResult()
-        for epoch in range(cfg.epochs):
+        first, arrays = self._restored(opt, ("seconds",))
+        if first:
+            res.epoch_seconds = arrays["seconds"].tolist()
+        for epoch in range(first, cfg.epochs):
             t0 = time.perf_counter()
             for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
                 self._train_batch(opt, idx, round_id(epoch, b, 0))
@@ -704,6 +783,7 @@ class SplitNNHost(PredictionHost, _Role):
                 res.checkpoints.append(str(save_checkpoint(self.checkpoint_dir, self.party_id, epoch,
                                                            self.state_arrays(), {})))
             res.epoch_seconds.append(time.perf_counter() - t0)
+            self._checkpoint(epoch + 1, opt, {"seconds": res.epoch_seconds})
             log.info("%s: epoch %d/%d done in %.2fs", self.party_id, epoch + 1, cfg.epochs, res.epoch_seconds[-1])
             if ctl.command == "stop":
                 break

@@ -15,13 +15,14 @@ from secureflhv.transport.inprocess import InProcessNetwork
 
 def run_fl(shards, test, spec: ModelSpec, strategy="fedavg", kind="plain", rounds=2, fraction=1.0, seed=0,
            local=None, agg_kw=None, fail=None, mu=0.01, deadline=60.0, on_round=None, fl_kw=None,
-           cert_dir=None, strategy_kw=None, server_transport_cls=None):
+           cert_dir=None, strategy_kw=None, server_transport_cls=None, prepare=None):
     """Run FL over threads; ``shards`` = [(X, y)] per client, ``test`` = (X, y) local test rows for each.
 
     ``fl_kw``: extra :class:`FLConfig` fields (e.g. ``contribution_temperature``); ``cert_dir``: run the
     in-process network with certificate identities (secagg's actively secure mode); ``strategy_kw``: extra
     :func:`make_strategy` arguments (``clusters``, ``personal_layers``); ``server_transport_cls``: the
-    server's transport class (e.g. a recording one), built as ``cls(network, "server")``.
+    server's transport class (e.g. a recording one), built as ``cls(network, "server")``;
+    ``prepare(server, clients)`` runs before they start (e.g. to set checkpoint hooks).
     ``fail``: {client index: round} makes that client raise inside local training of that round (and
     its party goes down), to simulate a client dropping mid-training.
     Returns (server, clients, errors by party id).
@@ -42,6 +43,8 @@ def run_fl(shards, test, spec: ModelSpec, strategy="fedavg", kind="plain", round
         if fail and i in fail:
             _inject_failure(c, fail[i])
         clients.append(c)
+    if prepare is not None:
+        prepare(server, clients)
     errors: dict[str, BaseException] = {}
 
     def run(pid, fn):

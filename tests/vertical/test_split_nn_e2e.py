@@ -14,7 +14,7 @@ from secureflhv.runtime.artifacts import load_model
 from secureflhv.runtime.config import JobConfigError, load_job
 from secureflhv.runtime.demo import write_vertical_nn_job
 from secureflhv.runtime.registry import job_params
-from secureflhv.vertical.split_nn import load_checkpoint
+from secureflhv.runtime.checkpoint import CheckpointStore
 
 PARAMS = {"epochs": 1, "batch_size": 128, "host_bottom": [8, 4], "guest_bottom": [8], "interactive_units": 4,
           "key_bits": 1024, "learning_rate": 0.02, "test_fraction": 0.25, "split_seed": 3, "seed": 1}
@@ -53,9 +53,9 @@ def test_guest_and_host_processes_over_grpc_tls(tmp_path):
     for pid, role in (("guest", "guest"), ("host-1", "host")):
         model = load_model(out_dir / pid / "model.json")
         assert model["algorithm"] == "vertical_nn" and model["role"] == role
-        ckpts = model["checkpoints"]
-        assert len(ckpts) == 1
-        arrays = load_checkpoint(ckpts[0])
+        store = CheckpointStore(out_dir / pid / "checkpoints", job_id=cfg.job.id, party_id=pid)
+        assert store.steps() == [1]  # one epoch, checkpointed (atomic store, no pickle)
+        arrays, _ = store.load(1)
         key = "interactive.E" if role == "host" else "interactive.W_g"
         np.testing.assert_allclose(arrays[key], np.array(model["model"]["state"][key]))
     assert (out_dir / "guest" / "predictions.csv").is_file() and (out_dir / "guest" / "loss.png").is_file()

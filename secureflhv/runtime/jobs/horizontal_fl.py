@@ -48,6 +48,13 @@ head (``model.task: regression``) reports pooled RMSE / MAE / R² per round (``t
 ``r2.png`` at the server instead of the accuracy curve. The server and every client also write the final
 global model as a bundle (``model/``, :mod:`secureflhv.runtime.model_bundle`: ``model.safetensors``),
 which :func:`secureflhv.load_model` scores locally.
+
+Checkpoints (:mod:`secureflhv.runtime.checkpoint`): the server and every client save their state after
+each round under ``<output_dir>/<party>/checkpoints/step-<rounds done>/`` (what is stored:
+:mod:`secureflhv.horizontal.fl`). At start-up (clients: after loading their data) all parties agree on a
+step (:mod:`secureflhv.runtime.resume`); with ``--resume`` they continue after it. With a fixed
+``aggregation.seed`` the finished model equals an uninterrupted run's exactly. What a peer learns from the
+agreement: which rounds the others completed, nothing else.
 """
 from __future__ import annotations
 
@@ -73,6 +80,7 @@ from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..model_bundle import save_job_bundle
 from ..progress import emit_progress
 from ..reports import save_task_plots
+from ..resume import attach_checkpoints
 
 log = logging.getLogger("secureflhv.job")
 
@@ -298,7 +306,7 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     clients = [p.id for p in cfg.clients]
     prep = _preprocess_server(cfg, party, transport, params, config)
     server = HorizontalServer(transport, clients, params.model, strategy, config, on_round=on_round)
-    history = server.run()
+    history = attach_checkpoints(cfg, party, transport, server).run()
     out_dir = cfg.output_dir(party.id)
     arrays = named_arrays(build_model(params.model), server.global_vec)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -385,7 +393,7 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
                                   strategy, config)
     except ValueError as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
-    history = client.run()
+    history = attach_checkpoints(cfg, party, transport, client).run()
     final = {}
     if client.global_vec is not None:  # the last global model the server sent: every client can score with it
         _save_bundle(cfg, party, params, named_arrays(build_model(params.model), client.global_vec),

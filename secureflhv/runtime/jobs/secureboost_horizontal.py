@@ -15,6 +15,13 @@ reveals its min/max; "clients": each client sends its min/max to the server) and
 the job goes on without clients that drop out while at least t remain (the launcher tolerates a
 failing client; the server rebuilds the boosting round the client was lost in, see
 :mod:`secureflhv.tree.horizontal`).
+
+Checkpoints (:mod:`secureflhv.runtime.checkpoint`): every party saves its state after each boosting round
+under ``<output_dir>/<party>/checkpoints/step-<rounds done>/`` (what is stored:
+:mod:`secureflhv.tree.horizontal`). At start-up (clients: after loading their data) all parties agree on
+a step (:mod:`secureflhv.runtime.resume`); with ``--resume`` they continue after it, and the finished
+trees equal an uninterrupted run's exactly. What a peer learns from the agreement: which rounds the others
+completed, nothing else.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ from ..data_prep import load_party_table, split_rows
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..model_bundle import save_job_bundle
 from ..reports import evaluate_split, objective_metrics, objective_task, save_task_plots
+from ..resume import attach_checkpoints
 from .secureboost_vertical import SecureBoostJobParams, tree_params
 
 
@@ -81,7 +89,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
             stats = fed_prep.run_server(cfg, party, transport, agg, moments=False, first_round=0)
             ranges, prep = _ranges_of(stats), fed_prep.bundle_state(stats, None)
         server = HorizontalSecureBoostServer(transport, client_ids, algo, aggregation=agg, feature_ranges=ranges)
-        model = server.fit()
+        model = attach_checkpoints(cfg, party, transport, server).fit()
         out_dir.mkdir(parents=True, exist_ok=True)
         save_xgboost_json(model, out_dir / "model.xgboost.json")
         save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm=cfg.job.algorithm,
@@ -99,7 +107,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     client = HorizontalSecureBoostClient(transport, cfg.server.id, client_ids, X[split.train], y[split.train], algo,
                                          X_val=split.validation(X), y_val=split.validation(y),
                                          aggregation=agg, send_ranges=params.feature_ranges is None and not federated)
-    model = client.fit()
+    model = attach_checkpoints(cfg, party, transport, client).fit()
     metrics, p_test = evaluate_split(y, split, lambda rows: model.predict(X[rows]),
                                      lambda y_, p_: objective_metrics(y_, p_, algo.objective))
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics})

@@ -2,8 +2,7 @@
 
 Guest and hosts (no server) first run the shared preparation
 (:func:`secureflhv.runtime.data_prep.prepare_vertical`: load, PSI, split, standardise), then training
-(:mod:`secureflhv.vertical.split_nn`) with a checkpoint per epoch in ``out/<party>/checkpoints/``, then
-federated prediction of the training and test rows. Artifacts: every party's ``model.json`` (and its
+(:mod:`secureflhv.vertical.split_nn`), then federated prediction of the training and test rows. Artifacts: every party's ``model.json`` (and its
 last checkpoint); at the guest ``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``.
 Guest and hosts also write their model bundle (:mod:`secureflhv.runtime.model_bundle`):
 ``state.safetensors`` (float64 arrays of :meth:`state_arrays`: bottom / top torch ``state_dict`` entries,
@@ -11,6 +10,12 @@ interactive-layer shares), the standardisation state and the config, for the pre
 
 Labels at the guest must be integers 0..C-1 (C = 2: binary with AUC; C > 2: multi-class accuracy), or
 with ``task: regression`` finite numbers (one output, MSE; RMSE / MAE / R² and ``predicted_vs_true.png``).
+
+Checkpoints (:mod:`secureflhv.runtime.checkpoint`): guest and hosts save their training state after each
+epoch under ``<output_dir>/<party>/checkpoints/step-<epochs done>/`` (what is stored: the split NN
+module docstring). At start-up (after PSI) they agree on a step (:mod:`secureflhv.runtime.resume`); with
+``--resume`` they continue after it, and the finished model equals an uninterrupted run's (to ~1e-12).
+What a peer learns from the agreement: which epochs the others completed, nothing else.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from ..data_prep import StandardisedSplitParams, prepare_vertical, preprocessing
 from ..model_bundle import save_job_bundle
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..progress import emit_progress
+from ..resume import attach_checkpoints
 from ..reports import classification_metrics, evaluate_split, log_summary, regression_metrics, save_guest_reports
 
 
@@ -57,17 +63,17 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     config = SplitNNConfig(**params.model_dump(exclude=set(StandardisedSplitParams.model_fields)))
     data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize, preprocess=True)
     X, train = data.X, data.train
-    ckpt_dir = out_dir / "checkpoints"
 
     def save(model: dict, meta: dict) -> None:
         save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role=party.role, algorithm="vertical_nn",
                    model=model, metadata=meta)
 
     if party.role == "host":
-        host = SplitNNHost(transport, cfg.guest.id, host_ids, X[train], config, checkpoint_dir=ckpt_dir)
-        res = host.fit()
+        host = attach_checkpoints(cfg, party, transport,
+                                  SplitNNHost(transport, cfg.guest.id, host_ids, X[train], config))
+        host.fit()
         host.serve_predictions(X)
-        save({"state": host.state_arrays()}, {**data.meta, "checkpoints": res.checkpoints})
+        save({"state": host.state_arrays()}, data.meta)
         save_job_bundle(cfg, party, files={"state.safetensors": host.state_arrays()}, **_bundle_fields(data, config))
         return {}
 
@@ -80,10 +86,10 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: labels must be integers 0..C-1")
     else:
         data.y = data.y.astype(np.int64)
-    guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config, checkpoint_dir=ckpt_dir)
+    guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config)
     guest.on_epoch = lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}",
                                                        {"loss": loss})
-    result = guest.fit()
+    result = attach_checkpoints(cfg, party, transport, guest).fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      regression_metrics if regression else classification_metrics)
     guest.end_prediction()
@@ -94,7 +100,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                                           "training cross-entropy") + " (mean over the epoch's batches)",
                               n_classes=guest.n_classes, task=task)
     save({"state": guest.state_arrays(), "n_classes": guest.n_classes},
-         {**data.meta, "metrics": metrics, "checkpoints": result.checkpoints})
+         {**data.meta, "metrics": metrics})
     save_job_bundle(cfg, party, files={"state.safetensors": guest.state_arrays()}, metrics=metrics,
                     extra={"n_classes": guest.n_classes}, task=task, **_bundle_fields(data, config))
     log_summary(party.id, metrics, result.losses, plot)

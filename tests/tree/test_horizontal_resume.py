@@ -1,0 +1,172 @@
+"""Horizontal SecureBoost resume: in process from every round's checkpoint, and after a crash with a server
+and 2 clients as processes over gRPC with mutual TLS (slow).
+
+In process, every role records its ``on_checkpoint`` states; new roles built with ``resume_from`` = the
+states of round k (all parties the same k) run binning again and grow exactly the uninterrupted run's
+trees (binary with validation and early stopping, and multiclass with several trees per round).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from sb_harness import run_threads  # noqa: E402
+from test_e2e_vertical_lr import secureflhv  # noqa: E402
+
+from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
+from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer,  # noqa: E402
+                                        tree_aggregation_config)
+from secureflhv.tree.model import model_to_dict  # noqa: E402
+
+IDS = ["client-0", "client-1", "client-2"]
+
+
+def _data(n_classes: int, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(150, 4))
+    score = X @ np.array([1.0, -1.0, 0.5, 0.8])
+    y = (score > 0).astype(int) if n_classes == 2 else np.digitize(score, [-0.7, 0.7])
+    X[rng.random(X.shape) < 0.05] = np.nan  # missing values too
+    return X, y
+
+
+def _train(params: dict, resume: dict | None = None):
+    """Server + 3 clients in threads; returns ({party: its model as a dict}, {party: {rounds done: (arrays, state)}})."""
+    X, y = _data(params.get("n_classes", 2))
+    net = InProcessNetwork("hsb-resume", ["server", *IDS], deadline=20)
+    agg = tree_aggregation_config("plain_quantised", seed=7, stage_timeout_s=20, input_timeout_s=20)
+    roles = {"server": HorizontalSecureBoostServer(net.transport("server"), IDS, params, aggregation=agg)}
+    for i, cid in enumerate(IDS):
+        rows = slice(i * 50, i * 50 + 40)
+        val = slice(i * 50 + 40, i * 50 + 50)
+        roles[cid] = HorizontalSecureBoostClient(net.transport(cid), "server", IDS, X[rows], y[rows], params,
+                                                 X_val=X[val], y_val=y[val], aggregation=agg)
+    saved = {p: {} for p in roles}
+    for p, role in roles.items():
+        role.on_checkpoint = lambda done, arrays, state, p=p: saved[p].__setitem__(
+            done, ({k: np.array(v, copy=True) for k, v in arrays.items()}, json.loads(json.dumps(state))))
+        if resume is not None:
+            role.resume_from = resume[p]
+    results, errors = run_threads({p: r.fit for p, r in roles.items()}, timeout=120)
+    assert not errors, errors
+    structure = [t.structure() for t in results["server"].trees]
+    assert all([t.structure() for t in results[c].trees] == structure for c in IDS)
+    return {p: model_to_dict(m) for p, m in results.items()}, saved
+
+
+@pytest.mark.parametrize("params", [
+    dict(n_trees=5, max_depth=2, early_stopping_rounds=2, learning_rate=0.5),
+    dict(objective="multiclass", n_classes=3, n_trees=3, max_depth=2),
+], ids=["binary-validation", "multiclass"])
+def test_resume_from_every_round_equals_uninterrupted(params):
+    full, saved = _train(params)
+    rounds = sorted(saved["server"])
+    assert rounds == list(range(1, len(rounds) + 1)) and len(rounds) >= 2
+    for k in rounds[:-1]:
+        assert k in saved["client-2"] and "margin" in saved["client-2"][k][0]
+        resumed, _ = _train(params, resume={p: s[k] for p, s in saved.items()})
+        assert resumed == full, k  # every party's trees (splits, thresholds, leaf values) and the server's record
+
+
+def test_foreign_checkpoint_is_rejected():
+    params = dict(n_trees=3, max_depth=2)
+    _, saved = _train(params)
+    arrays, state = saved["client-1"][2]
+    other_cuts = json.loads(json.dumps(state))
+    other_cuts["model"]["cuts"][0] = [c + 0.5 for c in other_cuts["model"]["cuts"][0]]
+    cases = {"not a horizontal SecureBoost checkpoint": (arrays, {"epochs_done": 2}),
+             "does not continue this job": (arrays, other_cuts),
+             "margins of another shape": ({**arrays, "margin": arrays["margin"][:5]}, state)}
+    X, y = _data(2)
+    for match, bad in cases.items():
+        net = InProcessNetwork("hsb-bad", ["server", "client-1"], deadline=5)
+        client = HorizontalSecureBoostClient(net.transport("client-1"), "server", ["client-1", "client-2"],
+                                             X[50:90], y[50:90], params, X_val=X[90:100], y_val=y[90:100])
+        client.resume_from = bad
+        client.binning = lambda c=client: _binning_of(saved, c)  # skip the server: the binning it would send
+        client.hello = lambda: None
+        with pytest.raises(ValueError, match=match):
+            client._fit()
+
+
+def _binning_of(saved, client):
+    from secureflhv.tree.horizontal import Binning
+    from secureflhv.tree.model import model_from_dict
+
+    model = model_from_dict(saved["server"][1][1]["model"])
+    return Binning(model.cuts, model.base_margin, 150, np.isnan(client.X).any(axis=0) | True)
+
+
+PROC_PARAMS = {"n_trees": 5, "max_depth": 2, "learning_rate": 0.5, "test_fraction": 0.2, "split_seed": 3}
+
+
+def _proc_job(tmp: Path) -> Path:
+    from secureflhv.runtime.demo import write_job
+
+    X, y = _data(2)
+    parties = [{"id": "server", "role": "server"}]
+    for i, rows in enumerate((slice(0, 75), slice(75, 150)), start=1):
+        df = pd.DataFrame(X[rows], columns=[f"x{j}" for j in range(X.shape[1])])
+        df.insert(0, "id", [f"r{i}-{k}" for k in range(len(df))])
+        df["label"] = y[rows]
+        (tmp / "data").mkdir(parents=True, exist_ok=True)
+        df.to_csv(tmp / "data" / f"client-{i}.csv", index=False)
+        parties.append({"id": f"client-{i}", "role": "guest" if i == 1 else "host",
+                        "data": {"path": str(tmp / "data" / f"client-{i}.csv"), "label_column": "label"}})
+    return write_job(tmp / "job", "hsb-resume", "secureboost_horizontal", parties, PROC_PARAMS, deadline_s=10)
+
+
+def _proc_run(job: Path, *extra: str) -> str:
+    proc = secureflhv("run", str(job), "--timeout", "200", *extra)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def _proc_model(out: Path) -> dict:
+    return {p: json.loads((out / p / "model" / "model.json").read_text()) for p in ("server", "client-1", "client-2")}
+
+
+@pytest.mark.slow
+def test_killed_client_then_resume_equals_uninterrupted_run(tmp_path):
+    """Two clients (t = 2): client-2 SIGKILLed after the server grew tree 3; the others stop with an error
+    naming it; ``run --resume`` continues after the last round all three checkpointed; same trees."""
+    ref_job = _proc_job(tmp_path / "ref")
+    _proc_run(ref_job)
+    reference = _proc_model(ref_job.parent / "out")
+    assert len(reference["server"]["trees"]) == PROC_PARAMS["n_trees"]
+
+    job = _proc_job(tmp_path / "crash")
+    ids = ["server", "client-1", "client-2"]
+    procs = {pid: secureflhv("party", str(job), "--party", pid) for pid in ids}
+    try:
+        for line in procs["server"].stdout:
+            if "tree 3 in" in line:
+                break
+        else:
+            pytest.fail("the server never grew tree 3")
+        os.killpg(procs["client-2"].pid, signal.SIGKILL)
+        procs["client-2"].wait()
+        for pid in ("server", "client-1"):
+            out, _ = procs[pid].communicate(timeout=120)
+            assert procs[pid].returncode not in (0, None), out[-2000:]
+            assert "client-2" in out, out[-2000:]  # the error names the dead client
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    out = _proc_run(job, "--resume")
+    steps = set(re.findall(r"resuming after checkpoint step (\d+)", out))
+    assert len(steps) == 1 and 2 <= int(steps.pop()) <= 3, out[-3000:]
+    assert _proc_model(job.parent / "out") == reference
