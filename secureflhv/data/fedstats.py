@@ -25,18 +25,19 @@ Two rounds (a column spec :class:`StatsSpec` fixes the layout at every party):
   ``delta = (hi - lo) / 2^(b+1)``, every present value becomes ``q = round((v - c) / delta)``, an
   integer with |q| <= 2^b; per numeric column a client sends ``sum q`` and ``sum q^2`` (and the count
   of values it had to clip into a public range). ``b`` is public: :func:`moment_bits` of the pooled
-  row count N from round A, the largest b <= 24 with N * 4^b < 2^51, so no client's sum of squares
-  can reach the exact-integer limit. The pooled moments are exact sums of the q's.
+  row count N from round A, b = min(24, floor((51 - bit_length(N)) / 2)), so N * 4^b < 2^51 and no
+  client's sum of squares can reach the exact-integer limit. The pooled moments are exact sums of the q's.
 
 Numeric error (stated; tests check it): the only rounding is ``v -> c + q delta``, |error| <= delta/2
 per value. Hence for each numeric column, with R = hi - lo:
 
 * mean:     |mean_fed - mean_pooled| <= delta / 2 = R / 2^(b+2);
-* variance: |var_fed - var_pooled| <= delta * sd_pooled + delta^2 / 4 (<= delta * R / 2 + delta^2 / 4),
-  plus float64 rounding of the final division (relative 1e-15 of R^2);
+* variance: |var_fed - var_pooled| <= delta * sd_q + delta^2 / 4 <= delta * R / 2 + delta^2 / 4 (sd_q: the
+  standard deviation of the quantised values, at most R / 2; from Var(u + e) - Var(u) = 2 Cov(u, e) +
+  Var(e) with |e| <= delta / 2), plus float64 rounding of the final division (1e-15 R^2);
 * counts, category counts, missing counts, most-frequent categories: exact.
 
-For N = 10^4 rows, b = 19: the mean is within R * 2^-21 ~ 5e-7 R. Values outside public ranges
+For N = 10^4 rows, b = 18: the mean is within R * 2^-20 ~ 1e-6 R. Values outside public ranges
 are clipped to them before quantising (their count is reported): then the bounds hold for the
 clipped data only.
 
@@ -150,7 +151,8 @@ def parse_columns_json(text: str) -> tuple[tuple[str, ...], dict[str, tuple[str,
 
 
 def moment_bits(n_rows: int) -> int:
-    """b of round B: the largest b <= 24 with n_rows * 4^b < 2^51 (so sums of q^2 stay exact)."""
+    """b of round B: min(24, floor((51 - bit_length(n_rows)) / 2)), so n_rows * 4^b < 2^51 (sums of q^2
+    stay exact integers). Raises StatsError below b = 4 (more than 2^43 rows)."""
     b = (51 - max(int(n_rows), 1).bit_length()) // 2
     if b < 4:
         raise StatsError(f"{n_rows} rows are too many for exact moments (b={b})")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..data.fedstats import FederatedStatistics, StatsError, StatsSpec
 from ..data.tabular import Preprocessor
@@ -52,6 +52,14 @@ class FederatedPreprocessingParams(BaseModel):
     ranges: list[tuple[float, float]] | None = Field(
         default=None, description="public (lo, hi) per numeric column, in column order: no range sketch is "
                                   "aggregated; values outside are clipped for the moments")
+
+    @field_validator("ranges")
+    @classmethod
+    def _finite_ranges(cls, v):
+        for i, (lo, hi) in enumerate(v or []):
+            if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+                raise ValueError(f"range {i} is [{lo}, {hi}]: need finite lo < hi")
+        return v
 
 
 def spec_of(feature_names, categories: dict, *, ranges=None, moments: bool = True) -> StatsSpec:

@@ -84,6 +84,14 @@ def test_wrong_model_width_names_the_expected_width(tmp_path):
         run_in_process(cfg)
 
 
+def test_bad_public_ranges_are_named(tmp_path):
+    from secureflhv.runtime.config import JobConfigError
+
+    job = with_schema(job_dict(penguin_csvs(tmp_path), fl_params(preprocessing={"ranges": [[1, 0]]})))
+    with pytest.raises(JobConfigError, match=r"params\.preprocessing\.ranges.*finite lo < hi"):
+        parse_job(job, tmp_path)
+
+
 @pytest.mark.slow
 def test_fl_job_over_grpc_tls_with_federated_preprocessing(tmp_path, monkeypatch):
     csvs = penguin_csvs(tmp_path)
