@@ -106,8 +106,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..crypto.he import VERTICAL_DOT_PRECISION_BITS
-from ..crypto.paillier import EncryptedArray
-from ..crypto.paillier_encoding import DEFAULT_SCALAR_PRECISION_BITS
+from ..crypto.he import constant_shift_bits as _shift_bits
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
@@ -336,35 +335,10 @@ class _Role(VerticalRole):
     def _h_times(self, U):
         """[[U H]] for encrypted scores U (n,) or (n, K): h U - h beta rowsum(U) 1^T, on ciphertexts."""
         L = self.loss
-        out = _times(U, L.h)
+        out = self.he.mul_const(U, L.h)
         if L.beta:
-            out = out + _times(U.sum(axis=1).reshape(U.shape[0], 1), -L.h * L.beta)
+            out = out + self.he.mul_const(U.sum(axis=1).reshape(U.shape[0], 1), -L.h * L.beta)
         return out
-
-
-def _shift_bits(c: float) -> int:
-    """How many bits multiplying a ciphertext by the constant ``c`` lowers its exponent (:func:`_times`):
-    0 for an integer, s for +-2^-s (s < DEFAULT_SCALAR_PRECISION_BITS), else DEFAULT_SCALAR_PRECISION_BITS
-    (the float is encoded with that many fraction bits)."""
-    if float(c).is_integer():
-        return 0
-    m, ex = math.frexp(abs(c))
-    return 1 - ex if m == 0.5 and 1 - ex < DEFAULT_SCALAR_PRECISION_BITS else DEFAULT_SCALAR_PRECISION_BITS
-
-
-def _times(enc, c: float):
-    """``enc * c`` for a ciphertext array and a constant. A power of two +-2^-s is exact and costs no
-    exponentiation: the same ciphertexts read at exponent - s (plus a negation for -2^-s); the binary
-    task's h = 1/4 used to be a 2^30-th power of every ciphertext (0.25 at 32 fraction bits). Other
-    constants multiply (one modular exponentiation per value); 1 returns ``enc``; the identity backend's
-    float arrays multiply."""
-    s = _shift_bits(c)
-    if c == 1.0:
-        return enc
-    if isinstance(enc, EncryptedArray) and 0 < s < DEFAULT_SCALAR_PRECISION_BITS:
-        out = EncryptedArray(enc.public_key, enc.ciphertexts.copy(), enc.exponent - s)
-        return -out if c < 0 else out
-    return enc * c
 
 
 def _setup_message(cfg: VerticalLRConfig, n_rows: int, host_ids: Sequence[str], k: int = 1) -> messages_pb2.Bundle:
@@ -658,11 +632,11 @@ class VerticalLRGuest(PredictionGuest, _Role):
         plain = float(np.sum(L.row_losses(Tb, L.rows(u_g)))) + nb * reg_g
         loss_enc = he.dot(coef.reshape(-1, 1), U.reshape(-1)) + np.array([plain])
         for f in fwds:
-            loss_enc = loss_enc + _times(f[1], 0.5 * L.h) + f[2] * nb
+            loss_enc = loss_enc + he.mul_const(f[1], 0.5 * L.h) + f[2] * nb
             if L.k > 1:  # - h beta / 2 * sum_i (sum_c u_ic)^2
-                loss_enc = loss_enc + _times(f[3], -0.5 * L.h * L.beta)
+                loss_enc = loss_enc + he.mul_const(f[3], -0.5 * L.h * L.beta)
         for c in cross:
-            loss_enc = loss_enc + _times(c, L.h)
+            loss_enc = loss_enc + he.mul_const(c, L.h)
         l_mask = self._ask_decrypt(pub, loss_enc, self.arbiter_id, TAG_LOSS, rnd + S_GRAD)
         g_sum = self._take_decrypted(pub, g_mask, self.arbiter_id, TAG_GRAD_DEC, rnd + S_DEC,
                                      self._grad_shape(Xb.shape[1]))
