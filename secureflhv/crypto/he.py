@@ -56,7 +56,7 @@ from . import paillier as pl
 from . import paillier_hist as ph
 from . import executor as _ex
 from .paillier import CiphertextError
-from .paillier_encoding import DEFAULT_PRECISION_BITS, encode_mantissas
+from .paillier_encoding import DEFAULT_PRECISION_BITS, DEFAULT_SCALAR_PRECISION_BITS, encode_mantissas
 
 log = logging.getLogger("secureflhv.crypto.he")
 
@@ -98,6 +98,16 @@ class IdentityKey:
     @property
     def public_key(self) -> "IdentityKey":
         return self
+
+
+def constant_shift_bits(c: float) -> int:
+    """How many bits :meth:`HEBackend.mul_const` by ``c`` lowers a ciphertext's exponent: 0 for an
+    integer, s for +-2^-s (s < DEFAULT_SCALAR_PRECISION_BITS), else DEFAULT_SCALAR_PRECISION_BITS (the
+    constant is encoded with that many fraction bits). Parties compute expected wire exponents with it."""
+    if float(c).is_integer():
+        return 0
+    m, ex = math.frexp(abs(c))
+    return 1 - ex if m == 0.5 and 1 - ex < DEFAULT_SCALAR_PRECISION_BITS else DEFAULT_SCALAR_PRECISION_BITS
 
 
 def ldexp_int(m: int, exponent: int) -> float:
@@ -230,6 +240,10 @@ class HEBackend(ABC):
     def add(self, enc, x):
         """enc + plaintext (numpy broadcasting)."""
 
+    def mul_const(self, enc, c: float):
+        """enc * c for a constant float c; the exponent drops by :func:`constant_shift_bits` (c)."""
+        return enc if c == 1.0 else enc * c
+
     @abstractmethod
     def mask(self, pub, enc) -> tuple[object, Mask]:
         """``[[m + r]]`` re-randomised with a fresh uniform r per value; returns (masked, Mask).
@@ -298,6 +312,15 @@ class PaillierHE(HEBackend):
 
     def add(self, enc, x):
         return enc + np.asarray(x, dtype=np.float64)
+
+    def mul_const(self, enc, c: float):
+        """A power of two +-2^-s is exact and free: the same ciphertexts read at exponent - s (and negated
+        for -2^-s), where ``enc * 0.25`` was a 2^30-th power of every ciphertext (0.25 at 32 fraction bits)."""
+        s = constant_shift_bits(c)
+        if 0 < s < DEFAULT_SCALAR_PRECISION_BITS:
+            out = pl.EncryptedArray(enc.public_key, enc.ciphertexts.copy(), enc.exponent - s)
+            return -out if c < 0 else out
+        return super().mul_const(enc, c)
 
     def mask(self, pub, enc):
         n, n2 = pub.n, pub.nsquare

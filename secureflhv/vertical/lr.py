@@ -110,6 +110,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..crypto.he import VERTICAL_DOT_PRECISION_BITS
+from ..crypto.he import constant_shift_bits as _shift_bits
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
@@ -312,12 +313,18 @@ class _Role(VerticalRole):
         fresh encryptions [[u]], sums of them; [[d]] = 1/4 sum [[u_h]] + plain (arbiter mode; the key holder
         encrypts d fresh in two-party mode); cross terms and gradients one plaintext product further; the
         loss the finest of its terms. A received tensor at any other exponent is rejected."""
-        e, arbiter = self._exponent, self.config.mode == "arbiter"
-        hs = 0 if self.config.task == "regression" else 1  # h = 1 needs no scaling (lr_tasks.TaylorLoss.h)
-        if tag == TAG_LOSS:  # dot(coef, U), [[u2]] * h/2, [[reg]] * n_b, and (2+ hosts) [[cross]] * h
-            return min([e(dots=1), e(scaled=1)] + ([e(dots=1, scaled=hs)] if len(self.host_ids) > 1 else []))
-        return {TAG_FWD: e(), TAG_CROSS_IN: e(), TAG_CROSS: e(dots=1), TAG_D: e(scaled=hs * arbiter),
-                TAG_GRAD: e(dots=1, scaled=hs * arbiter)}[tag]
+        fresh, dot = -self.he.precision_bits, self.he.dot_precision_bits
+        L, arbiter = self.loss, self.config.mode == "arbiter"
+        d_shift = max(_shift_bits(L.h), _shift_bits(L.h * L.beta)) if arbiter else 0  # [[U H]] (_h_times)
+        if tag == TAG_LOSS:  # dot(coef, U), [[u2]] * h/2, [[u1]] * -h beta/2, [[reg]] * n_b, [[cross]] * h
+            terms = [fresh - dot, fresh - _shift_bits(0.5 * L.h), fresh]
+            if L.k > 1:
+                terms.append(fresh - _shift_bits(0.5 * L.h * L.beta))
+            if len(self.host_ids) > 1:
+                terms.append(fresh - dot - _shift_bits(L.h))
+            return min(terms)
+        return {TAG_FWD: fresh, TAG_CROSS_IN: fresh, TAG_CROSS: fresh - dot, TAG_D: fresh - d_shift,
+                TAG_GRAD: fresh - dot - d_shift}[tag]
 
     # K-output helpers (K = self.loss.k; K = 1 keeps the binary protocol's shapes)
     loss: TaylorLoss | None = None  # the task's loss, known after setup (hosts, arbiter) or at init (guest)
@@ -333,9 +340,9 @@ class _Role(VerticalRole):
     def _h_times(self, U):
         """[[U H]] for encrypted scores U (n,) or (n, K): h U - h beta rowsum(U) 1^T, on ciphertexts."""
         L = self.loss
-        out = U if L.h == 1.0 else U * L.h
+        out = self.he.mul_const(U, L.h)
         if L.beta:
-            out = out + U.sum(axis=1).reshape(U.shape[0], 1) * (-L.h * L.beta)
+            out = out + self.he.mul_const(U.sum(axis=1).reshape(U.shape[0], 1), -L.h * L.beta)
         return out
 
 
@@ -634,11 +641,11 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
         plain = float(np.sum(L.row_losses(Tb, L.rows(u_g)))) + nb * reg_g
         loss_enc = he.dot(coef.reshape(-1, 1), U.reshape(-1)) + np.array([plain])
         for f in fwds:
-            loss_enc = loss_enc + f[1] * (0.5 * L.h) + f[2] * nb
+            loss_enc = loss_enc + he.mul_const(f[1], 0.5 * L.h) + f[2] * nb
             if L.k > 1:  # - h beta / 2 * sum_i (sum_c u_ic)^2
-                loss_enc = loss_enc + f[3] * (-0.5 * L.h * L.beta)
+                loss_enc = loss_enc + he.mul_const(f[3], -0.5 * L.h * L.beta)
         for c in cross:
-            loss_enc = loss_enc + (c if L.h == 1.0 else c * L.h)
+            loss_enc = loss_enc + he.mul_const(c, L.h)
         l_mask = self._ask_decrypt(pub, loss_enc, self.arbiter_id, TAG_LOSS, rnd + S_GRAD)
         g_sum = self._take_decrypted(pub, g_mask, self.arbiter_id, TAG_GRAD_DEC, rnd + S_DEC,
                                      self._grad_shape(Xb.shape[1]))

@@ -78,6 +78,7 @@ def test_bad_field_is_named(tmp_path, change, expected):
     ({"insecure_test_key": True}, "security.insecure_test_keys"),
     ({"mode": "two_party"}, "params.mode"),
     ({"test_fraction": 1.5}, "params.test_fraction"),
+    ({"task": "ordinal"}, "params.task"),
 ])
 def test_bad_params_are_named(tmp_path, params, expected):
     with pytest.raises(JobConfigError) as err:

@@ -112,3 +112,14 @@ def test_bad_labels_and_a_hostile_class_count_are_rejected():
     setup.text["task"] = "regression"
     with pytest.raises(ProtocolError, match="'task'"):
         _check_setup(setup, cfg, ["host-1"], 4, "host-1")
+
+
+def test_job_class_count_comes_from_every_aligned_row_and_needs_class_ids():
+    from secureflhv.runtime.job_file import JobConfigError
+    from secureflhv.runtime.jobs.vertical_lr import _n_classes
+
+    assert _n_classes(np.array([0, 2, 1, 2]), "multiclass") == 3
+    assert _n_classes(np.array([0.5, 2.0]), "regression") is None
+    for bad in ([0.5, 1.0], [-1, 0, 1]):
+        with pytest.raises(JobConfigError, match="params.task"):
+            _n_classes(np.array(bad), "multiclass")
