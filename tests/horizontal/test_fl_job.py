@@ -184,6 +184,20 @@ def test_run_job_in_process_npz_and_csv(tmp_path):
     cfg = parse_job(job_dict(paths), tmp_path)
     run_in_process(cfg)
     check_artifacts(cfg, tmp_path / "out", 2)
+    # every client's final multi-class metrics equal scikit-learn's on its predictions.csv; confusion plot drawn
+    import pandas as pd
+    from sklearn.metrics import accuracy_score, f1_score, log_loss
+
+    for c in ("client-1", "client-2", "client-3"):
+        final = json.loads((tmp_path / "out" / c / "metrics.json").read_text())["final"]
+        pred = pd.read_csv(tmp_path / "out" / c / "predictions.csv")
+        p = pred[[f"p{k}" for k in range(10)]].to_numpy()
+        assert final["task"] == "multiclass" and final["test"]["n"] == len(pred) > 0
+        assert final["test"]["accuracy"] == accuracy_score(pred["label"], p.argmax(1))
+        assert final["test"]["macro_f1"] == pytest.approx(f1_score(pred["label"], p.argmax(1), average="macro",
+                                                                   labels=range(10), zero_division=0))
+        assert final["test"]["log_loss"] == pytest.approx(log_loss(pred["label"], p, labels=range(10)), rel=1e-6)
+        assert (tmp_path / "out" / c / "confusion.png").stat().st_size > 1000
 
 
 @pytest.mark.slow

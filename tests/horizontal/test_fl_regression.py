@@ -72,3 +72,32 @@ def test_regression_secagg_equals_plain_quantised(strategy):
     assert tm["mae"] == pytest.approx(mean_absolute_error(y, p), rel=1e-9)
     assert tm["r2"] == pytest.approx(r2_score(y, p), rel=1e-9)
     assert sec_clients[0].history[-1]["test_mse"] == pytest.approx(mean_squared_error(test[1], pred), rel=1e-5)
+
+
+@pytest.mark.parametrize("change", [
+    {"test_abs_sum": None},                        # a regression key missing
+    {"test_y2_sum": float("inf")},                 # not finite
+    {"test_abs_sum": -1.0},                        # a sum of absolute values below 0
+    {"test_correct": 3.0},                         # a regression head has no correct count
+])
+def test_server_rejects_bad_regression_metrics(change):
+    """A client's fl.metrics that do not fit a regression head are rejected (logged; the client counts as
+    silent and is marked dead), an honest client's are taken and pooled."""
+    from secureflhv.horizontal.fl import TAG_METRICS, FLConfig, HorizontalServer, pooled_regression
+    from secureflhv.horizontal.strategies import make_strategy
+    from secureflhv.proto import messages_pb2
+    from secureflhv.transport.inprocess import InProcessNetwork
+
+    net = InProcessNetwork("fl-metrics", ["server", "c0", "c1"], deadline=5)
+    server = HorizontalServer(net.transport("server"), ["c0", "c1"], SPEC, make_strategy("fedavg"),
+                              FLConfig(rounds=1, round_timeout_s=1.0))
+    honest = {"trained": 0.0, "test_correct": 0.0, "test_n": 4.0, "test_loss_sum": 8.0, "test_abs_sum": 4.0,
+              "test_y_sum": 600.0, "test_y2_sum": 90008.0}
+    bad = {k: v for k, v in {**honest, **change}.items() if v is not None}
+    net.transport("c0").send("server", TAG_METRICS, messages_pb2.Scalars(values=bad), round=1)
+    net.transport("c1").send("server", TAG_METRICS, messages_pb2.Scalars(values=honest), round=1)
+    got = server._collect_metrics(1, ["c0", "c1"])
+    assert set(got) == {"c1"} and got["c1"] == honest and server.dead == {"c0"}
+    pooled = pooled_regression([honest, {**honest, "test_y_sum": 400.0, "test_y2_sum": 40008.0}])
+    assert pooled["n"] == 8 and pooled["rmse"] == pytest.approx(np.sqrt(16 / 8)) and pooled["mae"] == 1.0
+    assert pooled["r2"] == pytest.approx(1 - 16 / (130016 - 1000 ** 2 / 8))

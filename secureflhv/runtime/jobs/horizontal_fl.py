@@ -366,7 +366,7 @@ def _final_metrics(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams
     if params.model.task == "regression":
         scores, task = out[:, 0].double().numpy(), "regression"
     else:
-        p = torch.softmax(out, dim=1).double().numpy()
+        p = torch.softmax(out.double(), dim=1).numpy()  # float64: rows sum to 1 for log loss
         scores, task = (p[:, 1], "binary") if p.shape[1] == 2 else (p, "multiclass")
     metrics = task_metrics(y_test, scores, task)
     cols = {"row": rows, "label": y_test}
