@@ -18,6 +18,10 @@ check 1e-5 after several steps for FedAvg, FedProx and SCAFFOLD):
 * FedProx's ``(mu/2)‖w − w_anchor‖²`` is added to each client's loss (its own anchor and mu);
   SCAFFOLD's correction ``w ← w − lr·(c − c_i)`` follows every step.
 
+Float32 rounding differs from the loop's (different reduction order), so a discrete decision taken on
+nearly equal numbers — IFCA's choice between two clusters with almost the same loss — can come out the
+other way; the FedAvg family's models agree to 1e-5.
+
 Clients are batched together when their models have the same class and parameter shapes and their
 :class:`LocalTrainConfig` is equal; other groups are batched separately (a group of one is a batch of
 one). :class:`BatchedTrainer` is the rendezvous: each client thread hands in its request for the round

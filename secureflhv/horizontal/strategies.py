@@ -167,15 +167,17 @@ class Strategy(ABC):
         if prox is not None:
             mu, anchors = prox[0], [t.detach() for t in _split_like(model, prox[1])]
 
-            def extra_loss(m: nn.Module) -> torch.Tensor:
+            def prox_loss(m: nn.Module) -> torch.Tensor:
                 return (mu / 2) * sum(torch.sum((p - a) ** 2) for p, a in zip(m.parameters(), anchors))
+            extra_loss = prox_loss
         if correction is not None:
             corr, lr = [t.detach() for t in _split_like(model, correction)], cfg.lr
 
-            def after_step(m: nn.Module) -> None:  # w_i <- w_i - lr (c - c_i), after every optimizer step
+            def correct(m: nn.Module) -> None:  # w_i <- w_i - lr (c - c_i), after every optimizer step
                 with torch.no_grad():
                     for p, d in zip(m.parameters(), corr):
                         p.sub_(lr * d)
+            after_step = correct
         return local_sgd(model, X, y, cfg, rng, extra_loss=extra_loss, after_step=after_step)
 
     # ---------------------------------------------------------------- shared

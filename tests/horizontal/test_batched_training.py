@@ -127,3 +127,25 @@ def test_cuda_without_a_gpu_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="cpu' or 'cuda"):
         resolve_device("tpu")
     assert resolve_device(None).type == "cpu"
+
+
+@pytest.mark.parametrize("strategy", ["fedprox", "scaffold"])
+def test_an_fl_run_with_the_batched_trainer_gives_the_loops_global_model(strategy):
+    """Server and client threads over the in-process transport (benchmarks/niid_accuracy.py's run_fl): the
+    batched trainer (each round's clients as one batch) ends at the loop's global model, to 1e-5."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import niid_accuracy as nb  # noqa: PLC0415
+
+    from secureflhv.horizontal.fl import FLConfig
+    from secureflhv.secagg import AggregationConfig
+
+    spec = SPECS["mlp"]
+    shards = [(X, np.asarray(y)) for X, y in _data(spec, seed=6)]
+    cfg = FLConfig(rounds=2, seed=3, local=CFG, aggregation=AggregationConfig(kind="plain", seed=3),
+                   round_timeout_s=60)
+    trainer = BatchedTrainer(wait_s=30.0)
+    loop = nb.run_fl(shards, spec, strategy, cfg, 0.5, deadline=60.0)
+    batched = nb.run_fl(shards, spec, strategy, cfg, 0.5, deadline=60.0, trainer=trainer)
+    assert trainer.samples == 2 * sum(SIZES) * CFG.epochs  # both rounds trained as batches
+    assert np.abs(loop.global_vec - batched.global_vec).max() < 1e-5
+    assert np.abs(loop.global_vec - get_flat(build_model(spec, seed=3))).max() > 1e-3
