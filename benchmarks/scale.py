@@ -167,11 +167,12 @@ def measure(engine: str, args) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="5,000 rows, 1024-bit test key, 30 host features")
-    ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--key-bits", type=int, default=2048)
+    ap.add_argument("--quick", action="store_true", help="not recorded; defaults 5,000 rows, 1024-bit test key, "
+                                                         "30 host features")
+    ap.add_argument("--rows", type=int)
+    ap.add_argument("--key-bits", type=int)
     ap.add_argument("--guest-features", type=int, default=30)
-    ap.add_argument("--host-features", type=int, default=300)
+    ap.add_argument("--host-features", type=int)
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--engines", nargs="+", default=["local", "ray1", "ray2"], choices=["local", "ray1", "ray2"])
@@ -180,8 +181,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
-    if args.quick:
-        args.rows, args.key_bits, args.host_features = 5_000, 1024, 30
+    full = (100_000, 2048, 300)
+    quick = (5_000, 1024, 30)
+    args.rows, args.key_bits, args.host_features = (v if v is not None else d for v, d in zip(
+        (args.rows, args.key_bits, args.host_features), quick if args.quick else full))
     load = os.getloadavg()[0]
     res = {}
     for engine in args.engines:
