@@ -150,6 +150,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     if intercept is not None:
         files["intercept.npy"] = intercept
     save_job_bundle(cfg, party, files=files, metrics=metrics, **_bundle_fields(data, config),
-                    public_key=guest.public_key)
+                    public_key=guest.public_key, task=params.task)
     log_summary(party.id, metrics, result.losses, plot)
     return metrics
