@@ -188,14 +188,16 @@ def test_a_killed_peer_is_named_and_resume_equals_the_uninterrupted_run(tmp_path
         procs["peer-c"].wait()
         t_kill = time.monotonic()
         for p in ("peer-a", "peer-b"):
-            out, _ = procs[p].communicate(timeout=120)
+            out, _ = procs[p].communicate(timeout=150)
             assert procs[p].returncode not in (0, None), out[-2000:]
             # its last line (the job's first failure) names the dead peer, and the log says where: it could
             # not deliver its update to peer-c, timed out waiting for peer-c's, or was told by the other survivor
             assert re.search(r"\bpeer-c\b", out.strip().splitlines()[-1]), out[-2000:]
             assert re.search(r"'mc\.update' \(round [34]\).*'peer-c'|'peer-c'.*'mc\.update'", out), out[-2000:]
-        # within the deadline (plus slack for a loaded machine), not the job's 240 s timeout
-        assert time.monotonic() - t_kill < DEADLINE + 45
+        # they stop by themselves: a deadline each (send retries, then the wait for peer-c) plus a round's training,
+        # which takes tens of seconds on a loaded 2-core machine; never the job's 240 s timeout
+        waited = time.monotonic() - t_kill
+        assert waited < 2 * DEADLINE + 90, f"survivors took {waited:.0f} s after the kill"
     finally:
         for p in procs.values():
             if p.poll() is None:
