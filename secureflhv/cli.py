@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="plaintext gRPC without TLS or peer authentication (testing only; logs a warning)")
         p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         p.add_argument("--resume", action="store_true",
-                       help="continue from the last checkpoint every party completed (vertical LR and SecureBoost)")
+                       help="continue from the last checkpoint every party completed (every family)")
         _add_job_page_options(p, "every party of the job" if name == "run" else "this party")
         p.set_defaults(func=func)
 
