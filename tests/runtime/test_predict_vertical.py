@@ -19,7 +19,7 @@ import yaml
 
 from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job
 from secureflhv.runtime.jobs.predict import write_predict_job
-import secureflhv
+from secureflhv import load_model
 from secureflhv.runtime.model_bundle import ModelBundleError, read_bundle
 
 pytestmark = pytest.mark.slow
@@ -127,7 +127,7 @@ def test_bundle_manifest(trained):
         server = read_bundle(job.parent / "out" / "server", expect_party="server", expect_role="server")
         assert server.config["mode"] == "arbiter" and server.config["key_bits"] == 1024 and not server.files
     for party in ["guest", "host-1"] + (["server"] if FAMILIES[algorithm][1] else []):  # the notebook API
-        model = secureflhv.load_model(job.parent / "out" / party, expect_party=party, expect_job="model-train")
+        model = load_model(job.parent / "out" / party, expect_party=party, expect_job="model-train")
         d = model.describe()
         assert (d["algorithm"], d["party_id"], d["local"]) == (algorithm, party, False)
         assert d["feature_names"] == read_bundle(job.parent / "out" / party).feature_names
