@@ -104,7 +104,7 @@ def test_job_page_in_a_browser_during_a_real_run(tmp_path):
         final = browser.find_element(By.ID, "final-table").text
         assert "test.auc" in final and "test.accuracy" in final
         img = _wait("the loss plot", lambda: browser.execute_script(
-            "const i = document.querySelector('#plots img'); return i && i.complete && i.naturalWidth > 0 && i.src;"),
+            "const i = document.querySelector('#plots img[src*=loss]'); return i && i.complete && i.naturalWidth > 0 && i.src;"),
             30, out)
         assert "/files/guest/loss.png" in img
         logs = browser.find_element(By.ID, "logs").text

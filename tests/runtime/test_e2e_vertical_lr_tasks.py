@@ -98,10 +98,11 @@ def test_weights_equal_the_centralised_twin_and_metrics_fit_the_task(trained):
 
 
 def _predict_in_process(pjob: Path) -> None:
-    """The prediction job's ``run`` for every data party, in threads over the in-process transport (the
-    same job code as ``secureflhv run``, without starting processes again)."""
+    """The prediction job's ``run`` for every party (the server decrypts the guest's masked scores of an
+    arbiter-mode model), in threads over the in-process transport (the same job code as ``secureflhv run``,
+    without starting processes again)."""
     cfg, params = load_job_params(pjob)
-    parties = [p for p in cfg.parties if p.role != "server"]
+    parties = list(cfg.parties)
     net = InProcessNetwork(cfg.job.id, [p.id for p in parties], deadline=60)
     errors = {}
 
