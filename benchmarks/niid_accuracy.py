@@ -573,7 +573,8 @@ def plot(out_path: Path, grids: dict, names, settings) -> None:
         x = np.arange(len(parts))
         for j, s in enumerate(names):
             ax.bar(x + (j - (len(names) - 1) / 2) * width, [g["results"][p][s]["accuracy"] * 100 for p in parts],
-                   width, yerr=[g["results"][p][s]["accuracy_std"] * 100 for p in parts], label=s, capsize=1.5,
+                   width, yerr=[g["results"][p][s]["accuracy_std"] * 100 for p in parts],
+                   label=s + (" (no secure agg.)" if s == "MC" else ""), capsize=1.5,
                    error_kw={"lw": 0.6})
         base = [g["baselines"][g["data_of"][p]]["accuracy"] * 100 for p in parts]
         ax.scatter(x, base, marker="_", s=900, color="k", zorder=3, label="centralised baseline")
@@ -856,9 +857,12 @@ def mc_comparison(grids: dict, names, st) -> str:
         "peer trains two models a round, so about twice FedAvg's SGD steps in a run that is step-limited, and keeps "
         "the best of several initialisations on its rows (as IFCA under IID). " if up
         else "MC is nowhere 5 points above. ") + (
-        "It is 5 points or more below in " + "; ".join(down) + ". A likely reason (not separately measured): "
+        "It is 5 points or more below in " + "; ".join(down) + ". Likely reasons (not separately measured): "
         "each peer's personal model is chosen by accuracy on the peer's own rows, which under label skew favours "
-        "a model fitted to the peer's few classes, and the common test set (every class) punishes that."
+        "a model fitted to the peer's few classes, and the common test set (every class) punishes that; under "
+        "quantity skew the mean over peers counts a small peer's model (trained on few rows) as much as a large "
+        "one's, while FedAvg's sample-weighted model follows the large parties' better-trained updates."
+        + (" FCUBE's gap is not explained by either." if any(x.startswith("tabular FCUBE") for x in down) else "")
         if down else "It is nowhere 5 points below.") + "\n")
     out.append("Worst party: " + (
         "MC's worst peer is 5 points or more above the best of every secure strategy in " + "; ".join(worst_up) +
