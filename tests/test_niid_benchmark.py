@@ -39,3 +39,22 @@ def test_settings_match_across_seeds_but_not_across_configs():
     a = {"rows": 1500, "rounds": 4, "seeds": [0]}
     assert nb._same_settings(dict(a, seeds=[1, 2]), a)
     assert not nb._same_settings(dict(a, rounds=5), a) and not nb._same_settings(None, a)
+
+
+def test_multiconfederated_cell_on_tiny_data(tmp_path):
+    """MC joins the grid: its peers run in-process on the partition, the cell's accuracy is the mean of the
+    peers' personal models on the common test rows, its worst party is finite, and a row where the other
+    strategies did not run renders them as "not run"."""
+    args = ["--quick", "--grids", "tabular", "--partitions", "#C=2", "--parties", "3", "--tabular-rows", "240",
+            "--test-rows", "60", "--out-dir", str(tmp_path)]
+    assert nb.main([*args, "--strategies", "multiconfederated"]) == 0
+    cells = [json.loads(line) for line in (tmp_path / "niid_accuracy.cells.jsonl").read_text().splitlines()]
+    (mc,) = [c for c in cells if c.get("strategy") == "MC"]
+    assert len(mc["personal_accuracy"]) == 3 and "error" not in mc
+    assert math.isclose(mc["accuracy"], sum(mc["personal_accuracy"]) / 3)
+    assert 0.0 <= mc["worst_client"] <= 1.0 and mc["n_clipped"] == 0
+    assert nb.main([*args, "--render-only"]) == 0  # every strategy: only MC has a run in this row
+    md = (tmp_path / "niid_accuracy.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| #C=2 | digits |"))
+    assert row.count("not run") == len(nb.STRATEGIES) - 1 and f"{mc['accuracy'] * 100:.1f}" in row
+    assert "no secure\naggregation" in md
