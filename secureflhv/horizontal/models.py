@@ -24,6 +24,7 @@ model has buffers, so parameters are the whole state.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Literal, Sequence
 
 import numpy as np
@@ -163,23 +164,30 @@ class MLP(nn.Module):
 
 
 def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
-    """A fresh model of ``spec``; with ``seed``, its initial weights depend only on the seed."""
-    gen_state = None
-    if seed is not None:
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-    try:
-        if spec.name == "cnn":
-            model = SimpleCNN(spec.resolved_image_shape(), spec.n_outputs)
-        else:
-            model = MLP(spec.n_features, spec.hidden, spec.n_outputs)
-        if spec.task == "regression":
-            model.task = "regression"
-            model.target = (float(spec.target_mean), float(spec.target_std))
-        return model
-    finally:
-        if gen_state is not None:
-            torch.random.set_rng_state(gen_state)
+    """A fresh model of ``spec``; with ``seed``, its initial weights depend only on the seed.
+
+    Thread-safe: torch's initialisers draw from its one global generator, so builds are serialised (peers
+    or clients simulated in threads of one process would otherwise interleave their draws)."""
+    with _BUILD_LOCK:
+        gen_state = None
+        if seed is not None:
+            gen_state = torch.random.get_rng_state()
+            torch.manual_seed(seed)
+        try:
+            if spec.name == "cnn":
+                model = SimpleCNN(spec.resolved_image_shape(), spec.n_outputs)
+            else:
+                model = MLP(spec.n_features, spec.hidden, spec.n_outputs)
+            if spec.task == "regression":
+                model.task = "regression"
+                model.target = (float(spec.target_mean), float(spec.target_std))
+            return model
+        finally:
+            if gen_state is not None:
+                torch.random.set_rng_state(gen_state)
+
+
+_BUILD_LOCK = threading.Lock()
 
 
 def param_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
