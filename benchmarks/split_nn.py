@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Split-NN cost of Paillier: seconds per epoch with real keys vs the same protocol with identity "encryption".
+"""Split-NN cost of Paillier / OU: seconds per epoch with real keys vs the same protocol with identity "encryption".
 
 For each table (breast cancer, 569 x 30; a synthetic 50,000 x 30 table, sklearn make_classification) the
 guest holds the label and 10 columns, one host holds 20 columns. Both parties run in threads of this
@@ -10,6 +10,10 @@ Bounded run: per table and backend we train ``--batches`` mini-batches of ``--ba
 extrapolate seconds per epoch = (measured seconds / batches) x ceil(train rows / batch size); the
 table says which figures are extrapolated. The first batch (key set-up, fixed-base tables) is
 excluded from the timing when more than one batch is measured.
+
+``--he-scheme paillier ou`` (default: both) runs the encrypted protocol once per scheme (2048-bit modulus
+each, ~112-bit security, unless ``--key-bits``). Bytes on the wire: payload + framing each party sent and
+received, per epoch (measured batches' mean, key set-up included, x batches per epoch when extrapolated).
 
 Also reported, on breast cancer with the identity backend (same arithmetic as Paillier, to fixed-point
 precision, so accuracies transfer): the accuracy cost of the label-leakage mitigation
@@ -94,7 +98,9 @@ def _run(Xg, y, Xh, cfg, backend, record=False, predict=None):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="512-bit keys, 2 batches, small mitigation sweep")
+    ap.add_argument("--quick", action="store_true", help="1024-bit keys, 2 batches, small mitigation sweep")
+    ap.add_argument("--he-scheme", nargs="+", choices=["paillier", "ou"], default=["paillier", "ou"],
+                    help="homomorphic scheme(s) to measure, each beside identity")
     ap.add_argument("--key-bits", type=int, default=2048)
     ap.add_argument("--batches", type=int, default=3, help="mini-batches measured per table and backend")
     ap.add_argument("--batch-size", type=int, default=256)
@@ -103,7 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-mitigation", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
-        args.key_bits, args.batches = 512, 2
+        args.key_bits, args.batches = 1024, 2
 
     from rich.console import Console
     from rich.table import Table
@@ -125,12 +131,12 @@ def main(argv=None) -> int:
                 batch_size=args.batch_size, epochs=1, key_bits=args.key_bits,
                 insecure_test_key=args.key_bits < 2048, learning_rate=0.01, seed=0)
     cfg = SplitNNConfig(**base)
-    table = Table(title=f"seconds per epoch, {args.key_bits}-bit Paillier vs identity "
+    table = Table(title=f"seconds per epoch, {args.key_bits}-bit {' / '.join(args.he_scheme)} vs identity "
                         f"(batch {args.batch_size}, k={args.bottom}, o={args.units}, 1 host)")
-    for col in ("table", "train rows", "batches/epoch", "Paillier s/batch", "identity s/batch",
-                "Paillier s/epoch", "identity s/epoch", "ratio", "bytes/batch (Paillier)"):
+    for col in ("table", "scheme", "train rows", "batches/epoch", "HE s/batch", "identity s/batch",
+                "HE s/epoch", "identity s/epoch", "ratio", "bytes per epoch"):
         table.add_column(col)
-    recorded = []  # (table, per-epoch figures, wire bytes per batch) for docs/benchmarks.json
+    recorded = {s: [] for s in args.he_scheme}  # scheme -> [(table, figures, wire, scale)]
     for name, (X, y) in tables.items():
         Xtr, _, ytr, _ = train_test_split(X, y, test_size=0.3, random_state=0, stratify=y)
         Xtr = StandardScaler().fit_transform(Xtr)
@@ -140,26 +146,30 @@ def main(argv=None) -> int:
         rows = nb * args.batch_size
         sub = slice(0, min(rows, n_train))
         res = {}
-        for label in ("paillier", "identity"):
+        for label in (*args.he_scheme, "identity"):
             times, _, _, wire = _run(Xtr[sub, :10], ytr[sub], Xtr[sub, 10:], cfg, label)
             timed = times[1:] if len(times) > 1 else times
             res[label] = (float(np.mean(timed)), wire, float(np.sum(times)), len(times))
-        ps, is_ = res["paillier"][0], res["identity"][0]
-        if nb >= per_epoch:  # the whole epoch was run: report it as measured
-            pe, ie, extrap = res["paillier"][2], res["identity"][2], " (measured)"
-        else:
-            pe, ie, extrap = ps * per_epoch, is_ * per_epoch, " (extrapolated)"
-        wire, batches = res["paillier"][1], res["paillier"][3]
-        table.add_row(name, str(n_train), str(per_epoch), f"{ps:.3f}", f"{is_:.4f}",
-                      f"{pe:.1f}{extrap}", f"{ie:.2f}{extrap}", f"{pe / ie:.0f}x",
-                      _wire.line(wire, 1 / batches))
-        recorded.append((name, pe, ie, extrap, ps, wire, batches))
+        is_ = res["identity"][0]
+        for scheme in args.he_scheme:
+            ps = res[scheme][0]
+            if nb >= per_epoch:  # the whole epoch was run: report it as measured
+                pe, ie, extrap = res[scheme][2], res["identity"][2], " (measured)"
+            else:
+                pe, ie, extrap = ps * per_epoch, is_ * per_epoch, " (extrapolated)"
+            wire, batches = res[scheme][1], res[scheme][3]
+            scale = per_epoch / batches  # bytes of the measured batches -> one epoch
+            table.add_row(name, scheme, str(n_train), str(per_epoch), f"{ps:.3f}", f"{is_:.4f}",
+                          f"{pe:.1f}{extrap}", f"{ie:.2f}{extrap}", f"{pe / ie:.0f}x",
+                          _wire.line(wire, scale) + (" (extrapolated)" if scale != 1 else ""))
+            recorded[scheme].append((name, pe, ie, extrap, ps, wire, scale))
     console.print(table)
     console.print("FATE v1.11 reported 347 s per epoch for Hetero-NN on its benchmark; compare with the "
-                  "50,000-row line (order of magnitude; different network, data and hardware). Bytes per batch: "
+                  "50,000-row line (order of magnitude; different network, data and hardware). Bytes per epoch: "
                   "payload + framing each party sent / received (over gRPC with TLS; payload exact).")
     if not args.quick:
-        record_row(args, recorded)
+        for scheme, rows in recorded.items():
+            record_row(args, scheme, rows)
 
     if not args.skip_mitigation:
         Xtr, Xte, ytr, yte = train_test_split(bc_X, bc_y, test_size=0.3, random_state=1, stratify=bc_y)
@@ -189,19 +199,20 @@ def main(argv=None) -> int:
     return 0
 
 
-def record_row(args, recorded) -> None:
-    """The ``split_nn`` row of docs/benchmarks.json (seconds per epoch and bytes per batch, Paillier)."""
+def record_row(args, scheme: str, recorded) -> None:
+    """Row ``split_nn`` (Paillier) or ``split_nn_ou`` of docs/benchmarks.json: seconds and bytes per epoch."""
     ours = "; ".join(f"{name} {pe:.1f} s/epoch{extrap}, {ps:.2f} s/batch"
                      for name, pe, _, extrap, ps, _, _ in recorded)
-    _report.record("split_nn", {
-        "what": f"split NN, {args.key_bits}-bit, batch {args.batch_size}, interactive width {args.units} "
-                f"(`split_nn.py`)",
+    title = {"paillier": "Paillier", "ou": "Okamoto-Uchiyama"}[scheme]
+    _report.record("split_nn" if scheme == "paillier" else f"split_nn_{scheme}", {
+        "what": f"split NN, {title} {args.key_bits}-bit, batch {args.batch_size}, interactive width {args.units} "
+                f"(`split_nn.py --he-scheme {scheme}`)",
         "ours": ours,
         "baseline": "encryption replaced by identity: " + "; ".join(f"{ie:.2f} s" for _, _, ie, *_ in recorded),
         "ratio": "; ".join(f"{pe / ie:,.0f}×" for _, pe, ie, *_ in recorded)
                  + " (FATE v1.11: 347 s/epoch on its benchmark)",
-        "bytes": "; ".join(f"{name}: {_wire.cell(wire, 1 / batches, 'batch')}"
-                           for name, _, _, _, _, wire, batches in recorded)})
+        "bytes": "; ".join(f"{name}: {_wire.cell(wire, scale, 'epoch')}" + (" (extrapolated)" if scale != 1 else "")
+                           for name, _, _, _, _, wire, scale in recorded)})
 
 
 if __name__ == "__main__":
