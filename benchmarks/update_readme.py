@@ -4,10 +4,12 @@ The table sits between the markers ``<!-- benchmarks:begin -->`` and ``<!-- benc
 
     python benchmarks/update_readme.py           # rewrite the block in README.md
     python benchmarks/update_readme.py --check   # exit 1 if the README is out of date (used by the tests)
+    python benchmarks/update_readme.py --diff    # dry run: print the unified diff, write nothing
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 
@@ -30,12 +32,23 @@ def generated(readme_text: str, docs: Path = _report.DOCS) -> str:
     return readme_text[:start + len(BEGIN)] + "\n" + table + readme_text[end:]
 
 
+def diff(old: str, new: str) -> str:
+    """Unified diff of the README's text ``old`` -> ``new`` ("" when they agree)."""
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        "README.md", "README.md (generated)"))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="only check; exit 1 if README.md is out of date")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="only check; exit 1 if README.md is out of date")
+    mode.add_argument("--diff", action="store_true", help="dry run: print what would change, write nothing")
     args = ap.parse_args(argv)
     text = README.read_text()
     new = generated(text)
+    if args.diff:
+        print(diff(text, new) or "README.md's benchmark table is up to date")
+        return 0
     if args.check:
         if new != text:
             print("README.md's benchmark table differs from docs/benchmarks.json: "
