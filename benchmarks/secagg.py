@@ -9,17 +9,26 @@ Per-round time is measured at the server (from aggregate() call to result), roun
 the first (connection set-up) round is excluded from the median. Plain = the same clipping and
 quantisation as secagg, the same words on the wire (uint32 when k <= 32), no masks (``plain_quantised``:
 the server sees every update), so the two compare like with like; secagg = Bonawitz et al.
-(secureflhv.secagg). Flower's SecAgg+ is not run here (it would need ``flwr`` and its own harness):
-the output says "Flower not measured" rather than quoting a figure from elsewhere.
+(secureflhv.secagg).
+
+Flower, same run: its SecAgg+ (``SecAggPlusWorkflow``, semi-honest) and Flower without secure aggregation,
+same clients, vector size and rounds, in Flower's simulation runtime (``_flower_secagg.py``: virtual
+SuperNodes on Ray, no TLS), each Flower ratio beside ours. Flower pins an older protobuf than secureflhv,
+so it runs in its own interpreter: ``--flower-python`` (or ``SECUREFLHV_FLOWER_PYTHON``; default: this
+interpreter when it can import ``flwr``), e.g. a venv made with ``pip install "flwr[simulation]"``.
+Without one the output says "Flower not measured (flwr not installed)", never a figure from elsewhere.
 Beside the time: bytes per round the server and each client sent / received (payload + framing, counted
 by each party's gRPC transport, all rounds averaged). The full run is recorded in docs/benchmarks.json.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,12 +46,32 @@ BASELINE = "plain_quantised"  # same quantised words as secagg, no masks
 FLOWER = "Flower not measured (flwr not installed)"
 
 
-def flower_status() -> str:
-    """What the run says about Flower's SecAgg+: never a figure it did not measure."""
-    import importlib.util
-    if importlib.util.find_spec("flwr") is None:
-        return FLOWER
-    return "Flower not measured (flwr is installed, but this benchmark has no Flower SecAgg+ harness yet)"
+def flower_python(given: str | None) -> str | None:
+    """The interpreter that runs Flower: ``given``, else $SECUREFLHV_FLOWER_PYTHON, else this one if it
+    can import flwr, else None."""
+    if given or os.environ.get("SECUREFLHV_FLOWER_PYTHON"):
+        return given or os.environ["SECUREFLHV_FLOWER_PYTHON"]
+    return sys.executable if importlib.util.find_spec("flwr") is not None else None
+
+
+def measure_flower(python: str | None, clients: int, dim: int, rounds: int, threshold: float) -> tuple[dict | None, str]:
+    """Flower's plain and SecAgg+ seconds per round (median after the first round) and a one-line summary;
+    ``(None, reason)`` when Flower could not be measured."""
+    if python is None:
+        return None, FLOWER
+    cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_flower_secagg.py"),
+           "--clients", str(clients), "--dim", str(dim), "--rounds", str(rounds), "--threshold", str(threshold)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        res = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        tail = getattr(locals().get("done"), "stderr", "")[-500:]
+        return None, f"Flower not measured ({python}: {type(exc).__name__}: {exc}; {tail.strip()})"
+    med = {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in res.items() if k != "flwr"}
+    med["flwr"] = res["flwr"]
+    return med, (f"Flower {res['flwr']} (simulation runtime, no TLS): SecAgg+ {med['secaggplus']:.2f} s/round, "
+                 f"without secure aggregation {med['plain']:.2f} s/round, "
+                 f"{med['secaggplus'] / med['plain']:.1f}×")
 
 
 def _transport(pid, addrs, cert_dir):
@@ -160,6 +189,9 @@ def main(argv=None):
     ap.add_argument("--insecure", action="store_true", help="plaintext gRPC instead of mutual TLS")
     ap.add_argument("--drop-fraction", type=float, default=0.3)
     ap.add_argument("--quick", action="store_true", help="smoke run: 10,000 parameters, 2 rounds")
+    ap.add_argument("--flower-python", help="interpreter with flwr[simulation] (default: $SECUREFLHV_FLOWER_PYTHON, "
+                                            "or this one if it imports flwr)")
+    ap.add_argument("--no-flower", action="store_true", help="do not measure Flower")
     a = ap.parse_args(argv)
     if a.quick:
         a.dim, a.rounds = 10_000, 2
@@ -187,8 +219,12 @@ def main(argv=None):
                 t = res[-1][3]
                 print("           stages (last round): " + ", ".join(f"{k} {v:.3f}s" for k, v in t.items()))
         ratio = med["secagg"] / med[BASELINE]
-        flower = flower_status()
-        print(f"  ratio secagg / {BASELINE}: {ratio:.2f}x; {flower}")
+        print(f"  ratio secagg / {BASELINE}: {ratio:.2f}x", flush=True)
+        if a.no_flower:
+            fl, flower = None, "Flower not measured (--no-flower)"
+        else:
+            fl, flower = measure_flower(flower_python(a.flower_python), a.clients, a.dim, a.rounds, 0.6)
+        print(f"  {flower}", flush=True)
         n_drop = int(round(a.drop_fraction * a.clients))
         res, _ = run("secagg", a.clients, a.dim, 1, cert_dir, stall=n_drop, stage_timeout=10.0 if not a.quick else 3.0)
         t = res[-1][3]
@@ -205,7 +241,7 @@ def main(argv=None):
                         f"{t['unmask']:.2f} s (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)",
                 "baseline": f"plain aggregation of the same quantised {res_k}-bit words (no masks) "
                             f"{med[BASELINE]:.2f} s/round; {flower}",
-                "ratio": f"{ratio:.1f}×",
+                "ratio": f"{ratio:.1f}×" + (f" (Flower, same run: {fl['secaggplus'] / fl['plain']:.1f}×)" if fl else ""),
                 "bytes": f"secagg: {traffic['secagg']}; plain: {traffic[BASELINE]}"})
 
 
