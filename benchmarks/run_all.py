@@ -14,6 +14,9 @@ and shows the README diff without writing it.
     python benchmarks/run_all.py --quick          # smoke runs, README diff only
     make bench-all                                # the default set
 
+Flower's SecAgg+ is measured beside ours when ``SECUREFLHV_FLOWER_PYTHON`` names an interpreter with
+``flwr[simulation]`` (its own venv: Flower pins an older protobuf; see ``secagg.py``).
+
 Estimates are wall-clock seconds on 2 idle cores (from the figures in docs/benchmarks.md and issue 18);
 the elapsed time of each run is printed beside its estimate. A failing benchmark is reported and the
 others still run; the exit status is 1 if any failed.

@@ -61,12 +61,13 @@ def measure_flower(python: str | None, clients: int, dim: int, rounds: int, thre
         return None, FLOWER
     cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_flower_secagg.py"),
            "--clients", str(clients), "--dim", str(dim), "--rounds", str(rounds), "--threshold", str(threshold)]
+    done = None
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         res = json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
-        tail = getattr(locals().get("done"), "stderr", "")[-500:]
-        return None, f"Flower not measured ({python}: {type(exc).__name__}: {exc}; {tail.strip()})"
+        tail = done.stderr[-500:].strip() if done is not None else ""
+        return None, f"Flower not measured ({python}: {type(exc).__name__}: {exc}; {tail})"
     med = {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in res.items() if k != "flwr"}
     med["flwr"] = res["flwr"]
     return med, (f"Flower {res['flwr']} (simulation runtime, no TLS): SecAgg+ {med['secaggplus']:.2f} s/round, "
