@@ -87,6 +87,9 @@ def train(Xg, y, Xh, cfg: VerticalLRConfig, backend) -> dict:
             "weights": np.concatenate([g.weights, out["host-1"].weights, [g.intercept]])}
 
 
+_RATES: dict[str, dict] = {}  # scheme -> the latest engine_rates() of this process
+
+
 def engine_rates(scheme: str, key_bits: int) -> dict:
     """Wall-clock rates of the operations an epoch cannot avoid, with the worker pool training uses.
 
@@ -145,9 +148,11 @@ def run_scheme(name, Xg, y, Xh, epochs, cfg, scheme: str, ident: dict, args) -> 
     homomorphic operations this run performed (counted) priced at the engine's rates measured now.
     Returns the run's figures (see :func:`train`) plus ``limit`` (s/epoch), ``rates`` and ``ops``."""
     he = _heops.counting_backend(scheme, cfg.precision_bits, cfg.dot_precision_bits)
-    before = engine_rates(scheme, args.key_bits)  # rates before and after training: the best of the two,
-    enc = train(Xg, y, Xh, cfg, he)               # so a burst of load from other jobs does not lower the limit's rates
-    after = engine_rates(scheme, args.key_bits)
+    # rates just before and just after training, the better of the two, so that a burst of load from other
+    # jobs does not lower the limit; the previous dataset's "after" is this one's "before"
+    before = _RATES.get(scheme) or engine_rates(scheme, args.key_bits)
+    enc = train(Xg, y, Xh, cfg, he)
+    after = _RATES[scheme] = engine_rates(scheme, args.key_bits)
     rates = {k: max(before[k], after[k]) for k in before}
     # same protocol, same maths: the two runs must agree (fixed-point rounding only)
     drift = float(np.max(np.abs(enc["weights"] - ident["weights"])))
