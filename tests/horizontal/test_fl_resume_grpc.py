@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
-from test_fl_job import job_dict, shards  # noqa: E402
+from fl_harness import write_grpc_job  # noqa: E402
+from test_fl_job import shards  # noqa: E402
 
 
 PROC_PARAMS = {"strategy": "scaffold", "model": {"name": "mlp", "n_features": 16, "n_classes": 10, "hidden": [8]},
@@ -28,16 +28,8 @@ KILL_AFTER = 2  # rounds the server finishes before it is killed
 
 
 def _proc_job(tmp: Path) -> Path:
-    from secureflhv.runtime.demo import free_ports
-    from secureflhv.transport.certs import generate_certificates
-
-    npz, _ = shards(tmp, 3)
-    generate_certificates(tmp / "certs", ["server", "client-1", "client-2", "client-3"], overwrite=True)
-    job = job_dict(npz, PROC_PARAMS, tls=True, ports=free_ports(4), certs="certs")
-    job["job"]["deadline_s"] = 30  # how long a client waits for the (dead) server
-    path = tmp / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    return path
+    # deadline_s: how long a client waits for the (dead) server
+    return write_grpc_job(tmp, shards(tmp, 3)[0], PROC_PARAMS, edit=lambda job: job["job"].update(deadline_s=30))[1]
 
 
 def _model(out: Path) -> dict:

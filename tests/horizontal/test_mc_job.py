@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import re
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fl_harness  # noqa: E402
+from fl_harness import run_job_threads, write_grpc_job  # noqa: E402
 from mc_harness import cancer_shards  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,7 +25,6 @@ from secureflhv.runtime.jobs.horizontal_fl import load_client_data  # noqa: E402
 from secureflhv.runtime.jobs import multiconfederated as mcj  # noqa: E402
 from secureflhv.runtime.registry import job_params, job_spec  # noqa: E402
 from secureflhv.runtime.rendezvous import partners  # noqa: E402
-from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
 
 MODEL = {"name": "mlp", "n_features": 30, "n_classes": 2, "hidden": [8]}
 PARAMS = {"model": MODEL, "rounds": 2, "batch_size": 32, "lr": 0.05, "seed": 4, "test_fraction": 0.2,
@@ -46,17 +45,11 @@ def write_data(tmp_path: Path, n: int = 3) -> list[Path]:
     return paths
 
 
-def job_dict(paths, *, server=False, tls=False, ports=None, params=PARAMS) -> dict:
-    ports = ports or list(range(50900, 50900 + len(paths) + 1))
-    parties = [{"id": "server", "role": "server", "address": f"127.0.0.1:{ports[-1]}"}] if server else []
-    for i, (pid, path) in enumerate(zip(PEERS, paths)):
-        parties.append({"id": pid, "role": "guest" if i == 0 else "host", "address": f"127.0.0.1:{ports[i]}",
-                        "data": {"path": str(path), "label_column": "y"}})
-    if tls:
-        for p in parties:
-            p.update(cert=f"certs/{p['id']}.pem", key=f"certs/{p['id']}.key")
-    return {"job": {"id": "mc-test", "algorithm": "multiconfederated", "output_dir": "out", "deadline_s": 60},
-            "security": {"ca": "certs/ca.pem"} if tls else {"insecure": True}, "parties": parties, "params": params}
+MC_JOB = {"algorithm": "multiconfederated", "job_id": "mc-test", "clients": PEERS}  # fl_harness.job_dict's
+
+
+def job_dict(paths, *, server=False, params=PARAMS) -> dict:
+    return fl_harness.job_dict(paths, params, server=server, **MC_JOB)
 
 
 def test_a_server_is_refused_naming_the_field(tmp_path):
@@ -81,21 +74,7 @@ def test_a_server_is_refused_naming_the_field(tmp_path):
 
 
 def run_in_process(cfg) -> None:
-    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
-    errors = {}
-
-    def run(spec):
-        try:
-            mcj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
-        except BaseException as exc:  # noqa: BLE001
-            errors[spec.id] = exc
-
-    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    assert not errors, errors
+    run_job_threads(cfg, mcj.run)
 
 
 def pools(out: Path) -> dict:
@@ -108,14 +87,7 @@ def pools(out: Path) -> dict:
 
 @pytest.mark.slow
 def test_grpc_tls_peers_reach_the_models_of_an_in_process_run(tmp_path):
-    from secureflhv.runtime.demo import free_ports
-    from secureflhv.transport.certs import generate_certificates
-
-    paths = write_data(tmp_path)
-    generate_certificates(tmp_path / "certs", PEERS, overwrite=True)
-    job = job_dict(paths, tls=True, ports=free_ports(3))
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
+    job, path = write_grpc_job(tmp_path, write_data(tmp_path), PARAMS, server=False, **MC_JOB)
     out = run_job(path, timeout_s=240)
     assert "[server]" not in out and all(f"[{p}]" in out for p in PEERS)  # only the peers were started
 
@@ -155,15 +127,8 @@ def test_a_killed_peer_is_named_and_resume_equals_the_uninterrupted_run(tmp_path
     """Real peer processes over gRPC + mTLS: peer-c is SIGKILLed after round 2; peer-a and peer-b stop within
     their deadline naming it; ``run --resume`` continues from the last round every peer checkpointed and the
     finished pools equal an uninterrupted run's (in-process, which the test above shows equal to gRPC)."""
-    from secureflhv.runtime.demo import free_ports
-    from secureflhv.transport.certs import generate_certificates
-
-    paths = write_data(tmp_path)
-    generate_certificates(tmp_path / "certs", PEERS, overwrite=True)
-    job = job_dict(paths, tls=True, ports=free_ports(3), params=RESUME_PARAMS)
-    job["job"]["deadline_s"] = DEADLINE
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
+    job, path = write_grpc_job(tmp_path, write_data(tmp_path), RESUME_PARAMS, server=False, **MC_JOB,
+                               edit=lambda job: job["job"].update(deadline_s=DEADLINE))
     reference = dict(job, job={**job["job"], "output_dir": "out-ref"})
     run_in_process(parse_job(reference, tmp_path))
 
