@@ -63,6 +63,11 @@ def test_a_server_is_refused_naming_the_field(tmp_path):
         parse_job(job_dict(paths, params={**PARAMS, "tolerance": -1.0}), tmp_path)
     with pytest.raises(JobConfigError, match=r"params\.initial_models"):
         parse_job(job_dict(paths, params={**PARAMS, "initial_models": 5, "max_models": 4}), tmp_path)
+    # the local-training fields are horizontal FL's (one base class), its federated preprocessing is not
+    with pytest.raises(JobConfigError, match=r"params\.preprocessing: unknown parameter"):
+        parse_job(job_dict(paths, params={**PARAMS, "preprocessing": {"standardize": True}}), tmp_path)
+    with pytest.raises(JobConfigError, match=r"params\.momentum"):
+        parse_job(job_dict(paths, params={**PARAMS, "momentum": 1.0}), tmp_path)
     as_strategy = job_dict(paths, server=True)
     as_strategy["job"]["algorithm"], as_strategy["params"] = "horizontal", {**PARAMS, "strategy": "multiconfederated"}
     with pytest.raises(JobConfigError, match=r"params\.strategy: multiconfederated is decentralised .* "
