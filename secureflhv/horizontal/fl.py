@@ -68,9 +68,10 @@ import numpy as np
 from ..proto import messages_pb2
 from ..secagg import AggregateResult, AggregationConfig, AggregationError, make_client, make_server
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
-from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
+from ..transport.codec import tensor_to_proto, whole_count
 from ..transport.role import ProtocolRole
 from .contribution import SLOTS, ContributionClient, ContributionServer, latent_dim
+from .model_wire import float32_tensor, model_bundle, read_model
 from .models import ModelSpec, build_model, evaluate, get_flat, param_shapes, set_flat
 from .strategies import LocalTrainConfig, Strategy, batch_rng
 
@@ -172,30 +173,6 @@ def pooled_regression(metrics: Sequence[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------------ wire helpers
-def float32_tensor(t: messages_pb2.Tensor, shape: tuple[int, ...], what: str) -> np.ndarray:
-    """Decode a float32 tensor of ``shape`` with finite values; raises ProtocolError naming ``what``."""
-    return tensor_from_proto(t, what=what, dtype="<f4", shape=shape)
-
-
-def model_bundle(shapes: dict[str, tuple[int, ...]], vector: np.ndarray, **text) -> messages_pb2.Bundle:
-    b = messages_pb2.Bundle(text={k: str(v) for k, v in text.items()})
-    offset = 0
-    for name, shape in shapes.items():
-        n = int(np.prod(shape))
-        b.tensors[f"model/{name}"].CopyFrom(tensor_to_proto(vector[offset:offset + n].reshape(shape), "<f4"))
-        offset += n
-    return b
-
-
-def read_model(b: messages_pb2.Bundle, shapes: dict[str, tuple[int, ...]]) -> np.ndarray:
-    """The flat float32 model in a bundle; raises ProtocolError naming a missing/bad parameter."""
-    names = {k[len("model/"):] for k in b.tensors if k.startswith("model/")}
-    if names != set(shapes):
-        raise ProtocolError(f"model parameters {sorted(names)} do not match {sorted(shapes)}")
-    return np.concatenate([float32_tensor(b.tensors[f"model/{n}"], s, f"model/{n}").reshape(-1)
-                           for n, s in shapes.items()]).astype(np.float32)
-
-
 def check_slots(strategy: Strategy, config: FLConfig) -> None:
     """ValueError when the strategy's parts (after contribution's two sums) exceed a round's aggregation slots,
     or when the strategy is decentralised (MultiConfederated: no server, see :mod:`.mc_peer`)."""

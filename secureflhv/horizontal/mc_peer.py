@@ -53,8 +53,9 @@ import numpy as np
 
 from ..proto import messages_pb2
 from ..transport.base import ProtocolError, TransportError
-from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
+from ..transport.codec import whole_count
 from ..transport.role import ProtocolRole
+from .model_wire import model_bundle, model_tensors
 from .models import ModelSpec, build_model, evaluate, get_flat, set_flat
 from .multiconfederated import (MODEL_ID, MCConfig, divergence, divergence_filter, initial_ids, max_selected,
                                 may_fork, merge_pool, select, weighted_mean)
@@ -159,10 +160,9 @@ class MultiConfederatedPeer(ProtocolRole):
 
     # ---------------------------------------------------------------- wire
     def update_message(self, trained: dict[str, np.ndarray], loss: float) -> messages_pb2.Bundle:
-        b = messages_pb2.Bundle(text={"sender": self.party_id, "models": ",".join(trained)},
-                                scalars={"n": float(len(self.y_train)), "loss": float(loss)})
-        for m, w in trained.items():
-            b.tensors[f"model/{m}"].CopyFrom(tensor_to_proto(w, "<f4"))
+        b = model_bundle({m: (self.dim,) for m in trained}, np.concatenate([np.ravel(w) for w in trained.values()]),
+                         sender=self.party_id, models=",".join(trained))
+        b.scalars.update({"n": float(len(self.y_train)), "loss": float(loss)})
         return b
 
     def parser(self, sender: str, round_id: int):
@@ -189,10 +189,7 @@ class MultiConfederatedPeer(ProtocolRole):
                 if not MODEL_ID.match(m) or (m not in known and not (m == new_ok and forks_ok)):
                     raise ProtocolError(f"mc.update: unknown model id {m[:80]!r} (not in the pool, nor {sender}'s "
                                         f"fork of round {round_id - 1} while forks are allowed)")
-            if set(b.tensors) != {f"model/{m}" for m in ids}:
-                raise ProtocolError(f"mc.update: tensors {sorted(b.tensors)[:8]} do not match models {ids}")
-            models = {m: tensor_from_proto(b.tensors[f"model/{m}"], what=f"mc.update model/{m} from {sender}",
-                                           dtype="<f4", shape=(self.dim,)) for m in ids}
+            models = model_tensors(b, {m: (self.dim,) for m in ids}, f"mc.update from {sender}", only=True)
             n = whole_count(b.scalars["n"], "mc.update n", lo=1, hi=MAX_ROWS)
             loss = b.scalars["loss"]
             if not (math.isfinite(loss) and loss >= 0):

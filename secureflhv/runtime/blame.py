@@ -7,9 +7,11 @@ SIGTERM). Each of them would report its own symptom ("terminated (signal 15)", "
 
 * :class:`Failure` is one (party, reason); :meth:`Failure.abort_text` is what goes to the peers.
 * :func:`root_cause` turns an exception caught by a party into its root :class:`Failure`: an abort
-  from a peer carries the peer's root; a peer that went silent or unreachable is the root; anything
-  (also behind an algorithm's error raised from such a transport error); anything
-  else is this party's own failure, phrased by :func:`secureflhv.runtime.os_errors.plain_error`.
+  from a peer carries the peer's root; a peer that went silent or unreachable is the root (also behind
+  an algorithm's error raised from such a transport error); a silent peer that was only waiting on a
+  party that is gone is not: that one is (:class:`~secureflhv.transport.PeerLost`); an abort blaming
+  this party's silence while it waited on a peer names that peer; anything else is this party's own
+  failure, phrased by :func:`secureflhv.runtime.os_errors.plain_error`.
 * :class:`Blame` keeps the first failure a party hears of (thread-safe).
 
 Abort texts come from peers and are untrusted: :func:`clean` strips control characters and bounds
@@ -74,9 +76,12 @@ class Stopped(SystemExit):
         return f"terminated by signal {self.signum} ({signal.Signals(self.signum).name})"
 
 
+_SILENCE = "sent nothing for "  # how a silent peer's failure reads (below)
+
+
 def _silent_peer(text: str, me: str, parties) -> Failure | None:
     """The peer a timeout / delivery failure in ``text`` names (not ``me``), as the root failure."""
-    for rx, why in ((_SILENT, "sent nothing for {secs}s (stopped or crashed?)"),
+    for rx, why in ((_SILENT, _SILENCE + "{secs}s (stopped or crashed?)"),
                     (_UNREACHABLE, "could not be reached at {address} (stopped or crashed?)")):
         m = rx.search(text)
         if m and m.group("party") in parties and m.group("party") != me:
@@ -112,7 +117,14 @@ def root_cause(exc: BaseException, me: str, parties) -> Failure:
     if isinstance(exc, JobAborted):
         m = _ABORTED.search(clean(str(exc)))
         if m and m.group("party") in parties:
-            return parse_reported(m.group("reason"), m.group("party"), parties)
+            reported = parse_reported(m.group("reason"), m.group("party"), parties)
+            waited = getattr(exc, "waiting_for", None)
+            if reported.party == me and reported.reason.startswith(_SILENCE) and waited in parties \
+                    and waited not in (me, m.group("party")):
+                # a peer took our silence for the failure, but we were blocked on ``waited``: that is the root
+                return Failure(waited, f"sent nothing while {me} waited on it, so {me} fell silent too "
+                                       f"(stopped or crashed?)")
+            return reported
     if isinstance(exc, (PeerTimeout, PeerUnavailable)):
         found = _silent_peer(clean(str(exc)), me, parties)
         if found is not None:

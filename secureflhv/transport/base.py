@@ -58,7 +58,22 @@ class TransportError(RuntimeError):
 
 
 class PeerTimeout(TransportError):
-    """No (valid) message arrived from a peer before the deadline."""
+    """No (valid) message arrived from a peer before the deadline. ``sender``: that peer (None if unknown)."""
+
+    sender: str | None = None
+
+
+class PeerLost(PeerTimeout):
+    """A wait on a live peer timed out while another party of the job could no longer be reached.
+
+    The live peer is most likely blocked on the lost one, so the lost one is the root cause: ``peer`` (the
+    lost party) and ``reason`` (one sentence) say so; ``sender`` is the peer that was waited on. Raised by
+    :func:`secureflhv.transport.role.lost_peer_behind` from the original :class:`PeerTimeout`.
+    """
+
+    def __init__(self, me: str, peer: str, reason: str, timeout: PeerTimeout):
+        self.peer, self.reason, self.sender = peer, reason, timeout.sender
+        super().__init__(f"{me}: {peer} failed: {reason}")
 
 
 class PeerUnavailable(TransportError):
@@ -70,7 +85,10 @@ class MessageRejected(TransportError):
 
 
 class JobAborted(TransportError):
-    """A peer announced that the job failed; carries the peer's reason."""
+    """A peer announced that the job failed; carries the peer's reason. ``waiting_for``: the peer this
+    party was waiting on when the abort came (None if unknown)."""
+
+    waiting_for: str | None = None
 
 
 class ProtocolError(ValueError):
@@ -248,7 +266,9 @@ class Mailbox:
             while True:
                 if self._abort is not None:
                     who, why = self._abort
-                    raise JobAborted(f"party {who!r} aborted the job: {why}")
+                    aborted = JobAborted(f"party {who!r} aborted the job: {why}")
+                    aborted.waiting_for = sender  # what this party was blocked on (runtime/blame.py)
+                    raise aborted
                 msg = self._pending.pop(key, None)
                 if msg is not None:
                     self._unqueue(msg)
@@ -266,9 +286,11 @@ class Mailbox:
                     raise TransportError(f"{self.party_id}: transport closed while waiting for {tag!r} from {sender!r}")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise PeerTimeout(
+                    silent = PeerTimeout(
                         f"{self.party_id}: no valid message {tag!r} (round {round}) from {sender!r} "
                         f"within {timeout:.0f}s: is {sender!r} still running?")
+                    silent.sender = sender
+                    raise silent
                 self._cond.wait(min(remaining, 1.0))
 
     def _consumed(self, sender: str, tag: str, round: int) -> None:
@@ -338,6 +360,20 @@ class Transport(ABC):
                 self.send(peer, ABORT_TAG, reason.encode("utf-8"), round=0, timeout=2.0)
             except Exception as exc:  # noqa: BLE001 - a dead peer cannot be told; deadlines cover it
                 log.debug("could not tell %s about the abort: %s", peer, exc)
+
+    def reachable(self, peer: str, timeout: float) -> bool:
+        """Whether ``peer`` answers a probe (:data:`PROBE_TAG`, accepted and never queued) within ``timeout``
+        seconds. A peer that answers with a refusal or a failed TLS handshake is up; only one that cannot be
+        reached (connection refused, no answer) is not."""
+        try:
+            self.send(peer, PROBE_TAG, b"alive?", round=0, timeout=timeout)
+        except MessageRejected:
+            return True
+        except PeerUnavailable as exc:
+            return "TLS handshake" in str(exc)
+        except TransportError:  # e.g. this transport closed: nothing learnt about the peer
+            return True
+        return True
 
     @property
     def rejected(self) -> list[tuple[Rejected, str]]:

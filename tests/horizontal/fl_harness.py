@@ -1,9 +1,12 @@
-"""Shared helpers of the horizontal FL tests: run a server and clients as threads over InProcessNetwork."""
+"""Shared helpers of the horizontal FL tests: run a server and clients as threads over InProcessNetwork; write
+and run horizontal jobs (a server and clients, or multiconfederated peers) in process or over gRPC + mTLS."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
+import yaml
 
 from secureflhv.secagg import AggregationConfig
 from secureflhv.horizontal.fl import FLConfig, HorizontalClient, HorizontalServer
@@ -95,3 +98,67 @@ def blobs(n_per_client, n_clients, n_features=6, n_classes=3, seed=0, skew=False
     y = rng.integers(0, n_classes, 200)
     test = ((centres[y] + rng.normal(0, 1.0, (200, n_features))).astype(np.float32), y)
     return shards, test
+
+
+# ------------------------------------------------------------------ horizontal jobs (runtime): job files and runs
+def job_dict(data_paths, params: dict, *, algorithm: str = "horizontal", job_id: str = "hfl-test", server: bool = True,
+             clients=None, tls: bool = False, ports=None, certs: str = "certs", label_column: str = "y") -> dict:
+    """A horizontal job document: a server (``server=False``: none, e.g. multiconfederated peers) and one
+    client per data file (ids ``clients``, default client-1, client-2, ...; the first is the guest) on
+    loopback ``ports`` (server first); ``tls``: each party's certificate under ``certs``/."""
+    clients = list(clients or [f"client-{i}" for i in range(1, len(data_paths) + 1)])[:len(data_paths)]
+    parties = [{"id": "server", "role": "server"}] if server else []
+    parties += [{"id": cid, "role": "guest" if i == 0 else "host",
+                 "data": {"path": str(path), "label_column": label_column}}
+                for i, (cid, path) in enumerate(zip(clients, data_paths))]
+    for party, port in zip(parties, ports or range(50700, 50700 + len(parties))):
+        party["address"] = f"127.0.0.1:{port}"
+        if tls:
+            party.update(cert=f"{certs}/{party['id']}.pem", key=f"{certs}/{party['id']}.key")
+    return {"job": {"id": job_id, "algorithm": algorithm, "output_dir": "out", "deadline_s": 60},
+            "security": {"ca": f"{certs}/ca.pem"} if tls else {"insecure": True},
+            "parties": parties, "params": params}
+
+
+def write_grpc_job(tmp_path: Path, data_paths, params: dict, *, edit=None, **job_kw) -> tuple[dict, Path]:
+    """:func:`job_dict` over gRPC with mutual TLS: free loopback ports, certificates for every party under
+    ``tmp_path/certs``; ``edit(job)`` may change the document in place before it is written to
+    ``tmp_path/job.yaml``. Returns (document, path)."""
+    from secureflhv.runtime.demo import free_ports
+    from secureflhv.transport.certs import generate_certificates
+
+    n_parties = len(data_paths) + (1 if job_kw.get("server", True) else 0)
+    job = job_dict(data_paths, params, tls=True, ports=free_ports(n_parties), certs="certs", **job_kw)
+    generate_certificates(tmp_path / "certs", [p["id"] for p in job["parties"]], overwrite=True)
+    if edit is not None:
+        edit(job)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return job, path
+
+
+def run_job_threads(cfg, run, *, transport=None, deadline: float = 60.0, join_s: float = 240.0) -> dict:
+    """Every party of job ``cfg`` runs ``run(cfg, spec, transport, params)`` (a job module's ``run``) in its
+    own thread over one InProcessNetwork; ``transport(net, spec)`` may build a party's transport (default
+    ``net.transport(spec.id)``). No party may fail (AssertionError listing the errors). Returns each
+    party's result."""
+    from secureflhv.runtime.registry import job_params
+
+    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=deadline)
+    params = job_params(cfg)
+    errors, results = {}, {}
+
+    def one(spec):
+        t = net.transport(spec.id) if transport is None else transport(net, spec)
+        try:
+            results[spec.id] = run(cfg, spec, t, params)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors[spec.id] = exc
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in cfg.parties]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)
+    assert not errors, errors
+    return results

@@ -18,6 +18,7 @@ from secureflhv.runtime.config import parse_job
 from secureflhv.runtime.data_prep import local_split, split_rows
 from secureflhv.runtime.registry import job_params
 
+from fl_harness import run_job_threads
 from test_fl_job import job_dict, run_grpc_job, run_in_process
 
 SCHEMA = {"id": "id", **PENGUIN_SCHEMA}
@@ -93,14 +94,10 @@ def test_bad_public_ranges_are_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_fl_job_over_grpc_tls_with_federated_preprocessing(tmp_path, monkeypatch):
+def test_fl_job_over_grpc_tls_with_federated_preprocessing(tmp_path):
     csvs = penguin_csvs(tmp_path)
     params = fl_params()
-    import test_fl_job
-
-    monkeypatch.setattr(test_fl_job, "shards", lambda _tmp, _n: (csvs, csvs))
-    monkeypatch.setattr(test_fl_job, "job_dict", lambda *a, **kw: with_schema(job_dict(*a, **kw)))
-    job, out = run_grpc_job(tmp_path, params)
+    run_grpc_job(tmp_path, params, data_paths=csvs, edit=with_schema)
     check_bundles_predict_as_in_job(tmp_path / "out", csvs, params)
     final = json.loads((tmp_path / "out" / "server" / "metrics.json").read_text())["final"]
     assert final["test_accuracy"] > 0.8     # standardised + one-hot: learnable in a few rounds
@@ -128,18 +125,13 @@ def check_predict_job(tmp_path: Path, csvs: list[Path]) -> None:
 def test_secureboost_job_bins_on_the_federated_range_sketch(tmp_path):
     """No client sends its min/max (no hsb.ranges reaches the server); the trees' ranges are the range
     sketch's, which contain every training value; the bundle predicts raw rows (NaN, codes) as in the job."""
-    import threading
-
     from secureflhv.runtime.jobs import secureboost_horizontal as sbj
-    from secureflhv.transport.inprocess import InProcessNetwork, InProcessTransport
+    from secureflhv.transport.inprocess import InProcessTransport
 
     csvs = penguin_csvs(tmp_path)
     params = {"n_trees": 3, "max_depth": 3, "max_bin": 16, "sketch_bins": 256, "test_fraction": 0.25,
               "split_seed": 2, "objective": "multiclass", "n_classes": 3}
-    job = with_schema(job_dict(csvs, params))
-    job["job"]["algorithm"] = "secureboost_horizontal"
-    cfg = parse_job(job, tmp_path)
-    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
+    cfg = parse_job(with_schema(job_dict(csvs, params, algorithm="secureboost_horizontal")), tmp_path)
     seen = []
 
     class Recording(InProcessTransport):
@@ -147,21 +139,8 @@ def test_secureboost_job_bins_on_the_federated_range_sketch(tmp_path):
             seen.append(tag)
             return super().recv(sender, tag, round, timeout, parse)
 
-    errors, results = {}, {}
-
-    def run(spec):
-        t = Recording(net, spec.id) if spec.role == "server" else net.transport(spec.id)
-        try:
-            results[spec.id] = sbj.run(cfg, spec, t, job_params(cfg))
-        except BaseException as exc:  # noqa: BLE001
-            errors[spec.id] = exc
-
-    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    assert not errors, errors
+    results = run_job_threads(cfg, sbj.run, transport=lambda net, spec: Recording(net, spec.id)
+                              if spec.role == "server" else net.transport(spec.id))
     assert "fpp.hello" in seen and "hsb.ranges" not in seen
     out = tmp_path / "out"
     server = secureflhv.load_model(out / "server")

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from secureflhv.data import Dataset, partition, write_shards
 from secureflhv.horizontal.models import ModelSpec, build_model, evaluate, flatten_named, set_flat
@@ -22,7 +20,12 @@ from secureflhv.runtime.job_file import parse_job_file
 from secureflhv.runtime.registry import job_params
 from secureflhv.runtime.artifacts import load_model
 from secureflhv.runtime.config import JobConfigError, parse_job
-from secureflhv.transport.inprocess import InProcessNetwork
+
+import fl_harness
+from fl_harness import run_job_threads, write_grpc_job
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from resume_harness import run_job  # noqa: E402
 
 MODEL = {"name": "mlp", "n_features": 16, "n_classes": 10}
 PARAMS = {"strategy": "fedprox", "mu": 0.01, "model": MODEL, "rounds": 2, "local_epochs": 4, "batch_size": 16,
@@ -33,40 +36,18 @@ PARAMS = {"strategy": "fedprox", "mu": 0.01, "model": MODEL, "rounds": 2, "local
 GRPC_JOB_PARTIES = ["server", "client-1", "client-2", "client-3"]
 
 
-def run_grpc_job(tmp_path: Path, params: dict) -> tuple[dict, str]:
-    """A server and 3 clients as real processes over gRPC + mutual TLS (``secureflhv run``); the job must
-    succeed. Returns the job document and the launcher's output."""
-    from secureflhv.runtime.demo import free_ports
-    from secureflhv.transport.certs import generate_certificates
+def run_grpc_job(tmp_path: Path, params: dict, data_paths=None, edit=None) -> tuple[dict, str]:
+    """A server and 3 clients (data: ``data_paths``, default :func:`shards`) as real processes over gRPC +
+    mutual TLS (``secureflhv run``); ``edit(job)`` may change the job document. The job must succeed.
+    Returns the job document and the launcher's output."""
+    job, path = write_grpc_job(tmp_path, data_paths or shards(tmp_path, 3)[0], params, edit=edit)
+    return job, run_job(path, timeout_s=240)
 
-    npz, _ = shards(tmp_path, 3)
-    generate_certificates(tmp_path / "certs", GRPC_JOB_PARTIES, overwrite=True)
-    job = job_dict(npz, params, tls=True, ports=free_ports(4), certs="certs")
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(path), "--timeout", "240"],
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    return job, out
 
 def run_in_process(cfg) -> None:
     """Every party of the horizontal job ``cfg`` in its own thread over one InProcessNetwork; no party may fail."""
-    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
-    errors = {}
+    run_job_threads(cfg, hj.run)
 
-    def run(spec):
-        try:
-            hj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
-        except BaseException as exc:  # noqa: BLE001
-            errors[spec.id] = exc
-
-    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    assert not errors, errors
 
 def blobs() -> Dataset:
     """10 well-separated Gaussian classes in 16 dimensions (600 rows)."""
@@ -84,21 +65,8 @@ def shards(tmp_path: Path, n_clients: int):
     return npz, csv
 
 
-def job_dict(data_paths, params=PARAMS, *, tls=False, ports=None, certs=None):
-    ids = ["server"] + [f"client-{i}" for i in range(1, len(data_paths) + 1)]
-    ports = ports or list(range(50700, 50700 + len(ids)))
-    parties = []
-    for i, (pid, port) in enumerate(zip(ids, ports)):
-        p = {"id": pid, "role": "server" if i == 0 else ("guest" if i == 1 else "host"),
-             "address": f"127.0.0.1:{port}"}
-        if tls:
-            p.update(cert=f"{certs}/{pid}.pem", key=f"{certs}/{pid}.key")
-        if i:
-            p["data"] = {"path": str(data_paths[i - 1]), "label_column": "y"}
-        parties.append(p)
-    return {"job": {"id": "hfl-test", "algorithm": "horizontal", "output_dir": "out", "deadline_s": 60},
-            "security": {"ca": f"{certs}/ca.pem"} if tls else {"insecure": True},
-            "parties": parties, "params": params}
+def job_dict(data_paths, params=PARAMS, **kw) -> dict:
+    return fl_harness.job_dict(data_paths, params, **kw)
 
 
 @pytest.mark.parametrize("change, field", [
@@ -240,19 +208,13 @@ def test_killed_client_is_a_dropout_the_job_survives(tmp_path):
     import time
 
     from secureflhv.runtime.config import load_job
-    from secureflhv.runtime.demo import free_ports
     from secureflhv.runtime.launcher import Launcher
-    from secureflhv.transport.certs import generate_certificates
 
     npz, _ = shards(tmp_path, 4)
-    ids = ["server"] + [f"client-{i}" for i in range(1, 5)]
-    generate_certificates(tmp_path / "certs", ids, overwrite=True)
     params = {**PARAMS, "rounds": 3, "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 20,
                                                        "input_timeout_s": 20}}
-    job = job_dict(npz, params, tls=True, ports=free_ports(5), certs="certs")
-    job["job"]["deadline_s"] = 20  # how long the server keeps trying to reach the dead client
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
+    # deadline_s: how long the server keeps trying to reach the dead client
+    _, path = write_grpc_job(tmp_path, npz, params, edit=lambda job: job["job"].update(deadline_s=20))
     launcher = Launcher(path, load_job(path), grace_s=5)
     killed = threading.Event()
 

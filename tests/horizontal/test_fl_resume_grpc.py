@@ -8,20 +8,17 @@ rounding: the sums are exact).
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from test_e2e_vertical_lr import secureflhv  # noqa: E402
-from test_fl_job import job_dict, shards  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
+from fl_harness import write_grpc_job  # noqa: E402
+from test_fl_job import shards  # noqa: E402
 
 
 PROC_PARAMS = {"strategy": "scaffold", "model": {"name": "mlp", "n_features": 16, "n_classes": 10, "hidden": [8]},
@@ -31,23 +28,8 @@ KILL_AFTER = 2  # rounds the server finishes before it is killed
 
 
 def _proc_job(tmp: Path) -> Path:
-    from secureflhv.runtime.demo import free_ports
-    from secureflhv.transport.certs import generate_certificates
-
-    npz, _ = shards(tmp, 3)
-    generate_certificates(tmp / "certs", ["server", "client-1", "client-2", "client-3"], overwrite=True)
-    job = job_dict(npz, PROC_PARAMS, tls=True, ports=free_ports(4), certs="certs")
-    job["job"]["deadline_s"] = 30  # how long a client waits for the (dead) server
-    path = tmp / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    return path
-
-
-def _run(job: Path, *extra: str) -> str:
-    proc = secureflhv("run", str(job), "--timeout", "200", *extra)
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out[-3000:]
-    return out
+    # deadline_s: how long a client waits for the (dead) server
+    return write_grpc_job(tmp, shards(tmp, 3)[0], PROC_PARAMS, edit=lambda job: job["job"].update(deadline_s=30))[1]
 
 
 def _model(out: Path) -> dict:
@@ -63,34 +45,18 @@ def _model(out: Path) -> dict:
 @pytest.mark.slow
 def test_killed_server_then_resume_equals_uninterrupted_run(tmp_path):
     ref_job = _proc_job(tmp_path / "ref")
-    _run(ref_job)
+    run_job(ref_job)
     reference = _model(ref_job.parent / "out")
     assert len(reference["server"]) == PROC_PARAMS["rounds"]
 
     job = _proc_job(tmp_path / "crash")
     ids = ["server", "client-1", "client-2", "client-3"]
-    procs = {pid: secureflhv("party", str(job), "--party", pid) for pid in ids}
-    server = procs["server"]
-    try:
-        for line in server.stdout:
-            if f"round {KILL_AFTER}/" in line:
-                break
-        else:
-            pytest.fail("the server never finished the round to kill it after")
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-        for c in ids[1:]:
-            out, _ = procs[c].communicate(timeout=120)
-            assert procs[c].returncode not in (0, None), out[-2000:]
-            assert "server" in out.strip().splitlines()[-1], out[-2000:]  # the last line names the server
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    killed = kill_after(job, ids, "server", f"round {KILL_AFTER}/", wait_s=120)
+    for c, last in killed.last_lines().items():
+        assert "server" in last, killed.outputs[c][-2000:]  # the last line names the server
 
-    out = _run(job, "--resume")
-    assert set(re.findall(r"resuming after checkpoint step (\d+)", out)) == {str(KILL_AFTER)}, out[-3000:]
+    out = run_job(job, "--resume")
+    assert resumed_steps(out) == {KILL_AFTER}, out[-3000:]
     resumed = _model(job.parent / "out")
     assert resumed.keys() == reference.keys()
     for key, v in reference.items():

@@ -76,3 +76,20 @@ def test_bad_bundle_is_rejected(mutate):
     mutate(b)
     with pytest.raises(ProtocolError):
         client()._parse_round(b.SerializeToString())
+
+
+def test_one_model_validator_for_fl_and_multiconfederated():
+    """model_tensors: the FL client leaves other tensors (extra/...) alone; a MultiConfederated update
+    (``only``) may carry nothing but its models; names and shapes are checked either way."""
+    from secureflhv.horizontal.model_wire import model_tensors
+
+    b, vec, shapes = good_bundle()
+    b.tensors["extra/c"].CopyFrom(b.tensors["model/net.0.bias"])
+    got = model_tensors(b, shapes, "fl")
+    assert list(got) == list(shapes) and all(got[n].shape == s and got[n].dtype == np.float32 for n, s in shapes.items())
+    with pytest.raises(ProtocolError, match=r"^mc\.update from p1: model parameters .*extra/c"):
+        model_tensors(b, shapes, "mc.update from p1", only=True)
+    with pytest.raises(ProtocolError, match="do not match"):
+        model_tensors(b, dict(list(shapes.items())[1:]))
+    with pytest.raises(ProtocolError, match="model/net.0.bias"):
+        model_tensors(b, {**shapes, "net.0.bias": (7,)}, "fl")

@@ -3,17 +3,20 @@ validation, and real peer processes over gRPC + mutual TLS reach the models of a
 from __future__ import annotations
 
 import json
-import subprocess
+import re
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fl_harness  # noqa: E402
+from fl_harness import run_job_threads, write_grpc_job  # noqa: E402
 from mc_harness import cancer_shards  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
 
 from secureflhv import load_model  # noqa: E402
 from secureflhv.runtime.config import JobConfigError, parse_job  # noqa: E402
@@ -22,7 +25,6 @@ from secureflhv.runtime.jobs.horizontal_fl import load_client_data  # noqa: E402
 from secureflhv.runtime.jobs import multiconfederated as mcj  # noqa: E402
 from secureflhv.runtime.registry import job_params, job_spec  # noqa: E402
 from secureflhv.runtime.rendezvous import partners  # noqa: E402
-from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
 
 MODEL = {"name": "mlp", "n_features": 30, "n_classes": 2, "hidden": [8]}
 PARAMS = {"model": MODEL, "rounds": 2, "batch_size": 32, "lr": 0.05, "seed": 4, "test_fraction": 0.2,
@@ -43,17 +45,11 @@ def write_data(tmp_path: Path, n: int = 3) -> list[Path]:
     return paths
 
 
-def job_dict(paths, *, server=False, tls=False, ports=None, params=PARAMS) -> dict:
-    ports = ports or list(range(50900, 50900 + len(paths) + 1))
-    parties = [{"id": "server", "role": "server", "address": f"127.0.0.1:{ports[-1]}"}] if server else []
-    for i, (pid, path) in enumerate(zip(PEERS, paths)):
-        parties.append({"id": pid, "role": "guest" if i == 0 else "host", "address": f"127.0.0.1:{ports[i]}",
-                        "data": {"path": str(path), "label_column": "y"}})
-    if tls:
-        for p in parties:
-            p.update(cert=f"certs/{p['id']}.pem", key=f"certs/{p['id']}.key")
-    return {"job": {"id": "mc-test", "algorithm": "multiconfederated", "output_dir": "out", "deadline_s": 60},
-            "security": {"ca": "certs/ca.pem"} if tls else {"insecure": True}, "parties": parties, "params": params}
+MC_JOB = {"algorithm": "multiconfederated", "job_id": "mc-test", "clients": PEERS}  # fl_harness.job_dict's
+
+
+def job_dict(paths, *, server=False, params=PARAMS) -> dict:
+    return fl_harness.job_dict(paths, params, server=server, **MC_JOB)
 
 
 def test_a_server_is_refused_naming_the_field(tmp_path):
@@ -67,6 +63,11 @@ def test_a_server_is_refused_naming_the_field(tmp_path):
         parse_job(job_dict(paths, params={**PARAMS, "tolerance": -1.0}), tmp_path)
     with pytest.raises(JobConfigError, match=r"params\.initial_models"):
         parse_job(job_dict(paths, params={**PARAMS, "initial_models": 5, "max_models": 4}), tmp_path)
+    # the local-training fields are horizontal FL's (one base class), its federated preprocessing is not
+    with pytest.raises(JobConfigError, match=r"params\.preprocessing: unknown parameter"):
+        parse_job(job_dict(paths, params={**PARAMS, "preprocessing": {"standardize": True}}), tmp_path)
+    with pytest.raises(JobConfigError, match=r"params\.momentum"):
+        parse_job(job_dict(paths, params={**PARAMS, "momentum": 1.0}), tmp_path)
     as_strategy = job_dict(paths, server=True)
     as_strategy["job"]["algorithm"], as_strategy["params"] = "horizontal", {**PARAMS, "strategy": "multiconfederated"}
     with pytest.raises(JobConfigError, match=r"params\.strategy: multiconfederated is decentralised .* "
@@ -78,21 +79,7 @@ def test_a_server_is_refused_naming_the_field(tmp_path):
 
 
 def run_in_process(cfg) -> None:
-    net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=60)
-    errors = {}
-
-    def run(spec):
-        try:
-            mcj.run(cfg, spec, net.transport(spec.id), job_params(cfg))
-        except BaseException as exc:  # noqa: BLE001
-            errors[spec.id] = exc
-
-    threads = [threading.Thread(target=run, args=(p,)) for p in cfg.parties]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    assert not errors, errors
+    run_job_threads(cfg, mcj.run)
 
 
 def pools(out: Path) -> dict:
@@ -105,18 +92,8 @@ def pools(out: Path) -> dict:
 
 @pytest.mark.slow
 def test_grpc_tls_peers_reach_the_models_of_an_in_process_run(tmp_path):
-    from secureflhv.runtime.demo import free_ports
-    from secureflhv.transport.certs import generate_certificates
-
-    paths = write_data(tmp_path)
-    generate_certificates(tmp_path / "certs", PEERS, overwrite=True)
-    job = job_dict(paths, tls=True, ports=free_ports(3))
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(path), "--timeout", "240"],
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    job, path = write_grpc_job(tmp_path, write_data(tmp_path), PARAMS, server=False, **MC_JOB)
+    out = run_job(path, timeout_s=240)
     assert "[server]" not in out and all(f"[{p}]" in out for p in PEERS)  # only the peers were started
 
     job["job"]["output_dir"] = "out-inprocess"
@@ -150,69 +127,32 @@ KILL_AFTER = 2  # rounds peer-c completes (and checkpoints) before it is SIGKILL
 DEADLINE = 15
 
 
-def _party(job: Path, pid: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "secureflhv", "party", str(job), "--party", pid, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
 @pytest.mark.slow
 def test_a_killed_peer_is_named_and_resume_equals_the_uninterrupted_run(tmp_path):
     """Real peer processes over gRPC + mTLS: peer-c is SIGKILLed after round 2; peer-a and peer-b stop within
     their deadline naming it; ``run --resume`` continues from the last round every peer checkpointed and the
     finished pools equal an uninterrupted run's (in-process, which the test above shows equal to gRPC)."""
-    import os
-    import re
-    import signal
-    import time
-
-    from secureflhv.runtime.demo import free_ports
-    from secureflhv.transport.certs import generate_certificates
-
-    paths = write_data(tmp_path)
-    generate_certificates(tmp_path / "certs", PEERS, overwrite=True)
-    job = job_dict(paths, tls=True, ports=free_ports(3), params=RESUME_PARAMS)
-    job["job"]["deadline_s"] = DEADLINE
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
+    job, path = write_grpc_job(tmp_path, write_data(tmp_path), RESUME_PARAMS, server=False, **MC_JOB,
+                               edit=lambda job: job["job"].update(deadline_s=DEADLINE))
     reference = dict(job, job={**job["job"], "output_dir": "out-ref"})
     run_in_process(parse_job(reference, tmp_path))
 
-    procs = {p: _party(path, p) for p in PEERS}
-    try:
-        for line in procs["peer-c"].stdout:
-            if f"round {KILL_AFTER}/{RESUME_PARAMS['rounds']}" in line:
-                break
-        else:
-            pytest.fail("peer-c never finished round 2")
-        os.killpg(procs["peer-c"].pid, signal.SIGKILL)
-        procs["peer-c"].wait()
-        t_kill = time.monotonic()
-        for p in ("peer-a", "peer-b"):
-            out, _ = procs[p].communicate(timeout=150)
-            assert procs[p].returncode not in (0, None), out[-2000:]
-            # its last line (the job's first failure) names the dead peer, and the log says where: it could
-            # not deliver its update to peer-c, timed out waiting for peer-c's, or was told by the other survivor
-            assert re.search(r"\bpeer-c\b", out.strip().splitlines()[-1]), out[-2000:]
-            assert re.search(r"'mc\.update' \(round [34]\).*'peer-c'|'peer-c'.*'mc\.update'", out), out[-2000:]
-        # they stop by themselves: a deadline each (send retries, then the wait for peer-c) plus a round's training,
-        # which takes tens of seconds on a loaded 2-core machine; never the job's 240 s timeout
-        waited = time.monotonic() - t_kill
-        assert waited < 2 * DEADLINE + 90, f"survivors took {waited:.0f} s after the kill"
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    killed = kill_after(path, PEERS, "peer-c", f"round {KILL_AFTER}/{RESUME_PARAMS['rounds']}", wait_s=150)
+    for p, out in killed.outputs.items():
+        # its last line (the job's first failure) names the dead peer, and the log says where: it could
+        # not deliver its update to peer-c, timed out waiting for peer-c's, or was told by the other survivor
+        assert re.search(r"\bpeer-c\b", killed.last_lines()[p]), out[-2000:]
+        assert re.search(r"'mc\.update' \(round [34]\).*'peer-c'|'peer-c'.*'mc\.update'", out), out[-2000:]
+    # they stop by themselves: a deadline each (send retries, then the wait for peer-c) plus a round's training,
+    # which takes tens of seconds on a loaded 2-core machine; never the job's 240 s timeout
+    assert killed.waited_s < 2 * DEADLINE + 90, f"survivors took {killed.waited_s:.0f} s after the kill"
     held = sorted(d.name for d in (tmp_path / "out" / "peer-c" / "checkpoints").iterdir() if d.name.startswith("step-"))
     assert held == [f"step-{s:08d}" for s in (KILL_AFTER - 1, KILL_AFTER)]  # keep=2
 
-    proc = subprocess.run([sys.executable, "-m", "secureflhv", "run", str(path), "--resume", "--timeout", "240"],
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    steps = set(re.findall(r"resuming after checkpoint step (\d+)", out))
+    out = run_job(path, "--resume", timeout_s=240)
+    steps = resumed_steps(out)
     # every survivor completed round 2 unless the other's abort reached it first
-    assert len(steps) == 1 and int(steps.pop()) in (KILL_AFTER - 1, KILL_AFTER), out[-4000:]
+    assert len(steps) == 1 and steps.pop() in (KILL_AFTER - 1, KILL_AFTER), out[-4000:]
     assert out.count("resuming after checkpoint step") == len(PEERS)
     resumed, ref = pools(tmp_path / "out"), pools(tmp_path / "out-ref")
     for p in PEERS:

@@ -15,7 +15,8 @@ from rich.console import Console
 from secureflhv.runtime.blame import Blame, Failure, Stopped, clean, parse_reported, root_cause
 from secureflhv.runtime.config import load_job
 from secureflhv.runtime.launcher import Launcher
-from secureflhv.transport import JobAborted, PeerTimeout, PeerUnavailable
+from secureflhv.transport import InProcessNetwork, JobAborted, PeerLost, PeerTimeout, PeerUnavailable
+from secureflhv.transport.role import ProtocolRole
 
 from job_harness import make_job
 
@@ -87,6 +88,61 @@ def test_root_cause_behind_an_algorithms_error_raised_from_a_transport_error():
     tls = _raised_from(PeerUnavailable("guest: TLS handshake with 'host-1' at 1.2.3.4:5 failed"), "host unreachable")
     assert root_cause(tls, "guest", PARTIES) == Failure("guest", "host unreachable")
     assert root_cause(_raised_from(ValueError("x"), "bad data"), "guest", PARTIES).party == "guest"
+
+
+class _Waiter(ProtocolRole):
+    """A role that waits on ``peer`` for a message that never comes."""
+
+    protocol = "waiting"
+
+    def _peers(self):
+        return sorted(PARTIES - {self.party_id})
+
+    def wait_on(self, peer: str):
+        return self._guarded(self.t.recv, peer, "x", timeout=0.2)
+
+
+def test_a_silent_peer_blocked_on_a_lost_one_is_not_blamed():
+    net = InProcessNetwork("j", sorted(PARTIES), deadline=2.0)
+    server, guest = net.transport("server"), net.transport("guest")
+    net.take_down("host-1")  # the guest is alive but owes the server nothing until host-1 answers it
+    with pytest.raises(PeerLost) as caught:
+        _Waiter(server).wait_on("guest")
+    assert caught.value.sender == "guest" and isinstance(caught.value.__cause__, PeerTimeout)
+    failure = root_cause(caught.value, "server", PARTIES)
+    assert failure.party == "host-1" and "'guest' is running" in failure.reason, failure
+    # the abort the guest got from the server names host-1 too
+    with pytest.raises(JobAborted) as told:
+        guest.recv("server", "y", timeout=0.1)
+    assert root_cause(told.value, "guest", PARTIES).party == "host-1"
+
+
+def test_a_silent_peer_is_blamed_when_nobody_else_is_lost():
+    net = InProcessNetwork("j", sorted(PARTIES), deadline=2.0)
+    with pytest.raises(PeerTimeout) as caught:
+        _Waiter(net.transport("server")).wait_on("guest")
+    assert not isinstance(caught.value, PeerLost)
+    assert root_cause(caught.value, "server", PARTIES) == Failure("guest", "sent nothing for 0s (stopped or crashed?)")
+    net.take_down("guest")  # the silent peer is the one gone
+    with pytest.raises(PeerTimeout) as caught:
+        _Waiter(net.transport("server")).wait_on("guest")
+    assert not isinstance(caught.value, PeerLost)
+
+
+def test_an_abort_blaming_our_silence_names_the_peer_we_waited_on():
+    net = InProcessNetwork("j", sorted(PARTIES), deadline=2.0)
+    guest = net.transport("guest")
+    net.transport("server").abort("server: PeerTimeout: server: no valid message 'c' (round 2) from 'guest' "
+                                  "within 10s: is 'guest' still running?", ["guest"])
+    with pytest.raises(JobAborted) as caught:
+        guest.recv("host-1", "fwd", timeout=1.0)
+    assert caught.value.waiting_for == "host-1"
+    failure = root_cause(caught.value, "guest", PARTIES)
+    assert failure.party == "host-1" and "while guest waited on it" in failure.reason, failure
+    # waiting on the very party that blamed us (alive: it just wrote): nothing to shift
+    with pytest.raises(JobAborted) as caught:
+        guest.recv("server", "w", timeout=1.0)
+    assert root_cause(caught.value, "guest", PARTIES) == Failure("guest", "sent nothing for 10s (stopped or crashed?)")
 
 
 def test_first_failure_wins():

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,16 +28,14 @@ from vlr_harness import reference_taylor_lr  # noqa: E402  (independent numpy re
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from job_harness import assert_wire_consistent, wire_of  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from resume_harness import kill_after, secureflhv  # noqa: E402  (secureflhv: other tests import it from here)
+
 pytestmark = pytest.mark.slow
 
 PARAMS = {"epochs": 3, "batch_size": 128, "learning_rate": 0.15, "lr_schedule": "constant", "momentum": 0.0,
           "l2": 0.01, "key_bits": 1024,
           "early_stopping": False, "test_fraction": 0.25, "split_seed": 5, "seed": 7}
-
-
-def secureflhv(*args, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "secureflhv", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
 
 def make_job(tmp_path, n_hosts=1, mode="arbiter", params=PARAMS, deadline=60):
@@ -111,30 +105,13 @@ def test_trained_model_and_psi_match_centralised(tmp_path, n_hosts, mode):
 def test_killed_host_stops_guest_and_server_within_deadline(tmp_path):
     deadline = 10
     job, _, _ = make_job(tmp_path, params={**PARAMS, "epochs": 200}, deadline=deadline)
-    procs = {pid: secureflhv("party", str(job), "--party", pid) for pid in ("server", "guest", "host-1")}
-    host = procs["host-1"]
-    try:
-        for line in host.stdout:  # wait until training is under way
-            if "epoch 2/" in line:
-                break
-        else:
-            pytest.fail("host never reached epoch 2")
-        os.killpg(host.pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        outputs = {}
-        for pid in ("guest", "server"):
-            out, _ = procs[pid].communicate(timeout=deadline + 30)
-            outputs[pid] = out
-            assert procs[pid].returncode not in (0, None), out[-2000:]
-        assert time.monotonic() - killed_at < deadline + 30
-        for pid, out in outputs.items():
-            last = out.strip().splitlines()[-1]
-            assert f"{pid} stopped because host-1 failed:" in last, f"{pid} did not name the dead host:\n{out[-3000:]}"
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    # killed once training is under way; whichever step each survivor is blocked in (the guest may be retrying
+    # a delivery to the dead host while the server waits on the guest), both name host-1, never each other
+    killed = kill_after(job, ("server", "guest", "host-1"), "host-1", "epoch 2/", wait_s=deadline + 30)
+    assert killed.waited_s < deadline + 30
+    for pid, last in killed.last_lines().items():
+        assert f"{pid} stopped because host-1 failed:" in last, \
+            f"{pid} did not name the dead host:\n{killed.outputs[pid][-3000:]}"
 
 
 def test_launcher_preflight_names_the_party_and_starts_nothing(tmp_path):

@@ -6,8 +6,6 @@ party checkpointed, and the finished model equals an uninterrupted run's exactly
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -15,7 +13,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_e2e_vertical_lr import PARAMS, make_job, secureflhv  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
+from test_e2e_vertical_lr import PARAMS, make_job  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -32,44 +32,20 @@ def _model(out_dir: Path) -> dict:
             "loss": json.loads((out_dir / "guest" / "metrics.json").read_text())["history"]["loss"]}
 
 
-def _run(job: Path, *extra: str) -> str:
-    proc = secureflhv("run", str(job), "--timeout", "240", *extra)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    return out
-
-
 def test_killed_host_then_resume_equals_uninterrupted_run(tmp_path):
     ref_job, _, _ = make_job(tmp_path / "ref", params=RESUME_PARAMS, deadline=10)
-    _run(ref_job)
+    run_job(ref_job, timeout_s=240)
     reference = _model(ref_job.parent / "out")
     assert len(reference["loss"]) >= KILL_AFTER + 2  # the kill lands mid-training
 
     job, _, _ = make_job(tmp_path / "crash", params=RESUME_PARAMS, deadline=10)
-    procs = {pid: secureflhv("party", str(job), "--party", pid) for pid in ("server", "guest", "host-1")}
-    host = procs["host-1"]
-    try:
-        for line in host.stdout:
-            if f"epoch {KILL_AFTER}/" in line:
-                break
-        else:
-            pytest.fail("host never reached the epoch to kill it at")
-        os.killpg(host.pid, signal.SIGKILL)
-        host.wait()
-        for pid in ("guest", "server"):
-            out, _ = procs[pid].communicate(timeout=60)
-            assert procs[pid].returncode not in (0, None), out[-2000:]
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    kill_after(job, ("server", "guest", "host-1"), "host-1", f"epoch {KILL_AFTER}/")
     ckpt = job.parent / "out" / "host-1" / "checkpoints"
     held = sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-"))
     assert held and len(held) <= 2  # keep=2
 
-    out = _run(job, "--resume")
-    steps = {int(s) for s in __import__("re").findall(r"resuming after checkpoint step (\d+)", out)}
+    out = run_job(job, "--resume", timeout_s=240)
+    steps = resumed_steps(out)
     assert len(steps) == 1 and KILL_AFTER - 1 <= steps.pop() <= KILL_AFTER, out[-3000:]
     resumed = _model(job.parent / "out")
     for key in ("guest_w", "intercept", "host_w"):
@@ -79,7 +55,7 @@ def test_killed_host_then_resume_equals_uninterrupted_run(tmp_path):
 
 def test_resume_without_checkpoints_starts_from_scratch(tmp_path):
     job, _, _ = make_job(tmp_path, params={**RESUME_PARAMS, "epochs": 2}, deadline=10)
-    out = _run(job, "--resume")
+    out = run_job(job, "--resume", timeout_s=240)
     assert out.count("starting from scratch") == 3, out[-3000:]
     assert (job.parent / "out" / "guest" / "checkpoints" / "step-00000002").is_dir()
 
@@ -104,30 +80,14 @@ def _sb_model(out_dir: Path) -> tuple:
 
 def test_secureboost_killed_host_then_resume_equals_uninterrupted_run(tmp_path):
     ref_job = _sb_job(tmp_path / "ref")
-    _run(ref_job)
+    run_job(ref_job, timeout_s=240)
     reference = _sb_model(ref_job.parent / "out")
     assert len(reference[0]["trees"]) == SB_PARAMS["n_trees"]
 
     job = _sb_job(tmp_path / "crash")
-    procs = {pid: secureflhv("party", str(job), "--party", pid) for pid in ("guest", "host-1")}
-    guest = procs["guest"]
-    try:
-        for line in guest.stdout:
-            if "tree 3 (" in line:
-                break
-        else:
-            pytest.fail("the guest never finished tree 3")
-        os.killpg(procs["host-1"].pid, signal.SIGKILL)
-        procs["host-1"].wait()
-        out, _ = guest.communicate(timeout=60)
-        assert guest.returncode not in (0, None), out[-2000:]
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    kill_after(job, ("guest", "host-1"), "host-1", "tree 3 (", watch="guest")
 
-    out = _run(job, "--resume")
-    steps = {int(s) for s in __import__("re").findall(r"resuming after checkpoint step (\d+)", out)}
+    out = run_job(job, "--resume", timeout_s=240)
+    steps = resumed_steps(out)
     assert len(steps) == 1 and 2 <= steps.pop() <= 4, out[-3000:]
     assert _sb_model(job.parent / "out") == reference

@@ -8,9 +8,6 @@ trees (binary with validation and early stopping, and multiclass with several tr
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
 import sys
 from pathlib import Path
 
@@ -20,7 +17,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from sb_harness import run_threads  # noqa: E402
-from test_e2e_vertical_lr import secureflhv  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
 
 from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
 from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer,  # noqa: E402
@@ -125,13 +123,6 @@ def _proc_job(tmp: Path) -> Path:
     return write_job(tmp / "job", "hsb-resume", "secureboost_horizontal", parties, PROC_PARAMS, deadline_s=10)
 
 
-def _proc_run(job: Path, *extra: str) -> str:
-    proc = secureflhv("run", str(job), "--timeout", "200", *extra)
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out[-3000:]
-    return out
-
-
 def _proc_model(out: Path) -> dict:
     return {p: json.loads((out / p / "model" / "model.json").read_text()) for p in ("server", "client-1", "client-2")}
 
@@ -141,32 +132,17 @@ def test_killed_client_then_resume_equals_uninterrupted_run(tmp_path):
     """Two clients (t = 2): client-2 SIGKILLed after the server grew tree 3; the others stop with an error
     naming it; ``run --resume`` continues after the last round all three checkpointed; same trees."""
     ref_job = _proc_job(tmp_path / "ref")
-    _proc_run(ref_job)
+    run_job(ref_job)
     reference = _proc_model(ref_job.parent / "out")
     assert len(reference["server"]["trees"]) == PROC_PARAMS["n_trees"]
 
     job = _proc_job(tmp_path / "crash")
-    ids = ["server", "client-1", "client-2"]
-    procs = {pid: secureflhv("party", str(job), "--party", pid) for pid in ids}
-    try:
-        for line in procs["server"].stdout:
-            if "tree 3 in" in line:
-                break
-        else:
-            pytest.fail("the server never grew tree 3")
-        os.killpg(procs["client-2"].pid, signal.SIGKILL)
-        procs["client-2"].wait()
-        for pid in ("server", "client-1"):
-            out, _ = procs[pid].communicate(timeout=120)
-            assert procs[pid].returncode not in (0, None), out[-2000:]
-            assert "client-2" in out, out[-2000:]  # the error names the dead client
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    killed = kill_after(job, ["server", "client-1", "client-2"], "client-2", "tree 3 in", watch="server",
+                        wait_s=120)
+    for pid, out in killed.outputs.items():
+        assert "client-2" in out, out[-2000:]  # the error names the dead client
 
-    out = _proc_run(job, "--resume")
-    steps = set(re.findall(r"resuming after checkpoint step (\d+)", out))
-    assert len(steps) == 1 and 2 <= int(steps.pop()) <= 3, out[-3000:]
+    out = run_job(job, "--resume")
+    steps = resumed_steps(out)
+    assert len(steps) == 1 and 2 <= steps.pop() <= 3, out[-3000:]
     assert _proc_model(job.parent / "out") == reference

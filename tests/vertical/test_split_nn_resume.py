@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import re
-import signal
 import sys
 from pathlib import Path
 
@@ -26,8 +23,8 @@ from secureflhv.runtime.demo import write_vertical_nn_job
 from secureflhv.vertical.split_nn import SplitNNConfig
 from snn_harness import make_roles, run_roles, toy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from test_e2e_vertical_lr import secureflhv  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
 
 PARAMS = {"epochs": 4, "batch_size": 32, "host_bottom": [4, 2], "guest_bottom": [3], "interactive_units": 2,
           "key_bits": 512, "learning_rate": 0.05, "optimizer": "adam", "test_fraction": 0.25, "split_seed": 3,
@@ -41,13 +38,6 @@ def _job(tmp: Path) -> Path:
     small = dataclasses.replace(ds, X=ds.X[rows], y=ds.y[rows], ids=None if ds.ids is None else ds.ids[rows])
     return write_vertical_nn_job(tmp, None, None, PARAMS, dataset=small, n_hosts=1, scheme="random", seed=2,
                                  deadline_s=10, insecure_test_keys=True, job_id="snn-resume")
-
-
-def _run(job: Path, *extra: str) -> str:
-    proc = secureflhv("run", str(job), "--timeout", "200", *extra)
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out[-3000:]
-    return out
 
 
 def _model(out_dir: Path) -> dict:
@@ -127,36 +117,19 @@ def test_foreign_checkpoint_is_rejected():
 @pytest.mark.slow
 def test_killed_host_then_resume_equals_uninterrupted_run(tmp_path):
     ref_job = _job(tmp_path / "ref")
-    _run(ref_job)
+    run_job(ref_job)
     reference = _model(ref_job.parent / "out")
     assert len(reference["loss"]) == PARAMS["epochs"]
 
     job = _job(tmp_path / "crash")
-    procs = {pid: secureflhv("party", str(job), "--party", pid) for pid in ("guest", "host-1")}
-    host = procs["host-1"]
-    try:
-        for line in host.stdout:
-            if f"epoch {KILL_AFTER}/" in line:
-                break
-        else:
-            pytest.fail("the host never reached the epoch to kill it at")
-        os.killpg(host.pid, signal.SIGKILL)
-        host.wait()
-        out, _ = procs["guest"].communicate(timeout=60)
-        assert procs["guest"].returncode not in (0, None), out[-2000:]
-        assert "host-1" in out.strip().splitlines()[-1], out[-2000:]  # the last line names the dead host
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    killed = kill_after(job, ("guest", "host-1"), "host-1", f"epoch {KILL_AFTER}/")
+    assert "host-1" in killed.last_lines()["guest"], killed.outputs["guest"][-2000:]  # names the dead host
     held = sorted(p.name for p in (job.parent / "out" / "host-1" / "checkpoints").iterdir()
                   if p.name.startswith("step-"))
     assert held and held[-1] == f"step-{KILL_AFTER:08d}"
 
-    out = _run(job, "--resume")
-    steps = set(re.findall(r"resuming after checkpoint step (\d+)", out))
-    assert steps == {str(KILL_AFTER)}, out[-3000:]
+    out = run_job(job, "--resume")
+    assert resumed_steps(out) == {KILL_AFTER}, out[-3000:]
     resumed = _model(job.parent / "out")
     assert resumed.keys() == reference.keys()
     for key in reference:

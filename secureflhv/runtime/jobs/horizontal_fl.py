@@ -105,10 +105,34 @@ class AggregationParams(BaseModel):
     seed: int | None = Field(default=None, ge=0, description="stochastic rounding seed (tests)")
 
 
-class HorizontalJobParams(BaseModel):
-    """The job file's ``params`` for ``algorithm: horizontal``."""
+class LocalTrainingParams(BaseModel):
+    """The ``params`` that the horizontal jobs with a torch model share (``algorithm: horizontal`` and
+    ``multiconfederated``): the model, rounds, each client's local SGD and its data (label column, local
+    test split). Every field: ``docs/parameters.md``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelSpec
+    rounds: int = Field(default=10, ge=1)
+    local_epochs: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=64, ge=1)
+    lr: float = Field(default=0.01, gt=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    weight_decay: float = Field(default=1e-5, ge=0)
+    seed: int = Field(default=0, ge=0)
+    test_fraction: float = Field(default=0.2, ge=0, lt=1, description="local test split of each client (peer)")
+    label_column: str = Field(default="y", description="label column when parties[i].data.label_column is unset")
+    round_timeout_s: float | None = Field(default=None, gt=0, description="default: job.deadline_s")
+
+    @property
+    def raw_features(self) -> bool:
+        """Whether a client's table columns are the model's inputs as they are (no federated preprocessing
+        makes them): then their count must be ``model.n_features``."""
+        return True
+
+
+class HorizontalJobParams(LocalTrainingParams):
+    """The job file's ``params`` for ``algorithm: horizontal``."""
 
     strategy: Literal["fedavg", "fedprox", "scaffold", "fednova", "ifca", "fedper"] = "fedavg"
     clusters: int = Field(default=2, ge=2, description="IFCA: number of cluster models k (at most 8)")
@@ -117,23 +141,16 @@ class HorizontalJobParams(BaseModel):
     contribution_temperature: float | None = Field(
         default=None, gt=0, allow_inf_nan=False,
         description="T of client contribution normalisation (secureflhv.horizontal.contribution); null = off")
-    model: ModelSpec
-    rounds: int = Field(default=10, ge=1)
     fraction: float = Field(default=1.0, gt=0, le=1, description="share of clients sampled per round")
-    local_epochs: int = Field(default=1, ge=1)
-    batch_size: int = Field(default=64, ge=1)
-    lr: float = Field(default=0.01, gt=0)
-    momentum: float = Field(default=0.0, ge=0, lt=1)
-    weight_decay: float = Field(default=1e-5, ge=0)
-    seed: int = Field(default=0, ge=0)
     aggregation: AggregationParams = AggregationParams()
     part_clips: dict[Literal["control", "nova"], float] = Field(
         default_factory=dict, description="clip of SCAFFOLD's control / FedNova's a_i parts")
-    test_fraction: float = Field(default=0.2, ge=0, lt=1, description="local test split of each client")
-    label_column: str = Field(default="y", description="label column when parties[i].data.label_column is unset")
-    round_timeout_s: float | None = Field(default=None, gt=0, description="default: job.deadline_s")
     preprocessing: fed_prep.FederatedPreprocessingParams | None = Field(
         default=None, description="federated imputation / one-hot / standardisation before training")
+
+    @property
+    def raw_features(self) -> bool:
+        return self.preprocessing is None
 
     @property
     def accepts_missing_values(self) -> bool:
@@ -186,7 +203,7 @@ def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
                     round_timeout_s=timeout, send_timeout_s=min(30.0, timeout / 4))
 
 
-def load_client_data(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams) -> tuple[np.ndarray, np.ndarray]:
+def load_client_data(cfg: JobConfig, party: PartySpec, params: LocalTrainingParams) -> tuple[np.ndarray, np.ndarray]:
     """(X float32 (n, n_features), y int64 (n,); regression: float64 targets) of a client; JobConfigError
     naming the party's data."""
     table = load_party_table(cfg, party, label_column=party.data.label_column or params.label_column,
@@ -201,7 +218,7 @@ def load_client_data(cfg: JobConfig, party: PartySpec, params: HorizontalJobPara
         raise JobConfigError(f"{where}: labels in {path} must be integer class ids 0..n_classes-1")
     else:
         y = y.astype(np.int64)
-    if getattr(params, "preprocessing", None) is None and table.n_features != params.model.n_features:
+    if params.raw_features and table.n_features != params.model.n_features:
         raise JobConfigError(f"{where}: {path} has {table.n_features} feature columns, params.model.n_features is "
                              f"{params.model.n_features}")
     if params.model.task == "classification" and len(y) and (y.min() < 0 or y.max() >= params.model.n_classes):

@@ -45,10 +45,10 @@ import dataclasses
 import logging
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ...horizontal.mc_peer import MultiConfederatedPeer
-from ...horizontal.models import ModelSpec, build_model, named_arrays
+from ...horizontal.models import build_model, named_arrays
 from ...horizontal.multiconfederated import MCConfig
 from ...horizontal.strategies import LocalTrainConfig
 from ...transport import Transport
@@ -57,24 +57,14 @@ from ..data_prep import local_split
 from ..job_file import JobConfig, JobConfigError, PartySpec
 from ..model_bundle import save_job_bundle
 from ..resume import attach_checkpoints
-from .horizontal_fl import _finite, load_client_data
+from .horizontal_fl import LocalTrainingParams, _finite, load_client_data
 
 log = logging.getLogger("secureflhv.job")
 
 
-class MultiConfederatedJobParams(BaseModel):
-    """The job file's ``params`` for ``algorithm: multiconfederated``."""
+class MultiConfederatedJobParams(LocalTrainingParams):
+    """The job file's ``params`` for ``algorithm: multiconfederated`` (no federated preprocessing: it needs a server)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: ModelSpec
-    rounds: int = Field(default=10, ge=1)
-    local_epochs: int = Field(default=1, ge=1)
-    batch_size: int = Field(default=64, ge=1)
-    lr: float = Field(default=0.01, gt=0)
-    momentum: float = Field(default=0.0, ge=0, lt=1)
-    weight_decay: float = Field(default=1e-5, ge=0)
-    seed: int = Field(default=0, ge=0)
     tolerance: float = Field(default=1.0, ge=0, allow_inf_nan=False,
                              description="divergence filter: accept δ <= median + tolerance·std")
     popularity_weight: float = Field(default=0.1, ge=0, allow_inf_nan=False)
@@ -82,14 +72,6 @@ class MultiConfederatedJobParams(BaseModel):
     merge_tolerance: float = Field(default=0.01, ge=0, allow_inf_nan=False)
     max_models: int = Field(default=8, ge=1, le=64)
     initial_models: int | None = Field(default=None, ge=1, le=64)
-    test_fraction: float = Field(default=0.2, ge=0, lt=1, description="local test split of each peer")
-    label_column: str = Field(default="y", description="label column when parties[i].data.label_column is unset")
-    round_timeout_s: float | None = Field(default=None, gt=0, description="default: job.deadline_s")
-
-    @property
-    def preprocessing(self) -> None:
-        """No federated preprocessing here (it needs a server); read by the shared ``load_client_data``."""
-        return None
 
 
 def roles(cfg: JobConfig) -> None:
