@@ -104,10 +104,10 @@ def _call(fn, common, args):
     return encode(fn(*decode(common), *decode(args)))
 
 
-def _call_shard(fn, common, local_rows, extra, *shard_parts):
+def _call_shard(fn, common, local_rows, extra, aligned, *shard_parts):
     # shards are top-level arguments: Ray resolves them and schedules the task next to them
     parts = [p.take(local_rows) if isinstance(p, IntBlock) else p[local_rows] for p in shard_parts]
-    return encode(fn(*decode(common), *decode(parts), *decode(extra)))
+    return encode(fn(*decode(common), *decode(parts), *aligned, *decode(extra)))
 
 
 # ---------------------------------------------------------------------------------------- executor
@@ -156,6 +156,7 @@ class RayExecutor(Executor):
         self._task = ray.remote(**opts)(_call)
         self._shard_task = ray.remote(**opts)(_call_shard)
         self._shards: list = []  # [(obj, bounds, [ObjectRef per shard])], most recent last
+        self.tasks: dict[str, int] = {}  # tasks sent per step, logged at shutdown
         log.info("%s: batch work on Ray cluster %s (%d task slots, %d nodes)", owner, self.address or "(local)",
                  self._cpus, len([n for n in ray.nodes() if n.get("Alive")]))
 
@@ -167,6 +168,7 @@ class RayExecutor(Executor):
         """Results of ``refs`` in order; progress logged; ComputeError naming party and step on loss."""
         ray = self._ray
         progress = Progress(self.owner, step, len(refs), self.name)
+        self.tasks[step] = self.tasks.get(step, 0) + len(refs)
         deadline = time.monotonic() + self.task_timeout_s
         pending = list(refs)
         try:
@@ -210,7 +212,8 @@ class RayExecutor(Executor):
         del self._shards[:-_SHARD_CACHE]
         return bounds, refs
 
-    def run_sharded(self, fn, common: tuple, data: tuple, rows, extra: tuple = ()) -> list | None:
+    def run_sharded(self, fn, common: tuple, data: tuple, rows, extra: tuple = (),
+                    aligned: tuple = ()) -> list | None:
         rows = np.asarray(rows, dtype=np.int64)
         layout = [self._sharded(d) for d in data]
         bounds = layout[0][0]
@@ -222,10 +225,16 @@ class RayExecutor(Executor):
         for s in range(len(bounds) - 1):
             if cut[s + 1] > cut[s]:
                 local = rows[cut[s]:cut[s + 1]] - bounds[s]
-                refs.append(self._shard_task.remote(fn, common_ref, local, extra_enc, *[r[s] for _, r in layout]))
+                part = tuple(np.ascontiguousarray(a[cut[s]:cut[s + 1]]) for a in aligned)
+                refs.append(self._shard_task.remote(fn, common_ref, local, extra_enc, part,
+                                                    *[r[s] for _, r in layout]))
         return self._gather(refs, step_name(fn))
 
     def shutdown(self) -> None:
+        if self.tasks:
+            log.info("%s: Ray tasks per step: %s", self.owner,
+                     ", ".join(f"{k} {v}" for k, v in sorted(self.tasks.items())))
+            self.tasks = {}
         self._shards.clear()
         if self._ray.is_initialized():
             self._ray.shutdown()

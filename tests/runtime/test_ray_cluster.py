@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -136,6 +137,8 @@ def test_jobs_give_identical_models_on_the_local_pool_and_on_ray(job_runs, algor
     ray_out, code, log = job_runs[algorithm, "ray"]
     assert code == 0, log[-3000:]
     assert "batch work on Ray cluster" in log  # the parties really used the cluster
+    if algorithm.startswith("secureboost"):  # split routing and prediction ran as tasks on the shards
+        assert re.search(r"Ray tasks per step: .*\broute \d+", log), log[-3000:]
     local, on_ray = _models(local_out), _models(ray_out)
     assert local and local.keys() == on_ray.keys()
     assert local == on_ray  # exact: the same decrypted sums, the same splits
@@ -226,3 +229,25 @@ def test_killed_worker_without_retries_fails_naming_party_and_step(executor, clu
     with pytest.raises(ComputeError, match=r"^host-1: step 'decrypt' failed on the Ray cluster") as err:
         _decrypt_killing_a_worker(no_retry, cluster["temp"], big_batch)
     assert time.monotonic() - started < 120, err.value
+
+
+def test_split_routing_on_ray_equals_the_local_masks(executor):
+    """Training partitions (bins) and prediction routing (raw values, NaN by default side) as tasks on
+    the row shards give the local masks bit for bit, for rows shared by several queries (trees)."""
+    from secureflhv.tree.routing import left_masks
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(1_000, 4))
+    X[rng.random(X.shape) < 0.1] = np.nan
+    bins = rng.integers(0, 16, size=(1_000, 4)).astype(np.uint8)
+    raw_q = [(j, float(rng.normal()), bool(j % 2), np.flatnonzero(rng.random(1_000) < 0.5)) for j in (0, 1, 3, 1)]
+    bin_q = [(j, int(rng.integers(0, 15)), False, np.flatnonzero(rng.random(1_000) < 0.7)) for j in (2, 0)]
+    local = (left_masks(X, raw_q, binned=False), left_masks(bins, bin_q, binned=True))
+    before = dict(executor.tasks)
+    with ex.using(executor):
+        on_ray = (left_masks(X, raw_q, binned=False), left_masks(bins, bin_q, binned=True))
+    assert executor.tasks.get("route", 0) > before.get("route", 0)  # it really ran as Ray tasks
+    assert any(o is X for o, _, _ in executor._shards) and any(o is bins for o, _, _ in executor._shards)
+    for a, b in zip(local, on_ray):
+        assert len(a) == len(b) and all(m.dtype == bool and (m == n).all() for m, n in zip(a, b))
+    assert 0 < sum(int(m.sum()) for m in local[0]) < sum(len(q[3]) for q in raw_q)  # both sides occur
