@@ -251,3 +251,40 @@ def test_split_routing_on_ray_equals_the_local_masks(executor):
     for a, b in zip(local, on_ray):
         assert len(a) == len(b) and all(m.dtype == bool and (m == n).all() for m, n in zip(a, b))
     assert 0 < sum(int(m.sum()) for m in local[0]) < sum(len(q[3]) for q in raw_q)  # both sides occur
+
+
+def test_split_nn_on_ray_equals_the_local_pool(executor):
+    """Split NN (guest + one host in threads): the hosts' encryptions and decryptions and the guest's
+    plaintext-ciphertext products run as Ray tasks, and the model and predictions equal the local
+    pool's to 1e-6 (the hosts' secret weight noise differs between runs; it cancels up to rounding)."""
+    sys.path.insert(0, str(REPO / "tests" / "vertical"))
+    from snn_harness import make_roles, run_roles, toy
+
+    from secureflhv.vertical.split_nn import SplitNNConfig
+
+    X, y = toy(n=24, d=6, seed=1)
+    Xg, Xh = X[:, :3], X[:, 3:]
+    cfg = SplitNNConfig(key_bits=512, insecure_test_key=True, host_bottom=[4, 3], guest_bottom=[3], interactive_units=3,
+                        top_hidden=[3], epochs=1, batch_size=24, learning_rate=0.05, interactive_lr=0.2,
+                        weight_noise=3.0, seed=5, init_seed=2)
+
+    def train():
+        _, guest, hosts = make_roles(Xg, y, [Xh], cfg)
+        results, errors = run_roles(guest, hosts, predict_sets=(Xg, [Xh]), timeout=120)
+        assert not errors, errors
+        weights = {"W_h": guest.V["host-1"] + hosts[0].E, "W_g": guest.W_g, "bias": guest.bias,
+                   **{f"top.{k}": v.numpy() for k, v in guest.top.state_dict().items()},
+                   **{f"hb.{k}": v.numpy() for k, v in hosts[0].bottom.state_dict().items()}}
+        return results["proba"], results["guest"].batch_losses, weights
+
+    local = train()
+    before = dict(executor.tasks)
+    with ex.using(executor):
+        on_ray = train()
+    ran = {k for k, v in executor.tasks.items() if v > before.get(k, 0)}
+    assert {"decrypt", "dot"} <= ran and ran & {"encrypt", "encrypt_crt"}, ran
+    np.testing.assert_allclose(on_ray[0], local[0], atol=1e-6)
+    np.testing.assert_allclose(on_ray[1], local[1], atol=1e-6)
+    assert local[2].keys() == on_ray[2].keys()
+    for k in local[2]:
+        np.testing.assert_allclose(on_ray[2][k], local[2][k], atol=1e-6, err_msg=k)
