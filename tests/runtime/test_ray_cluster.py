@@ -3,7 +3,8 @@
 One cluster for the module (starting one is slow), always stopped with ``ray stop``. Shows:
 the Ray executor's results equal the local pool's; vertical LR and vertical SecureBoost jobs with real
 party processes (gRPC + mutual TLS) give identical models whether the parties' work runs on the local
-pool or on Ray; a Ray worker killed mid-step is retried by Ray (exact result), and with retries off the
+pool or on Ray (the Ray runs also read their tables in row batches, the SecureBoost guest's from
+Parquet, and bin them in bounded memory); a Ray worker killed mid-step is retried by Ray (exact result), and with retries off the
 step fails with an error naming the party and the step, without hanging.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -79,11 +81,20 @@ def executor(cluster):
 
 
 # ------------------------------------------------------------------------------------- job runs
-def _compute(job: Path, compute: dict | None) -> None:
+def _compute(job: Path, compute: dict | None, parquet_guest: bool = False) -> None:
+    """Every party on ``compute``; every data party's table read in row batches of 7 rows (its size
+    exceeds data.max_memory_mb), the guest's from a Parquet copy with ``parquet_guest``."""
     doc = yaml.safe_load(job.read_text())
     for p in doc["parties"]:
         if compute is not None:
             p["compute"] = compute
+        if "data" in p:
+            p["data"].update(max_memory_mb=0.001, batch_rows=7)
+            if parquet_guest and p["role"] == "guest":
+                src = Path(p["data"]["path"])
+                dst = job.parent / (src.stem + ".parquet")
+                pd.read_csv(src, dtype={"id": str}).to_parquet(dst, row_group_size=50)
+                p["data"]["path"] = str(dst)
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
@@ -106,8 +117,10 @@ def job_runs(cluster, tmp_path_factory):
         for engine in ("local", "ray"):
             job = write_job(tmp / algorithm / engine, f"{algorithm}-{engine}", algorithm, parties, params,
                             deadline_s=120, insecure_test_keys=True)
-            if engine == "ray":  # (nearly) everything to the cluster, so that every step runs there
-                _compute(job, {"engine": "ray", "address": cluster["address"], "min_batch": 64})
+            if engine == "ray":  # (nearly) everything to the cluster, so that every step runs there;
+                # and the tables streamed in row batches (binning by the bounded-memory quantile selection)
+                _compute(job, {"engine": "ray", "address": cluster["address"], "min_batch": 64},
+                         parquet_guest=not server)
             procs[algorithm, engine] = (job, subprocess.Popen(
                 [sys.executable, "-m", "secureflhv", "run", str(job), "--timeout", "420"], cwd=REPO,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -137,6 +150,7 @@ def test_jobs_give_identical_models_on_the_local_pool_and_on_ray(job_runs, algor
     ray_out, code, log = job_runs[algorithm, "ray"]
     assert code == 0, log[-3000:]
     assert "batch work on Ray cluster" in log  # the parties really used the cluster
+    assert log.count("reading it in batches of 7 rows") == 2, log[-3000:]  # guest and host tables streamed
     if algorithm.startswith("secureboost"):  # split routing and prediction ran as tasks on the shards
         assert re.search(r"Ray tasks per step: .*\broute \d+", log), log[-3000:]
     local, on_ray = _models(local_out), _models(ray_out)
