@@ -302,3 +302,71 @@ def test_split_nn_on_ray_equals_the_local_pool(executor):
     assert local[2].keys() == on_ray[2].keys()
     for k in local[2]:
         np.testing.assert_allclose(on_ray[2][k], local[2][k], atol=1e-6, err_msg=k)
+
+
+_LOST_DRIVER = """
+import sys, time
+from secureflhv.crypto import executor as ex
+from secureflhv.crypto.executor import ComputeError
+from secureflhv.crypto.executor_ray import RayExecutor
+
+r = RayExecutor(sys.argv[1], owner="host-1", min_batch=1, cluster_lost_s=3)
+print("submitting", flush=True)
+try:
+    with ex.using(r):
+        ex.run(time.sleep, (), [(60,)])  # a step in flight on the cluster when it dies
+except ComputeError as exc:
+    print("ERROR", exc, flush=True)
+    r.shutdown()
+    sys.exit(3)
+print("finished?!", flush=True)
+"""
+
+
+def test_whole_cluster_dying_mid_step_is_a_clear_error_of_the_party(tmp_path):
+    """A party's own Ray cluster (here a separate one-node cluster: the module's cluster and this test
+    process must survive) dies while a step waits: the party process gets a ComputeError that names it,
+    the step and what to do, within seconds, not Ray's silent end of the driver process after 60 s."""
+    temp = tempfile.mkdtemp(prefix="sflost", dir="/tmp")
+    port = _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    head = None
+    try:
+        _ray("start", "--head", "--port", str(port), "--ray-client-server-port", str(_free_port()),
+             "--include-dashboard=false", "--temp-dir", temp, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+             "--disable-usage-stats", env=env)
+        head = subprocess.Popen([sys.executable, "-c", _LOST_DRIVER, f"127.0.0.1:{port}"], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in head.stdout:
+            if line.startswith("submitting"):
+                break
+        time.sleep(1.5)  # the task is submitted and waiting on the cluster
+        killed = _kill_cluster(temp)
+        assert killed
+        started = time.monotonic()
+        out, _ = head.communicate(timeout=50)
+        elapsed = time.monotonic() - started
+    finally:
+        if head is not None and head.poll() is None:
+            head.kill()
+        _kill_cluster(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert head.returncode == 3, out[-3000:]
+    assert "ERROR host-1: the Ray cluster stopped during step 'sleep'" in out, out[-3000:]
+    assert "Restart the cluster" in out and "compute.engine to local" in out
+    assert elapsed < 30, elapsed  # Ray alone would end the process silently after 60 s
+
+
+def _kill_cluster(temp: str) -> list[int]:
+    """SIGKILL every process of the cluster whose temp dir is ``temp`` (not any other Ray on this machine)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if temp.encode() in (d / "cmdline").read_bytes():
+                    os.kill(int(d.name), signal.SIGKILL)
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
