@@ -102,11 +102,14 @@ class Executor(ABC):
         ``fn`` itself propagate unchanged.
         """
 
-    def run_sharded(self, fn, common: tuple, data: tuple, rows, extra: tuple = ()) -> list | None:
-        """``fn(*common, *[d[rows of shard] for d in data], *extra)`` per shard holding some of ``rows``.
+    def run_sharded(self, fn, common: tuple, data: tuple, rows, extra: tuple = (),
+                    aligned: tuple = ()) -> list | None:
+        """``fn(*common, *[d[rows of shard] for d in data], *[a[part of shard] for a in aligned], *extra)``
+        per shard holding some of ``rows``.
 
         ``data``: row-aligned sequences (lists of ints, numpy arrays) reused across calls, which an
-        executor may keep sharded where its workers are; ``rows``: ascending int64 row indices.
+        executor may keep sharded where its workers are; ``rows``: non-decreasing int64 row indices;
+        ``aligned``: numpy arrays aligned with ``rows`` (one value per requested row), cut like it.
         Returns the per-shard results (the caller combines them), or None when this executor keeps
         no shards (the caller then chunks the rows itself and calls :meth:`run`).
         """
@@ -194,6 +197,6 @@ def run(fn, common: tuple, chunks: list) -> list:
     return _current.run(fn, common, chunks)
 
 
-def run_sharded(fn, common: tuple, data: tuple, rows, extra: tuple = ()) -> list | None:
+def run_sharded(fn, common: tuple, data: tuple, rows, extra: tuple = (), aligned: tuple = ()) -> list | None:
     """See :meth:`Executor.run_sharded` (None on executors without shards)."""
-    return _current.run_sharded(fn, common, data, rows, extra)
+    return _current.run_sharded(fn, common, data, rows, extra, aligned)

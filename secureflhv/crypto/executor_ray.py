@@ -14,12 +14,16 @@ itself serialises only our task functions and numpy arrays.
 
 Failures. Tasks are retried by Ray when a worker or node dies (``max_retries``); work that is still
 lost, or a step that outlasts ``task_timeout_s``, raises :class:`~secureflhv.crypto.executor.ComputeError`
-naming the party and the step, never a hang.
+naming the party and the step, never a hang. When the whole cluster goes (its head stops answering
+for ``CLUSTER_LOST_S`` while a step waits) the step raises a ComputeError that says so and what to do,
+well before Ray's own reaction (it ends the driver process after 60 s without its GCS, with no word about
+the job); the party then tells its peers through the job's usual failure path.
 """
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -31,6 +35,23 @@ from .executor import ComputeError, Executor, Progress, step_name
 log = logging.getLogger("secureflhv.compute")
 
 _SHARD_CACHE = 4  # row-aligned arrays kept sharded in the object store (features, this tree's ciphertexts)
+CLUSTER_LOST_S = 10.0  # the head unreachable this long while a step waits: the cluster is gone (Ray itself
+#                        ends the driver process after 60 s without its GCS, with no word about the job)
+PROBE_TIMEOUT_S = 2.0
+
+
+def _head_answers(address: str | None, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the cluster's head (``host:port`` of its GCS) accepts a TCP connection (True if unknown)."""
+    if not address:
+        return True
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return True
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------- encoding
@@ -104,10 +125,10 @@ def _call(fn, common, args):
     return encode(fn(*decode(common), *decode(args)))
 
 
-def _call_shard(fn, common, local_rows, extra, *shard_parts):
+def _call_shard(fn, common, local_rows, extra, aligned, *shard_parts):
     # shards are top-level arguments: Ray resolves them and schedules the task next to them
     parts = [p.take(local_rows) if isinstance(p, IntBlock) else p[local_rows] for p in shard_parts]
-    return encode(fn(*decode(common), *decode(parts), *decode(extra)))
+    return encode(fn(*decode(common), *decode(parts), *aligned, *decode(extra)))
 
 
 # ---------------------------------------------------------------------------------------- executor
@@ -126,6 +147,8 @@ class RayExecutor(Executor):
         task_timeout_s: a step that has not finished after this raises ComputeError.
         ship_code: upload this ``secureflhv`` package to the workers (``runtime_env.py_modules``);
             False when the cluster's image already has the same version installed.
+        cluster_lost_s: a waiting step whose cluster head has not answered for this long raises
+            ComputeError (the whole cluster is gone).
     Raises:
         ComputeError: ``ray`` is not installed or the cluster cannot be reached.
     """
@@ -134,7 +157,7 @@ class RayExecutor(Executor):
 
     def __init__(self, address: str | None = None, *, owner: str = "party", shards_per_worker: int = 2,
                  min_batch: int | None = None, task_cpus: float = 1.0, max_retries: int = 3, task_timeout_s: float = 3600.0,
-                 ship_code: bool = True):
+                 ship_code: bool = True, cluster_lost_s: float = CLUSTER_LOST_S):
         try:
             import ray
         except ImportError:
@@ -145,17 +168,25 @@ class RayExecutor(Executor):
         self.max_retries, self.task_timeout_s = int(max_retries), float(task_timeout_s)
         pkg = Path(__file__).resolve().parents[1]
         runtime_env = {"py_modules": [str(pkg)]} if ship_code else None
+        self.lost, self.cluster_lost_s = False, float(cluster_lost_s)  # lost: the whole cluster went mid-step
         try:
             if not ray.is_initialized():
                 ray.init(address=self.address, namespace="secureflhv", runtime_env=runtime_env,
                          log_to_driver=False, configure_logging=False, include_dashboard=False)
             self._cpus = max(1, int(ray.cluster_resources().get("CPU", 1) / task_cpus))
+            self._head = self.address  # probed while a step waits; else the GCS the driver found
+            if not self._head or self._head == "auto":
+                try:
+                    self._head = ray.get_runtime_context().gcs_address
+                except Exception:  # noqa: BLE001 - nothing to probe: cluster loss is then left to Ray
+                    self._head = None
         except Exception as exc:  # noqa: BLE001 - any connection failure is reported the same way
             raise ComputeError(f"{owner}: cannot connect to the Ray cluster at {self.address!r}: {exc}") from None
         opts = {"max_retries": self.max_retries, "retry_exceptions": False, "num_cpus": task_cpus}
         self._task = ray.remote(**opts)(_call)
         self._shard_task = ray.remote(**opts)(_call_shard)
         self._shards: list = []  # [(obj, bounds, [ObjectRef per shard])], most recent last
+        self.tasks: dict[str, int] = {}  # tasks sent per step, logged at shutdown
         log.info("%s: batch work on Ray cluster %s (%d task slots, %d nodes)", owner, self.address or "(local)",
                  self._cpus, len([n for n in ray.nodes() if n.get("Alive")]))
 
@@ -167,8 +198,10 @@ class RayExecutor(Executor):
         """Results of ``refs`` in order; progress logged; ComputeError naming party and step on loss."""
         ray = self._ray
         progress = Progress(self.owner, step, len(refs), self.name)
+        self.tasks[step] = self.tasks.get(step, 0) + len(refs)
         deadline = time.monotonic() + self.task_timeout_s
         pending = list(refs)
+        silent_since = None
         try:
             while pending:
                 left = deadline - time.monotonic()
@@ -177,19 +210,41 @@ class RayExecutor(Executor):
                         ray.cancel(r, force=True)
                     raise ComputeError(f"{self.owner}: step {step!r} did not finish on the Ray cluster within "
                                        f"{self.task_timeout_s:.0f}s ({progress.done}/{len(refs)} shards done)")
-                done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
+                done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 2.0, self.cluster_lost_s / 3))
                 if done:
                     ray.get(done)  # raise a failed task's error now, not after the others
                     progress.advance(len(done))
+                    silent_since = None
+                else:  # nothing finished for a while: is the cluster still there?
+                    silent_since = None if _head_answers(self._head) else (silent_since or time.monotonic())
+                    if self._head_lost(silent_since):
+                        raise self._lost_error(step, progress.done, len(refs))
             return [decode(r) for r in ray.get(refs)]
         except ray.exceptions.RayTaskError as exc:  # fn itself raised: the same error as the local pool
             cause = exc.as_instanceof_cause()
             raise cause from None
         except ray.exceptions.RayError as exc:
+            if not _head_answers(self._head):  # the whole cluster went, not just a worker or node
+                self.lost = True
+                raise self._lost_error(step, progress.done, len(refs)) from None
             raise ComputeError(f"{self.owner}: step {step!r} failed on the Ray cluster "
                                f"({type(exc).__name__} after {self.max_retries} retries): {exc}") from None
 
+    def _head_lost(self, silent_since) -> bool:
+        if self.lost or (silent_since is not None and time.monotonic() - silent_since >= self.cluster_lost_s):
+            self.lost = True
+        return self.lost
+
+    def _lost_error(self, step: str, done: int, total: int) -> ComputeError:
+        return ComputeError(
+            f"{self.owner}: the Ray cluster stopped during step {step!r} ({done}/{total} shards done): its head "
+            f"{self._head} has not answered for {self.cluster_lost_s:.0f}s. Restart the cluster (ray start --head ...) "
+            f"or set this party's compute.engine to local, then run the job again (with --resume it continues "
+            f"from the last checkpoint)")
+
     def run(self, fn, common: tuple, chunks: list) -> list:
+        if self.lost:
+            raise self._lost_error(step_name(fn), 0, len(chunks))
         common_ref = self._ray.put(encode(tuple(common)))
         refs = [self._task.remote(fn, common_ref, encode(tuple(chunk))) for chunk in chunks]
         return self._gather(refs, step_name(fn))
@@ -210,7 +265,10 @@ class RayExecutor(Executor):
         del self._shards[:-_SHARD_CACHE]
         return bounds, refs
 
-    def run_sharded(self, fn, common: tuple, data: tuple, rows, extra: tuple = ()) -> list | None:
+    def run_sharded(self, fn, common: tuple, data: tuple, rows, extra: tuple = (),
+                    aligned: tuple = ()) -> list | None:
+        if self.lost:
+            raise self._lost_error(step_name(fn), 0, 0)
         rows = np.asarray(rows, dtype=np.int64)
         layout = [self._sharded(d) for d in data]
         bounds = layout[0][0]
@@ -222,10 +280,19 @@ class RayExecutor(Executor):
         for s in range(len(bounds) - 1):
             if cut[s + 1] > cut[s]:
                 local = rows[cut[s]:cut[s + 1]] - bounds[s]
-                refs.append(self._shard_task.remote(fn, common_ref, local, extra_enc, *[r[s] for _, r in layout]))
+                part = tuple(np.ascontiguousarray(a[cut[s]:cut[s + 1]]) for a in aligned)
+                refs.append(self._shard_task.remote(fn, common_ref, local, extra_enc, part,
+                                                    *[r[s] for _, r in layout]))
         return self._gather(refs, step_name(fn))
 
     def shutdown(self) -> None:
+        if self.tasks:
+            log.info("%s: Ray tasks per step: %s", self.owner,
+                     ", ".join(f"{k} {v}" for k, v in sorted(self.tasks.items())))
+            self.tasks = {}
         self._shards.clear()
+        if self.lost:  # disconnecting from a dead cluster waits on its GCS: the process is ending anyway
+            log.info("%s: not disconnecting from the lost Ray cluster", self.owner)
+            return
         if self._ray.is_initialized():
             self._ray.shutdown()

@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from ..data import Dataset, load_table
+from ..data.stream import load_table_batched, table_bytes
 from ..data.tabular import Preprocessor
 from ..transport import Transport
 from ..vertical.psi import align_ids_guest, align_ids_host
@@ -82,6 +83,7 @@ class PartyData:
     split: RowSplit
     feature_names: list[str]
     meta: dict = field(default_factory=dict)
+    batch_rows: int | None = None  # the table exceeded data.max_memory_mb: work on it in batches of this many rows
 
     @property
     def train(self) -> np.ndarray:
@@ -120,16 +122,46 @@ def load_party_table(cfg: JobConfig, party: PartySpec, *, label_column: str | No
     spec = party.data
     path = cfg.resolve(spec.path)
     label = label_column or spec.label_column
+    batch_rows = streamed_batch_rows(cfg, party)
+    if batch_rows:
+        log.info("%s: %s exceeds data.max_memory_mb=%g: reading it in batches of %d rows",
+                 party.id, path.name, spec.max_memory_mb, batch_rows)
     try:
         id_column = spec.id_column if id_required or spec.id_column in _columns(path) else None
-        table = load_table(path, id_column=id_column, label_column=label, feature_columns=spec.feature_columns,
-                           schema=spec.table_schema)
+        if batch_rows:
+            table = load_table_batched(path, batch_rows, id_column=id_column, label_column=label,
+                                       feature_columns=spec.feature_columns, schema=spec.table_schema)
+        else:
+            table = load_table(path, id_column=id_column, label_column=label,
+                               feature_columns=spec.feature_columns, schema=spec.table_schema)
     except (OSError, ValueError) as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     if require_label and table.y is None:
         raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: no label column {label!r} in {path}")
     log.info("%s: loaded %d rows x %d features from %s", party.id, table.n_rows, table.n_features, path)
     return table
+
+
+def streamed_batch_rows(cfg: JobConfig, party: PartySpec) -> int | None:
+    """Rows per batch when ``party``'s table is read in row batches, else None (read whole).
+
+    Streamed when ``data.max_memory_mb`` is set and the table's size (:func:`secureflhv.data.stream.table_bytes`)
+    exceeds it; ``data.batch_rows`` or, by default, as many rows as fill an eighth of the budget.
+    Raises JobConfigError (naming ``data.max_memory_mb``) for a format that cannot be streamed.
+    """
+    spec = party.data
+    if spec is None or spec.max_memory_mb is None:
+        return None
+    path = cfg.resolve(spec.path)
+    if not path.is_file():
+        return None  # the loader reports it
+    if path.suffix.lower() not in (".csv", ".txt", ".parquet", ".pq"):
+        raise JobConfigError(f"{cfg.where(party, 'data.max_memory_mb')}: streamed reading applies to CSV and "
+                             f"Parquet files, not {path.name}")
+    budget = spec.max_memory_mb * 2 ** 20
+    if table_bytes(path) <= budget:
+        return None
+    return spec.batch_rows or max(1, int(budget / 8 / (8 * max(1, len(_columns(path))))))
 
 
 def align_by_psi(cfg: JobConfig, party: PartySpec, transport: Transport, table: Dataset):
@@ -225,7 +257,7 @@ def prepare_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, par
                                 if pre is not None and pre.standardize and pre.identity_on_complete_numeric else None),
             "preprocessor": pre.to_dict() if pre is not None else None}
     y = table.y[psi.rows] if party.role == "guest" else None
-    return PartyData(X, y, np.asarray(psi.ids), split, names, meta)
+    return PartyData(X, y, np.asarray(psi.ids), split, names, meta, streamed_batch_rows(cfg, party))
 
 
 def preprocessing_state(data: PartyData) -> dict:

@@ -70,7 +70,19 @@ class DataSpec(_Strict):
         description="column -> numeric | categorical (with categories, optional 'other') | id | label; "
                     "see secureflhv.data.schema")
 
+    max_memory_mb: float | None = Field(
+        default=None, gt=0, description="a CSV/Parquet table larger than this (MiB; Parquet: rows x columns x 8 bytes) "
+                                        "is read in row batches and SecureBoost bins it by a bounded-memory sketch")
+    batch_rows: int | None = Field(default=None, ge=1, description="rows per batch when streamed "
+                                                                   "(default: from max_memory_mb)")
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _batch_rows_needs_budget(self) -> "DataSpec":
+        if self.batch_rows is not None and self.max_memory_mb is None:
+            raise ValueError("batch_rows: only used with max_memory_mb (streamed reading)")
+        return self
 
     @field_validator("table_schema")
     @classmethod

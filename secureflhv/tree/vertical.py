@@ -83,8 +83,9 @@ from ..proto import tree_pb2
 from ..transport.he_codec import backend_and_codec
 from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, TransportError, parse_message
-from .binning import Binner, goes_left
+from .binning import Binner
 from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children
+from .routing import left_masks
 from .params import (SecureBoostParams, base_margin, bound_log2, check_labels, dequantise, gradients, loss,
                      precision_bits_for, quantise, transform)
 
@@ -496,7 +497,7 @@ class SecureBoostGuest(_Role):
         """Left mask of node ``nid``'s rows; a host's is checked against the hessian sums it won with."""
         rows = st.rows_of[nid]
         if cand.owner == "guest":
-            return self.bins[rows, cand.feature] <= cand.bin
+            return left_masks(self.bins, [(cand.feature, cand.bin, False, rows)], binned=True)[0]
         hl = float(dequantise(st.hq[rows[host_mask]].sum(), st.p))  # a tied candidate has the same sum
         if hl not in cand.tied_hess:
             raise SecureBoostError(f"host {cand.owner!r} returned a partition for node {nid} whose hessian "
@@ -554,6 +555,7 @@ class SecureBoostGuest(_Role):
         """Move rows one level down through the guest's splits; the host splits' (tree, node, rows) per
         host, or None when every row sits at a leaf."""
         queries = {h: [] for h in self.host_ids}
+        own = []
         active = False
         for ti, tree in enumerate(trees):
             for nid in np.unique(pos[ti]).tolist():
@@ -562,11 +564,13 @@ class SecureBoostGuest(_Role):
                     continue
                 active = True
                 rows = np.flatnonzero(pos[ti] == nid)
-                if node.owner == "guest":
-                    left = goes_left(X[rows, node.feature], node.threshold, node.default_left)
-                    pos[ti][rows] = np.where(left, node.left, node.right)
-                else:
-                    queries[node.owner].append((ti, nid, rows))
+                (own if node.owner == "guest" else queries[node.owner]).append((ti, nid, rows))
+        # the guest's own splits of this level in one batch (tasks next to the row shards on Ray)
+        lefts = left_masks(X, [(trees[ti].nodes[nid].feature, trees[ti].nodes[nid].threshold,
+                                trees[ti].nodes[nid].default_left, rows) for ti, nid, rows in own], binned=False)
+        for (ti, nid, rows), left in zip(own, lefts):
+            node = trees[ti].nodes[nid]
+            pos[ti][rows] = np.where(left, node.left, node.right)
         return queries if active else None
 
     def _route_hosts(self, trees: list[Tree], pos: list[np.ndarray], queries: dict, dataset: str, n_rows: int):
@@ -777,14 +781,18 @@ class SecureBoostHost(_Role):
     def _apply_decision(self, decision: tree_pb2.SbDecision, tables: dict, rows_of: dict) -> tree_pb2.SbSplitResults:
         """Record each won split in the private lookup table; the partition of the node's rows for the guest."""
         out = tree_pb2.SbSplitResults()
+        won = []
         for ch in decision.choices:
             nid = int(ch.node)
             # exact ties (rows with equal g, h make them common): the first in (virtual column, bin) order,
             # i.e. (feature, default_left false before true, bin) as in the centralised twin
             v, b = min(tables[nid][int(c)] for c in [ch.candidate, *ch.tied])
             self.records.append(self.binner.split(v, b))
-            out.results.add(node=nid, record=len(self.records) - 1,
-                            left_mask=pack_mask(self.bins[rows_of[nid], v] <= b))
+            won.append((nid, len(self.records) - 1, v, b))
+        # the partitions in one batch (tasks next to the bin shards on Ray)
+        masks = left_masks(self.bins, [(v, b, False, rows_of[nid]) for nid, _, v, b in won], binned=True)
+        for (nid, record, _, _), mask in zip(won, masks):
+            out.results.add(node=nid, record=record, left_mask=pack_mask(mask))
         return out
 
     def _rng(self, seq: int, depth: int) -> np.random.Generator:
@@ -846,10 +854,12 @@ class SecureBoostHost(_Role):
                 break
             X = self.datasets[req.dataset]
             reply = tree_pb2.SbRouteReply()
+            qs = []
             for q in req.queries:
                 j, _, thr, default_left = self.records[int(q.record)]
-                rows = np.asarray(q.rows, dtype=np.int64)
-                reply.left_masks.append(pack_mask(goes_left(X[rows, j], thr, default_left)))
+                qs.append((j, thr, default_left, np.asarray(q.rows, dtype=np.int64)))
+            for left in left_masks(X, qs, binned=False):  # tasks next to the row shards on Ray
+                reply.left_masks.append(pack_mask(left))
             self.t.send(self.guest_id, TAG_ROUTED, reply, round=self._route_round)
             served += 1
         return served

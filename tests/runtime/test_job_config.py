@@ -63,6 +63,8 @@ def mutate(path_expr: str, value):
     (("security.ca", KeyError), "security.ca"),
     (("parties.1.cert", KeyError), "parties[1].cert"),
     (("parties.1.data.colour", "blue"), "parties[1].data.colour: unknown field"),
+    (("parties.1.data.max_memory_mb", 0), "parties[1].data.max_memory_mb"),
+    (("parties.2.data.batch_rows", 100), "parties[2].data: batch_rows: only used with max_memory_mb"),
 ])
 def test_bad_field_is_named(tmp_path, change, expected):
     with pytest.raises(JobConfigError) as err:

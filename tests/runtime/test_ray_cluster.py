@@ -3,13 +3,15 @@
 One cluster for the module (starting one is slow), always stopped with ``ray stop``. Shows:
 the Ray executor's results equal the local pool's; vertical LR and vertical SecureBoost jobs with real
 party processes (gRPC + mutual TLS) give identical models whether the parties' work runs on the local
-pool or on Ray; a Ray worker killed mid-step is retried by Ray (exact result), and with retries off the
+pool or on Ray (the Ray runs also read their tables in row batches, the SecureBoost guest's from
+Parquet, and bin them in bounded memory); a Ray worker killed mid-step is retried by Ray (exact result), and with retries off the
 step fails with an error naming the party and the step, without hanging.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -78,11 +81,20 @@ def executor(cluster):
 
 
 # ------------------------------------------------------------------------------------- job runs
-def _compute(job: Path, compute: dict | None) -> None:
+def _compute(job: Path, compute: dict | None, parquet_guest: bool = False) -> None:
+    """Every party on ``compute``; every data party's table read in row batches of 7 rows (its size
+    exceeds data.max_memory_mb), the guest's from a Parquet copy with ``parquet_guest``."""
     doc = yaml.safe_load(job.read_text())
     for p in doc["parties"]:
         if compute is not None:
             p["compute"] = compute
+        if "data" in p:
+            p["data"].update(max_memory_mb=0.001, batch_rows=7)
+            if parquet_guest and p["role"] == "guest":
+                src = Path(p["data"]["path"])
+                dst = job.parent / (src.stem + ".parquet")
+                pd.read_csv(src, dtype={"id": str}).to_parquet(dst, row_group_size=50)
+                p["data"]["path"] = str(dst)
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
@@ -105,8 +117,10 @@ def job_runs(cluster, tmp_path_factory):
         for engine in ("local", "ray"):
             job = write_job(tmp / algorithm / engine, f"{algorithm}-{engine}", algorithm, parties, params,
                             deadline_s=120, insecure_test_keys=True)
-            if engine == "ray":  # (nearly) everything to the cluster, so that every step runs there
-                _compute(job, {"engine": "ray", "address": cluster["address"], "min_batch": 64})
+            if engine == "ray":  # (nearly) everything to the cluster, so that every step runs there;
+                # and the tables streamed in row batches (binning by the bounded-memory quantile selection)
+                _compute(job, {"engine": "ray", "address": cluster["address"], "min_batch": 64},
+                         parquet_guest=not server)
             procs[algorithm, engine] = (job, subprocess.Popen(
                 [sys.executable, "-m", "secureflhv", "run", str(job), "--timeout", "420"], cwd=REPO,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -136,6 +150,9 @@ def test_jobs_give_identical_models_on_the_local_pool_and_on_ray(job_runs, algor
     ray_out, code, log = job_runs[algorithm, "ray"]
     assert code == 0, log[-3000:]
     assert "batch work on Ray cluster" in log  # the parties really used the cluster
+    assert log.count("reading it in batches of 7 rows") == 2, log[-3000:]  # guest and host tables streamed
+    if algorithm.startswith("secureboost"):  # split routing and prediction ran as tasks on the shards
+        assert re.search(r"Ray tasks per step: .*\broute \d+", log), log[-3000:]
     local, on_ray = _models(local_out), _models(ray_out)
     assert local and local.keys() == on_ray.keys()
     assert local == on_ray  # exact: the same decrypted sums, the same splits
@@ -226,3 +243,130 @@ def test_killed_worker_without_retries_fails_naming_party_and_step(executor, clu
     with pytest.raises(ComputeError, match=r"^host-1: step 'decrypt' failed on the Ray cluster") as err:
         _decrypt_killing_a_worker(no_retry, cluster["temp"], big_batch)
     assert time.monotonic() - started < 120, err.value
+
+
+def test_split_routing_on_ray_equals_the_local_masks(executor):
+    """Training partitions (bins) and prediction routing (raw values, NaN by default side) as tasks on
+    the row shards give the local masks bit for bit, for rows shared by several queries (trees)."""
+    from secureflhv.tree.routing import left_masks
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(1_000, 4))
+    X[rng.random(X.shape) < 0.1] = np.nan
+    bins = rng.integers(0, 16, size=(1_000, 4)).astype(np.uint8)
+    raw_q = [(j, float(rng.normal()), bool(j % 2), np.flatnonzero(rng.random(1_000) < 0.5)) for j in (0, 1, 3, 1)]
+    bin_q = [(j, int(rng.integers(0, 15)), False, np.flatnonzero(rng.random(1_000) < 0.7)) for j in (2, 0)]
+    local = (left_masks(X, raw_q, binned=False), left_masks(bins, bin_q, binned=True))
+    before = dict(executor.tasks)
+    with ex.using(executor):
+        on_ray = (left_masks(X, raw_q, binned=False), left_masks(bins, bin_q, binned=True))
+    assert executor.tasks.get("route", 0) > before.get("route", 0)  # it really ran as Ray tasks
+    assert any(o is X for o, _, _ in executor._shards) and any(o is bins for o, _, _ in executor._shards)
+    for a, b in zip(local, on_ray):
+        assert len(a) == len(b) and all(m.dtype == bool and (m == n).all() for m, n in zip(a, b))
+    assert 0 < sum(int(m.sum()) for m in local[0]) < sum(len(q[3]) for q in raw_q)  # both sides occur
+
+
+def test_split_nn_on_ray_equals_the_local_pool(executor):
+    """Split NN (guest + one host in threads): the hosts' encryptions and decryptions and the guest's
+    plaintext-ciphertext products run as Ray tasks, and the model and predictions equal the local
+    pool's to 1e-6 (the hosts' secret weight noise differs between runs; it cancels up to rounding)."""
+    sys.path.insert(0, str(REPO / "tests" / "vertical"))
+    from snn_harness import make_roles, run_roles, toy
+
+    from secureflhv.vertical.split_nn import SplitNNConfig
+
+    X, y = toy(n=24, d=6, seed=1)
+    Xg, Xh = X[:, :3], X[:, 3:]
+    cfg = SplitNNConfig(key_bits=512, insecure_test_key=True, host_bottom=[4, 3], guest_bottom=[3], interactive_units=3,
+                        top_hidden=[3], epochs=1, batch_size=24, learning_rate=0.05, interactive_lr=0.2,
+                        weight_noise=3.0, seed=5, init_seed=2)
+
+    def train():
+        _, guest, hosts = make_roles(Xg, y, [Xh], cfg)
+        results, errors = run_roles(guest, hosts, predict_sets=(Xg, [Xh]), timeout=120)
+        assert not errors, errors
+        weights = {"W_h": guest.V["host-1"] + hosts[0].E, "W_g": guest.W_g, "bias": guest.bias,
+                   **{f"top.{k}": v.numpy() for k, v in guest.top.state_dict().items()},
+                   **{f"hb.{k}": v.numpy() for k, v in hosts[0].bottom.state_dict().items()}}
+        return results["proba"], results["guest"].batch_losses, weights
+
+    local = train()
+    before = dict(executor.tasks)
+    with ex.using(executor):
+        on_ray = train()
+    ran = {k for k, v in executor.tasks.items() if v > before.get(k, 0)}
+    assert {"decrypt", "dot"} <= ran and ran & {"encrypt", "encrypt_crt"}, ran
+    np.testing.assert_allclose(on_ray[0], local[0], atol=1e-6)
+    np.testing.assert_allclose(on_ray[1], local[1], atol=1e-6)
+    assert local[2].keys() == on_ray[2].keys()
+    for k in local[2]:
+        np.testing.assert_allclose(on_ray[2][k], local[2][k], atol=1e-6, err_msg=k)
+
+
+_LOST_DRIVER = """
+import sys, time
+from secureflhv.crypto import executor as ex
+from secureflhv.crypto.executor import ComputeError
+from secureflhv.crypto.executor_ray import RayExecutor
+
+r = RayExecutor(sys.argv[1], owner="host-1", min_batch=1, cluster_lost_s=3)
+print("submitting", flush=True)
+try:
+    with ex.using(r):
+        ex.run(time.sleep, (), [(60,)])  # a step in flight on the cluster when it dies
+except ComputeError as exc:
+    print("ERROR", exc, flush=True)
+    r.shutdown()
+    sys.exit(3)
+print("finished?!", flush=True)
+"""
+
+
+def test_whole_cluster_dying_mid_step_is_a_clear_error_of_the_party(tmp_path):
+    """A party's own Ray cluster (here a separate one-node cluster: the module's cluster and this test
+    process must survive) dies while a step waits: the party process gets a ComputeError that names it,
+    the step and what to do, within seconds, not Ray's silent end of the driver process after 60 s."""
+    temp = tempfile.mkdtemp(prefix="sflost", dir="/tmp")
+    port = _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    head = None
+    try:
+        _ray("start", "--head", "--port", str(port), "--ray-client-server-port", str(_free_port()),
+             "--include-dashboard=false", "--temp-dir", temp, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+             "--disable-usage-stats", env=env)
+        head = subprocess.Popen([sys.executable, "-c", _LOST_DRIVER, f"127.0.0.1:{port}"], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in head.stdout:
+            if line.startswith("submitting"):
+                break
+        time.sleep(1.5)  # the task is submitted and waiting on the cluster
+        killed = _kill_cluster(temp)
+        assert killed
+        started = time.monotonic()
+        out, _ = head.communicate(timeout=50)
+        elapsed = time.monotonic() - started
+    finally:
+        if head is not None and head.poll() is None:
+            head.kill()
+        _kill_cluster(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert head.returncode == 3, out[-3000:]
+    assert "ERROR host-1: the Ray cluster stopped during step 'sleep'" in out, out[-3000:]
+    assert "Restart the cluster" in out and "compute.engine to local" in out
+    assert elapsed < 30, elapsed  # Ray alone would end the process silently after 60 s
+
+
+def _kill_cluster(temp: str) -> list[int]:
+    """SIGKILL every process of the cluster whose temp dir is ``temp`` (not any other Ray on this machine)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if temp.encode() in (d / "cmdline").read_bytes():
+                    os.kill(int(d.name), signal.SIGKILL)
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids

@@ -22,6 +22,7 @@ from typing import ClassVar
 import numpy as np
 from pydantic import ConfigDict
 
+from ...data.stream import batched_quantile_cuts, row_batches
 from ...transport import Transport
 from ...tree.model import json_number, model_to_dict
 from ...tree.params import SecureBoostParams, transform
@@ -83,8 +84,11 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
     data = prepare_vertical(cfg, party, transport, params, validation_fraction=params.validation_fraction)
     X = data.X.astype(np.float64)
     X_val = data.split.validation(X)
+    cuts = None
+    if data.batch_rows:  # a big table: the same quantile cuts, found in row batches (bounded memory)
+        cuts = batched_quantile_cuts(row_batches(X, data.train, data.batch_rows), X.shape[1], algo.max_bin)
     if party.role == "host":
-        host = SecureBoostHost(transport, cfg.guest.id, X[data.train], algo, X_val=X_val)
+        host = SecureBoostHost(transport, cfg.guest.id, X[data.train], algo, X_val=X_val, cuts=cuts)
         attach_checkpoints(cfg, party, transport, host, _data_parties(cfg, party)).fit()
         host.serve_predictions(X)
         table = [{"record": i, "feature": data.feature_names[j], "bin": b, "threshold": json_number(thr),
@@ -97,7 +101,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
         return {}
     y = data.y
     guest = SecureBoostGuest(transport, [h.id for h in cfg.hosts], X[data.train], y[data.train], algo,
-                             X_val=X_val, y_val=data.split.validation(y))
+                             X_val=X_val, y_val=data.split.validation(y), cuts=cuts)
     res = attach_checkpoints(cfg, party, transport, guest, _data_parties(cfg, party)).fit()
     pred = transform(guest.predict_margin(X), algo)
     guest.end_prediction()
