@@ -232,9 +232,11 @@ def generate_keypair(n_bits: int = 2048, *, insecure_test_key: bool = False) -> 
 
 # -------------------------------------------------------------------------------- batch kernels
 def _obj(values, shape) -> np.ndarray:
-    a = np.empty(len(values), dtype=object)
-    a[:] = values
-    return a.reshape(shape)
+    """Object array of the given shape holding ``values`` (a list) as they are.
+
+    np.fromiter: ~100x faster than ``a[:] = values`` (which probes every mpz for nested sequences,
+    ~1.3 us per element, a third of a homomorphic addition's cost at 2048 bits)."""
+    return np.fromiter(values, dtype=object, count=len(values)).reshape(shape)
 
 
 def _encrypt_ints(key, mantissas: list) -> list:
@@ -406,6 +408,9 @@ class EncryptedArray:
         e = min(self.exponent, other.exponent)
         a, b = _rescale(self, e), _rescale(other, e)
         n2 = self.public_key.nsquare
+        if a.shape == b.shape and _ex.parallel_chunks(a.size, PAR_MULMOD_MIN) == 1:  # common case, inline
+            out = [x * y % n2 for x, y in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist())]
+            return self._like(_obj(out, a.shape), exponent=e, summands=summands)
         a, b = np.broadcast_arrays(a, b)
         size = a.size
         parts = _ex.parallel_chunks(size, PAR_MULMOD_MIN)

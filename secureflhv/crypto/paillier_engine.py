@@ -104,6 +104,28 @@ class FixedBaseTable:
             out.append(acc)
         return out
 
+    def random_columns(self, count: int) -> list[list[int]]:
+        """Digits of ``count`` fresh uniform alphas, column-major: ``cols[i][j]`` is digit i of alpha j.
+
+        Same distribution as :func:`random_digits` (os.urandom, n_digits * w bits per alpha).
+        """
+        return random_digits(self.n_digits, count, self.w)
+
+    def pow_columns(self, cols) -> list[mpz]:
+        """``pow_digits`` of every alpha given column-major (see ``random_columns``).
+
+        Digit position by digit position over the whole batch: each step reads one row of the table
+        (2^w entries, ~2 MB at w = 12, 2048-bit keys) for every value, so the row stays in cache
+        instead of one random row per multiplication; and a list comprehension per position keeps the
+        interpreter overhead per multiplication low.  ~9% faster than ``pow_many`` at 2048 bits.
+        """
+        m, rows = self.mod, self.rows
+        r0 = rows[0]
+        accs = [r0[d] for d in cols[0]]
+        for row, col in zip(rows[1:], cols[1:]):
+            accs = [a * row[d] % m for a, d in zip(accs, col)]
+        return accs
+
 
 def random_digits(count: int, n_digits: int, w: int) -> list[list[int]]:
     """``count`` fresh uniformly random alphas of n_digits*w bits, as base-2^w digit lists (os.urandom).
@@ -157,7 +179,7 @@ class PublicEngine:
         table = self._ensure_table()
         if table is None:
             return [gmpy2.powmod(self.h_s, a, self.n2) for a in random_alphas(count, self.alpha_bits)]
-        return table.pow_many(random_digits(count, table.n_digits, table.w))
+        return table.pow_columns(table.random_columns(count))
 
     def encrypt(self, mantissas) -> list[mpz]:
         """c = (1 + m n) * h_s^alpha mod n^2, computed as r + n*(m r mod n) (one half-size product)."""
@@ -242,9 +264,9 @@ class PrivateEngine:
             rqs = [gmpy2.powmod(self.hs_q, a, q2) for a in alphas]
         else:
             tp, tq = tables
-            digits = random_digits(len(mantissas), tp.n_digits, tp.w)
-            rps = tp.pow_many(digits)
-            rqs = tq.pow_many(digits)
+            cols = tp.random_columns(len(mantissas))  # one alpha per value, used mod p^2 and mod q^2
+            rps = tp.pow_columns(cols)
+            rqs = tq.pow_columns(cols)
         out = []
         for m, rp, rq in zip(mantissas, rps, rqs):
             # (1 + m n) r mod p^2 == r + p*(m q r mod p) since n = p q
