@@ -70,6 +70,7 @@ def test_every_table_size_gives_correct_djn_ciphertexts(other_keys):
         assert (pub._table is None) == (stage == "none")
         if stage == "large":
             assert pub._table.w == E.window_bits(pk.n_bits, large=True) > E.window_bits(pk.n_bits)
+            assert priv._tables[0].w == E.window_bits(pk.n_bits, large=True, crt=True) > E.window_bits(pk.n_bits)
         for eng in (pub, priv):
             cts = eng.encrypt(ms)
             assert [int(m) for m in priv.decrypt(cts)] == ms
