@@ -141,12 +141,13 @@ def key_fingerprint(n) -> bytes:
     return hashlib.sha256(int_to_bytes(n)).digest()
 
 
-def _check_size(n_bits: int, insecure_test_key: bool) -> None:
+def _check_size(n_bits: int, insecure_test_key: bool, warn: bool = True) -> None:
     if n_bits < MIN_SECURE_BITS:
         if not insecure_test_key:
             raise ValueError(f"Paillier modulus of {n_bits} bits is below the {MIN_SECURE_BITS}-bit minimum; "
                              "pass insecure_test_key=True only in tests")
-        log.warning("using an INSECURE %d-bit Paillier key (test only)", n_bits)
+        if warn:
+            log.warning("using an INSECURE %d-bit Paillier key (test only)", n_bits)
 
 
 # ------------------------------------------------------------------------------------------ keys
@@ -229,7 +230,7 @@ def generate_keypair(n_bits: int = 2048, *, insecure_test_key: bool = False) -> 
 
     Raises ValueError for n_bits < 2048 unless insecure_test_key=True (then logs a warning).
     """
-    _check_size(int(n_bits), insecure_test_key)
+    _check_size(int(n_bits), insecure_test_key, warn=False)  # refuse early; PublicKey below warns once
     from phe import paillier
     pub, priv = paillier.generate_paillier_keypair(n_length=int(n_bits))
     pk = PublicKey(pub.n, insecure_test_key=insecure_test_key)
