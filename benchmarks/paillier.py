@@ -106,6 +106,7 @@ def bench_key(bits: int, quick: bool, workers: int) -> list[tuple]:
     X = rng.normal(size=(n_rows, d))
     ex = P.encrypt(pk, rng.normal(size=n_rows))
     dot = best(lambda: P.dot(X, ex), n_rows * d)
+    limits = gmpy2_limits(pk, sk, e, e2, len(xd))
 
     # ---------------------------------------------------------------- phe, one core
     nphe = N(150) if bits <= 2048 else N(60)
@@ -133,6 +134,9 @@ def bench_key(bits: int, quick: bool, workers: int) -> list[tuple]:
         (bits, "scalar mul, 53-bit signed", smul53, phe_s53),
         (bits, "scalar mul, 16-bit signed", smul16, phe_s16),
         (bits, "dot X.T@enc (per X entry)", dot, phe_dot),
+        (bits, f"encrypt vs {limits['digits'] - 1} bare x*y % n^2", enc_pub, limits["encrypt"]),
+        (bits, "decrypt vs 2 bare half-size powmods", dec, limits["decrypt"]),
+        (bits, "add vs bare x*y % n^2", add, limits["mulmod"]),
     ]
 
     # ---------------------------------------------------------------- ours, `workers` processes
@@ -162,6 +166,24 @@ def bench_key(bits: int, quick: bool, workers: int) -> list[tuple]:
         ]
         P.shutdown_workers()
     return rows
+
+
+def gmpy2_limits(pk, sk, e, e2, n_dec: int) -> dict:
+    """What Python + gmpy2 cannot beat on this machine, same run: one ``x * y % n^2`` on ciphertexts
+    (an addition; the public-key encryption's fixed-base step, ``digits - 1`` of them per value with
+    the large table) and the two bare half-size powmods of CRT decryption (``c^(p-1) mod p^2``, same
+    for q).  Rows "... vs bare ..." show how close each operation is to that bound (ratio <= 1)."""
+    import gmpy2
+
+    n2 = pk.nsquare
+    a, b = e.ciphertexts.tolist(), e2.ciphertexts.tolist()
+    mulmod = best(lambda: [x * y % n2 for x, y in zip(a, b)], len(a), 0.5)
+    p, q = gmpy2.mpz(sk.p), gmpy2.mpz(sk.q)
+    cts = a[:n_dec]
+    dec = best(lambda: (gmpy2.powmod_base_list(cts, p - 1, p * p), gmpy2.powmod_base_list(cts, q - 1, q * q)),
+               len(cts))
+    digits = E.public_engine(pk.n)._ensure_table().n_digits
+    return {"mulmod": mulmod, "decrypt": dec, "digits": digits, "encrypt": mulmod / (digits - 1)}
 
 
 def bench_heu(bits: int, quick: bool) -> dict | None:
