@@ -1,8 +1,9 @@
 """Paillier engine benchmark: secureflhv (DJN + gmpy2 + process pool) versus phe and HEU, same run.
 
-Prints ops/s per core for encrypt (public key and key-holder CRT), decrypt, add, scalar-multiply
-(53-bit and 16-bit scalars), dot (X.T @ enc), and 2-worker throughput with the scaling factor, for
-1024/2048/3072-bit keys.  Ratios are against phe 1.5 (with gmpy2) measured in the same process.
+Prints ops/s per core for encrypt (public key and key-holder CRT), decrypt, add (elementwise
+``enc + enc``, ``enc.sum()``, and the SecureBoost host's histogram bucket adds per row and feature,
+whose baseline is one phe addition per entry), scalar-multiply (53-bit and 16-bit scalars), dot
+(X.T @ enc), and 2-worker throughput with the scaling factor, for 1024/2048/3072-bit keys.  Ratios are against phe 1.5 (with gmpy2) measured in the same process.
 When SecretFlow's HEU (``sf-heu``) is installed, its Paillier (``ZPaillier``) and Okamoto-Uchiyama
 (``OU``) rates at the same key size are measured in the same run, one thread, beside ours.
 A full run records its 2048-bit figures in ``docs/benchmarks.json`` (``benchmarks/_report.py``).
@@ -15,6 +16,7 @@ only); the fixed-base tables are built before timing (their one-off cost is prin
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -26,9 +28,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from secureflhv.crypto import paillier as P  # noqa: E402
 from secureflhv.crypto import paillier_engine as E  # noqa: E402
+from secureflhv.crypto import paillier_hist as H  # noqa: E402
 
 
 CLOCK = time.process_time  # one-core rows: ops per CPU-second of this process, best of 3 (robust to a busy machine)
+
+
+class _OwnKeyWarnings(logging.Filter):
+    """Drop the library's per-object "INSECURE key" warnings: this benchmark states every key size it
+    uses itself (``key_note``), once, so nothing is printed about keys it did not use."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "INSECURE" not in record.getMessage()
+
+
+def key_note(bits: int) -> str:
+    """What a key size means (NIST SP 800-57 part 1, table 2)."""
+    if bits < 2048:
+        return f"{bits}-bit keys: INSECURE (~80-bit security), below current guidance, measured for comparison only"
+    return f"{bits}-bit keys: ~{112 if bits < 3072 else 128}-bit security"
 
 
 def rate(fn, count: int, min_time: float = 0.0, clock=None) -> float:
@@ -55,7 +73,7 @@ def bench_key(bits: int, quick: bool, workers: int) -> list[tuple]:
     N = lambda k: max(8, int(k * scale))  # noqa: E731
     t0 = time.perf_counter()
     pk, sk = P.generate_keypair(bits, insecure_test_key=bits < 2048)
-    print(f"[{bits}] keygen {time.perf_counter() - t0:.1f}s", flush=True)
+    print(f"[{bits}] Paillier keygen {time.perf_counter() - t0:.1f}s", flush=True)
     ppk, psk = pk.to_phe(), sk.to_phe()
     rng = np.random.default_rng(0)
 
@@ -74,6 +92,11 @@ def bench_key(bits: int, quick: bool, workers: int) -> list[tuple]:
     dec = best(lambda: P.decrypt(sk, ed), len(xd))
     e2 = P.encrypt(pk, x)
     add = best(lambda: e + e2, len(x), 0.5)
+    esum = best(lambda: e.sum(), len(x), 0.5)
+    # SecureBoost host histograms (the adds the tree algorithms make): per (row, feature) entry
+    hb = rng.integers(0, 32, size=(len(x), 4)).astype(np.uint8)
+    hcts = e.ciphertexts.tolist()
+    hist = best(lambda: H.histograms(hcts, hb, [32] * 4, pk.nsquare), hb.size, 0.5)
     k53 = rng.integers(-(2 ** 53) + 1, 2 ** 53, size=N(1500))
     k16 = rng.integers(-(2 ** 16) + 1, 2 ** 16, size=N(3000))
     es53, es16 = e[:len(k53)], P.encrypt(pk, rng.normal(size=len(k16)))
@@ -83,6 +106,7 @@ def bench_key(bits: int, quick: bool, workers: int) -> list[tuple]:
     X = rng.normal(size=(n_rows, d))
     ex = P.encrypt(pk, rng.normal(size=n_rows))
     dot = best(lambda: P.dot(X, ex), n_rows * d)
+    limits = gmpy2_limits(pk, sk, e, e2, len(xd))
 
     # ---------------------------------------------------------------- phe, one core
     nphe = N(150) if bits <= 2048 else N(60)
@@ -92,6 +116,7 @@ def bench_key(bits: int, quick: bool, workers: int) -> list[tuple]:
     phe_dec = best(lambda: [psk.decrypt(c) for c in pe], nphe)
     pe2 = [ppk.encrypt(v) for v in xs]
     phe_add = best(lambda: [a + b for a, b in zip(pe, pe2)], nphe, 0.5)
+    phe_sum = best(lambda: sum(pe[1:], pe[0]), nphe - 1, 0.5)
     ks53 = [int(k) for k in k53[:nphe]]   # same signed scalars as ours (phe: inverse + n-k exponent)
     ks16 = [int(k) for k in k16[:nphe]]
     phe_s53 = best(lambda: [c * k for c, k in zip(pe, ks53)], nphe)
@@ -104,9 +129,14 @@ def bench_key(bits: int, quick: bool, workers: int) -> list[tuple]:
         (bits, "encrypt (key holder, DJN+CRT)", enc_crt, phe_enc),
         (bits, "decrypt (CRT)", dec, phe_dec),
         (bits, "add (enc + enc)", add, phe_add),
+        (bits, "sum (enc.sum(), per ciphertext)", esum, phe_sum),
+        (bits, "histogram adds (per row x feature)", hist, phe_add),
         (bits, "scalar mul, 53-bit signed", smul53, phe_s53),
         (bits, "scalar mul, 16-bit signed", smul16, phe_s16),
         (bits, "dot X.T@enc (per X entry)", dot, phe_dot),
+        (bits, f"encrypt vs {limits['digits'] - 1} bare x*y % n^2", enc_pub, limits["encrypt"]),
+        (bits, "decrypt vs 2 bare half-size powmods", dec, limits["decrypt"]),
+        (bits, "add vs bare x*y % n^2", add, limits["mulmod"]),
     ]
 
     # ---------------------------------------------------------------- ours, `workers` processes
@@ -136,6 +166,24 @@ def bench_key(bits: int, quick: bool, workers: int) -> list[tuple]:
         ]
         P.shutdown_workers()
     return rows
+
+
+def gmpy2_limits(pk, sk, e, e2, n_dec: int) -> dict:
+    """What Python + gmpy2 cannot beat on this machine, same run: one ``x * y % n^2`` on ciphertexts
+    (an addition; the public-key encryption's fixed-base step, ``digits - 1`` of them per value with
+    the large table) and the two bare half-size powmods of CRT decryption (``c^(p-1) mod p^2``, same
+    for q).  Rows "... vs bare ..." show how close each operation is to that bound (ratio <= 1)."""
+    import gmpy2
+
+    n2 = pk.nsquare
+    a, b = e.ciphertexts.tolist(), e2.ciphertexts.tolist()
+    mulmod = best(lambda: [x * y % n2 for x, y in zip(a, b)], len(a), 0.5)
+    p, q = gmpy2.mpz(sk.p), gmpy2.mpz(sk.q)
+    cts = a[:n_dec]
+    dec = best(lambda: (gmpy2.powmod_base_list(cts, p - 1, p * p), gmpy2.powmod_base_list(cts, q - 1, q * q)),
+               len(cts))
+    digits = E.public_engine(pk.n)._ensure_table().n_digits
+    return {"mulmod": mulmod, "decrypt": dec, "digits": digits, "encrypt": mulmod / (digits - 1)}
 
 
 def bench_heu(bits: int, quick: bool) -> dict | None:
@@ -219,6 +267,7 @@ def record_figures(rows: list[tuple], heu: dict | None, load: tuple[float, float
             + (": measured under load, absolute rates low, ratios from the same run." if max(load) > 1.5 else "."))
     enc, crt, dec, add = (r[k] for k in ("encrypt (public key, DJN)", "encrypt (key holder, DJN+CRT)",
                                          "decrypt (CRT)", "add (enc + enc)"))
+    ssum, hist = r["sum (enc.sum(), per ciphertext)"], r["histogram adds (per row x feature)"]
     dot = r["dot X.T@enc (per X entry)"]
     hp = heu["paillier"] if heu else None
     baseline = (f"phe 1.5 + gmpy2: encrypt {enc[1]:,.0f}/s; decrypt {dec[1]:,.0f}/s; add {add[1]:,.0f}/s; "
@@ -237,7 +286,8 @@ def record_figures(rows: list[tuple], heu: dict | None, load: tuple[float, float
     record("paillier", dict(
         what="Paillier 2048-bit (~112-bit security), one core, ops per CPU-second, best of 3 (`paillier.py`)",
         ours=(f"encrypt {enc[0]:,.0f}/s (key holder, CRT: {crt[0]:,.0f}/s); decrypt {dec[0]:,.0f}/s; "
-              f"add {add[0]:,.0f}/s; X^T·[[d]] {dot[0]:,.0f} entries/s." + note),
+              f"add {add[0]:,.0f}/s (sum {ssum[0]:,.0f}/s, histogram {hist[0]:,.0f} entries/s); "
+              f"X^T·[[d]] {dot[0]:,.0f} entries/s." + note),
         baseline=baseline, ratio=ratio))
     w = {k.split(",")[0]: v for k, v in r.items() if "workers" in k}
     if w and max(load) >= (os.cpu_count() or 1):
@@ -278,6 +328,9 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=2, help="worker processes for the throughput rows")
     args = ap.parse_args(argv)
     bits_list = args.bits or ([1024] if args.quick else [1024, 2048, 3072])
+    for name in ("secureflhv.crypto.paillier", "secureflhv.crypto.ou"):
+        logging.getLogger(name).addFilter(_OwnKeyWarnings())
+    print("key sizes: " + "; ".join(key_note(b) for b in bits_list), flush=True)
     load0 = os.getloadavg()[0]
     print(f"load average at start: {load0:.2f} on {os.cpu_count()} cores", flush=True)
     rows, heu = [], {}

@@ -70,6 +70,7 @@ def test_every_table_size_gives_correct_djn_ciphertexts(other_keys):
         assert (pub._table is None) == (stage == "none")
         if stage == "large":
             assert pub._table.w == E.window_bits(pk.n_bits, large=True) > E.window_bits(pk.n_bits)
+            assert priv._tables[0].w == E.window_bits(pk.n_bits, large=True, crt=True) > E.window_bits(pk.n_bits)
         for eng in (pub, priv):
             cts = eng.encrypt(ms)
             assert [int(m) for m in priv.decrypt(cts)] == ms
@@ -78,6 +79,40 @@ def test_every_table_size_gives_correct_djn_ciphertexts(other_keys):
             assert all(gmpy2.powmod(x, lam, n2) == 1 for x in r)  # n-th residues h_s^alpha
             seen.update(int(c) for c in cts)
     assert len(seen) == 6 * len(ms)  # fresh randomness every time
+
+
+def test_column_major_fixed_base_equals_powmod(other_keys):
+    """pow_columns (the batched encryption kernel) == base^alpha for alpha rebuilt from its digits,
+    and == the row-major pow_many on the same digits, for the public and both CRT tables."""
+    pk, sk = other_keys
+    pub, priv = E.PublicEngine(pk.n), E.PrivateEngine(sk.p, sk.q)
+    pub.prepare(large=False)
+    priv.prepare(large=False)
+    for tab in (pub._table, *priv._tables):
+        cols = tab.random_columns(7)
+        assert len(cols) == tab.n_digits and all(len(c) == 7 for c in cols)
+        assert tab.n_digits * tab.w >= pub.alpha_bits
+        alphas = [sum(d << (tab.w * i) for i, d in enumerate(digits)) for digits in zip(*cols)]
+        base = tab.rows[0][1]
+        assert tab.pow_columns(cols) == [gmpy2.powmod(base, a, tab.mod) for a in alphas]
+        assert tab.pow_columns(cols) == tab.pow_many([list(d) for d in zip(*cols)])
+    # the key holder's CRT encryption uses one alpha for both halves: its output is the public one's
+    ms = [3, pk.n - 5, 0]
+    assert [int(m) for m in priv.decrypt(priv.encrypt(ms))] == ms
+    assert [int(m) for m in priv.decrypt(pub.encrypt(ms))] == ms
+
+
+def test_add_fast_path_equals_broadcast_path(keys):
+    """enc + enc with equal shapes (inline list path) == the broadcasting path, element by element."""
+    pk, sk = keys
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    ex, ey = P.encrypt(pk, x), P.encrypt(pk, y)
+    fast = ex + ey
+    slow = ex + ey.reshape(1, 3, 4)  # (3, 4) + (1, 3, 4): the broadcasting path
+    assert fast.shape == (3, 4) and slow.shape == (1, 3, 4)
+    assert [int(c) for c in fast.ciphertexts.ravel()] == [int(c) for c in slow.ciphertexts.ravel()]
+    np.testing.assert_array_equal(P.decrypt(sk, fast), q(x, 40) + q(y, 40))
 
 
 def test_too_large_value_refused(keys):
