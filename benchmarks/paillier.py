@@ -12,6 +12,12 @@ only); the fixed-base tables are built before timing (their one-off cost is prin
 
     python benchmarks/paillier.py            # full run (a few minutes)
     python benchmarks/paillier.py --quick    # smoke run, 1024-bit only, small counts, nothing recorded
+    python benchmarks/paillier.py --scaling-only --bits 2048   # 2 workers vs a pool of 1 only
+
+Worker rows: the same code path (the process pool) with N workers and with a pool of one, tables
+built in every worker before timing (start-up printed apart), wall clock best of k with the pool
+sizes alternating, plus CPU seconds per operation of the parent and the workers together (on a
+shared machine: "efficiency" = CPU per op at 1 worker / at N; "CPU-bound scaling" = N x efficiency).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from secureflhv.crypto import paillier as P  # noqa: E402
 from secureflhv.crypto import paillier_engine as E  # noqa: E402
 from secureflhv.crypto import paillier_hist as H  # noqa: E402
+from secureflhv.crypto import paillier_parallel as _par  # noqa: E402
 
 
 CLOCK = time.process_time  # one-core rows: ops per CPU-second of this process, best of 3 (robust to a busy machine)
@@ -140,31 +147,68 @@ def bench_key(bits: int, quick: bool, workers: int) -> list[tuple]:
     ]
 
     # ---------------------------------------------------------------- ours, `workers` processes
-    if workers > 1 and os.getloadavg()[0] >= (os.cpu_count() or 1):
-        print(f"[{bits}] {workers}-worker rows skipped: other processes hold the cores (load average "
-              f"{os.getloadavg()[0]:.1f})", flush=True)
-    elif workers > 1:
-        P.set_workers(workers)
-        big = rng.normal(size=N(6000))
-        P.encrypt(pk, big[: 64 * workers * 4])              # start pool, build worker tables
-        P.encrypt(sk, big[: 64 * workers * 4])
-        P.decrypt(sk, e[: 8 * workers * 4])
-        enc2 = rate(lambda: P.encrypt(pk, big), len(big), clock=time.perf_counter)
-        crt2 = rate(lambda: P.encrypt(sk, big), len(big), clock=time.perf_counter)
-        ed2 = e[:N(1200)] if len(e) >= N(1200) else e
-        dec2 = rate(lambda: P.decrypt(sk, ed2), len(ed2), clock=time.perf_counter)
-        s2 = rate(lambda: es53 * k53, len(k53), clock=time.perf_counter)
-        Xb = rng.normal(size=(N(10000), d))
-        exb = P.encrypt(pk, rng.normal(size=Xb.shape[0]))
-        dot2 = rate(lambda: P.dot(Xb, exb), Xb.size, clock=time.perf_counter)
-        rows += [
-            (bits, f"encrypt public, {workers} workers", enc2, enc_pub),
-            (bits, f"encrypt key holder, {workers} workers", crt2, enc_crt),
-            (bits, f"decrypt, {workers} workers", dec2, dec),
-            (bits, f"scalar mul 53-bit, {workers} workers", s2, smul53),
-            (bits, f"dot, {workers} workers", dot2, dot),
-        ]
-        P.shutdown_workers()
+    if workers > 1:
+        rows += bench_scaling(pk, sk, workers, N, rng)
+    return rows
+
+
+def _cpu_now() -> float:
+    """CPU seconds of this process plus the pool's workers (read from each worker)."""
+    return time.process_time() + _par.worker_cpu_seconds()
+
+
+def bench_scaling(pk, sk, workers: int, N, rng, rounds: int = 2, reps: int = 2) -> list[tuple]:
+    """Each batch operation through the process pool with ``workers`` processes and with a pool of ONE
+    (same code path, same chunking rule), warm tables, best of ``rounds`` x ``reps`` wall-clock runs,
+    the pool sizes alternating round by round.  Also the CPU seconds per operation (this process plus
+    the workers): their ratio is the efficiency the pool keeps when the cores are shared.
+
+    Rows: (bits, "<op>, N workers", wall ops/s at N, wall ops/s at 1); the CPU figures are printed.
+    """
+    bits = pk.n.bit_length()
+    big = rng.normal(size=N(6000))
+    e = P.encrypt(pk, rng.normal(size=N(1200)))
+    es = P.encrypt(pk, rng.normal(size=N(1500)))
+    k53 = rng.integers(-(2 ** 53) + 1, 2 ** 53, size=len(es))
+    Xb = rng.normal(size=(N(10000), 10))
+    exb = P.encrypt(pk, rng.normal(size=Xb.shape[0]))
+    ops = {
+        "encrypt public": (lambda: P.encrypt(pk, big), len(big)),
+        "encrypt key holder": (lambda: P.encrypt(sk, big), len(big)),
+        "decrypt": (lambda: P.decrypt(sk, e), len(e)),
+        "scalar mul 53-bit": (lambda: es * k53, len(k53)),
+        "dot X^T·[[d]]": (lambda: P.dot(Xb, exb), Xb.size),
+    }
+    wall = {w: {k: 0.0 for k in ops} for w in (1, workers)}
+    cpu = {w: {k: float("inf") for k in ops} for w in (1, workers)}
+    for rnd in range(rounds):
+        for w in (1, workers):
+            P.set_workers(w, pool_for_one=True)
+            start = _par.warm(pk.n, (sk.p, sk.q))
+            if rnd == 0:
+                print(f"[{bits}] pool of {w}: start-up + worker tables {start:.2f}s (one-off, not in the rates)",
+                      flush=True)
+            for name, (fn, count) in ops.items():
+                fn()  # first call: anything still lazy
+                for _ in range(reps):
+                    c0, t0 = _cpu_now(), time.perf_counter()
+                    fn()
+                    t1 = time.perf_counter()
+                    c1 = _cpu_now()
+                    wall[w][name] = max(wall[w][name], count / (t1 - t0))
+                    cpu[w][name] = min(cpu[w][name], (c1 - c0) / count)
+            P.shutdown_workers()
+    P.set_workers(1)
+    print(f"[{bits}] {workers} workers vs a pool of 1 (load average {os.getloadavg()[0]:.2f}):", flush=True)
+    rows = []
+    for name in ops:
+        w1, wn = wall[1][name], wall[workers][name]
+        eff = cpu[1][name] / cpu[workers][name]
+        got = wn * cpu[workers][name]  # cores this run actually had (CPU seconds per wall second)
+        print(f"[{bits}]   {name:<20} wall {wn:,.0f}/s vs {w1:,.0f}/s = {wn / w1:.2f}x; CPU per op "
+              f"{cpu[workers][name] * 1e6:,.0f} vs {cpu[1][name] * 1e6:,.0f} us (efficiency {eff:.2f}, "
+              f"CPU-bound scaling {workers * eff:.2f}x); cores had {got:.2f}", flush=True)
+        rows.append((bits, f"{name}, {workers} workers", wn, w1))
     return rows
 
 
@@ -326,11 +370,23 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="smoke run: 1024-bit key, small counts")
     ap.add_argument("--bits", type=int, nargs="*", default=None, help="key sizes (default 1024 2048 3072)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes for the throughput rows")
+    ap.add_argument("--scaling-only", action="store_true",
+                    help="only the N-workers-vs-pool-of-1 rows (nothing recorded)")
+    ap.add_argument("--rounds", type=int, default=2, help="scaling rows: alternating rounds per pool size")
     args = ap.parse_args(argv)
     bits_list = args.bits or ([1024] if args.quick else [1024, 2048, 3072])
     for name in ("secureflhv.crypto.paillier", "secureflhv.crypto.ou"):
         logging.getLogger(name).addFilter(_OwnKeyWarnings())
     print("key sizes: " + "; ".join(key_note(b) for b in bits_list), flush=True)
+    if args.scaling_only:
+        print(f"load average at start: {os.getloadavg()} on {os.cpu_count()} cores", flush=True)
+        for bits in bits_list:
+            pk, sk = P.generate_keypair(bits, insecure_test_key=bits < 2048)
+            scale = 0.1 if args.quick else 1.0
+            bench_scaling(pk, sk, args.workers, lambda k: max(8, int(k * scale)), np.random.default_rng(0),
+                          rounds=args.rounds)
+        print(f"load average at end: {os.getloadavg()}", flush=True)
+        return
     load0 = os.getloadavg()[0]
     print(f"load average at start: {load0:.2f} on {os.cpu_count()} cores", flush=True)
     rows, heu = [], {}

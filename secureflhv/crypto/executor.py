@@ -187,7 +187,8 @@ def parallel_chunks(size: int, min_size: int) -> int:
     ex = _current
     w = ex.workers()
     min_size = getattr(ex, "min_batch", None) or min_size
-    if w <= 1 or size < min_size:
+    pooled = w > 1 or (ex is _local and _par.pooled())  # a forced pool of one: the scaling baseline
+    if not pooled or size < min_size:
         return 1
     return min(size, 4 * w)
 

@@ -2,9 +2,11 @@
 
 The pool is created lazily on first use and reused.  Worker count: :func:`set_workers`, else the
 ``SECUREFLHV_WORKERS`` environment variable, else ``os.cpu_count()``.  With one worker everything
-runs inline.  Workers are started with the ``forkserver`` method (safe in processes that already
-run gRPC threads) and receive only integers and numpy integer arrays of our own making; per-key
-tables are rebuilt and cached inside each worker (see ``paillier_engine.task_*``).
+runs inline (unless ``set_workers(1, pool_for_one=True)``: a pool of one process, the baseline a
+scaling measurement needs).  Workers are started with the ``forkserver`` method (safe in processes
+that already run gRPC threads) and receive only integers and numpy integer arrays of our own making;
+per-key tables are rebuilt and cached inside each worker (see ``paillier_engine.task_*``) at first
+use, or ahead of time with :func:`warm` (one call runs on every worker).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -21,6 +24,9 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
 _workers: int | None = None
+_pool_for_one = False
+_barrier = None  # shared by the current pool's workers: on_each_worker() puts one call on each
+_worker_barrier = None  # inside a worker: the barrier it was started with
 
 
 def get_workers() -> int:
@@ -36,14 +42,24 @@ def get_workers() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def set_workers(n: int | None) -> None:
-    """Set the worker count (None = back to env/cpu_count); an existing pool of another size is closed."""
-    global _workers
+def set_workers(n: int | None, *, pool_for_one: bool = False) -> None:
+    """Set the worker count (None = back to env/cpu_count); an existing pool is closed.
+
+    ``pool_for_one``: with one worker, still run batches in a (one-process) pool rather than inline,
+    so that a 1-worker baseline runs the same code path as N workers.
+    """
+    global _workers, _pool_for_one
     if n is not None and int(n) < 1:
         raise ValueError("workers must be >= 1")
     with _lock:
         _workers = None if n is None else int(n)
+        _pool_for_one = bool(pool_for_one)
         _shutdown_locked()
+
+
+def pooled() -> bool:
+    """Whether batches go to the pool (more than one worker, or a forced pool of one)."""
+    return get_workers() > 1 or _pool_for_one
 
 
 def _shutdown_locked() -> None:
@@ -62,13 +78,75 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
+def _init_worker(barrier) -> None:
+    global _worker_barrier
+    _worker_barrier = barrier
+
+
 def _get_pool() -> ProcessPoolExecutor:
-    global _pool
+    global _pool, _barrier
     with _lock:
         if _pool is None:
             method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-            _pool = ProcessPoolExecutor(max_workers=get_workers(), mp_context=mp.get_context(method))
+            ctx = mp.get_context(method)
+            w = get_workers()
+            _barrier = ctx.Barrier(w)
+            _pool = ProcessPoolExecutor(max_workers=w, mp_context=ctx, initializer=_init_worker,
+                                        initargs=(_barrier,))
         return _pool
+
+
+BARRIER_TIMEOUT_S = 120.0  # on_each_worker: a worker that never arrives (dead, stuck) breaks the call
+
+
+def _on_worker(fn, args):
+    out = fn(*args)
+    _worker_barrier.wait(BARRIER_TIMEOUT_S)  # hold this worker until every worker has taken one call
+    return out
+
+
+def on_each_worker(fn, *args) -> list:
+    """``fn(*args)`` once in every worker process of the pool (started if needed); their results.
+
+    For per-process state: building a key's tables before a timed phase (:func:`warm`), reading the
+    workers' CPU time (:func:`worker_cpu_seconds`).  Raises BrokenProcessPool / BrokenBarrierError if
+    a worker dies or does not arrive within ``BARRIER_TIMEOUT_S``.
+    """
+    pool = _get_pool()
+    futures = [pool.submit(_on_worker, fn, args) for _ in range(get_workers())]
+    try:
+        return [f.result() for f in futures]
+    except BrokenProcessPool:
+        shutdown()  # the next call starts a fresh pool
+        raise
+
+
+def _warm_task(n, pq, large) -> None:
+    from . import paillier_engine as eng  # the task functions' module (imported lazily: no cycle)
+
+    if n is not None:
+        eng.public_engine(n).prepare(large)
+    if pq is not None:
+        eng.private_engine(*pq).prepare(large)
+
+
+def warm(n: int | None = None, pq: tuple | None = None, large: bool = True) -> float:
+    """Start the pool and build, in every worker, the fixed-base tables of public key ``n`` and/or
+    private key ``pq = (p, q)`` (``large``: the big tables a key in heavy use gets); returns the seconds
+    it took (pool start-up plus table building, a one-off cost per pool and key)."""
+    t0 = time.perf_counter()
+    on_each_worker(_warm_task, None if n is None else int(n),
+                   None if pq is None else (int(pq[0]), int(pq[1])), bool(large))
+    return time.perf_counter() - t0
+
+
+def _cpu_task() -> float:
+    return time.process_time()
+
+
+def worker_cpu_seconds() -> float:
+    """CPU seconds (user + system) the pool's workers have used so far, summed over workers."""
+    return sum(on_each_worker(_cpu_task))
 
 
 def split(seq, parts: int) -> list:
@@ -96,7 +174,6 @@ def run(fn, common: tuple, chunks: list) -> list:
 
 def parallel_chunks(size: int, min_size: int) -> int:
     """How many chunks a batch of ``size`` should be cut into (1 = run inline)."""
-    w = get_workers()
-    if w <= 1 or size < min_size:
+    if not pooled() or size < min_size:
         return 1
-    return min(size, 4 * w)
+    return min(size, 4 * get_workers())

@@ -1,0 +1,91 @@
+"""The Paillier process pool: pooled results equal the inline ones, per-worker warm-up, a dying worker.
+
+Small (test-only) keys; each pool is started once per test (forkserver start-up is ~0.5 s).
+"""
+import os
+from concurrent.futures.process import BrokenProcessPool
+
+import numpy as np
+import pytest
+
+from secureflhv.crypto import executor as ex
+from secureflhv.crypto import paillier as P
+from secureflhv.crypto import paillier_engine as E
+from secureflhv.crypto import paillier_parallel as par
+
+
+@pytest.fixture(scope="module")
+def keys():
+    P.set_workers(1)
+    pk, sk = P.generate_keypair(512, insecure_test_key=True)
+    yield pk, sk
+    P.set_workers(None)
+
+
+def _tables_state(n, pq):
+    """(pid, public table is the large one, private tables are the large ones) inside a worker."""
+    pub, priv = E.public_engine(n), E.private_engine(*pq)
+    return os.getpid(), pub._table is not None and pub._large, priv._tables is not None and priv._large
+
+
+def _die_in_worker(parent_pid, x):
+    """Kills the worker process it runs in (a crash); in the parent it just computes."""
+    if os.getpid() != parent_pid:
+        os._exit(3)
+    return [v * 2 for v in x]
+
+
+def _batch_ops(pk, sk, rng):
+    x = rng.normal(size=700)
+    X = rng.normal(size=(700, 3))
+    k = rng.integers(-(2 ** 40), 2 ** 40, size=700)
+    e = P.encrypt(pk, x)
+    return x, X, k, e
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pooled_paths_equal_inline(keys, workers):
+    """A pool of 1 (the scaling baseline) and of 2 give exactly the inline results."""
+    pk, sk = keys
+    x, X, k, e = _batch_ops(pk, sk, np.random.default_rng(7))
+    inline = (P.decrypt(sk, e), (e * k)._c.tolist(), P.dot(X, e)._c.tolist())
+    try:
+        P.set_workers(workers, pool_for_one=True)
+        assert ex.parallel_chunks(700, 256) == 4 * workers  # really through the pool
+        pooled = (P.decrypt(sk, e), (e * k)._c.tolist(), P.dot(X, e)._c.tolist())
+        enc_pub, enc_crt = P.encrypt(pk, x), P.encrypt(sk, x)
+    finally:
+        P.set_workers(1)
+    np.testing.assert_array_equal(pooled[0], inline[0])
+    assert pooled[1] == inline[1] and pooled[2] == inline[2]  # deterministic: identical ciphertexts
+    np.testing.assert_array_equal(P.decrypt(sk, enc_pub), inline[0])  # randomised: same plaintexts
+    np.testing.assert_array_equal(P.decrypt(sk, enc_crt), inline[0])
+    assert ex.parallel_chunks(700, 256) == 1  # one worker without the flag: inline again
+
+
+def test_warm_builds_the_large_tables_in_every_worker(keys):
+    pk, sk = keys
+    try:
+        P.set_workers(2)
+        seconds = par.warm(pk.n, (sk.p, sk.q))
+        states = par.on_each_worker(_tables_state, int(pk.n), (int(sk.p), int(sk.q)))
+        cpu = par.worker_cpu_seconds()
+    finally:
+        P.set_workers(1)
+    assert seconds > 0
+    assert len({pid for pid, _, _ in states}) == 2 and os.getpid() not in {pid for pid, _, _ in states}
+    assert all(pub and priv for _, pub, priv in states)
+    assert cpu > 0
+
+
+def test_a_dying_worker_does_not_hang_the_batch():
+    """A worker killed mid-batch: the batch finishes inline (as before), and the next pool works."""
+    try:
+        P.set_workers(2)
+        chunks = [([i, i + 1],) for i in range(0, 8, 2)]
+        assert ex.run(_die_in_worker, (os.getpid(),), chunks) == [[2 * i, 2 * i + 2] for i in range(0, 8, 2)]
+        with pytest.raises(BrokenProcessPool):  # never a hang
+            par.on_each_worker(_die_in_worker, os.getpid(), [1])
+        assert len(set(par.on_each_worker(os.getpid))) == 2  # a fresh pool starts on demand
+    finally:
+        P.set_workers(1)
