@@ -818,14 +818,15 @@ class SecureBoostHost(_Role):
         elements = []
         rng = self._rng(seq, depth)
         tables = {}
+        self.phases.start(seq, "candidates", depth)
         for nid in sorted(int(x.node) for x in plan.nodes if x.send):
-            self.phases.start(seq, "candidates", depth)
             cands = self._candidates(rows_of[nid])
             order = rng.permutation(len(cands))
             tables[nid] = cands = [cands[i] for i in order]
             msg.nodes.add(node=nid, n_candidates=len(cands))
-            self.phases.start(seq, "compress", depth)
-            elements.extend(sums.select(hists[nid], cands))
+        self.phases.start(seq, "compress", depth)
+        for part in sums.select_level([(hists[nid], tables[nid]) for nid in tables]):
+            elements.extend(part)
         self.phases.start(seq, "send", depth)
         self.wire.put_pair_sums(msg, sums.collect(elements))
         self.t.send(self.guest_id, TAG_HIST, msg, round=_rnd(seq, depth))
