@@ -64,6 +64,71 @@ def cpu_seconds() -> float:
     return time.process_time() + _descendants_cpu(os.getpid())
 
 
+class CachedCPU:
+    """``cpu_seconds`` cheap enough to call per protocol phase: the descendants' pids are re-listed from
+    /proc at most every ``rescan_s`` seconds, in between only their stat files are read."""
+
+    def __init__(self, rescan_s: float = 0.25):
+        self.rescan_s, self._pids, self._last = rescan_s, [], -1e9
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def _rescan(self) -> None:
+        children: dict[int, list[int]] = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
+                except OSError:
+                    continue
+        pids, todo = [], list(children.get(os.getpid(), []))
+        while todo:
+            c = todo.pop()
+            pids.append(c)
+            todo += children.get(c, [])
+        self._pids, self._last = pids, time.monotonic()
+
+    def __call__(self) -> float:
+        if time.monotonic() - self._last > self.rescan_s:
+            try:
+                self._rescan()
+            except OSError:
+                self._pids = []
+        total = 0.0
+        for pid in self._pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    parts = f.read().rsplit(")", 1)[1].split()
+                total += (int(parts[11]) + int(parts[12])) / self._tick
+            except OSError:
+                continue
+        return time.process_time() + total
+
+
+def phase_profile(records: list, trees: int) -> dict:
+    """{phase: (first tree (wall, cpu), mean further tree (wall, cpu), first tree wall per depth)}."""
+    out: dict = {}
+    for tree, phase, depth, wall, cpu in records:
+        first, further, depths = out.setdefault(phase, ([0.0, 0.0], [0.0, 0.0], {}))
+        acc = first if tree == 0 else further
+        acc[0] += wall
+        acc[1] += cpu
+        if tree == 0 and depth >= 0:
+            depths[depth] = depths.get(depth, 0.0) + wall
+    k = max(1, trees - 1)
+    return {ph: (tuple(f), (fu[0] / k, fu[1] / k), d) for ph, (f, fu, d) in out.items()}
+
+
+def print_phases(enc: dict) -> None:
+    """Per-phase wall / CPU seconds (CPU: this process and its workers, so a waiting role's 'wait' phase
+    carries the other role's work)."""
+    for role in ("guest", "host"):
+        print(f"  {role} phases: first tree wall/CPU s | further tree (mean) wall/CPU s | first tree wall per depth")
+        for ph, (f, fu, d) in enc["phases"][role].items():
+            per = " ".join(f"{v:.2f}" for _, v in sorted(d.items()))
+            print(f"    {ph:<12} {f[0]:6.2f} /{f[1]:6.2f} | {fu[0]:6.2f} /{fu[1]:6.2f} | {per}")
+
+
 def make_data(n: int, d_guest: int, d_host: int, seed: int = 0):
     """Binary labels from a noisy linear rule over all columns (both parties matter)."""
     rng = np.random.default_rng(seed)
@@ -81,6 +146,7 @@ def run(Xg, Xh, y, params, backend: str) -> dict:
     t0 = time.perf_counter()
     guest = SecureBoostGuest(net.transport("guest"), ["host"], Xg, y, params, backend=backend)
     host = SecureBoostHost(net.transport("host"), "guest", Xh, params, backend=backend)
+    guest.phases.cpu_clock = host.phases.cpu_clock = CachedCPU()
     setup = time.perf_counter() - t0
     errors = []
 
@@ -102,6 +168,8 @@ def run(Xg, Xh, y, params, backend: str) -> dict:
     return {"first": first, "further": res.tree_seconds[1:], "total": total, "binning": setup, "cpu": cpu,
             "trees": len(res.tree_seconds),
             "guest": dict(guest.timings), "host": dict(host.timings), "bytes": net.sent_bytes,
+            "phases": {"guest": phase_profile(guest.phases.records, len(res.tree_seconds)),
+                       "host": phase_profile(host.phases.records, len(res.tree_seconds))},
             "wire": net.wire_stats(),  # per party, per peer and tag: see print_bytes
             "model": res.model}
 
@@ -134,6 +202,7 @@ def main(argv=None) -> None:
     ap.add_argument("--key-bits", type=int, default=2048)
     ap.add_argument("--he-scheme", nargs="+", choices=["paillier", "ou"], default=["paillier"],
                     help="homomorphic scheme(s) of the guest's key (default paillier; 'ou': Okamoto-Uchiyama)")
+    ap.add_argument("--phases", action="store_true", help="print wall / CPU seconds per protocol phase and depth")
     ap.add_argument("--plot", metavar="PNG", help="write a bar chart of seconds per tree (e.g. docs/img/secureboost_bench.png)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -163,6 +232,8 @@ def main(argv=None) -> None:
             report(name + (" [quick: smaller]" if quick else "") + label, enc, plain)
             print(f"  same trees with and without encryption: {same}; load average now: {os.getloadavg()[0]:.2f}")
             print_bytes(enc, scheme)
+            if args.phases:
+                print_phases(enc)
             rows.append((name.split(" ")[0] + ("" if scheme == "paillier" else f" {scheme}"), enc, plain))
     if args.plot and rows:
         plot(rows, args.plot, bits)

@@ -29,7 +29,7 @@ from . import executor as _ex
 from . import paillier_parallel as _par
 from .paillier_engine import batch_invert
 
-PAR_MIN_WORK = 150_000      # rows * features below which a node is built inline
+PAR_MIN_WORK = 40_000       # rows * features below which a node is built inline (the pool pays off above ~3,000 rows x 10)
 PAR_MIN_COMPRESS = 256      # candidates below which compression runs inline
 
 
@@ -142,13 +142,32 @@ def cumulative(hist: list[list], n2) -> list[list]:
 
 def compress(cts: list, per: int, shift_bits: int, n2) -> list:
     """Pack groups of ``per`` ciphertexts into one: C = prod_t c_t^(2^(t*shift_bits)) (Horner)."""
+    return compress_many([cts], per, shift_bits, n2)[0]
+
+
+def compress_many(lists: list[list], per: int, shift_bits: int, n2) -> list[list]:
+    """:func:`compress` of each list (groups never span two lists), as one batch for the executor.
+
+    A tree level's nodes are compressed together: one parallel call instead of one per node, so
+    nodes too small to be worth the pool on their own (deep levels) still use every worker.
+    """
     n2 = mpz(n2)
-    groups = [cts[i:i + per] for i in range(0, len(cts), per)]
-    parts = _ex.parallel_chunks(len(cts), PAR_MIN_COMPRESS)
+    groups, sizes = [], []
+    for cts in lists:
+        g = [cts[i:i + per] for i in range(0, len(cts), per)]
+        groups += g
+        sizes.append(len(g))
+    parts = _ex.parallel_chunks(sum(len(c) for c in lists), PAR_MIN_COMPRESS)
     if parts == 1:
-        return _compress_groups(int(n2), shift_bits, groups)
-    chunks = [(c,) for c in _par.split(groups, parts)]
-    return [x for r in _ex.run(_compress_groups, (int(n2), shift_bits), chunks) for x in r]
+        flat = _compress_groups(int(n2), shift_bits, groups)
+    else:
+        chunks = [(c,) for c in _par.split(groups, parts)]
+        flat = [x for r in _ex.run(_compress_groups, (int(n2), shift_bits), chunks) for x in r]
+    out, off = [], 0
+    for k in sizes:
+        out.append(flat[off:off + k])
+        off += k
+    return out
 
 
 def _compress_groups(n2: int, shift_bits: int, groups: list) -> list:

@@ -105,6 +105,32 @@ def _rnd(tree: int, depth: int) -> int:
     return tree * DEPTH_SLOTS + depth + 1
 
 
+class PhaseLog:
+    """Wall and CPU seconds per (tree, phase, depth) of one role, for profiles (``benchmarks/secureboost.py``).
+
+    ``cpu_clock``: a callable returning CPU seconds (default :func:`time.process_time`: this process,
+    all threads; a benchmark may count worker processes too). Guest and host phases mostly alternate
+    (one waits while the other works), so process-wide CPU deltas are attributable to the phase.
+    ``records``: list of (tree, phase, depth, wall_s, cpu_s); depth -1 = not per level.
+    """
+
+    def __init__(self):
+        self.records: list[tuple[int, str, int, float, float]] = []
+        self.cpu_clock = time.process_time
+        self._open: tuple | None = None
+
+    def start(self, tree: int, phase: str, depth: int = -1) -> None:
+        """End the open phase (if any) and open this one."""
+        self.stop()
+        self._open = (tree, phase, depth, time.perf_counter(), self.cpu_clock())
+
+    def stop(self) -> None:
+        if self._open is not None:
+            tree, phase, depth, w0, c0 = self._open
+            self.records.append((tree, phase, depth, time.perf_counter() - w0, self.cpu_clock() - c0))
+            self._open = None
+
+
 # --------------------------------------------------------------------------------- wire helpers
 def pack_mask(mask: np.ndarray) -> bytes:
     return np.packbits(np.asarray(mask, dtype=bool)).tobytes()
@@ -219,6 +245,7 @@ class _Role(ProtocolRole):
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
         # an explicit backend wins (the plaintext benchmark baseline); else the job's he_scheme
         self.he, self.wire = backend_and_codec(self.params.he_scheme if backend is None else backend)
+        self.phases = PhaseLog()
 
 
 # ============================================================================================ guest
@@ -309,8 +336,10 @@ class SecureBoostGuest(_Role):
                 for nid, rows in leaf_rows.items():
                     margin[rows, k] += tree.nodes[nid].value
                 if vmargin is not None:
+                    self.phases.start(seq, "validate")
                     vmargin[:, k] += self._route([tree], "val", len(self.X_val), self.X_val)[0]
                     self.end_prediction()
+                self.phases.stop()
                 seq += 1
                 result.tree_seconds.append(time.perf_counter() - ts)
                 log.info("%s: tree %d (round %d, output %d) in %.2fs", self.party_id, seq, r + 1, k,
@@ -332,8 +361,10 @@ class SecureBoostGuest(_Role):
         """Key pair, SbSetup (the public key, shapes, the parameters hosts must share) and the hosts' widths."""
         prm = self.params
         t0 = time.perf_counter()
+        self.phases.start(0, "keygen")
         self.pub, self.priv = self._keypair or self.he.generate_keypair(prm.key_bits, prm.insecure_test_key)
         self.timings["keygen"] = time.perf_counter() - t0
+        self.phases.start(0, "hello")
         setup = tree_pb2.SbSetup(n_rows=n, n_val_rows=0 if self.X_val is None else len(self.X_val),
                                  objective=prm.objective, n_classes=prm.n_classes, max_depth=prm.max_depth,
                                  n_trees=prm.n_trees, hosts=self.host_ids, max_bin=prm.max_bin)
@@ -344,6 +375,7 @@ class SecureBoostGuest(_Role):
         for h in self.host_ids:
             msg = self._recv(h, TAG_HELLO, 0, parse_message(tree_pb2.SbHello), "setup")
             self.host_features[h] = int(msg.n_features)
+        self.phases.stop()
 
     def _recv(self, host: str, tag: str, rnd: int, parse, where: str):
         try:
@@ -363,6 +395,7 @@ class SecureBoostGuest(_Role):
         st = self._encrypt_gradients(seq, g, h)
         level = [0]
         for depth in range(self.params.max_depth + 1):
+            self.phases.start(seq, "plan", depth)
             split_now = self._open_level(st, level, depth)
             self._send_plan(st, depth, split_now)
             if not split_now:
@@ -379,8 +412,11 @@ class SecureBoostGuest(_Role):
         st = _GrowingTree(seq, p, quantise(g, p), quantise(h, p), self.he.pair_sums(self.pub, p, e, n))
         start = tree_pb2.SbTreeStart(tree=seq, precision_bits=p, log2_bound=e)
         te = time.perf_counter()
-        self.wire.put_pairs(start, st.sums.encrypt(self.priv, st.gq, st.hq))
+        self.phases.start(seq, "encrypt")
+        pairs = st.sums.encrypt(self.priv, st.gq, st.hq)
         self.timings["encrypt"] = self.timings.get("encrypt", 0.0) + time.perf_counter() - te
+        self.phases.start(seq, "send")
+        self.wire.put_pairs(start, pairs)
         for host in self.host_ids:
             self._send(host, TAG_START, start, seq + 1, f"tree {seq}")
         return st
@@ -415,10 +451,14 @@ class SecureBoostGuest(_Role):
 
     def _find_splits(self, st: _GrowingTree, split_now: list[int], depth: int) -> dict[int, SplitCandidate | None]:
         """Alg. 2: the best split per node, own candidates first (plaintext), then each host's (decrypted)."""
+        self.phases.start(st.seq, "guest_split", depth)
         best = {nid: self._guest_split(st, nid) for nid in split_now}
         for host in self.host_ids:
-            cands = self._recv(host, TAG_HIST, _rnd(st.seq, depth), self._hist_parser(host, split_now, st.sums),
+            self.phases.start(st.seq, "wait_hosts", depth)
+            cands = self._recv(host, TAG_HIST, _rnd(st.seq, depth),
+                               self._hist_parser(host, split_now, st.sums, (st.seq, depth)),
                                f"tree {st.seq} depth {depth}")
+            self.phases.start(st.seq, "host_split", depth)
             for nid, (GL, HL) in cands.items():
                 cand = self._host_split(host, GL, HL, *st.totals[nid])
                 if cand is not None and cand.gain > _gain_of(best[nid]):
@@ -460,6 +500,7 @@ class SecureBoostGuest(_Role):
     def _apply_splits(self, st: _GrowingTree, best: dict[int, SplitCandidate | None], depth: int) -> list[int]:
         """Alg. 2 end: split where the gain beats gamma (hosts apply theirs), else a leaf; returns next level."""
         where = f"tree {st.seq} depth {depth}"
+        self.phases.start(st.seq, "decide", depth)
         decisions = {host: tree_pb2.SbDecision() for host in self.host_ids}
         chosen = {}
         for nid, cand in best.items():
@@ -504,7 +545,7 @@ class SecureBoostGuest(_Role):
                                    f"sum {hl} differs from its histogram's {sorted(cand.tied_hess)} ({where})")
         return host_mask
 
-    def _hist_parser(self, host: str, nodes: list[int], sums):
+    def _hist_parser(self, host: str, nodes: list[int], sums, where: tuple[int, int]):
         # a feature with missing values has two virtual columns of at most max_bin candidates each
         max_cands = self.host_features[host] * 2 * self.params.max_bin
 
@@ -515,7 +556,9 @@ class SecureBoostGuest(_Role):
             counts = [int(x.n_candidates) for x in msg.nodes]
             if any(c > max_cands for c in counts):
                 raise ProtocolError(f"histograms from {host}: more candidates than {max_cands}")
+            self.phases.start(where[0], "decode", where[1])
             value = self.wire.pair_sums_from(msg, self.pub, sums, counts, f"histograms from {host}")
+            self.phases.start(where[0], "decrypt", where[1])
             td = time.perf_counter()
             flat = sums.decrypt(self.priv, value, counts)
             self.timings["decrypt"] = self.timings.get("decrypt", 0.0) + time.perf_counter() - td
@@ -685,16 +728,20 @@ class SecureBoostHost(_Role):
             seq = st["trees_done"]
             self.records = [(int(j), int(b), float(thr), bool(dl)) for j, b, thr, dl in st["records"]]
         while True:
+            self.phases.start(seq, "wait")
             start = t.recv(self.guest_id, TAG_START, round=seq + 1,
                            parse=parse_message(tree_pb2.SbTreeStart, lambda m: self._parse_start(m, seq)))
             if start[0] is None:
+                self.phases.stop()
                 self.keep_trees = start[1]
                 return
             self._tree(seq, *start)
             self.timings["compress"] += start[1].compress_seconds
             seq += 1
             if self._validating:
+                self.phases.start(seq - 1, "validate")
                 self._serve(None)  # the guest routes its validation rows through the new tree
+                self.phases.stop()
             if seq % prm.trees_per_round == 0:  # a round ends: the guest checkpoints it too
                 self._checkpoint(seq // prm.trees_per_round, {}, {"trees_done": seq, "records": list(self.records)})
 
@@ -717,6 +764,7 @@ class SecureBoostHost(_Role):
         if m.stop:
             return None, int(m.keep_trees)
         n = self.X.shape[0]
+        self.phases.start(seq, "decode")
         sums = self.he.pair_sums(self.pub, int(m.precision_bits), int(m.log2_bound), n)
         return self.wire.pairs_from(m, self.pub, sums, n), sums
 
@@ -727,15 +775,21 @@ class SecureBoostHost(_Role):
         hists: dict[int, object] = {}
         for depth in range(self.params.max_depth + 1):
             rnd = _rnd(seq, depth)
+            self.phases.start(seq, "wait", depth)
             plan = self.t.recv(self.guest_id, TAG_PLAN, round=rnd, parse=parse_message(
                 tree_pb2.SbLevelPlan, lambda m: self._check_plan(m, depth, rows_of)))
+            self.phases.start(seq, "partitions", depth)
             self._apply_partitions(plan, rows_of)
             if plan.done:
+                self.phases.stop()
                 return
+            self.phases.start(seq, "histograms", depth)
             hists = self._aggregate_histograms(plan, rows_of, hists, data, sums)
             tables = self._send_candidates(plan, rows_of, hists, sums, seq, depth)
+            self.phases.start(seq, "wait", depth)
             decision = self.t.recv(self.guest_id, TAG_DECIDE, round=rnd, parse=parse_message(
                 tree_pb2.SbDecision, lambda m: self._check_decision(m, tables)))
+            self.phases.start(seq, "decision", depth)
             self.t.send(self.guest_id, TAG_SPLIT, self._apply_decision(decision, tables, rows_of), round=rnd)
 
     @staticmethod
@@ -768,12 +822,16 @@ class SecureBoostHost(_Role):
         elements = []
         rng = self._rng(seq, depth)
         tables = {}
+        self.phases.start(seq, "candidates", depth)
         for nid in sorted(int(x.node) for x in plan.nodes if x.send):
             cands = self._candidates(rows_of[nid])
             order = rng.permutation(len(cands))
             tables[nid] = cands = [cands[i] for i in order]
             msg.nodes.add(node=nid, n_candidates=len(cands))
-            elements.extend(sums.select(hists[nid], cands))
+        self.phases.start(seq, "compress", depth)
+        for part in sums.select_level([(hists[nid], tables[nid]) for nid in tables]):
+            elements.extend(part)
+        self.phases.start(seq, "send", depth)
         self.wire.put_pair_sums(msg, sums.collect(elements))
         self.t.send(self.guest_id, TAG_HIST, msg, round=_rnd(seq, depth))
         return tables

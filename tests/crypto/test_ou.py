@@ -192,3 +192,17 @@ def test_masked_decryption_is_exact_and_checked(keys, other_keys, he):
         he.unmask(pub, forged, mask)
     with pytest.raises(P.CiphertextError, match="mask range"):  # unmasked values never leave the key holder
         he.decrypt_masked(priv, he.encrypt(pub, x))
+
+
+def test_parallel_encryption_decrypts(keys, monkeypatch):
+    """Batches above PAR_ENCRYPT_MIN are encrypted by the workers (their own tables and randomness)."""
+    pub, priv = keys
+    monkeypatch.setattr(ou, "PAR_ENCRYPT_MIN", 8)
+    ms = [0, 1, -1, 5, -(1 << 70), (1 << 200) + 3] * 6
+    P.set_workers(2)
+    try:
+        cts = ou.encrypt_ints(pub, ms)
+    finally:
+        P.set_workers(1)
+    assert ou.decrypt_ints(priv, cts) == ms
+    assert len(set(cts)) == len(cts)  # fresh randomness in every worker and chunk
