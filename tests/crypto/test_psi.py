@@ -62,6 +62,20 @@ def test_blinded_points_stay_on_curve_and_hash_and_blind_agrees():
     assert psi.blind(blinded, k, 12) == b"".join(p[:12] for p in psi.split_items(psi.blind(blinded, k), 32))
 
 
+def test_libsodium_x25519_matches_cryptography_and_checks_scalar():
+    """The engine (libsodium via PyNaCl) and ``cryptography`` compute the same X25519 bytes."""
+    pts = psi.split_items(psi.hash_to_points([f"q{i}" for i in range(64)], CTX), 32)
+    for _ in range(3):
+        k = os.urandom(32)  # unclamped bytes: both libraries clamp the same way (RFC 7748)
+        assert psi.blind(b"".join(pts), k) == b"".join(x25519(k, p) for p in pts)
+        assert psi.hash_and_blind(["q5"], CTX, k) == x25519(k, pts[5])
+    for bad in (b"\0" * 31, b"\0" * 33, bytearray(32)):
+        with pytest.raises(ValueError, match="scalar must be 32 bytes"):
+            psi.blind(pts[0], bad)
+        with pytest.raises(ValueError, match="scalar must be 32 bytes"):
+            psi.hash_and_blind(["a"], CTX, bad)
+
+
 @pytest.mark.parametrize("low", [1, 325606250916557431795983626356110631294008115727848805560023387167927233504])
 def test_low_order_point_is_named(low):
     pts = bytearray(psi.hash_to_points(["a", "b", "c"], CTX))
