@@ -270,10 +270,44 @@ def match_positions(mine: bytes, theirs: bytes, width: int):
     Returns ``(i_mine, i_theirs)``: two int64 numpy arrays of equal length, ``i_mine`` increasing,
     with ``mine[i_mine[k]] == theirs[i_theirs[k]]``.
 
+    A numpy sorted join on each item's first 8 bytes (a uint64 key), confirmed on all ``width``
+    bytes: ~0.3 core-s for 1M x 1M instead of ~1.5 s for a dict of 1M bytes objects. If a list
+    repeats an 8-byte key (probability ~n^2 / 2**65 for honest values) it falls back to the exact
+    dict join, which tells a real repeat from a shared prefix.
+
     Raises:
-        ValueError: a list holds the same value twice (a truncation collision, probability
-            <= n^2 / 2**(8*width); or a peer that broke the protocol).
+        ValueError: ``width`` < 8, a length that is not a multiple of ``width``, or a list that holds
+            the same value twice (a truncation collision, probability <= n^2 / 2**(8*width); or a
+            peer that broke the protocol).
     """
+    import numpy as np
+
+    if width < 8:
+        raise ValueError(f"width must be at least 8 bytes, got {width}")
+    if len(mine) % width or len(theirs) % width:
+        raise ValueError(f"lengths {len(mine)} and {len(theirs)} are not multiples of {width}")
+    m = np.frombuffer(mine, dtype=np.uint8).reshape(-1, width)
+    t = np.frombuffer(theirs, dtype=np.uint8).reshape(-1, width)
+    km = np.ascontiguousarray(m[:, :8]).view("<u8").ravel()
+    kt = np.ascontiguousarray(t[:, :8]).view("<u8").ravel()
+    ot, om = np.argsort(kt), np.argsort(km)
+    st, sm = kt[ot], km[om]
+    if (st[1:] == st[:-1]).any() or (sm[1:] == sm[:-1]).any():
+        return _match_positions_exact(mine, theirs, width)
+    if st.size == 0 or sm.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty.copy()
+    pos = np.minimum(np.searchsorted(st, sm), st.size - 1)  # sorted queries: a merge, cache-friendly
+    hit = np.flatnonzero(st[pos] == sm)
+    i_mine, i_theirs = om[hit], ot[pos[hit]]
+    order = np.argsort(i_mine)
+    i_mine, i_theirs = i_mine[order], i_theirs[order]
+    same = (m[i_mine] == t[i_theirs]).all(axis=1)  # equal keys, unequal tails: not a match
+    return i_mine[same].astype(np.int64), i_theirs[same].astype(np.int64)
+
+
+def _match_positions_exact(mine: bytes, theirs: bytes, width: int):
+    """:func:`match_positions` with a dict of ``bytes`` items (exact; used when 8-byte keys repeat)."""
     import numpy as np
 
     table = dict(zip(split_items(theirs, width), range(len(theirs) // width)))

@@ -121,6 +121,23 @@ def test_match_positions_and_collisions():
     assert e_m.size == 0 and e_t.size == 0
 
 
+def test_match_positions_prefix_collisions_are_exact(monkeypatch):
+    """The sorted join keys on 8 bytes; equal keys with different tails must not match."""
+    theirs = [os.urandom(12) for _ in range(50)]
+    mine = [theirs[3][:8] + b"tail", theirs[7], os.urandom(12), theirs[40]]  # item 0: same key, other tail
+    i_m, i_t = psi.match_positions(b"".join(mine), b"".join(theirs), 12)
+    assert list(i_m) == [1, 3] and list(i_t) == [7, 40]
+    # a key repeated inside one list (not a repeated value) takes the exact path, same answer
+    calls = []
+    exact = psi._match_positions_exact
+    monkeypatch.setattr(psi, "_match_positions_exact", lambda *a: calls.append(1) or exact(*a))
+    theirs2 = theirs + [theirs[7][:8] + b"zzzz"]
+    i_m, i_t = psi.match_positions(b"".join(mine), b"".join(theirs2), 12)
+    assert calls and list(i_m) == [1, 3] and list(i_t) == [7, 40]
+    with pytest.raises(ValueError, match="at least 8"):
+        psi.match_positions(b"", b"", 4)
+
+
 def test_find_duplicate():
     assert psi.find_duplicate(["a", "b", "c"]) is None
     assert psi.find_duplicate([]) is None
