@@ -34,14 +34,20 @@ collide is at most n_g * n_h / 2**(8 * truncate_bytes): for 1e6 x 1e6 and 16 byt
 (12 bytes, the minimum accepted: < 1.3e-17).
 
 Throughput: one X25519 call costs ~23-32 us on the 2-core reference machine (depending on its
-load) and dominates (hashing to the curve ~5 us per ID); :class:`PsiEngine` spreads chunks of
-IDs/points over a process pool; the private scalar bytes go only to this party's own worker
-processes. Why X25519 and not another well-kept group (same process, interleaved, CPU time per
-call, load ~1.5): libsodium X25519 32.1 us, ``cryptography`` X25519 35.4 us, coincurve secp256k1
-(parse + multiply + serialise) 38.7 us, libsodium Ristretto255 (rbcl / pysodium)
-``crypto_scalarmult_ristretto255`` 50.3 us plus 13.7 us for ``crypto_core_ristretto255_from_hash``
--- libsodium's variable-base Edwards multiplication is generic ref10 code, its X25519 ladder is
-the optimised one.
+load) and dominates (hashing to the curve ~5-6 us per ID, mostly GMP's Jacobi symbol);
+:func:`blind` calls libsodium's ``crypto_scalarmult`` (the function behind PyNaCl's binding,
+from PyNaCl's own cffi module) on pointers into one output buffer, ~1.5 us per call less than the
+public binding, which is the fallback; :class:`PsiEngine` spreads chunks of IDs/points over a
+process pool; the private scalar bytes go only to this party's own worker processes.
+
+Why X25519 and not another well-kept group (same process, interleaved, CPU time per call, best
+of 3, load ~1.5; ``benchmarks/psi.py --primitives`` repeats it): libsodium X25519 32.1 us,
+``cryptography`` X25519 35.4 us, coincurve secp256k1 (parse + multiply + serialise) 38.7 us,
+libsodium Ristretto255 (via rbcl or pysodium) ``crypto_scalarmult_ristretto255`` 50.3 us plus
+13.7 us for ``crypto_core_ristretto255_from_hash`` -- libsodium's variable-base Edwards
+multiplication is generic ref10 code, its X25519 ladder the optimised one. The protocol needs
+2 (|X| + |Y|) scalar multiplications, so on 2 cores 1M x 1M costs at least
+4M x ~23 us / 2 ~= 46 s for them alone on an idle machine.
 
 Semi-honest model: received points are checked for length and canonical encoding
 (:func:`check_points`) and low-order points are refused (:class:`LowOrderPointError`), but not
@@ -59,6 +65,12 @@ import gmpy2
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from nacl.bindings import crypto_scalarmult
 from nacl.exceptions import CryptoError
+
+try:  # the libsodium function behind nacl.bindings.crypto_scalarmult, called on pointers into one buffer
+    from nacl._sodium import ffi as _ffi, lib as _lib
+    _raw_scalarmult = _lib.crypto_scalarmult
+except (ImportError, AttributeError):  # pragma: no cover - a PyNaCl without its cffi module layout
+    _ffi = _raw_scalarmult = None
 
 __all__ = [
     "POINT_BYTES", "DEFAULT_TRUNCATE_BYTES", "MIN_TRUNCATE_BYTES", "DOMAIN",
@@ -118,8 +130,8 @@ def hash_context(job_id: str, salt: bytes) -> bytes:
     return hashlib.sha256(DOMAIN + b"\0" + len(job).to_bytes(4, "big") + job + salt).digest()
 
 
-def _hash_loop(ids: Iterable[str], context: bytes, scalar: bytes | None) -> bytes:
-    """Hash every ID to a curve point, and blind it with ``scalar`` when given; concatenated output.
+def _hash_loop(ids: Iterable[str], context: bytes) -> bytes:
+    """Hash every ID to a curve point; the 32-byte u-coordinates, concatenated.
 
     Candidate i of an ID is half i % 2 of BLAKE2b-512(key=context, counter i // 2 || UTF-8 ID),
     read as a little-endian integer: one hash call yields two tries.
@@ -127,9 +139,6 @@ def _hash_loop(ids: Iterable[str], context: bytes, scalar: bytes | None) -> byte
     base = hashlib.blake2b(key=context, digest_size=64)
     jacobi, mpz, from_bytes = gmpy2.jacobi, gmpy2.mpz, int.from_bytes
     P, A, low, p_int, mask = _PM, _AM, _LOW_ORDER_U, _P, (1 << 256) - 1
-    if scalar is not None:
-        _check_scalar(scalar)
-    mult = crypto_scalarmult
     counters = [bytes([c]) for c in range(_MAX_TRIES // 2)]
     out = []
     append = out.append
@@ -148,12 +157,6 @@ def _hash_loop(ids: Iterable[str], context: bytes, scalar: bytes | None) -> byte
                     x = mpz(u)
                     if jacobi(x * ((x + A) * x + 1), P) == 1:
                         point = u.to_bytes(32, "little")
-                        if scalar is not None:
-                            try:
-                                point = mult(scalar, point)
-                            except CryptoError:  # impossible for a non-low-order curve point; retry, not fail
-                                point = None
-                                continue
                         break
             if point is not None:
                 append(point)
@@ -175,17 +178,22 @@ def hash_to_point(ident: str, context: bytes) -> bytes:
     Deterministic given ``context`` (see :func:`hash_context`); independent of any secret, so two
     parties map equal IDs to equal points.
     """
-    return _hash_loop([ident], context, None)
+    return _hash_loop([ident], context)
 
 
 def hash_to_points(ids: Sequence[str], context: bytes) -> bytes:
     """:func:`hash_to_point` of each ID, concatenated (``32 * len(ids)`` bytes)."""
-    return _hash_loop(ids, context, None)
+    return _hash_loop(ids, context)
 
 
 def hash_and_blind(ids: Sequence[str], context: bytes, scalar: bytes) -> bytes:
-    """``X25519(scalar, H(id))`` for each ID, concatenated (``32 * len(ids)`` bytes): H(id)^scalar."""
-    return _hash_loop(ids, context, scalar)
+    """``X25519(scalar, H(id))`` for each ID, concatenated (``32 * len(ids)`` bytes): H(id)^scalar.
+
+    Raises:
+        ValueError: ``scalar`` is not 32 bytes.
+    """
+    _check_scalar(scalar)  # before hashing: a bad scalar fails fast
+    return blind(_hash_loop(ids, context), scalar)
 
 
 def blind(points: bytes, scalar: bytes, out_bytes: int = POINT_BYTES) -> bytes:
@@ -202,17 +210,33 @@ def blind(points: bytes, scalar: bytes, out_bytes: int = POINT_BYTES) -> bytes:
     if not 1 <= out_bytes <= POINT_BYTES:
         raise ValueError(f"out_bytes must be in [1, {POINT_BYTES}], got {out_bytes}")
     _check_scalar(scalar)
+    n = len(points) // POINT_BYTES
+    if _raw_scalarmult is None:
+        out = _blind_public(bytes(points), scalar)
+    else:
+        out = bytearray(len(points))
+        dst, src, mult = _ffi.from_buffer(out), _ffi.from_buffer(points), _raw_scalarmult
+        # one output buffer, pointers into it: no per-item bytes objects. Bounds: off + 32 <= len(points).
+        for off in range(0, len(points), POINT_BYTES):
+            if mult(dst + off, scalar, src + off):
+                raise LowOrderPointError(off // POINT_BYTES)
+    if out_bytes == POINT_BYTES:
+        return bytes(out)
+    import numpy as np  # local: keeps worker start-up light
+
+    return np.frombuffer(out, dtype=np.uint8).reshape(n, POINT_BYTES)[:, :out_bytes].tobytes()
+
+
+def _blind_public(points: bytes, scalar: bytes) -> bytes:
+    """:func:`blind` through PyNaCl's public ``crypto_scalarmult`` (a bytes object per item)."""
     mult = crypto_scalarmult
-    points = bytes(points)  # every slice below is then exactly 32 bytes of an immutable buffer
     rng = range(0, len(points), POINT_BYTES)
     try:
-        if out_bytes == POINT_BYTES:
-            return b"".join([mult(scalar, points[i:i + 32]) for i in rng])
-        return b"".join([mult(scalar, points[i:i + 32])[:out_bytes] for i in rng])
+        return b"".join([mult(scalar, points[i:i + POINT_BYTES]) for i in rng])
     except CryptoError:
         for i in rng:  # slow path, only to name the bad item
             try:
-                mult(scalar, points[i:i + 32])
+                mult(scalar, points[i:i + POINT_BYTES])
             except CryptoError:
                 raise LowOrderPointError(i // POINT_BYTES) from None
         raise
@@ -329,7 +353,7 @@ def _match_positions_exact(mine: bytes, theirs: bytes, width: int):
 # ---------------------------------------------------------------------------- process pool
 def _task_hash_and_blind(args):
     ids, context, scalar = args
-    return _hash_loop(ids, context, scalar)
+    return hash_and_blind(ids, context, scalar)
 
 
 def _task_blind(args):

@@ -76,6 +76,22 @@ def test_libsodium_x25519_matches_cryptography_and_checks_scalar():
             psi.hash_and_blind(["a"], CTX, bad)
 
 
+def test_raw_and_public_pynacl_paths_agree(monkeypatch):
+    """blind() calls libsodium on pointers into one buffer; PyNaCl's public function is the fallback."""
+    pts = psi.hash_to_points([f"r{i}" for i in range(40)], CTX)
+    k = psi.new_scalar()
+    raw16, raw = psi.blind(pts, k, 16), psi.blind(pts, k)
+    assert raw == psi._blind_public(pts, k)
+    monkeypatch.setattr(psi, "_raw_scalarmult", None)
+    assert psi.blind(pts, k) == raw and psi.blind(pts, k, 16) == raw16
+    assert raw16 == b"".join(p[:16] for p in psi.split_items(raw, 32))
+    bad = bytearray(pts)
+    bad[32 * 5:32 * 6] = (1).to_bytes(32, "little")
+    with pytest.raises(psi.LowOrderPointError) as err:
+        psi.blind(bytes(bad), k)
+    assert err.value.index == 5
+
+
 @pytest.mark.parametrize("low", [1, 325606250916557431795983626356110631294008115727848805560023387167927233504])
 def test_low_order_point_is_named(low):
     pts = bytearray(psi.hash_to_points(["a", "b", "c"], CTX))
