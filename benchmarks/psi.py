@@ -101,6 +101,10 @@ def primitives(samples: int = 20_000) -> None:
     rows["X25519 scalar mult, cryptography (OpenSSL)"] = x25519_cryptography
     rows["hash ID to Curve25519 (ours: BLAKE2b + Jacobi try-and-increment)"] = \
         lambda: hash_to_points([f"calib-{i}" for i in range(samples)], hash_context("calib", b"\1" * 32))
+    from nacl.bindings import crypto_core_ed25519_from_uniform
+    uniform = [hashlib.sha256(p).digest() for p in items]
+    rows["Elligator 2 to edwards25519 (libsodium from_uniform; conversion to u not counted)"] = \
+        lambda: [crypto_core_ed25519_from_uniform(r) for r in uniform]
     try:
         import rbcl
         r_pts = [rbcl.crypto_core_ristretto255_from_hash(hashlib.sha512(p).digest()) for p in items]
