@@ -34,10 +34,11 @@ What each role learns (semi-honest parties, DDH hard on Curve25519, H a random o
   or tell a host a wrong intersection; a malicious host can return wrong values. Colluding hosts
   learn nothing about X beyond what each learns (they all receive the same H(x)^a).
 
-Cost: X25519 operations (~25-30 us each on the 2-core reference machine) -- guest |X| + sum_j |Y_j|,
-host j |Y_j| + |X| -- plus hashing |own set| IDs to the curve (~5 us each); spread over a process
-pool of ``workers`` (spawned, so scripts that call this need an ``if __name__ == "__main__":``
-guard). Traffic per host: 32 bytes per ID each way, plus t bytes per guest ID and 8 bytes per
+Cost: X25519 operations (libsodium; ~23-32 us each on the 2-core reference machine, depending on
+its load) -- guest |X| + sum_j |Y_j|, host j |Y_j| + |X| -- plus hashing |own set| IDs to the
+curve (~4-6 us each); spread over a process pool of ``workers`` (spawned, so scripts that call
+this need an ``if __name__ == "__main__":`` guard). Everything else (messages, checks, the sorted
+join) adds ~5% CPU at 1M x 1M (``benchmarks/psi.py`` prints the ratio to this compute floor). Traffic per host: 32 bytes per ID each way, plus t bytes per guest ID and 8 bytes per
 common ID. One message holds at most ~60M points (protobuf's 2 GiB limit).
 
 Example (one call per party, at the same time)::

@@ -62,6 +62,36 @@ def test_blinded_points_stay_on_curve_and_hash_and_blind_agrees():
     assert psi.blind(blinded, k, 12) == b"".join(p[:12] for p in psi.split_items(psi.blind(blinded, k), 32))
 
 
+def test_libsodium_x25519_matches_cryptography_and_checks_scalar():
+    """The engine (libsodium via PyNaCl) and ``cryptography`` compute the same X25519 bytes."""
+    pts = psi.split_items(psi.hash_to_points([f"q{i}" for i in range(64)], CTX), 32)
+    for _ in range(3):
+        k = os.urandom(32)  # unclamped bytes: both libraries clamp the same way (RFC 7748)
+        assert psi.blind(b"".join(pts), k) == b"".join(x25519(k, p) for p in pts)
+        assert psi.hash_and_blind(["q5"], CTX, k) == x25519(k, pts[5])
+    for bad in (b"\0" * 31, b"\0" * 33, bytearray(32)):
+        with pytest.raises(ValueError, match="scalar must be 32 bytes"):
+            psi.blind(pts[0], bad)
+        with pytest.raises(ValueError, match="scalar must be 32 bytes"):
+            psi.hash_and_blind(["a"], CTX, bad)
+
+
+def test_raw_and_public_pynacl_paths_agree(monkeypatch):
+    """blind() calls libsodium on pointers into one buffer; PyNaCl's public function is the fallback."""
+    pts = psi.hash_to_points([f"r{i}" for i in range(40)], CTX)
+    k = psi.new_scalar()
+    raw16, raw = psi.blind(pts, k, 16), psi.blind(pts, k)
+    assert raw == psi._blind_public(pts, k)
+    monkeypatch.setattr(psi, "_raw_scalarmult", None)
+    assert psi.blind(pts, k) == raw and psi.blind(pts, k, 16) == raw16
+    assert raw16 == b"".join(p[:16] for p in psi.split_items(raw, 32))
+    bad = bytearray(pts)
+    bad[32 * 5:32 * 6] = (1).to_bytes(32, "little")
+    with pytest.raises(psi.LowOrderPointError) as err:
+        psi.blind(bytes(bad), k)
+    assert err.value.index == 5
+
+
 @pytest.mark.parametrize("low", [1, 325606250916557431795983626356110631294008115727848805560023387167927233504])
 def test_low_order_point_is_named(low):
     pts = bytearray(psi.hash_to_points(["a", "b", "c"], CTX))
@@ -105,6 +135,23 @@ def test_match_positions_and_collisions():
         psi.match_positions(b"".join(mine), b"".join(theirs + theirs[:1]), 16)
     e_m, e_t = psi.match_positions(b"", b"".join(theirs), 16)
     assert e_m.size == 0 and e_t.size == 0
+
+
+def test_match_positions_prefix_collisions_are_exact(monkeypatch):
+    """The sorted join keys on 8 bytes; equal keys with different tails must not match."""
+    theirs = [os.urandom(12) for _ in range(50)]
+    mine = [theirs[3][:8] + b"tail", theirs[7], os.urandom(12), theirs[40]]  # item 0: same key, other tail
+    i_m, i_t = psi.match_positions(b"".join(mine), b"".join(theirs), 12)
+    assert list(i_m) == [1, 3] and list(i_t) == [7, 40]
+    # a key repeated inside one list (not a repeated value) takes the exact path, same answer
+    calls = []
+    exact = psi._match_positions_exact
+    monkeypatch.setattr(psi, "_match_positions_exact", lambda *a: calls.append(1) or exact(*a))
+    theirs2 = theirs + [theirs[7][:8] + b"zzzz"]
+    i_m, i_t = psi.match_positions(b"".join(mine), b"".join(theirs2), 12)
+    assert calls and list(i_m) == [1, 3] and list(i_t) == [7, 40]
+    with pytest.raises(ValueError, match="at least 8"):
+        psi.match_positions(b"", b"", 4)
 
 
 def test_find_duplicate():
