@@ -514,6 +514,7 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
         if -(-n // (cfg.batch_size or n)) >= MAX_BATCHES:
             raise ValueError(f"batch_size: {cfg.batch_size} gives too many batches for {n} rows")
         Xd = self._design(self.X)
+        self.max_score_rows = n  # the arbiter bounds score requests by the training rows of the setup
         keys = self._key_exchange(n, Xd.shape[1])
         self.public_key = keys[0]
         w = np.zeros((Xd.shape[1],) + self.loss.cols)
@@ -709,11 +710,14 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
         return self.loss.link(score)
 
 
+    max_score_rows: int | None = None  # full batch: the arbiter's bound per score request (training rows, after fit)
+
     def _encrypted_scores(self, X: np.ndarray, sel: np.ndarray) -> np.ndarray:
         """Arbiter mode: total scores of rows ``sel``, one request per ``batch_size`` rows (each party's
-        work per step as in a training batch, so the job's deadline fits; full batch: one request)."""
+        work per step as in a training batch, so the job's deadline fits). Full batch: per training row
+        count after :meth:`fit` (the arbiter's bound), else one request (a prediction job bounds ``rows``)."""
         # multiclass: K scores per row travel as one flat vector, so a request holds step // K rows
-        step = max((self.config.batch_size or max(len(sel), 1)) // self.loss.k, 1)
+        step = max((self.config.batch_size or self.max_score_rows or max(len(sel), 1)) // self.loss.k, 1)
         b = 0.0 if self.intercept is None else self.intercept
         parts = [np.zeros((0,) + self.loss.cols)]
         for i in range(0, len(sel), step):

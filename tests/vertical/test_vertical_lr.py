@@ -55,6 +55,20 @@ def test_breast_cancer_auc_matches_sklearn():
     np.testing.assert_allclose(results["proba"], p, rtol=1e-12)
 
 
+def test_full_batch_arbiter_scores_more_rows_than_it_trained_on():
+    """Full batch, the arbiter bounds a score request by the training rows (as in a job): the guest splits a
+    larger prediction set into requests of that size by itself (30 + 30 + 15 rows)."""
+    X, y = _toy(n=30)
+    Xp, _ = _toy(n=75, seed=1)
+    cfg = dict(KEY, mode="arbiter", epochs=1, batch_size=None, learning_rate=0.3, l2=0.0, seed=0, early_stopping=False)
+    results, errors, _, roles = run_vertical_lr(X[:, :2], y, [X[:, 2:]], cfg, deadline=10.0, arbiter_rows="job",
+                                                predict_sets=(Xp[:, :2], [Xp[:, 2:]]))
+    assert not errors, errors
+    w = np.concatenate([results["guest"].weights, results["host-1"].weights])
+    np.testing.assert_allclose(results["proba"], 1 / (1 + np.exp(-(Xp @ w + results["guest"].intercept))), atol=1e-6)
+    assert roles["guest"].max_score_rows == 30
+
+
 def test_key_holder_only_decrypts_uniformly_masked_values():
     """The arbiter (and the guest in two-party mode) only ever sees (m + r) mod n with r uniform in Z_n."""
     X, y = _toy()

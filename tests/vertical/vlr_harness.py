@@ -135,12 +135,13 @@ def reference_linear_regression(X, y, **cfg):
 
 
 def run_vertical_lr(X_guest, y, X_hosts, cfg: dict, *, deadline=60.0, transports=None, predict_sets=None,
-                    job_id="vlr-test", n_classes=None):
+                    job_id="vlr-test", n_classes=None, arbiter_rows=None):
     """Train guest + hosts (+ arbiter) in threads. ``transports``: optional {party: factory(net, pid)}.
 
     Returns (results, errors, net, roles) where results/errors map party id -> FitResult/exception.
     With ``predict_sets`` = (X_guest_pred, [X_host_pred...]) also returns guest probabilities in
-    results['proba']."""
+    results['proba']; the arbiter then accepts score requests of up to ``arbiter_rows`` rows (default: the
+    prediction set's; ``"job"``: as in a job, ``batch_size``, else the training rows)."""
     config = VerticalLRConfig(**cfg)
     hosts = [f"host-{i + 1}" for i in range(len(X_hosts))]
     arbiter = "server" if config.mode == "arbiter" else None
@@ -163,7 +164,10 @@ def run_vertical_lr(X_guest, y, X_hosts, cfg: dict, *, deadline=60.0, transports
             results[pid] = roles[pid].fit()
             if predict_sets is not None:
                 if pid == arbiter:  # arbiter mode: decrypts the guest's masked total scores
-                    roles[pid].serve_predictions(max_rows=len(predict_sets[0]))
+                    if arbiter_rows == "job":
+                        roles[pid].serve_predictions()
+                    else:
+                        roles[pid].serve_predictions(max_rows=arbiter_rows or len(predict_sets[0]))
                 elif pid == "guest":
                     results["proba"] = roles[pid].predict_proba(predict_sets[0])
                     roles[pid].end_prediction()

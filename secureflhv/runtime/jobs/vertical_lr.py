@@ -82,14 +82,6 @@ def _bundle_fields(data, config: VerticalLRConfig) -> dict:
             "preprocessing": preprocessing_state(data)}
 
 
-def _scores(guest: VerticalLRGuest, X: np.ndarray, rows) -> np.ndarray:
-    """The task's predictions of ``rows`` (binary (m,), multiclass (m, K), regression (m,)), in requests
-    of at most the training row count (the arbiter's bound)."""
-    rows, step = np.asarray(rows), guest.X.shape[0]
-    parts = [guest.predict_proba(X, rows=rows[i:i + step]) for i in range(0, len(rows), step)]
-    return np.concatenate(parts) if parts else np.zeros((0,) + guest.loss.cols)
-
-
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams) -> dict:
     """Run this party's role of a vertical LR job; return the guest's metrics (others: ``{}``).
 
@@ -133,7 +125,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     except ValueError as exc:
         raise JobConfigError(f"params.task {params.task!r} and data.label_column of {party.id!r}: {exc}") from None
     result = attach_checkpoints(cfg, party, transport, guest).fit()
-    metrics, p_test = evaluate_split(data.y, data.split, lambda rows: _scores(guest, X, rows),
+    metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      lambda y, p: task_metrics(y, p, params.task))
     guest.end_prediction()
     history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds, "stopped_early": result.stopped_early,
