@@ -66,7 +66,8 @@ def make_executor(spec: ComputeSpec, party_id: str, where: str = "compute") -> e
     try:
         return RayExecutor(address, owner=party_id, shards_per_worker=spec.shards_per_worker,
                            min_batch=spec.min_batch, task_cpus=spec.task_cpus, max_retries=spec.max_retries,
-                           task_timeout_s=spec.task_timeout_s, ship_code=spec.ship_code)
+                           task_timeout_s=spec.task_timeout_s, ship_code=spec.ship_code,
+                           cluster_lost_s=spec.cluster_lost_s)
     except ComputeError as exc:
         raise JobConfigError(f"{where}: {exc}") from None
 
