@@ -236,9 +236,12 @@ class RayExecutor(Executor):
         return self.lost
 
     def _lost_error(self, step: str, done: int, total: int) -> ComputeError:
+        # the head's address is logged here only: the error's text also reaches the peers (the job's abort)
+        log.error("%s: the Ray cluster's head %s has not answered for %.0fs", self.owner, self._head,
+                  self.cluster_lost_s)
         return ComputeError(
             f"{self.owner}: the Ray cluster stopped during step {step!r} ({done}/{total} shards done): its head "
-            f"{self._head} has not answered for {self.cluster_lost_s:.0f}s. Restart the cluster (ray start --head ...) "
+            f"has not answered for {self.cluster_lost_s:.0f}s. Restart the cluster (ray start --head ...) "
             f"or set this party's compute.engine to local, then run the job again (with --resume it continues "
             f"from the last checkpoint)")
 
