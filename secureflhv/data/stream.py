@@ -234,7 +234,8 @@ def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, l
         n = ds.count_rows()
         X, ids, ys, first = None, [], [], None
         at = 0
-        for batch in ds.to_batches(batch_size=batch_rows):
+        # no read-ahead: one batch (a Parquet row group at most) in memory at a time
+        for batch in ds.to_batches(batch_size=batch_rows, batch_readahead=0, fragment_readahead=0):
             if not batch.num_rows:
                 continue
             part = _frame_to_dataset(batch.to_pandas(), path, label_column=label_column, id_column=id_column,
