@@ -181,7 +181,9 @@ class RayExecutor(Executor):
                 except Exception:  # noqa: BLE001 - nothing to probe: cluster loss is then left to Ray
                     self._head = None
         except Exception as exc:  # noqa: BLE001 - any connection failure is reported the same way
-            raise ComputeError(f"{owner}: cannot connect to the Ray cluster at {self.address!r}: {exc}") from None
+            # the address and Ray's words stay in this party's log: the error's text also reaches the peers
+            log.error("%s: cannot connect to the Ray cluster at %r: %s", owner, self.address, exc)
+            raise ComputeError(f"{owner}: cannot connect to its Ray cluster (details in this party's log)") from None
         opts = {"max_retries": self.max_retries, "retry_exceptions": False, "num_cpus": task_cpus}
         self._task = ray.remote(**opts)(_call)
         self._shard_task = ray.remote(**opts)(_call_shard)

@@ -60,7 +60,10 @@ def make_executor(spec: ComputeSpec, party_id: str, where: str = "compute") -> e
     elif address is None:
         raise JobConfigError(f"{where}.address: engine ray needs an address (or RAY_ADDRESS in the environment)")
     elif not reachable(address):
-        raise JobConfigError(f"{where}.address: no Ray cluster answers at {address}")
+        # the address stays in this party's log: the error's text also goes to the peers (the job's abort)
+        log.error("%s: no Ray cluster answers at %s", party_id, address)
+        raise JobConfigError(f"{where}.address: no Ray cluster answers at the configured address "
+                             f"(compute.address or RAY_ADDRESS; see this party's log)")
     from ..crypto.executor_ray import RayExecutor
 
     try:
