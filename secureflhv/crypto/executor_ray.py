@@ -181,7 +181,9 @@ class RayExecutor(Executor):
                 except Exception:  # noqa: BLE001 - nothing to probe: cluster loss is then left to Ray
                     self._head = None
         except Exception as exc:  # noqa: BLE001 - any connection failure is reported the same way
-            raise ComputeError(f"{owner}: cannot connect to the Ray cluster at {self.address!r}: {exc}") from None
+            # the address and Ray's words stay in this party's log: the error's text also reaches the peers
+            log.error("%s: cannot connect to the Ray cluster at %r: %s", owner, self.address, exc)
+            raise ComputeError(f"{owner}: cannot connect to its Ray cluster (details in this party's log)") from None
         opts = {"max_retries": self.max_retries, "retry_exceptions": False, "num_cpus": task_cpus}
         self._task = ray.remote(**opts)(_call)
         self._shard_task = ray.remote(**opts)(_call_shard)
@@ -236,9 +238,12 @@ class RayExecutor(Executor):
         return self.lost
 
     def _lost_error(self, step: str, done: int, total: int) -> ComputeError:
+        # the head's address is logged here only: the error's text also reaches the peers (the job's abort)
+        log.error("%s: the Ray cluster's head %s has not answered for %.0fs", self.owner, self._head,
+                  self.cluster_lost_s)
         return ComputeError(
             f"{self.owner}: the Ray cluster stopped during step {step!r} ({done}/{total} shards done): its head "
-            f"{self._head} has not answered for {self.cluster_lost_s:.0f}s. Restart the cluster (ray start --head ...) "
+            f"has not answered for {self.cluster_lost_s:.0f}s. Restart the cluster (ray start --head ...) "
             f"or set this party's compute.engine to local, then run the job again (with --resume it continues "
             f"from the last checkpoint)")
 

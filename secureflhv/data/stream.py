@@ -6,6 +6,10 @@ per-column quantile bin edges in two passes over the batches with a fixed-size h
 (``sketch_bins`` equal cells between each column's min and max; the edges are exact to one cell),
 in the manner of the weighted quantile sketch of XGBoost (Chen & Guestrin, KDD 2016, sec. 3.3).
 Memory: O(batch_rows x columns + sketch_bins x columns).
+
+Used by the jobs (``data.max_memory_mb``): :func:`load_table_batched` builds a party's table batch by
+batch (no whole-table DataFrame), and :func:`batched_quantile_cuts` gives SecureBoost exactly the
+in-memory quantile cuts from row batches (radix selection), so a streamed job trains the same model.
 """
 from __future__ import annotations
 
@@ -234,7 +238,8 @@ def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, l
         n = ds.count_rows()
         X, ids, ys, first = None, [], [], None
         at = 0
-        for batch in ds.to_batches(batch_size=batch_rows):
+        # no read-ahead: one batch (a Parquet row group at most) in memory at a time
+        for batch in ds.to_batches(batch_size=batch_rows, batch_readahead=0, fragment_readahead=0):
             if not batch.num_rows:
                 continue
             part = _frame_to_dataset(batch.to_pandas(), path, label_column=label_column, id_column=id_column,

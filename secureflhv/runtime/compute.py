@@ -60,13 +60,17 @@ def make_executor(spec: ComputeSpec, party_id: str, where: str = "compute") -> e
     elif address is None:
         raise JobConfigError(f"{where}.address: engine ray needs an address (or RAY_ADDRESS in the environment)")
     elif not reachable(address):
-        raise JobConfigError(f"{where}.address: no Ray cluster answers at {address}")
+        # the address stays in this party's log: the error's text also goes to the peers (the job's abort)
+        log.error("%s: no Ray cluster answers at %s", party_id, address)
+        raise JobConfigError(f"{where}.address: no Ray cluster answers at the configured address "
+                             f"(compute.address or RAY_ADDRESS; see this party's log)")
     from ..crypto.executor_ray import RayExecutor
 
     try:
         return RayExecutor(address, owner=party_id, shards_per_worker=spec.shards_per_worker,
                            min_batch=spec.min_batch, task_cpus=spec.task_cpus, max_retries=spec.max_retries,
-                           task_timeout_s=spec.task_timeout_s, ship_code=spec.ship_code)
+                           task_timeout_s=spec.task_timeout_s, ship_code=spec.ship_code,
+                           cluster_lost_s=spec.cluster_lost_s)
     except ComputeError as exc:
         raise JobConfigError(f"{where}: {exc}") from None
 

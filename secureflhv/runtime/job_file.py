@@ -109,6 +109,8 @@ class ComputeSpec(_Strict):
     max_retries: int = Field(default=3, ge=0, le=100, description="Ray retries of a task whose worker died")
     task_timeout_s: float = Field(default=3600.0, gt=0, description="a step still running after this fails")
     ship_code: bool = Field(default=True, description="upload this secureflhv package to the Ray workers")
+    cluster_lost_s: float = Field(default=10.0, gt=0, le=55, description="a step fails (the whole cluster is gone) "
+                                                                      "once the head has not answered this long")
 
     @field_validator("address")
     @classmethod
