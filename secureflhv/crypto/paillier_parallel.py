@@ -172,8 +172,8 @@ def run(fn, common: tuple, chunks: list) -> list:
         return [fn(*common, *chunk) for chunk in chunks]
 
 
-def parallel_chunks(size: int, min_size: int) -> int:
-    """How many chunks a batch of ``size`` should be cut into (1 = run inline)."""
+def parallel_chunks(size: int, min_size: int, per_worker: int = 4) -> int:
+    """How many chunks a batch of ``size`` should be cut into (1 = run inline); see executor.parallel_chunks."""
     if not pooled() or size < min_size:
         return 1
-    return min(size, 4 * get_workers())
+    return min(size, max(1, int(per_worker)) * get_workers())
