@@ -110,7 +110,8 @@ def on_each_worker(fn, *args) -> list:
 
     For per-process state: building a key's tables before a timed phase (:func:`warm`), reading the
     workers' CPU time (:func:`worker_cpu_seconds`).  Raises BrokenProcessPool / BrokenBarrierError if
-    a worker dies or does not arrive within ``BARRIER_TIMEOUT_S``.
+    a worker dies or does not arrive within ``BARRIER_TIMEOUT_S``.  One such call at a time (two at
+    once could put both of one call's tasks on the same worker); batches may run beside it.
     """
     pool = _get_pool()
     futures = [pool.submit(_on_worker, fn, args) for _ in range(get_workers())]
