@@ -302,7 +302,7 @@ def measure(engine: str, args) -> dict:
             stop_cluster(temp)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     if proc.returncode or line is None:
-        raise SystemExit(f"{engine} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+        raise SystemExit(f"{engine} failed (exit {proc.returncode})\n{proc.stdout[-3000:]}")
     return json.loads(line[7:])
 
 
@@ -394,11 +394,19 @@ def main(argv=None) -> None:
     print(f"scale.py: {args.rows:,} rows, {args.key_bits}-bit key, SecureBoost host {args.host_features} features "
           f"depth {args.depth} x {args.trees} tree(s), LR 10+10 x {args.epochs} epoch(s); engines {engines}; "
           f"load average {load0:.1f}", flush=True)
-    res = {}
+    res, failed = {}, {}
     for engine in engines:
-        res[engine] = measure(engine, args)
+        try:  # one engine failing (a cluster lost, say) must not lose the others' figures
+            res[engine] = measure(engine, args)
+        except SystemExit as e:
+            failed[engine] = str(e)
+            print(str(e)[-3000:], file=sys.stderr, flush=True)
+            continue
+        print("RESULT " + engine + " " + json.dumps(res[engine]), flush=True)
     report(res, args, load0)
-    if args.record:
+    for engine, why in failed.items():
+        print(f"{engine}: FAILED ({why.splitlines()[0]}; its output is above)")
+    if args.record and not failed:
         record(res, args, load0)
 
 

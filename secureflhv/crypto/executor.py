@@ -178,11 +178,13 @@ def workers() -> int:
     return _current.workers()
 
 
-def parallel_chunks(size: int, min_size: int) -> int:
+def parallel_chunks(size: int, min_size: int, per_worker: int = 4) -> int:
     """How many chunks a batch of ``size`` should be cut into on the current executor (1 = run inline).
 
     ``min_size``: the caller's break-even batch size for the local pool; an executor may lower it
-    (``RayExecutor(min_batch=...)``).
+    (``RayExecutor(min_batch=...)``). ``per_worker``: chunks per worker; several balance the load when
+    workers run at unequal speeds, one suits work whose cost per item falls with the chunk's size
+    (multi-exponentiation: ``X^T·[[d]]``, where 4 chunks per worker cost ~12% more CPU than 1).
     """
     ex = _current
     w = ex.workers()
@@ -190,7 +192,7 @@ def parallel_chunks(size: int, min_size: int) -> int:
     pooled = w > 1 or (ex is _local and _par.pooled())  # a forced pool of one: the scaling baseline
     if not pooled or size < min_size:
         return 1
-    return min(size, 4 * w)
+    return min(size, max(1, int(per_worker)) * w)
 
 
 def run(fn, common: tuple, chunks: list) -> list:

@@ -110,7 +110,8 @@ def on_each_worker(fn, *args) -> list:
 
     For per-process state: building a key's tables before a timed phase (:func:`warm`), reading the
     workers' CPU time (:func:`worker_cpu_seconds`).  Raises BrokenProcessPool / BrokenBarrierError if
-    a worker dies or does not arrive within ``BARRIER_TIMEOUT_S``.
+    a worker dies or does not arrive within ``BARRIER_TIMEOUT_S``.  One such call at a time (two at
+    once could put both of one call's tasks on the same worker); batches may run beside it.
     """
     pool = _get_pool()
     futures = [pool.submit(_on_worker, fn, args) for _ in range(get_workers())]
@@ -172,8 +173,8 @@ def run(fn, common: tuple, chunks: list) -> list:
         return [fn(*common, *chunk) for chunk in chunks]
 
 
-def parallel_chunks(size: int, min_size: int) -> int:
-    """How many chunks a batch of ``size`` should be cut into (1 = run inline)."""
+def parallel_chunks(size: int, min_size: int, per_worker: int = 4) -> int:
+    """How many chunks a batch of ``size`` should be cut into (1 = run inline); see executor.parallel_chunks."""
     if not pooled() or size < min_size:
         return 1
-    return min(size, 4 * get_workers())
+    return min(size, max(1, int(per_worker)) * get_workers())

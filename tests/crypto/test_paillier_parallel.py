@@ -52,6 +52,7 @@ def test_pooled_paths_equal_inline(keys, workers):
     try:
         P.set_workers(workers, pool_for_one=True)
         assert ex.parallel_chunks(700, 256) == 4 * workers  # really through the pool
+        assert ex.parallel_chunks(700, 256, per_worker=1) == workers
         pooled = (P.decrypt(sk, e), (e * k)._c.tolist(), P.dot(X, e)._c.tolist())
         enc_pub, enc_crt = P.encrypt(pk, x), P.encrypt(sk, x)
     finally:
