@@ -16,6 +16,8 @@ Printed: absolute seconds, the ratio Paillier / plaintext, a phase breakdown and
 
     .venv/bin/python benchmarks/secureboost.py            # (a) and (b), 2048-bit keys
     .venv/bin/python benchmarks/secureboost.py --quick    # small smoke run (1024-bit test key)
+    .venv/bin/python benchmarks/secureboost.py --only a --he-scheme paillier ou --phases
+                                                          # + wall / CPU seconds per protocol phase and depth
 """
 from __future__ import annotations
 

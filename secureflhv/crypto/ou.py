@@ -261,7 +261,6 @@ class _Engine:
         self.g_inv = gmpy2.invert(self.g, self.n)
         self.plain_bits = pub.plain_bits
         self._h_table = self._g_tables = None
-        self._g_bits = 0
         self._used = 0
 
     def _tables(self):
@@ -273,12 +272,13 @@ class _Engine:
         """G and G^-1 tables covering exponents of ``bits`` bits, grown on demand (at least doubling, up
         to plain_bits + 1): small messages (SecureBoost's packed (g, h), ~80 bits) need only their
         first rows, a ninth of the full tables' build time."""
-        if self._g_tables is None or self._g_bits < bits:
-            grown = bits if self._g_tables is None else max(bits, 2 * self._g_bits)
-            self._g_bits = min(self.plain_bits + 1, max(grown, _G_WINDOW))
-            self._g_tables = (FixedBaseTable(self.g, self.n, self._g_bits, _G_WINDOW),
-                              FixedBaseTable(self.g_inv, self.n, self._g_bits, _G_WINDOW))
-        return self._g_tables
+        cur = self._g_tables  # (bits, G table, G^-1 table), replaced as one object: threads share engines
+        if cur is None or cur[0] < bits:
+            grown = bits if cur is None else max(bits, 2 * cur[0])
+            g_bits = min(self.plain_bits + 1, max(grown, _G_WINDOW))
+            cur = self._g_tables = (g_bits, FixedBaseTable(self.g, self.n, g_bits, _G_WINDOW),
+                                    FixedBaseTable(self.g_inv, self.n, g_bits, _G_WINDOW))
+        return cur[1], cur[2]
 
     def h_pow_random(self, count: int) -> list[mpz]:
         """``count`` fresh H^r with r uniform of RANDOM_BITS bits (os.urandom)."""

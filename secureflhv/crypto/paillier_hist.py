@@ -11,13 +11,17 @@ Costs and tricks (measured in ``benchmarks/secureboost.py``):
   the joint bin, for nodes with more than 2 B^2 rows: ~half the multiplications), ``acc[bin] = acc[bin] * c % n2``
   (~4 us per row and feature at 2048-bit keys, the whole host cost); rows are cut into chunks for the
   executor (:mod:`secureflhv.crypto.executor`: local pool or Ray shards), each worker returns partial histograms that
-  are multiplied together (no ciphertext is sent twice);
+  are multiplied together (no ciphertext is sent twice); nodes from PAR_MIN_WORK rows x features
+  (~4,000 rows of 10 features) go to the pool, smaller ones are built inline;
 * histogram subtraction (Ke et al. LightGBM 2017; SecureBoost+ sec. 4.2): only the child with fewer
   rows is built, its sibling is parent / child (one batched modular inversion, Montgomery's trick);
 * cumulative sums over bins (left sums of each candidate), one multiplication per bin;
 * cipher compression (SecureBoost+ sec. 4.3): k candidates' ciphertexts become one,
   ``C = prod_t c_t^(2^(t * 2s))`` (Horner: C = C^(2^(2s)) * c_t), because each candidate's plaintext is
-  two signed slots of s bits; the guest decrypts ~k times fewer ciphertexts (k = 18 at 2048 bits).
+  two signed slots of s bits; the guest decrypts ~k times fewer ciphertexts (k = 26 at 2048 bits
+  for 10,000 rows: s = 39). Cost: 2s squarings mod n^2 per candidate (Horner is the shortest chain
+  for these exponents), the host's largest cost at depth 5; a whole tree level is one batch for the
+  pool (:func:`compress_many`).
 """
 from __future__ import annotations
 
@@ -86,6 +90,26 @@ def _merge(a: list, b: list, n2) -> list:
     return out
 
 
+FEATURE_SPLIT_PAIRS = 4     # feature pairs per worker from which a node is split by columns
+FEATURE_SPLIT_MAX_WORKERS = 4  # above this, sending every worker all rows costs more than it saves
+
+
+def feature_groups(d: int, workers: int) -> list[tuple[int, int]] | None:
+    """Contiguous column ranges [lo, hi) of near-equal size, cut at even columns (the pairing of
+    :func:`histograms` is kept), one per worker; None when there are fewer than FEATURE_SPLIT_PAIRS
+    pairs per worker (too coarse to balance) or more than FEATURE_SPLIT_MAX_WORKERS workers (each
+    would be sent all the node's ciphertexts): rows are split instead.
+
+    Splitting by columns keeps the parallel work equal to the inline work (a split by rows repeats
+    each chunk's joint-table marginals and needs a merge); each worker receives all the node's rows.
+    """
+    pairs = (d + 1) // 2
+    if not 2 <= workers <= FEATURE_SPLIT_MAX_WORKERS or pairs < FEATURE_SPLIT_PAIRS * workers:
+        return None
+    cuts = [min(d, 2 * (pairs * i // workers)) for i in range(workers + 1)]
+    return [(cuts[i], cuts[i + 1]) for i in range(workers) if cuts[i + 1] > cuts[i]]
+
+
 def build_node(cts_all: list, rows: np.ndarray, bins_all: np.ndarray, n_bins: list[int], n2) -> list[list]:
     """Histograms of the node whose rows (int64, ascending) index ``cts_all`` / ``bins_all``."""
     n2 = mpz(n2)
@@ -101,7 +125,12 @@ def build_node(cts_all: list, rows: np.ndarray, bins_all: np.ndarray, n_bins: li
     b = bins_all[rows]
     if parts == 1:
         return histograms(cts, b, n_bins, n2)
-    parts = min(parts, _ex.workers())  # one chunk per worker: partial results are multiplied
+    parts = min(parts, _ex.workers())
+    groups = feature_groups(b.shape[1], parts)
+    if groups is not None:  # many features: each worker takes whole columns, nothing to merge
+        chunks = [(cts, np.ascontiguousarray(b[:, lo:hi]), list(n_bins[lo:hi])) for lo, hi in groups]
+        return [h for r in _ex.run(task_histograms, (int(n2),), chunks) for h in r]
+    # few features: one chunk of rows per worker, partial histograms multiplied
     bounds = [len(rows) * i // parts for i in range(parts + 1)]
     chunks = [(cts[bounds[i]:bounds[i + 1]], np.ascontiguousarray(b[bounds[i]:bounds[i + 1]]), list(n_bins))
               for i in range(parts) if bounds[i + 1] > bounds[i]]

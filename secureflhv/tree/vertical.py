@@ -40,6 +40,8 @@ The role methods are these stages: guest :meth:`~SecureBoostGuest._encrypt_gradi
 ``_apply_partitions``, ``_aggregate_histograms``, ``_send_candidates``, ``_apply_decision``. Encryption
 and the encrypted histogram arithmetic are :class:`secureflhv.crypto.he.PairSums` (Paillier or, for the
 plaintext baseline, identity); their wire encoding is :mod:`secureflhv.transport.he_codec`.
+Each role's ``phases`` (:class:`PhaseLog`) records wall and CPU seconds per tree, phase and depth
+(``benchmarks/secureboost.py --phases`` prints them).
 
 Prediction (:meth:`SecureBoostGuest.predict`): level by level over all trees at once, the guest asks
 each host which way the rows sitting at its nodes go (SbRouteRequest/Reply): at most ``max_depth``

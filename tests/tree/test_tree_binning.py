@@ -102,3 +102,26 @@ def test_encrypted_histograms_subtraction_cumulative_and_compression_on_real_key
     for (j, b), (gl, hl) in zip(cands, dec):
         sel = rows_sib[bins[rows_sib, j] <= b]
         assert gl == gq[sel].sum() * 2.0 ** -p and hl == hq[sel].sum() * 2.0 ** -p
+
+
+def test_parallel_histograms_by_columns_and_by_rows_equal_inline(monkeypatch):
+    """17 features (9 pairs) at 2 workers are split by columns, 3 features by rows: both equal the
+    inline histograms exactly (including empty bins)."""
+    pub, _ = pl.generate_keypair(512, insecure_test_key=True)
+    rng = np.random.default_rng(5)
+    n = 80
+    cts = pl.encrypt(pub, rng.uniform(-1, 1, n)).ciphertexts.tolist()
+    rows = np.sort(rng.choice(n, 60, replace=False))
+    cases = []
+    for d, nb in ((17, 3), (3, 4)):
+        bins = rng.integers(0, nb, size=(n, d)).astype(np.uint8)
+        bins[:, 0] = np.minimum(bins[:, 0], nb - 2)  # an empty last bin
+        cases.append((bins, [nb] * d, vh.build_node(cts, rows, bins, [nb] * d, pub.nsquare)))
+        assert (vh.feature_groups(d, 2) is not None) == (d == 17) and cases[-1][2][0][nb - 1] is None
+    monkeypatch.setattr(vh, "PAR_MIN_WORK", 1)
+    pl.set_workers(2)
+    try:
+        for bins, n_bins, inline in cases:
+            assert vh.build_node(cts, rows, bins, n_bins, pub.nsquare) == inline
+    finally:
+        pl.set_workers(None)
