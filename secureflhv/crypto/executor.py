@@ -184,7 +184,7 @@ def parallel_chunks(size: int, min_size: int, per_worker: int = 4) -> int:
     ``min_size``: the caller's break-even batch size for the local pool; an executor may lower it
     (``RayExecutor(min_batch=...)``). ``per_worker``: chunks per worker; several balance the load when
     workers run at unequal speeds, one suits work whose cost per item falls with the chunk's size
-    (multi-exponentiation: ``X^T·[[d]]``, where 4 chunks per worker cost ~12% more CPU than 1).
+    (multi-exponentiation, ``X^T·[[d]]``: a bigger chunk takes a wider bucket window).
     """
     ex = _current
     w = ex.workers()
