@@ -72,7 +72,7 @@ from ..transport.codec import tensor_to_proto, whole_count
 from ..transport.role import ProtocolRole
 from .contribution import SLOTS, ContributionClient, ContributionServer, latent_dim
 from .model_wire import float32_tensor, model_bundle, read_model
-from .models import ModelSpec, build_model, evaluate, get_flat, param_shapes, set_flat
+from .models import ModelSpec, build_model, check_local_data, evaluate, get_flat, param_shapes, set_flat
 from .strategies import LocalTrainConfig, Strategy, batch_rng
 
 SUSPECT_SEND_TIMEOUT_S = 2.0  # delivery window for a client the last aggregation lost
@@ -495,20 +495,7 @@ class HorizontalClient(_Resumable, ProtocolRole):
                  y_test: np.ndarray, spec: ModelSpec, strategy: Strategy, config: FLConfig):
         super().__init__(transport)
         self.server_id = server_id
-        for what, X, y in (("training", X_train, y_train), ("test", X_test, y_test)):
-            if X.ndim != 2 or X.shape[1] != spec.n_features:
-                raise ValueError(f"{self.party_id}: {what} data has shape {X.shape}, the model expects "
-                                 f"(rows, {spec.n_features}) (model.n_features)")
-            if len(y) != len(X):
-                raise ValueError(f"{self.party_id}: {what} data has {len(X)} rows but {len(y)} labels")
-            if spec.task == "regression":
-                if not np.all(np.isfinite(np.asarray(y, np.float64))):
-                    raise ValueError(f"{self.party_id}: {what} regression targets must be finite numbers")
-            elif len(y) and (y.min() < 0 or y.max() >= spec.n_classes):
-                raise ValueError(f"{self.party_id}: {what} labels must be integers in [0, {spec.n_classes}) "
-                                 f"(model.n_classes), found {y.min()}..{y.max()}")
-        if len(y_train) == 0:
-            raise ValueError(f"{self.party_id}: no training rows")
+        check_local_data(self.party_id, spec, X_train, y_train, X_test, y_test)
         if spec.task == "regression":
             _check_target_scale(self.party_id, np.asarray(y_train, np.float64), spec)
         ydt = np.float64 if spec.task == "regression" else np.int64

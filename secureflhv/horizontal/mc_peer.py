@@ -56,7 +56,7 @@ from ..transport.base import ProtocolError, TransportError
 from ..transport.codec import whole_count
 from ..transport.role import ProtocolRole
 from .model_wire import model_bundle, model_tensors
-from .models import ModelSpec, build_model, evaluate, get_flat, set_flat
+from .models import ModelSpec, build_model, check_local_data, evaluate, get_flat, set_flat
 from .multiconfederated import (MODEL_ID, MCConfig, divergence, divergence_filter, initial_ids, max_selected,
                                 may_fork, merge_pool, select, weighted_mean)
 from .strategies import FedAvg, batch_rng
@@ -125,17 +125,10 @@ class MultiConfederatedPeer(ProtocolRole):
         if self.party_id not in self.all_peers:
             raise ValueError(f"{self.party_id} is not among the peers {self.all_peers}")
         self.others = [p for p in self.all_peers if p != self.party_id]
-        for what, X, y in (("training", X_train, y_train), ("test", X_test, y_test)):
-            if X.ndim != 2 or X.shape[1] != spec.n_features:
-                raise ValueError(f"{self.party_id}: {what} data has shape {X.shape}, the model expects "
-                                 f"(rows, {spec.n_features}) (model.n_features)")
-            if len(y) != len(X):
-                raise ValueError(f"{self.party_id}: {what} data has {len(X)} rows but {len(y)} labels")
-            if len(y) and (y.min() < 0 or y.max() >= spec.n_classes):
-                raise ValueError(f"{self.party_id}: {what} labels must be integers in [0, {spec.n_classes}) "
-                                 f"(model.n_classes), found {y.min()}..{y.max()}")
-        if len(y_train) == 0:
-            raise ValueError(f"{self.party_id}: no training rows")
+        if spec.task != "classification":  # its divergence filter and evaluation compare class predictions
+            raise ValueError(f"{self.party_id}: MultiConfederated learning supports classification models only "
+                             f"(model.task is {spec.task!r})")
+        check_local_data(self.party_id, spec, X_train, y_train, X_test, y_test)
         self.X_train, self.y_train = np.asarray(X_train, np.float32), np.asarray(y_train, np.int64)
         self.X_test, self.y_test = np.asarray(X_test, np.float32), np.asarray(y_test, np.int64)
         self.spec, self.config = spec, config

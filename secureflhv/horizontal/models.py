@@ -163,6 +163,29 @@ class MLP(nn.Module):
         return _head(self, self.net(x))
 
 
+def check_local_data(party_id: str, spec: ModelSpec, X_train, y_train, X_test, y_test) -> None:
+    """Check a party's own training and test data against the model spec before any round starts.
+
+    X_*: (rows, spec.n_features); y_*: (rows,), class indices in [0, spec.n_classes) or, for
+    ``spec.task == "regression"``, finite numbers. Raises ValueError naming the party, the split and the
+    job-file field to fix; at least one training row is required.
+    """
+    for what, X, y in (("training", X_train, y_train), ("test", X_test, y_test)):
+        if X.ndim != 2 or X.shape[1] != spec.n_features:
+            raise ValueError(f"{party_id}: {what} data has shape {X.shape}, the model expects "
+                             f"(rows, {spec.n_features}) (model.n_features)")
+        if len(y) != len(X):
+            raise ValueError(f"{party_id}: {what} data has {len(X)} rows but {len(y)} labels")
+        if spec.task == "regression":
+            if not np.all(np.isfinite(np.asarray(y, np.float64))):
+                raise ValueError(f"{party_id}: {what} regression targets must be finite numbers")
+        elif len(y) and (y.min() < 0 or y.max() >= spec.n_classes):
+            raise ValueError(f"{party_id}: {what} labels must be integers in [0, {spec.n_classes}) "
+                             f"(model.n_classes), found {y.min()}..{y.max()}")
+    if len(y_train) == 0:
+        raise ValueError(f"{party_id}: no training rows")
+
+
 def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
     """A fresh model of ``spec``; with ``seed``, its initial weights depend only on the seed.
 

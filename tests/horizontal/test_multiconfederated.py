@@ -15,14 +15,15 @@ from mc_harness import config, cancer_shards, run_peers  # noqa: E402
 
 from secureflhv.horizontal.fl import check_slots  # noqa: E402
 from secureflhv.horizontal.fl import FLConfig  # noqa: E402
-from secureflhv.horizontal.mc_peer import TAG_UPDATE  # noqa: E402
+from secureflhv.horizontal.mc_peer import TAG_UPDATE, MultiConfederatedPeer  # noqa: E402
+from secureflhv.horizontal.models import ModelSpec  # noqa: E402
 from secureflhv.horizontal.multiconfederated import (divergence, divergence_filter, merge_pool,  # noqa: E402
                                                      select)
 from secureflhv.horizontal.registry import make_strategy  # noqa: E402
 from secureflhv.proto import messages_pb2  # noqa: E402
 from secureflhv.transport.base import JobAborted, PeerTimeout, PeerUnavailable, ProtocolError  # noqa: E402
 from secureflhv.transport.codec import tensor_to_proto  # noqa: E402
-from secureflhv.transport.inprocess import InProcessTransport  # noqa: E402
+from secureflhv.transport.inprocess import InProcessNetwork, InProcessTransport  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------- the rules
@@ -62,6 +63,20 @@ def test_merge_keeps_the_more_popular_and_averages():
 def test_the_fl_server_and_clients_refuse_a_decentralised_strategy():
     with pytest.raises(ValueError, match="decentralised"):
         check_slots(make_strategy("multiconfederated", tolerance=0.5), FLConfig())
+
+
+def test_a_peer_refuses_a_regression_model_and_bad_local_data(shards):
+    (X, y), (X1, y1) = shards[0], shards[1]
+    net = InProcessNetwork("mc-check", ["p0", "p1"], deadline=5.0)
+    regression = ModelSpec(name="mlp", n_features=X.shape[1], task="regression")
+    with pytest.raises(ValueError, match=r"p0: MultiConfederated .* classification models only"):
+        MultiConfederatedPeer(net.transport("p0"), ["p0", "p1"], X, y.astype(float), X1, y1.astype(float),
+                              regression, config())
+    spec = ModelSpec(name="mlp", n_features=X.shape[1], n_classes=2)
+    with pytest.raises(ValueError, match=r"p0: test labels must be integers in \[0, 2\)"):
+        MultiConfederatedPeer(net.transport("p0"), ["p0", "p1"], X, y, X1, y1 + 5, spec, config())
+    with pytest.raises(ValueError, match=r"p0: training data has shape .* \(model.n_features\)"):
+        MultiConfederatedPeer(net.transport("p0"), ["p0", "p1"], X[:, :3], y, X1, y1, spec, config())
 
 
 # ---------------------------------------------------------------------------------- runs
