@@ -87,16 +87,16 @@ def train(Xg, y, Xh, cfg: VerticalLRConfig, backend) -> dict:
             "weights": np.concatenate([g.weights, out["host-1"].weights, [g.intercept]])}
 
 
-_RATES: dict[str, dict] = {}  # scheme -> the latest engine_rates() of this process
-
-
-def engine_rates(scheme: str, key_bits: int) -> dict:
+def engine_rates(scheme: str, key_bits: int, cfg=None, dot_rows: int = 8192) -> dict:
     """Wall-clock rates of the operations an epoch cannot avoid, with the worker pool training uses.
 
     Returns {"encrypt": values/s (public key), "dot": X entries/s of X^T [[d]], "decrypt": values/s
-    (masked decryption at the key holder)}.
+    (masked decryption at the key holder)}. ``cfg``: the job's config, for its fixed-point precisions.
+    ``dot_rows``: rows of the timed X^T [[d]] (the job's row count): its multi-exponentiation costs less per
+    entry over more rows, so a short one would overstate the limit. The 8,192 ciphertexts are repeated to
+    that length (the cost does not depend on their values) and X has 4 columns.
     """
-    he = make_backend(scheme)
+    he = make_backend(scheme) if cfg is None else make_backend(scheme, cfg.precision_bits, cfg.dot_precision_bits)
     pub, priv = he.generate_keypair(key_bits, key_bits < 2048)
     rng = np.random.default_rng(1)
     x = rng.normal(size=8192)
@@ -104,9 +104,11 @@ def engine_rates(scheme: str, key_bits: int) -> dict:
     t0 = time.perf_counter()
     enc = he.encrypt(pub, x)
     r_enc = len(x) / (time.perf_counter() - t0)
-    X = rng.normal(size=(len(x), 10))
+    rows = max(int(dot_rows), len(x))
+    X = rng.normal(size=(rows, 4))
+    enc_rows = enc if rows == len(x) else enc[np.arange(rows) % len(x)]
     t0 = time.perf_counter()
-    he.dot(X, enc)
+    he.dot(X, enc_rows)
     r_dot = X.size / (time.perf_counter() - t0)
     masked, _ = he.mask(pub, enc[:512])
     t0 = time.perf_counter()
@@ -149,10 +151,10 @@ def run_scheme(name, Xg, y, Xh, epochs, cfg, scheme: str, ident: dict, args) -> 
     Returns the run's figures (see :func:`train`) plus ``limit`` (s/epoch), ``rates`` and ``ops``."""
     he = _heops.counting_backend(scheme, cfg.precision_bits, cfg.dot_precision_bits)
     # rates just before and just after training, the better of the two, so that a burst of load from other
-    # jobs does not lower the limit; the previous dataset's "after" is this one's "before"
-    before = _RATES.get(scheme) or engine_rates(scheme, args.key_bits)
+    # jobs does not lower the limit; X^T [[d]] timed over this dataset's row count
+    before = engine_rates(scheme, args.key_bits, cfg, len(y))
     enc = train(Xg, y, Xh, cfg, he)
-    after = _RATES[scheme] = engine_rates(scheme, args.key_bits)
+    after = engine_rates(scheme, args.key_bits, cfg, len(y))
     rates = {k: max(before[k], after[k]) for k in before}
     # same protocol, same maths: the two runs must agree (fixed-point rounding only)
     drift = float(np.max(np.abs(enc["weights"] - ident["weights"])))
