@@ -79,7 +79,9 @@ def horizontal_party(pid: str, addresses: dict, cert_dir: str, queue, kill_at_tr
         X, y = breast_cancer()
         short = {} if kill_at_tree is None else {"stage_timeout_s": 3.0, "input_timeout_s": 3.0}
         cfg = tree_aggregation_config("secagg", **short)
-        t = _transport(pid, addresses, cert_dir, 120 if kill_at_tree is None else 15)
+        # with a death: the server's deadline stays short (it must give up on the dead client), while the
+        # survivors wait longer for the server, which times out several of the dead client's stages in a row
+        t = _transport(pid, addresses, cert_dir, 120 if kill_at_tree is None else 15 if pid == "server" else 45)
         if pid == "server":
             model = HorizontalSecureBoostServer(t, CLIENTS, hparams(), aggregation=cfg).fit()
             queue.put((pid, (model.predict(X).tolist(), [c.tolist() for c in model.cuts],
