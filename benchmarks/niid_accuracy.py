@@ -84,6 +84,33 @@ STRATEGIES = [("FedAvg", "fedavg"), ("FedProx", "fedprox"), ("SCAFFOLD", "scaffo
 DEFAULT_STRATEGIES = ",".join(s for _, s in STRATEGIES)
 
 
+def run_parties(net, parties, wire_out: dict | None = None, keep_up=()) -> list:
+    """Run each ``(party_id, fn)`` in its own thread over ``net`` and wait for all; returns their errors.
+
+    A party that fails is printed and taken off the network at once (the others stop sending to it),
+    except those in ``keep_up`` (the server: its failure ends the run anyway). Wire statistics go to
+    ``wire_out`` when given."""
+    errors = []
+
+    def guard(pid, fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            print(f"  {pid} failed: {type(exc).__name__}: {exc}", flush=True)
+            errors.append(exc)
+            if pid not in keep_up:
+                net.take_down(pid)
+
+    threads = [threading.Thread(target=guard, args=party) for party in parties]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if wire_out is not None:
+        wire_out.update(net.wire_stats())
+    return errors
+
+
 def run_fl(shards, spec, strategy, fl_cfg, mu, deadline=900.0, *, tests=None, temperature=1.0, clusters=2,
            wire_out: dict | None = None, trainer=None):
     """One FL run: server + one thread per client over InProcessNetwork; returns the server.
@@ -113,25 +140,8 @@ def run_fl(shards, spec, strategy, fl_cfg, mu, deadline=900.0, *, tests=None, te
     if trainer is not None:
         for c in clients:
             c.strategy.trainer = trainer.handle()
-    errors = []
-
-    def guard(pid, fn):
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            print(f"  {pid} failed: {type(exc).__name__}: {exc}", flush=True)
-            errors.append(exc)
-            if pid != "server":
-                net.take_down(pid)  # the server stops sending to it at once
-
-    threads = [threading.Thread(target=guard, args=(pid, c.run)) for pid, c in zip(ids, clients)]
-    threads.append(threading.Thread(target=guard, args=("server", server.run)))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if wire_out is not None:
-        wire_out.update(net.wire_stats())
+    errors = run_parties(net, [*zip(ids, (c.run for c in clients)), ("server", server.run)], wire_out,
+                         keep_up=("server",))
     if server.history and len(server.history) == fl_cfg.rounds:
         return server  # clients that dropped out are reported above; the run completed without them
     raise RuntimeError(f"FL run failed: {errors[-1]!r}" if errors else "FL run failed")
@@ -160,23 +170,7 @@ def run_mc(shards, spec, local, rounds: int, seed: int, test_X, test_y, *, tests
     tests = tests or [(X[:0], y[:0]) for X, y in shards]
     peers = [MultiConfederatedPeer(net.transport(pid), ids, X, y, *te, spec, cfg)
              for pid, (X, y), te in zip(ids, shards, tests)]
-    errors = []
-
-    def guard(peer):
-        try:
-            peer.run()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            print(f"  {peer.party_id} failed: {type(exc).__name__}: {exc}", flush=True)
-            errors.append(exc)
-            net.take_down(peer.party_id)
-
-    threads = [threading.Thread(target=guard, args=(p,)) for p in peers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if wire_out is not None:
-        wire_out.update(net.wire_stats())
+    errors = run_parties(net, [(p.party_id, p.run) for p in peers], wire_out)
     if errors or any(len(p.history) != rounds for p in peers):
         raise RuntimeError(f"MultiConfederated run failed: {errors[0]!r}" if errors else "MultiConfederated run failed")
     model = build_model(spec)

@@ -89,6 +89,7 @@ class Executor(ABC):
 
     name = "executor"
     owner = "party"  # the party id, set by the runtime: errors and progress lines name it
+    task_min_batches = 0  # >0: each task gets at least this many break-even batches (see parallel_chunks)
 
     @abstractmethod
     def workers(self) -> int:
@@ -185,14 +186,22 @@ def parallel_chunks(size: int, min_size: int, per_worker: int = 4) -> int:
     (``RayExecutor(min_batch=...)``). ``per_worker``: chunks per worker; several balance the load when
     workers run at unequal speeds, one suits work whose cost per item falls with the chunk's size
     (multi-exponentiation, ``X^T·[[d]]``: a bigger chunk takes a wider bucket window).
+
+    An executor with a cost per task (``task_min_batches`` > 0: Ray's scheduling round trip and
+    object-store transfers) gets chunks of at least that many break-even batches, but never fewer than
+    one per worker (two for a single worker, so that the work still leaves this process).
     """
     ex = _current
     w = ex.workers()
-    min_size = getattr(ex, "min_batch", None) or min_size
-    pooled = w > 1 or (ex is _local and _par.pooled())  # a forced pool of one: the scaling baseline
-    if not pooled or size < min_size:
+    # a forced local pool of one (the scaling baseline) and a cluster of any size take the work off this process
+    pooled = w > 1 or not isinstance(ex, LocalExecutor) or _par.pooled()
+    if not pooled or size < (getattr(ex, "min_batch", None) or min_size):
         return 1
-    return min(size, max(1, int(per_worker)) * w)
+    chunks = min(size, max(2, int(per_worker) * w))  # a pool of one still gets the work (1 = inline)
+    per_task = getattr(ex, "task_min_batches", 0) * min_size
+    if per_task:
+        chunks = min(chunks, max(w, 2, int(size // per_task)))
+    return chunks
 
 
 def run(fn, common: tuple, chunks: list) -> list:

@@ -154,6 +154,9 @@ class RayExecutor(Executor):
     """
 
     name = "ray"
+    # A task costs a scheduling round trip and object-store transfers (milliseconds on a loaded node):
+    # chunks of at least two break-even batches (LR's 1,024-row batches: one task per worker, not four).
+    task_min_batches = 2
 
     def __init__(self, address: str | None = None, *, owner: str = "party", shards_per_worker: int = 2,
                  min_batch: int | None = None, task_cpus: float = 1.0, max_retries: int = 3, task_timeout_s: float = 3600.0,

@@ -607,7 +607,8 @@ def dot(X, enc: EncryptedArray, precision_bits: int = DEFAULT_DOT_PRECISION_BITS
 
     X is encoded at ``precision_bits`` fraction bits (exactly if integer); the result exponent is
     enc.exponent - precision_bits.  Multi-exponentiation by the bucket method, rows grouped by sign
-    (one modular inverse per column), rows spread over the worker pool.
+    (one modular inverse per column), columns (and rows, with more workers than columns) spread over the
+    worker pool.
     Raises OverflowError if |X| * 2**precision_bits >= 2**62.
     """
     enc._plain_only("dot")
@@ -633,17 +634,25 @@ def dot(X, enc: EncryptedArray, precision_bits: int = DEFAULT_DOT_PRECISION_BITS
     n2 = enc.public_key.nsquare
     cts = enc._c.tolist()
     rows, d = E.shape
-    parts = _ex.parallel_chunks(rows * d, PAR_DOT_MIN)
-    if parts == 1 or rows < parts:
+    parts = _ex.parallel_chunks(rows * d, PAR_DOT_MIN, per_worker=1)
+    if parts == 1 or rows * d < parts:
         res = _eng.signed_multiexp_columns(cts, E, n2)
     else:
-        parts = min(parts, max(1, rows // 256)) if rows >= 512 else min(parts, rows)
-        b = [rows * i // parts for i in range(parts + 1)]
-        chunks = [(cts[b[i]:b[i + 1]], np.ascontiguousarray(E[b[i]:b[i + 1]])) for i in range(parts)]
-        partial = _ex.run(_eng.task_dot, (int(n2),), chunks)
+        # Columns first: each task runs the bucket method over all the rows it gets, whose cost per row
+        # falls as the rows grow (a wider window); rows are split only when workers outnumber columns.
+        groups = np.array_split(np.arange(d), min(d, parts))
+        blocks = min(-(-parts // len(groups)), max(1, rows // 256))
+        if blocks == 1:  # the ciphertexts travel once, with the common arguments
+            partial = _ex.run(_eng.task_dot, (int(n2), cts), [(np.ascontiguousarray(E[:, g]),) for g in groups])
+        else:
+            b = [rows * i // blocks for i in range(blocks + 1)]
+            chunks = [(cts[b[i]:b[i + 1]], np.ascontiguousarray(E[b[i]:b[i + 1], g]))
+                      for i in range(blocks) for g in groups]
+            partial = _ex.run(_eng.task_dot, (int(n2),), chunks)
         res = [mpz(1)] * d
-        for pr in partial:
-            res = [a * b % n2 for a, b in zip(res, pr)]
+        for k, pr in enumerate(partial):
+            for j, v in zip(groups[k % len(groups)].tolist(), pr):
+                res[j] = res[j] * v % n2
     out = _obj(res, () if vec else (d,))
     return EncryptedArray(enc.public_key, out, enc.exponent - pe)
 

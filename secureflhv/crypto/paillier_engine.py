@@ -383,8 +383,7 @@ def signed_multiexp_columns(cts, E: np.ndarray, n2) -> list[mpz]:
     Rows are grouped by sign; the negative group's product is inverted once per column.
     """
     n2 = mpz(n2)
-    arr = np.empty(len(cts), dtype=object)
-    arr[:] = list(cts)
+    arr = np.fromiter(cts, dtype=object, count=len(cts))
     out = []
     for j in range(E.shape[1]):
         col = E[:, j]

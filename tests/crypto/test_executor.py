@@ -93,11 +93,12 @@ class _Inline(ex.Executor):
 
     name = "inline"
 
-    def __init__(self):
+    def __init__(self, workers: int = 4, task_min_batches: int = 0):
         self.steps = []
+        self.n_workers, self.task_min_batches = workers, task_min_batches
 
     def workers(self):
-        return 4
+        return self.n_workers
 
     def run(self, fn, common, chunks):
         self.steps.append((ex.step_name(fn), len(chunks)))
@@ -134,3 +135,39 @@ def test_progress_lines_report_done_total_rate_and_eta(monkeypatch, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0] == "host-1: histograms on ray: 1/4 shards done, 0.17 shards/s, ETA 18s"
     assert lines[-1].startswith("host-1: histograms on ray: 4/4 shards done") and len(lines) == 2
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 16])
+def test_dot_split_by_columns_and_rows_gives_the_same_ciphertexts(workers):
+    # the products are exact, so however the columns and rows are cut the ciphertexts are identical
+    pub, _ = pl.generate_keypair(512, insecure_test_key=True)
+    rng = np.random.default_rng(workers)
+    enc = pl.encrypt(pub, rng.normal(size=2400))
+    for d in (1, 3, 10):
+        X = rng.normal(size=(2400, d))
+        pl.set_workers(1)  # the reference: one multi-exponentiation per column over all rows, in this process
+        try:
+            whole = pl.dot(X, enc)
+        finally:
+            pl.set_workers(None)
+        split = _Inline(workers, task_min_batches=2)
+        with ex.using(split):
+            got = pl.dot(X, enc)
+        assert [int(c) for c in got.ciphertexts] == [int(c) for c in whole.ciphertexts]
+        assert len(split.steps) == 1 and split.steps[0][0] == "dot" and split.steps[0][1] >= min(workers, 2)
+
+
+def test_chunks_per_task_cost():
+    """An executor whose tasks cost something (Ray) gets fewer, bigger chunks, never fewer than one per
+    worker, and a single-worker cluster still takes the work off the party process (>= 2 chunks, not inline)."""
+    local_like, ray_like = _Inline(2), _Inline(2, task_min_batches=2)
+    with ex.using(local_like):
+        assert ex.parallel_chunks(1024, 256) == 8  # four per worker balance the load
+    with ex.using(ray_like):
+        assert ex.parallel_chunks(1024, 256) == 2  # LR's mini-batch: one task per worker
+        assert ex.parallel_chunks(1_000_000, 256) == 8  # big batches: as before
+        assert ex.parallel_chunks(100, 256) == 1  # below break-even: inline
+    for engine in (_Inline(1, task_min_batches=2), _Inline(16, task_min_batches=2)):
+        with ex.using(engine):
+            assert ex.parallel_chunks(1024, 256) == max(2, engine.workers())
+            assert ex.parallel_chunks(10_240, 2000, per_worker=1) == max(2, engine.workers())
