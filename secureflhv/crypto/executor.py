@@ -198,7 +198,7 @@ def parallel_chunks(size: int, min_size: int, per_worker: int = 4) -> int:
     if not pooled or size < (getattr(ex, "min_batch", None) or min_size):
         return 1
     chunks = min(size, max(2, int(per_worker) * w))  # a pool of one still gets the work (1 = inline)
-    per_task = getattr(ex, "task_min_batches", 0) * min_size
+    per_task = ex.task_min_batches * min_size  # 0 for the local pool
     if per_task:
         chunks = min(chunks, max(w, 2, int(size // per_task)))
     return chunks
