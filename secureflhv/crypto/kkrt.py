@@ -39,21 +39,25 @@ Pieces and their sources (no primitive is implemented here: AES from ``cryptogra
   so for a random key and AES modelled as a PRP, the codewords of distinct inputs are independent
   uniform 512-bit strings; their Hamming distance is Binomial(512, 1/2) and falls below kappa = 128
   with probability < 2**-96 per pair (Chernoff, KL(1/4 || 1/2) = 0.189 bits/bit), < 2**-74 over
-  the ~3 * 2**20 (bin, host item) pairs of a 1M-item run. KKRT section 4 derives a width of ~424-448
-  bits for 2**-40 at these sizes; 512 = four AES blocks is the next width that costs nothing extra.
+  the ~3 * 2**20 (bin, host item) pairs of a 1M-item run: comfortably inside the 2**-40 statistical
+  bound; 512 = four AES blocks is also the width that keeps everything block-aligned.
 * **OPRF output** (:func:`oprf_hash`): F(j, x) = BLAKE2b(key = session, digest_size = t)(j || q_j
   xor (C(x) AND s)), truncated to t bytes by BLAKE2b's digest size (default 16, at least 12). The
   receiver's own value for its bin content is BLAKE2b(j || t_j). With n_g guest items and 3 n_h
   host values a false match has probability <= 3 n_g n_h / 2**(8t): < 2**-86 for 1M x 1M and
   t = 16 (t = 12: < 2**-54), below the 2**-40 statistical bound KKRT section 5 asks for.
 * **Cuckoo hashing** (:func:`hash_ids`, :func:`cuckoo_place`): 3 hash functions into
-  :func:`cuckoo_bins` (n) = 1.27 n (+ slack, rounded to 128) bins, no stash -- the parameters
-  Pinkas, Schneider, Tkachenko & Yanai, "Efficient Circuit-based PSI with Linear Communication",
-  EUROCRYPT 2019, section 5.1 (and appendix on cuckoo parameters) give for a failure probability of
-  ~2**-40. If placement fails anyway, the guest picks a fresh salt *before anything is sent*; that
-  reveals only that the final salt places X, which changes the salt's distribution from uniform by
-  at most the failure probability (statistical distance <= 2**-40 at the recommended sizes; small
-  sets get extra slack bins so a retry stays rare).
+  :func:`cuckoo_bins` (n) = e n (+ slack, rounded to 128) bins, no stash, e = ``BIN_FACTOR`` = 1.48.
+  Why 1.48 and not the often-quoted 1.27: the stash-less failure probability 2**-lambda of 3-hash
+  cuckoo hashing was fitted experimentally as lambda ~= 125 e - 145 for large n (Pinkas, Schneider,
+  Tkachenko & Yanai, "Efficient Circuit-based PSI with Linear Communication", EUROCRYPT 2019,
+  section on cuckoo parameters; the same formula, (145 + lambda) / 125, is what the KKRT authors'
+  library cryptoTools uses, ``CuckooIndex::selectParams`` without stash). e = 1.48 gives lambda = 40;
+  1.27 would give only ~14. If placement fails anyway, the guest picks a fresh salt *before anything
+  is sent*; that reveals only that the final salt places X, which changes the salt's distribution
+  from uniform by at most the failure probability (statistical distance <= 2**-40 for n >= ~2**19,
+  where the fit holds; smaller sets get 64 extra slack bins, and their failure probability is not
+  covered by the fit).
 
 Security parameters: computational kappa = 128 (AES-128 seeds and PRG, 512 base OTs so that at
 least kappa bits of s mask every wrong codeword, BLAKE2b), statistical lambda = 40 (cuckoo failure,
@@ -89,7 +93,7 @@ CODE_BYTES = CODE_BITS // 8
 SEED_BYTES = 16              # AES-128 key of the PRG: kappa = 128
 ITEM_BYTES = 15              # hash of an ID inside an AES block (byte 16 holds the code index)
 N_HASHES = 3
-BIN_FACTOR = 1.27
+BIN_FACTOR = 1.48           # bins per guest item: stash-less failure ~2**-40 (module docstring)
 DUMMY_INDEX = N_HASHES       # code index of dummy bins
 POINT_BYTES = 32
 ROW_ALIGN = 128              # rows per AES-CTR block of a column: blocks start at counter offsets
@@ -129,10 +133,10 @@ def _derive(context: bytes, label: bytes, size: int = 32) -> bytes:
 
 
 def cuckoo_bins(n: int) -> int:
-    """Number of cuckoo bins for ``n`` guest items: ceil(1.27 n) + 64 slack, rounded up to 128.
+    """Number of cuckoo bins for ``n`` guest items: ceil(1.48 n) + 64 slack, rounded up to 128.
 
     Both parties compute it from the set size in the hello, so it is never sent. The slack makes
-    small tables (where 1.27 n is not enough for 2**-40) fail rarely; at 1M items it is noise.
+    small tables fail rarely; at 1M items it is noise.
     """
     if n < 0:
         raise ValueError(f"set size must be >= 0, got {n}")

@@ -39,10 +39,10 @@ What each role learns (semi-honest; AES a PRP, BLAKE2b a random oracle, CDH in E
   (KKRT's protocol is semi-honest), a malicious host can send wrong values.
 
 Cost at 1M x 1M (one host): ~1M + 3M BLAKE2b calls, 1 + 3 AES passes over 64 bytes per item, 512 x
-1.27M-bit PRG columns and bit transposes per side, 1,536 + 1,024 Ed25519 scalar multiplications;
+1.48M-bit PRG columns and bit transposes per side, 1,536 + 1,024 Ed25519 scalar multiplications;
 ~10x less CPU than ECDH-PSI. Runs in the calling process (``workers`` is ignored). Traffic per
-host: 64 bytes per guest bin (~81 bytes per guest ID) to the host, 3t bytes per host ID back,
-~33 KB of base-OT points, 8 bytes per common ID. One message holds at most ~26M guest IDs
+host: 64 bytes per guest bin (~95 bytes per guest ID) to the host, 3t bytes per host ID back,
+~33 KB of base-OT points, 8 bytes per common ID. One message holds at most ~22M guest IDs
 (protobuf's 2 GiB limit on U).
 
 Errors as in :mod:`.psi`: a malformed or inconsistent message (wrong lengths or counts, a matrix
