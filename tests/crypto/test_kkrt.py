@@ -189,3 +189,22 @@ def test_session_context_separates_jobs_and_salts():
     a = kkrt.session_context("job", b"s" * 32)
     assert len(a) == 32 and a != kkrt.session_context("job2", b"s" * 32) != kkrt.session_context("job", b"t" * 32)
     assert hashlib.blake2b(b"x", key=a).digest() != hashlib.blake2b(b"x").digest()
+
+
+def test_guest_table_draws_a_fresh_salt_when_placement_fails(monkeypatch):
+    real, calls = kkrt.cuckoo_place, []
+
+    def flaky(cand, bins, rng=None, max_rounds=5000):
+        calls.append(cand.copy())
+        if len(calls) == 1:
+            raise kkrt.CuckooError("forced")
+        return real(cand, bins, rng, max_rounds)
+
+    monkeypatch.setattr(kkrt, "cuckoo_place", flaky)
+    ids = [f"id-{i}" for i in range(200)]
+    salt, ctx, items, cand, table, index = kkrt.guest_table(ids, "job")
+    assert len(calls) == 2 and not np.array_equal(calls[0], calls[1])   # rehashed under a new salt
+    assert np.array_equal(cand, calls[1]) and ctx == kkrt.session_context("job", salt)
+    monkeypatch.setattr(kkrt, "cuckoo_place", lambda *a, **k: (_ for _ in ()).throw(kkrt.CuckooError("x")))
+    with pytest.raises(kkrt.CuckooError, match="under 3 salts"):
+        kkrt.guest_table(ids, "job", max_tries=3)
