@@ -96,7 +96,8 @@ class PsiResult:
         ids: the IDs common to all parties, sorted by Unicode code point (identical at every party).
         rows: int64 array (len(ids),): ``own_ids[rows[k]] == ids[k]`` for this party's ID list.
         peer_sizes: set sizes this party learned, by party id (guest: every host; host: the guest).
-        timings: seconds per phase at this party (``hash_blind``, ``wait``, ``blind_peer``,
+        timings: seconds per phase at this party (ECDH: ``hash_blind``, ``wait``, ``blind_peer``,
+            ``match``, ``total``; KKRT: ``hash``, ``base_ot``, ``extend``, ``oprf``, ``send``, ``wait``,
             ``match``, ``total``; ``wait`` is time blocked on peers).
     """
 
