@@ -173,7 +173,7 @@ class JobSection(_Strict):
     psi_protocol: Literal["ecdh", "kkrt"] = Field(
         default="ecdh", description="vertical jobs' ID alignment: ecdh (ECDH-PSI, secureflhv.vertical.psi) or kkrt "
                                     "(OT-extension PSI, secureflhv.vertical.psi_kkrt: same result and leakage, "
-                                    "~10x less CPU; ~95 bytes per guest ID to each host in one message: raise "
+                                    "~15x less CPU; ~95 bytes per guest ID to each host in one message: raise "
                                     "max_message_mb beyond ~2.7M guest IDs)")
 
     @property

@@ -1,7 +1,7 @@
 """Private set intersection (ECDH-PSI) to align the guest's and hosts' ID columns before training.
 
 The OT-extension protocol :mod:`secureflhv.vertical.psi_kkrt` (job file ``job.psi_protocol: kkrt``)
-gives the same result with the same leakage for ~10x less CPU; it reuses this module's result type,
+gives the same result with the same leakage for ~15x less CPU; it reuses this module's result type,
 hello, ordering and intersection step.
 
 Protocol (Meadows 1986; Huberman, Franklin & Hogg 1999; here over Curve25519, Bernstein 2006 -- the

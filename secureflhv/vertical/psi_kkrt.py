@@ -39,8 +39,11 @@ What each role learns (semi-honest; AES a PRP, BLAKE2b a random oracle, CDH in E
   (KKRT's protocol is semi-honest), a malicious host can send wrong values.
 
 Cost at 1M x 1M (one host): ~1M + 3M BLAKE2b calls, 1 + 3 AES passes over 64 bytes per item, 512 x
-1.48M-bit PRG columns and bit transposes per side, 1,536 + 1,024 Ed25519 scalar multiplications;
-~10x less CPU than ECDH-PSI. Runs in the calling process (``workers`` is ignored). Traffic per
+1.48M-bit PRG columns and bit transposes per side, 1,536 + 1,024 Ed25519 scalar multiplications.
+Measured (``benchmarks/psi.py``, both parties on the same 2 cores, load ~1): ~9 core-s and ~8.5 s
+wall, against ~144 core-s and ~76 s for ECDH-PSI in the same run. Runs in the calling process
+(``workers`` is ignored: the steps depend on each other across the parties, and on shared cores a
+pool's start-up would compete with the peer's critical path). Traffic per
 host: 64 bytes per guest bin (~95 bytes per guest ID) to the host, 3t bytes per host ID back,
 ~33 KB of base-OT points, 8 bytes per common ID. One message holds at most ~22M guest IDs
 (protobuf's 2 GiB limit on U).
