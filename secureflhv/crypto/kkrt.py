@@ -83,7 +83,8 @@ __all__ = [
     "DOMAIN", "BASE_OTS", "CODE_BITS", "CODE_BYTES", "SEED_BYTES", "ITEM_BYTES", "N_HASHES", "BIN_FACTOR",
     "POINT_BYTES", "DUMMY_INDEX", "InvalidPointError", "CuckooError", "session_context", "cuckoo_bins",
     "BaseOtSender", "BaseOtReceiver", "prg_columns", "transpose_columns", "Prc", "hash_ids", "cuckoo_place",
-    "receiver_rows", "sender_rows", "oprf_hash", "bits_to_mask",
+    "receiver_rows", "sender_rows", "oprf_hash", "bits_to_mask", "guest_table", "guest_codewords", "guest_values",
+    "host_values",
 ]
 
 DOMAIN = b"secureflhv/psi/kkrt/v1"
@@ -91,9 +92,9 @@ BASE_OTS = 512               # = CODE_BITS: one base OT per codeword bit
 CODE_BITS = 512
 CODE_BYTES = CODE_BITS // 8
 SEED_BYTES = 16              # AES-128 key of the PRG: kappa = 128
-ITEM_BYTES = 15              # hash of an ID inside an AES block (byte 16 holds the code index)
+ITEM_BYTES = 15              # hash of an ID in an AES block (its last byte holds the code index)
 N_HASHES = 3
-BIN_FACTOR = 1.48           # bins per guest item: stash-less failure ~2**-40 (module docstring)
+BIN_FACTOR = 1.48            # bins per guest item: stash-less failure ~2**-40 (module docstring)
 DUMMY_INDEX = N_HASHES       # code index of dummy bins
 POINT_BYTES = 32
 ROW_ALIGN = 128              # rows per AES-CTR block of a column: blocks start at counter offsets
