@@ -1,4 +1,5 @@
-"""Benchmark ECDH-PSI (secureflhv.vertical.psi) against an insecure plain hash join.
+"""Benchmark ECDH-PSI (secureflhv.vertical.psi) and KKRT-PSI (secureflhv.vertical.psi_kkrt) against an insecure
+plain hash join.
 
 Both parties run in this process as threads over InProcessNetwork (payloads are still serialised
 protobuf); each party has its own process pool of ``--workers`` processes, so with 2 parties on a
@@ -9,8 +10,13 @@ Baseline, measured in the same run: the naive (insecure) PSI -- each side sends 
 the intersection is a hash join. It reveals every hashed ID to the other side, so the ratio is the
 price of security.
 
-    python benchmarks/psi.py            # 1,000,000 IDs per side, 50% overlap (recorded in docs/benchmarks.json)
+    python benchmarks/psi.py            # 1,000,000 IDs per side, 50% overlap, both protocols (recorded in
+                                        # docs/benchmarks.json: rows psi and psi_kkrt)
+    python benchmarks/psi.py --protocol kkrt   # only KKRT-PSI (ecdh: only ECDH-PSI; both: the default)
     python benchmarks/psi.py --quick    # 20,000 IDs, a smoke run
+
+With ``both`` the two protocols run one after the other on the same IDs in the same process, and the
+ratio of their wall times is printed. KKRT-PSI runs in each party's own process (no pool).
 
 Printed beside the time: bytes each party sent and received (payload + framing, ``secureflhv.transport.wire``),
 the load average, and the compute floor: the X25519 operations and hashes to the curve the protocol
@@ -38,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from secureflhv.crypto.psi import blind, hash_context, hash_to_points, new_scalar  # noqa: E402
 from secureflhv.transport import InProcessNetwork  # noqa: E402
-from secureflhv.vertical.psi import align_ids_guest, align_ids_host  # noqa: E402
+from secureflhv.vertical import psi as psi_ecdh, psi_kkrt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _report  # noqa: E402
@@ -152,14 +158,17 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run_psi(guest_ids, host_ids_list, workers):
+PROTOCOLS = {"ecdh": ("ECDH-PSI", psi_ecdh), "kkrt": ("KKRT-PSI", psi_kkrt)}
+
+
+def run_psi(guest_ids, host_ids_list, workers, module=psi_ecdh):
     hosts = [f"host-{j + 1}" for j in range(len(host_ids_list))]
     net = InProcessNetwork("bench-psi", ["guest", *hosts], deadline=600.0)
     results, errors = {}, []
 
     def host(name, ids):
         try:
-            results[name] = align_ids_host(net.transport(name), ids, "guest", workers=workers)
+            results[name] = module.align_ids_host(net.transport(name), ids, "guest", workers=workers)
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -167,7 +176,7 @@ def run_psi(guest_ids, host_ids_list, workers):
     t0 = time.perf_counter()
     for t in threads:
         t.start()
-    results["guest"] = align_ids_guest(net.transport("guest"), guest_ids, hosts, workers=workers)
+    results["guest"] = module.align_ids_guest(net.transport("guest"), guest_ids, hosts, workers=workers)
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
@@ -184,6 +193,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=None, help="processes per party (default: all CPUs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="smoke run with 20,000 IDs per party")
+    ap.add_argument("--protocol", choices=("ecdh", "kkrt", "both"), default="both",
+                    help="PSI protocol(s) to run (default both, one after the other, each recorded as its own row)")
     ap.add_argument("--primitives", action="store_true",
                     help="only print the per-call CPU cost of each candidate group/library")
     args = ap.parse_args(argv)
@@ -194,44 +205,65 @@ def main(argv=None) -> int:
 
     guest_ids, host_ids = make_ids(n, args.overlap, args.hosts, args.seed)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    protocols = ["ecdh", "kkrt"] if args.protocol == "both" else [args.protocol]
     print(f"PSI benchmark: {n:,} IDs per party, {args.hosts} host(s), overlap {args.overlap:.0%}, "
-          f"{cpus} CPUs, workers per party: {args.workers or 'all CPUs'}")
+          f"{cpus} CPUs, workers per party: {args.workers or 'all CPUs'}, protocols: {', '.join(protocols)}")
 
-    mult_s, hash_s = op_costs(2_000 if args.quick else 20_000)  # before the run: no pool competing for CPUs
+    if "ecdh" in protocols:
+        mult_s, hash_s = op_costs(2_000 if args.quick else 20_000)  # before the run: no pool competing for CPUs
     base_s, base_size = naive_psi(guest_ids, host_ids)
-    cpu0 = cpu_seconds()
-    wall, res, wire = run_psi(guest_ids, host_ids, args.workers)
-    sent = sum(s for s, _ in _wire.per_party(wire).values())
-    cpu = cpu_seconds() - cpu0
-    g = res["guest"]
     expected = set(guest_ids)
     for ids in host_ids:
         expected &= set(ids)
-    ok = g.ids == sorted(expected) and all(r.ids == g.ids for r in res.values()) and base_size == len(expected)
-    print(f"intersection: {len(g):,} IDs ({'correct' if ok else 'WRONG'}); sent by all parties: {sent / 1e6:.1f} MB")
-    for party, r in res.items():
-        phases = ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items())
-        print(f"  {party:8s} {phases}")
-    print(f"ECDH-PSI wall (all parties, shared {cpus} CPUs): {wall:.2f} s; bytes: {_wire.line(wire)}")
-    print(f"ECDH-PSI CPU time, all parties and worker processes: {cpu:.1f} core-s "
-          f"(= {cpu / cpus:.1f} s on {cpus} dedicated CPUs); with one {cpus}-CPU machine per party the guest, "
-          f"the busiest, does about half: ~{cpu / 2 / cpus:.0f} s")
-    print(f"naive SHA-256 hash join (insecure baseline):  {base_s:.2f} s")
-    print(f"security overhead ratio: {wall / base_s:.1f}x")
-    ops, hashes = 2 * (n + n * args.hosts), n + n * args.hosts
-    floor = (ops * mult_s + hashes * hash_s) / cpus
-    load = os.getloadavg()
-    print(f"compute floor: {ops:,} X25519 calls at {mult_s * 1e6:.1f} us CPU + {hashes:,} hashes to the curve at "
-          f"{hash_s * 1e6:.1f} us = {floor * cpus:.0f} core-s -> {floor:.1f} s on {cpus} CPUs if nothing else "
-          f"cost anything; measured wall / floor = {wall / floor:.2f}, CPU / floor = {cpu / (floor * cpus):.2f}")
-    print(f"load average (1, 5 min) after the run: {load[0]:.2f}, {load[1]:.2f}")
-    if ok and not args.quick:
-        _report.record("psi", {
-            "what": f"PSI, {n:,} ids per side, {args.overlap:.0%} overlap, {args.hosts} host(s) (`psi.py`)",
-            "ours": f"{wall:.1f} s with all parties on the same {cpus} cores ({cpu:.0f} core-s, compute floor "
-                    f"{floor:.0f} s; load average {load[0]:.1f})",
-            "baseline": f"insecure SHA-256 hash join {base_s:.2f} s", "ratio": f"{wall / base_s:.0f}×",
-            "bytes": _wire.cell(wire)})
+    walls, all_ok = {}, base_size == len(expected)
+    for proto in protocols:
+        name, module = PROTOCOLS[proto]
+        cpu0 = cpu_seconds()
+        wall, res, wire = run_psi(guest_ids, host_ids, args.workers, module)
+        walls[proto] = wall
+        sent = sum(s for s, _ in _wire.per_party(wire).values())
+        cpu = cpu_seconds() - cpu0
+        g = res["guest"]
+        ok = g.ids == sorted(expected) and all(r.ids == g.ids for r in res.values()) and base_size == len(expected)
+        all_ok &= ok
+        print(f"{name} intersection: {len(g):,} IDs ({'correct' if ok else 'WRONG'}); "
+              f"sent by all parties: {sent / 1e6:.1f} MB")
+        for party, r in res.items():
+            phases = ", ".join(f"{k} {v:.2f}s" for k, v in r.timings.items())
+            print(f"  {party:8s} {phases}")
+        print(f"{name} wall (all parties, shared {cpus} CPUs): {wall:.2f} s; bytes: {_wire.line(wire)}")
+        print(f"{name} CPU time, all parties and worker processes: {cpu:.1f} core-s "
+              f"(= {cpu / cpus:.1f} s on {cpus} dedicated CPUs); with one {cpus}-CPU machine per party the guest, "
+              f"the busiest, does about half: ~{cpu / 2 / cpus:.0f} s")
+        print(f"naive SHA-256 hash join (insecure baseline):  {base_s:.2f} s")
+        print(f"{name} security overhead ratio: {wall / base_s:.1f}x")
+        load = os.getloadavg()
+        what = f"PSI, {n:,} ids per side, {args.overlap:.0%} overlap, {args.hosts} host(s)"
+        if proto == "ecdh":
+            ops, hashes = 2 * (n + n * args.hosts), n + n * args.hosts
+            floor = (ops * mult_s + hashes * hash_s) / cpus
+            print(f"compute floor: {ops:,} X25519 calls at {mult_s * 1e6:.1f} us CPU + {hashes:,} hashes to the curve "
+                  f"at {hash_s * 1e6:.1f} us = {floor * cpus:.0f} core-s -> {floor:.1f} s on {cpus} CPUs if nothing "
+                  f"else cost anything; measured wall / floor = {wall / floor:.2f}, CPU / floor = "
+                  f"{cpu / (floor * cpus):.2f}")
+            key, row = "psi", {
+                "what": f"{what} (`psi.py`)",
+                "ours": f"{wall:.1f} s with all parties on the same {cpus} cores ({cpu:.0f} core-s, compute floor "
+                        f"{floor:.0f} s; load average {load[0]:.1f})"}
+        else:
+            vs = f"; ECDH-PSI in the same run {walls['ecdh']:.1f} s" if "ecdh" in walls else ""
+            key, row = "psi_kkrt", {
+                "what": f"{what}, KKRT OT-extension PSI (`psi.py --protocol kkrt`)",
+                "ours": f"{wall:.1f} s with all parties on the same {cpus} cores ({cpu:.0f} core-s{vs}; "
+                        f"load average {load[0]:.1f})"}
+        print(f"load average (1, 5 min) after the run: {load[0]:.2f}, {load[1]:.2f}")
+        if ok and not args.quick:
+            _report.record(key, {**row, "baseline": f"insecure SHA-256 hash join {base_s:.2f} s",
+                                 "ratio": f"{wall / base_s:.0f}×", "bytes": _wire.cell(wire)})
+    if len(walls) == 2:
+        print(f"KKRT-PSI / ECDH-PSI wall time: {walls['kkrt'] / walls['ecdh']:.3f} "
+              f"({walls['ecdh'] / walls['kkrt']:.1f}x faster); load average {os.getloadavg()[0]:.2f}")
+    ok = all_ok
     return 0 if ok else 1
 
 

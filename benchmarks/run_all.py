@@ -49,7 +49,7 @@ class Bench:
 BENCHMARKS = (
     Bench("paillier", ("--bits", "2048"), 120, (), 300, 20, "2048-bit in the default set; 1024/3072 with --full"),
     Bench("vertical_lr", (), 150, (), 150, 25, "breast cancer + 100,000 rows, Paillier and OU"),
-    Bench("psi", (), 90, (), 90, 10, "1,000,000 x 1,000,000"),
+    Bench("psi", (), 100, (), 100, 12, "1,000,000 x 1,000,000, ECDH-PSI and KKRT-PSI"),
     Bench("secagg", (), 90, (), 90, 50, "10 clients x 1,000,000, mutual TLS; + ~3 min when Flower is measured"),
     Bench("secureboost", ("--only", "a", "--he-scheme", "paillier", "ou"), 60,
           ("--he-scheme", "paillier", "ou"), 1500, 30, "(a) in the default set; (b), FATE's shape, with --full"),

@@ -26,10 +26,11 @@ from ..data import Dataset, load_table
 from ..data.stream import load_table_batched, table_bytes
 from ..data.tabular import Preprocessor
 from ..transport import Transport
-from ..vertical.psi import align_ids_guest, align_ids_host
+from ..vertical import psi as psi_ecdh, psi_kkrt
 from .job_file import JobConfig, JobConfigError, PartySpec
 
 log = logging.getLogger("secureflhv.job")
+PSI_PROTOCOLS = {"ecdh": psi_ecdh, "kkrt": psi_kkrt}  # job.psi_protocol -> module with align_ids_guest/host
 
 
 class SplitParams(BaseModel):
@@ -165,15 +166,17 @@ def streamed_batch_rows(cfg: JobConfig, party: PartySpec) -> int | None:
 
 
 def align_by_psi(cfg: JobConfig, party: PartySpec, transport: Transport, table: Dataset):
-    """Run PSI with the other data parties; returns the :class:`~secureflhv.vertical.psi.PsiResult`.
+    """Run PSI (``job.psi_protocol``) with the other data parties; returns the
+    :class:`~secureflhv.vertical.psi.PsiResult`.
 
     Raises ValueError when fewer than two ids are common (training on them would be meaningless).
     """
     t0 = time.monotonic()
+    protocol = PSI_PROTOCOLS[cfg.job.psi_protocol]
     if party.role == "guest":
-        psi = align_ids_guest(transport, list(table.ids), [h.id for h in cfg.hosts])
+        psi = protocol.align_ids_guest(transport, list(table.ids), [h.id for h in cfg.hosts])
     else:
-        psi = align_ids_host(transport, list(table.ids), cfg.guest.id)
+        psi = protocol.align_ids_host(transport, list(table.ids), cfg.guest.id)
     log.info("%s: PSI found %d common ids (own %d) in %.2fs", party.id, len(psi), table.n_rows,
              time.monotonic() - t0)
     if len(psi) < 2:

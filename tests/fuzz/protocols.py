@@ -30,6 +30,7 @@ import vlr_harness  # noqa: E402
 from secureflhv.crypto import paillier as pl  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec  # noqa: E402
 from secureflhv.tree.params import SecureBoostParams  # noqa: E402
+from secureflhv.vertical import psi_kkrt  # noqa: E402
 from secureflhv.vertical.psi import align_ids_guest, align_ids_host  # noqa: E402
 from secureflhv.vertical.split_nn import SplitNNConfig  # noqa: E402
 
@@ -96,6 +97,17 @@ def run_psi(net_cls):
     results, errors = sb_harness.run_threads({
         "guest": lambda: align_ids_guest(net.transport("guest"), guest_ids, ["host-1"], workers=1),
         "host-1": lambda: align_ids_host(net.transport("host-1"), host_ids, "guest", workers=1),
+    }, timeout=30)
+    return fingerprint(results), errors, [net]
+
+
+def run_psi_kkrt(net_cls):
+    guest_ids = [f"id-{i}" for i in range(0, 12)]
+    host_ids = [f"id-{i}" for i in range(5, 16)]
+    net = net_cls("fuzz-psi-kkrt", ["guest", "host-1"], deadline=DEADLINE)
+    results, errors = sb_harness.run_threads({
+        "guest": lambda: psi_kkrt.align_ids_guest(net.transport("guest"), guest_ids, ["host-1"]),
+        "host-1": lambda: psi_kkrt.align_ids_host(net.transport("host-1"), host_ids, "guest"),
     }, timeout=30)
     return fingerprint(results), errors, [net]
 
@@ -261,6 +273,7 @@ PROTOCOLS = {
     "rendezvous": run_rendezvous,
     "resume": run_resume,
     "psi": run_psi,
+    "psi_kkrt": run_psi_kkrt,
     "vlr_arbiter": run_vlr_arbiter,
     "vlr_two_party": run_vlr_two_party,
     "split_nn": run_split_nn,

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from rich.console import Console
 
 from secureflhv.runtime.artifacts import load_model
@@ -38,16 +39,21 @@ PARAMS = {"epochs": 3, "batch_size": 128, "learning_rate": 0.15, "lr_schedule": 
           "early_stopping": False, "test_fraction": 0.25, "split_seed": 5, "seed": 7}
 
 
-def make_job(tmp_path, n_hosts=1, mode="arbiter", params=PARAMS, deadline=60):
+def make_job(tmp_path, n_hosts=1, mode="arbiter", params=PARAMS, deadline=60, psi_protocol=None):
     guest_csv, host_csvs = breast_cancer_tables(tmp_path / "data", n_hosts, seed=3, scheme="random")
     job = write_vertical_lr_job(tmp_path / "job", guest_csv, host_csvs, params, mode=mode, deadline_s=deadline,
                                 insecure_test_keys=True)
+    if psi_protocol is not None:
+        doc = yaml.safe_load(job.read_text())
+        doc["job"]["psi_protocol"] = psi_protocol
+        job.write_text(yaml.safe_dump(doc))
     return job, guest_csv, host_csvs
 
 
-@pytest.mark.parametrize("n_hosts, mode", [(1, "arbiter"), (2, "two_party")])
-def test_trained_model_and_psi_match_centralised(tmp_path, n_hosts, mode):
-    job, guest_csv, host_csvs = make_job(tmp_path, n_hosts, mode)
+# the two-host run aligns its ids with KKRT-PSI (job.psi_protocol), the one-host run with the default ECDH-PSI
+@pytest.mark.parametrize("n_hosts, mode, psi", [(1, "arbiter", None), (2, "two_party", "kkrt")])
+def test_trained_model_and_psi_match_centralised(tmp_path, n_hosts, mode, psi):
+    job, guest_csv, host_csvs = make_job(tmp_path, n_hosts, mode, psi_protocol=psi)
     proc = secureflhv("run", str(job), "--timeout", "240")
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
@@ -99,6 +105,8 @@ def test_trained_model_and_psi_match_centralised(tmp_path, n_hosts, mode):
         assert d["sent"] >= PARAMS["epochs"] * len(split["train"]) * 250, d
         assert d["sent"] < PARAMS["epochs"] * len(split["train"]) * 300 + 10_000 * d["messages_sent"], d
         assert 0 < d["sent_framing"] < d["sent"]
+    tags = set(wire["guest"]["peers"]["host-1"]["by_tag"])
+    assert ("psi/kkrt/matrix" in tags) == (psi == "kkrt") and ("psi/points" in tags) == (psi is None), tags
     assert "bytes on the wire" in out and re.search(r"guest finished in [\d.]+s; sent [\d.]+ [kMG]?B \(\+", out)
 
 
