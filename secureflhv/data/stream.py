@@ -13,6 +13,7 @@ in-memory quantile cuts from row batches (radix selection), so a streamed job tr
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -199,22 +200,66 @@ def table_bytes(path) -> int:
     return path.stat().st_size
 
 
-def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, label_column: str | None = None,
-                       feature_columns: list[str] | None = None, schema=None):
-    """What :func:`secureflhv.data.load_table` returns for a CSV / Parquet file, read ``batch_rows`` rows at a time.
-
-    The whole table is never a DataFrame: each batch is parsed like ``load_table`` parses the table
-    (pyarrow; the id column and categorical columns as text, features as float64) and copied into the
-    preallocated feature matrix. Peak memory: the matrix (rows x features x 8 bytes), the ids and labels,
-    plus one batch. Raises FileNotFoundError; DataError as ``load_table`` does (missing or non-numeric
-    column, duplicate ids), and when label names or categories inferred from the values differ between
-    batches (declare them in the data schema).
-    """
+def _table_dataset(path: Path, *, id_column, label_column, feature_columns, parsed):
+    """A pyarrow dataset of ``path`` with ``load_table``'s column types (CSV: the id and categorical
+    columns as text, the other feature columns as float64; Parquet: the file's own types)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.dataset as pads
 
+    if path.suffix.lower() not in (".csv", ".txt"):
+        return pads.dataset(str(path), format="parquet")
+    strings = {c for c in (id_column,) if c is not None}
+    if parsed is not None:
+        strings |= {c for c, s in parsed.columns.items() if s.kind in ("categorical", "id")}
+    names = pacsv.open_csv(str(path)).schema.names
+    types = {c: pa.string() if c in strings else pa.float64() for c in names
+             if c in strings or (c != label_column and (feature_columns is None or c in feature_columns))}
+    # empty cells as pandas.read_csv (load_table) reads them: missing, in text columns too
+    convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True,
+                                   null_values=list(pacsv.ConvertOptions().null_values) + ["<NA>", "None"])
+    return pads.dataset(str(path), format=pads.CsvFileFormat(convert_options=convert))
+
+
+@contextmanager
+def _reading(path: Path):
+    """pyarrow's own exception types as DataError naming the file (DataError, FileNotFoundError pass)."""
+    from .loaders import DataError
+
+    try:
+        yield
+    except (DataError, FileNotFoundError):
+        raise
+    except Exception as exc:  # pyarrow raises its own exception types
+        raise DataError(f"cannot read {path} in row batches: {exc}") from exc
+
+
+def _parsed_batches(ds, path: Path, batch_rows: int, *, columns=None, **parse):
+    """``(first row, Dataset)`` for each non-empty batch of ``ds`` (only ``columns`` when given), parsed
+    as ``load_table`` parses a table (``parse``: its id / label / feature columns and parsed schema).
+
+    No read-ahead: one batch (a Parquet row group at most) in memory at a time. Raises DataError when
+    label names or categories inferred from the values differ between batches.
+    """
     from .loaders import DataError, _frame_to_dataset
+
+    first, at = None, 0
+    for batch in ds.to_batches(columns=columns, batch_size=batch_rows, batch_readahead=0, fragment_readahead=0):
+        if not batch.num_rows:
+            continue
+        part = _frame_to_dataset(batch.to_pandas(), path, group_column=None, time_column=None, name=path.stem,
+                                 **parse)
+        if first is None:
+            first = part
+        elif (part.label_names, part.categories) != (first.label_names, first.categories):
+            raise DataError(f"{path}: label names or categories differ between row batches; declare them "
+                            f"in the data schema to read this table in batches")
+        yield at, part
+        at += part.n_rows
+
+
+def _opened(path, batch_rows: int, id_column, label_column, feature_columns, schema):
+    """Checks the arguments; returns (path, pyarrow dataset, keyword arguments of the per-batch parse)."""
     from .schema import parse_schema
 
     path = Path(path)
@@ -223,53 +268,126 @@ def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, l
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
     parsed = parse_schema(schema, f"{path} schema") if schema is not None else None
-    strings = {c for c in (id_column,) if c is not None}
-    if parsed is not None:
-        strings |= {c for c, s in parsed.columns.items() if s.kind in ("categorical", "id")}
-    try:
-        if path.suffix.lower() in (".csv", ".txt"):
-            names = pacsv.open_csv(str(path)).schema.names
-            types = {c: pa.string() if c in strings else pa.float64() for c in names
-                     if c in strings or (c != label_column and (feature_columns is None or c in feature_columns))}
-            fmt = pads.CsvFileFormat(convert_options=pacsv.ConvertOptions(column_types=types))
-        else:
-            fmt = "parquet"
-        ds = pads.dataset(str(path), format=fmt)
-        n = ds.count_rows()
-        X, ids, ys, first = None, [], [], None
-        at = 0
-        # no read-ahead: one batch (a Parquet row group at most) in memory at a time
-        for batch in ds.to_batches(batch_size=batch_rows, batch_readahead=0, fragment_readahead=0):
-            if not batch.num_rows:
-                continue
-            part = _frame_to_dataset(batch.to_pandas(), path, label_column=label_column, id_column=id_column,
-                                     feature_columns=feature_columns, group_column=None, time_column=None,
-                                     name=path.stem, schema=parsed)
-            if first is None:
-                first = part
-                X = np.empty((n, part.n_features), dtype=part.X.dtype)
-            elif (part.label_names, part.categories) != (first.label_names, first.categories):
-                raise DataError(f"{path}: label names or categories differ between row batches; declare them "
-                                f"in the data schema to read this table in batches")
-            X[at:at + part.n_rows] = part.X
-            at += part.n_rows
-            if part.ids is not None:
-                ids.append(part.ids)
-            if part.y is not None:
-                ys.append(part.y)
-    except (DataError, FileNotFoundError):
-        raise
-    except Exception as exc:  # pyarrow raises its own exception types
-        raise DataError(f"cannot read {path} in row batches: {exc}") from exc
-    if first is None:
-        raise DataError(f"{path}: the table has no rows")
+    parse = dict(id_column=id_column, label_column=label_column, feature_columns=feature_columns, schema=parsed)
+    with _reading(path):
+        ds = _table_dataset(path, id_column=id_column, label_column=label_column,
+                            feature_columns=feature_columns, parsed=parsed)
+    return path, ds, parse
+
+
+def _whole_ids_and_labels(path: Path, id_column, ids: list, ys: list):
+    """The ids (duplicates refused) and labels of the whole table from its batches' parts; labels that
+    are all whole numbers become int64 (the rule of ``load_table``, on the whole column)."""
+    from .loaders import DataError
+
     ids_all = np.concatenate(ids) if ids else None
     if ids_all is not None and np.unique(ids_all).shape[0] != ids_all.shape[0]:
         raise DataError(f"{path}: id column {id_column!r} has duplicate ids")
     y = np.concatenate(ys) if ys else None
     if y is not None and y.dtype.kind == "f" and np.all(y == np.round(y)):
         y = y.astype(np.int64)
-    from .dataset import Dataset
+    return ids_all, y
 
-    return Dataset(X[:at], y, first.feature_names, ids=ids_all, name=path.stem, label_names=first.label_names,
+
+def load_ids_batched(path, batch_rows: int, *, id_column: str | None = None, label_column: str | None = None,
+                     feature_columns: list[str] | None = None, schema=None):
+    """Pass 1 of a streamed vertical preparation: the ids (and labels) of a CSV / Parquet table, read
+    ``batch_rows`` rows at a time and only from those columns.
+
+    Returns a :class:`~secureflhv.data.Dataset` with no feature columns (``X`` of shape (rows, 0)) whose
+    ``ids``, ``y`` and ``label_names`` are those :func:`load_table_batched` would give. The header is
+    checked as ``load_table`` checks it (missing id / label / feature / schema columns); the feature
+    cells themselves are parsed (and their errors raised) by :func:`load_table_batched`, the second pass.
+    Memory: the ids and labels plus one batch of those two columns. Raises as :func:`load_table_batched`.
+    """
+    from .dataset import Dataset
+    from .loaders import DataError, _frame_to_dataset
+
+    path, ds, parse = _opened(path, batch_rows, id_column, label_column, feature_columns, schema)
+    parsed = parse["schema"]
+    id_column = id_column if id_column is not None or parsed is None else parsed.id_column
+    label_column = label_column if label_column is not None or parsed is None else parsed.label_column
+    keys = [c for c in (id_column, label_column) if c is not None]
+    with _reading(path):
+        # the header, parsed as a table with no rows: the same errors as load_table for absent columns
+        _frame_to_dataset(ds.schema.empty_table().to_pandas(), path, group_column=None, time_column=None,
+                          name=path.stem, **parse)
+        from .schema import TableSchema
+
+        only = TableSchema(columns={c: parsed.columns[c] for c in keys if c in parsed.columns}) \
+            if parsed is not None else None
+        ids, ys, n, first = [], [], 0, None
+        for _, part in _parsed_batches(ds, path, batch_rows, columns=keys, id_column=id_column,
+                                       label_column=label_column, feature_columns=[], schema=only):
+            if first is None:
+                first = part
+            n += part.n_rows
+            if part.ids is not None:
+                ids.append(part.ids)
+            if part.y is not None:
+                ys.append(part.y)
+    if first is None:
+        raise DataError(f"{path}: the table has no rows")
+    ids_all, y = _whole_ids_and_labels(path, id_column, ids, ys)
+    return Dataset(np.empty((n, 0)), y, [], ids=ids_all, name=path.stem, label_names=first.label_names)
+
+
+def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, label_column: str | None = None,
+                       feature_columns: list[str] | None = None, schema=None, rows=None):
+    """What :func:`secureflhv.data.load_table` returns for a CSV / Parquet file, read ``batch_rows`` rows at a time.
+
+    The whole table is never a DataFrame: each batch is parsed like ``load_table`` parses the table
+    (pyarrow; the id column and categorical columns as text, features as float64) and copied into the
+    preallocated feature matrix.
+
+    ``rows`` (int array, each in ``[0, table rows)``): return only those rows, in that order — the
+    dataset ``t`` with ``t.X == whole.X[rows]``, ``t.y == whole.y[rows]``, ``t.ids == whole.ids[rows]``
+    (the labels' dtype and the duplicate-id check are decided on the whole table, as without ``rows``).
+    Each batch's rows that are in ``rows`` are copied straight to their places, so the whole matrix
+    never exists (a vertical party passes its PSI rows: pass 2 of a streamed preparation).
+
+    Peak memory: the matrix (``len(rows)`` or all rows x features x 8 bytes), the ids and labels of the
+    whole table, plus one batch. Raises FileNotFoundError; DataError as ``load_table`` does (missing or
+    non-numeric column, duplicate ids), when label names or categories inferred from the values differ
+    between batches (declare them in the data schema), and when ``rows`` names a row the table lacks.
+    """
+    from .dataset import Dataset
+    from .loaders import DataError
+
+    path, ds, parse = _opened(path, batch_rows, id_column, label_column, feature_columns, schema)
+    with _reading(path):
+        n = ds.count_rows()
+        if rows is not None:
+            rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+            order = np.argsort(rows, kind="stable")  # rows[order] ascending: a batch's rows are one slice
+            srt = rows[order]
+            if len(rows) and (srt[0] < 0 or srt[-1] >= n):
+                raise DataError(f"{path}: rows out of range for a table of {n} rows")
+        X, ids, ys, first, at = None, [], [], None, 0
+        for at, part in _parsed_batches(ds, path, batch_rows, **parse):
+            if first is None:
+                first = part
+                X = np.empty((n if rows is None else len(rows), part.n_features), dtype=part.X.dtype)
+            if rows is None:
+                X[at:at + part.n_rows] = part.X
+            else:
+                lo, hi = np.searchsorted(srt, [at, at + part.n_rows])
+                X[order[lo:hi]] = part.X[srt[lo:hi] - at]
+            if part.ids is not None:
+                ids.append(part.ids)
+            if part.y is not None:
+                ys.append(part.y)
+            at += part.n_rows
+    if first is None:
+        raise DataError(f"{path}: the table has no rows")
+    if rows is not None and len(rows) and srt[-1] >= at:
+        raise DataError(f"{path}: rows out of range: only {at} rows could be read (did the file change?)")
+    ids_all, y = _whole_ids_and_labels(path, id_column if id_column is not None else
+                                       getattr(parse["schema"], "id_column", None), ids, ys)
+    if rows is None:
+        X = X[:at]
+    else:
+        ids_all = ids_all[rows] if ids_all is not None else None
+        y = y[rows] if y is not None else None
+    return Dataset(X, y, first.feature_names, ids=ids_all, name=path.stem, label_names=first.label_names,
                    categories=first.categories)
