@@ -250,6 +250,14 @@ def prepare_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, par
     families) missing cells are imputed, categorical columns one-hot encoded and, with ``standardize``,
     numeric columns standardised — all fitted on this party's training rows; trees take the raw codes
     and NaN (``preprocess=False``).
+
+    A streamed table (:func:`streamed_batch_rows` not None: ``data.max_memory_mb`` exceeded) is read in
+    two passes of row batches: the id (and label) columns for PSI, then the feature columns, each batch's
+    common rows copied to their aligned places. The result is bit-identical to reading the table whole,
+    and the peak is the aligned matrix (common ids x features x 8 bytes) plus the ids and labels of the
+    whole table plus one batch, not the whole table. With ``preprocess`` the preprocessor still makes its
+    own copy of the aligned matrix (fit on the training rows, transform). Raises JobConfigError when the
+    file changes between the two passes (its ids no longer match PSI's).
     """
     if streamed_batch_rows(cfg, party):
         # two passes over the file: ids (and labels) for PSI, then only the common rows' features,
