@@ -53,6 +53,37 @@ def iter_row_batches(path, batch_rows: int = 65_536, columns: list[str] | None =
             yield batch.to_pandas()
 
 
+def iter_text_batches(path, batch_rows: int) -> Iterator:
+    """pandas DataFrames of at most ``batch_rows`` rows of a CSV / Parquet table, in file order, as
+    ``pandas.read_csv(path, dtype=str)`` / ``pandas.read_parquet`` would give them whole: a CSV's cells as
+    text (pandas' empty-cell strings as missing), a Parquet file's typed values. No read-ahead.
+    For checking cells (preflight) one batch at a time. Raises ValueError for ``batch_rows < 1``."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.dataset as pads
+
+    if batch_rows < 1:
+        raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
+    path = Path(path)
+    fmt = "parquet"
+    if path.suffix.lower() in (".csv", ".txt"):
+        names = pacsv.open_csv(str(path)).schema.names
+        fmt = pads.CsvFileFormat(convert_options=_pandas_nulls({c: pa.string() for c in names}))
+    for batch in pads.dataset(str(path), format=fmt).to_batches(batch_size=batch_rows, batch_readahead=0,
+                                                                  fragment_readahead=0):
+        if batch.num_rows:
+            yield batch.to_pandas()
+
+
+def _pandas_nulls(types: dict):
+    """CSV conversion to ``types`` with empty cells read as ``pandas.read_csv`` (``load_table``) reads
+    them: missing, in text columns too."""
+    import pyarrow.csv as pacsv
+
+    return pacsv.ConvertOptions(column_types=types, strings_can_be_null=True,
+                                null_values=list(pacsv.ConvertOptions().null_values) + ["<NA>", "None"])
+
+
 def sketch_cuts(path, columns: list[str], max_bin: int, *, sketch_bins: int = 2048,
                 batch_rows: int = 65_536) -> dict[str, np.ndarray]:
     """Per column, up to ``max_bin - 1`` ascending inner bin edges at equal-count quantiles.
@@ -221,10 +252,7 @@ def _table_dataset(path: Path, *, id_column, label_column, feature_columns, pars
     names = pacsv.open_csv(str(path)).schema.names
     types = {c: pa.string() if c in strings else pa.float64() for c in names
              if c in strings or (c != label_column and (feature_columns is None or c in feature_columns))}
-    # empty cells as pandas.read_csv (load_table) reads them: missing, in text columns too
-    convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True,
-                                   null_values=list(pacsv.ConvertOptions().null_values) + ["<NA>", "None"])
-    return pads.dataset(str(path), format=pads.CsvFileFormat(convert_options=convert))
+    return pads.dataset(str(path), format=pads.CsvFileFormat(convert_options=_pandas_nulls(types)))
 
 
 @contextmanager
@@ -244,24 +272,32 @@ def _parsed_batches(ds, path: Path, batch_rows: int, *, columns=None, **parse):
     """``(first row, Dataset)`` for each non-empty batch of ``ds`` (only ``columns`` when given), parsed
     as ``load_table`` parses a table (``parse``: its id / label / feature columns and parsed schema).
 
-    No read-ahead: one batch (a Parquet row group at most) in memory at a time. Raises DataError when
-    label names or categories inferred from the values differ between batches.
+    No read-ahead: one batch (a Parquet row group at most) in memory at a time. Errors name the table's
+    rows. Raises DataError when label names or categories inferred from the values differ between
+    batches, and (after the last batch) SchemaError for a schema column empty in every row.
     """
     from .loaders import DataError, _frame_to_dataset
+    from .schema import SchemaError
 
-    first, at = None, 0
+    first, at, present = None, 0, None
     for batch in ds.to_batches(columns=columns, batch_size=batch_rows, batch_readahead=0, fragment_readahead=0):
         if not batch.num_rows:
             continue
         part = _frame_to_dataset(batch.to_pandas(), path, group_column=None, time_column=None, name=path.stem,
-                                 **parse)
+                                 batch_start=at, **parse)
         if first is None:
             first = part
+            present = np.zeros(part.n_features, dtype=bool)
         elif (part.label_names, part.categories) != (first.label_names, first.categories):
             raise DataError(f"{path}: label names or categories differ between row batches; declare them "
                             f"in the data schema to read this table in batches")
+        present |= ~np.isnan(part.X).all(axis=0)
         yield at, part
         at += part.n_rows
+    declared = parse["schema"].columns if parse.get("schema") is not None else {}
+    for name, seen in zip(first.feature_names, present) if first is not None else ():
+        if name in declared and not seen:  # what load_table checks on the whole column
+            raise SchemaError(f"{path}: column {name!r} is empty in every row (all values missing)")
 
 
 def _opened(path, batch_rows: int, id_column, label_column, feature_columns, schema):

@@ -178,3 +178,27 @@ def test_streamed_alignment_peak_is_the_aligned_matrix_plus_batches(tmp_path):
     assert old > N * d * 8 * (1 + f)
     assert new < aligned + 6 * ids_bytes + 4 * batch, (new, aligned, ids_bytes, batch)
     assert new < old / 2
+
+
+def test_batched_errors_name_the_tables_row_and_gaps_are_judged_on_the_whole_column(tmp_path):
+    """A schema break in a later batch names the table's row (not the batch's); a declared column that
+    is empty in one batch only is fine (as in load_table), empty in every batch is refused."""
+    from secureflhv.data import load_table
+    from secureflhv.data.schema import SchemaError
+    from secureflhv.data.stream import load_table_batched
+
+    schema = {"c": {"kind": "categorical", "categories": ["p", "q"]}, "v": "numeric"}
+    df = pd.DataFrame({"id": [f"i{k}" for k in range(20)], "c": ["p", "q"] * 10, "v": np.arange(20.0)})
+    df.loc[0:5, "c"] = None  # the whole first batch of 6 rows
+    df.to_csv(tmp_path / "ok.csv", index=False)
+    whole = load_table(tmp_path / "ok.csv", id_column="id", schema=schema)
+    got = load_table_batched(tmp_path / "ok.csv", 6, id_column="id", schema=schema)
+    assert np.array_equal(got.X, whole.X, equal_nan=True) and np.isnan(got.X[:6, 0]).all()
+    df.loc[13, "c"] = "zz"
+    df.to_parquet(tmp_path / "bad.parquet", row_group_size=6)
+    with pytest.raises(SchemaError, match=r"column 'c' row 14: category 'zz'"):
+        load_table_batched(tmp_path / "bad.parquet", 6, id_column="id", schema=schema)
+    df["c"] = None
+    df.to_parquet(tmp_path / "empty.parquet", row_group_size=6)
+    with pytest.raises(SchemaError, match=r"column 'c' is empty in every row"):
+        load_table_batched(tmp_path / "empty.parquet", 6, id_column="id", schema=schema)

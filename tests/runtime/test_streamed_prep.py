@@ -151,3 +151,42 @@ def test_a_file_that_changes_between_the_passes_is_refused(tmp_path, monkeypatch
     with pytest.raises(JobConfigError, match=r"host.*changed while it was read"):
         prepare_vertical(cfg, cfg.hosts[0], net.transport("host-1"), ValidationSplitParams())
     t.join(30)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_streamed_preflight_finds_what_the_whole_table_check_finds(tmp_path, fmt):
+    """Preflight of a table above data.max_memory_mb checks it one row batch at a time (it never loads
+    the whole table), with the same findings: first bad row of the table, counts over all batches,
+    a duplicate id across batches, a schema break."""
+    from secureflhv.runtime.preflight import preflight
+
+    rng = np.random.default_rng(5)
+    n = 60
+    df = pd.DataFrame({"id": [f"u{i:03d}" for i in range(n)], "a": rng.normal(size=n),
+                       "colour": rng.choice(["red", "green", "blue"], n), "label": rng.choice(["no", "yes"], n)})
+    df.loc[[20, 41], "a"] = np.nan              # gaps in two batches: one finding, 2 cells, first row 21
+    df.loc[33, "a"] = np.inf
+    df.loc[50, "id"] = "u012"                   # repeats an id of another batch
+    df.loc[47, "colour"] = "mauve"              # not a declared category (the first schema break in
+    df.loc[55, "label"] = None                  # file order too: both checks report only the first)
+    if fmt == "csv":
+        df["a"] = df["a"].astype(object)
+        df.loc[37, "a"] = "n.a."                # text in a numeric column
+        df.to_csv(tmp_path / "guest.csv", index=False)
+    else:
+        df.to_parquet(tmp_path / "guest.parquet", row_group_size=16)
+    paths = {"guest": tmp_path / f"guest.{fmt}", "host": tmp_path / f"guest.{fmt}"}
+    found = {}
+    for streamed in (False, True):
+        cfg = _config(tmp_path, paths, streamed)
+        assert (streamed_batch_rows(cfg, cfg.guest) is not None) == streamed
+        found[streamed] = [(f.where, f.message, f.row, f.column)
+                           for f in preflight(cfg, "guest", None, insecure=True, check_port=False)]
+    assert found[True] == found[False]
+    text = "\n".join(m for _, m, _, _ in found[True])
+    assert "empty cell (missing value) in numeric feature column; 2 such cell(s)" in text
+    assert "duplicate id 'u012'" in text and "infinite value" in text
+    # the text cell stops the schema check (of a CSV) before the unknown category, in both ways
+    assert (fmt == "csv") == ("non-numeric value 'n.a.'" in text) == ("'mauve'" not in text)
+    assert fmt == "csv" or "column 'colour' row 48: category 'mauve'" in text  # the table's row
+    assert [r for _, m, r, _ in found[True] if "empty cell (missing value) in numeric" in m] == [21]
