@@ -14,8 +14,8 @@ A vertical party reads its table in two passes (``secureflhv.runtime.data_prep.p
 :func:`load_ids_batched` (the id and label columns only) for PSI, then ``load_table_batched(rows=psi.rows)``,
 which copies each batch's common rows straight to their aligned places. Its peak is then the aligned
 matrix (common rows x features x 8 bytes), plus the whole table's ids and labels, plus one batch (its
-pyarrow batch, pandas frame and float64 copy: about 3 x ``batch_rows`` x columns x 8 bytes) — never the
-whole table's matrix.
+pyarrow batch, pandas frame and float64 copy: about 3 x ``batch_rows`` x columns x 8 bytes; for Parquet
+also the row groups it spans, read without pre-buffering) — never the whole table's matrix.
 """
 from __future__ import annotations
 

@@ -13,6 +13,8 @@ the file, the column and the first bad row:
   (:func:`secureflhv.transport.certs.load_party_credentials`).
 * Data (data parties): the file exists and parses; the id, label and feature columns exist; every
   column has its declared type (:func:`column_problems`: no empty cell, numeric features, unique ids).
+  A table above ``data.max_memory_mb`` is checked one row batch at a time, as the job reads it
+  (:func:`check_columns_batched`: the same findings; memory: one batch plus the ids).
 * Network: the listen address can be bound now (not in use, an address of this machine).
 * Output: ``job.output_dir`` can be created and written.
 
@@ -30,8 +32,8 @@ import numpy as np
 from .job_file import JobConfig, JobConfigError, PartySpec
 from .os_errors import plain_error, port_problem, port_sentence
 
-__all__ = ["ColumnType", "Finding", "PreflightFailed", "check_columns", "column_problems", "preflight",
-           "require_preflight", "ID", "LABEL", "NUMERIC"]
+__all__ = ["ColumnType", "Finding", "PreflightFailed", "check_columns", "check_columns_batched", "column_problems",
+           "preflight", "require_preflight", "ID", "LABEL", "NUMERIC"]
 
 
 @dataclass(frozen=True)

@@ -154,10 +154,12 @@ def test_a_file_that_changes_between_the_passes_is_refused(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
-def test_streamed_preflight_finds_what_the_whole_table_check_finds(tmp_path, fmt):
+def test_streamed_preflight_finds_what_the_whole_table_check_finds(tmp_path, fmt, monkeypatch):
     """Preflight of a table above data.max_memory_mb checks it one row batch at a time (it never loads
     the whole table), with the same findings: first bad row of the table, counts over all batches,
     a duplicate id across batches, a schema break."""
+    from secureflhv.data import loaders
+    from secureflhv.runtime import preflight as preflight_mod
     from secureflhv.runtime.preflight import preflight
 
     rng = np.random.default_rng(5)
@@ -178,6 +180,9 @@ def test_streamed_preflight_finds_what_the_whole_table_check_finds(tmp_path, fmt
     paths = {"guest": tmp_path / f"guest.{fmt}", "host": tmp_path / f"guest.{fmt}"}
     found = {}
     for streamed in (False, True):
+        if streamed:  # no whole-table read left: neither preflight's nor load_table's
+            for mod in (preflight_mod, loaders):
+                monkeypatch.setattr(mod, "_read_frame", lambda *a, **k: pytest.fail("whole table read"))
         cfg = _config(tmp_path, paths, streamed)
         assert (streamed_batch_rows(cfg, cfg.guest) is not None) == streamed
         found[streamed] = [(f.where, f.message, f.row, f.column)
