@@ -35,22 +35,58 @@ def _parquet():
 
 
 class _ParquetRowGroups:
-    """A Parquet file read batch by batch, with the parts of the pyarrow dataset API used here (``schema``,
-    ``count_rows``, ``to_batches``). The dataset scanner reads row groups ahead of a slow consumer
-    (measured: 0.5 GB of a 0.9 GB file in pyarrow's pool while parsing 33 MB batches);
-    ``ParquetFile.iter_batches`` without pre-buffering holds about one row group."""
+    """A Parquet file as pandas frames of at most ``batch_rows`` rows, one at a time. pyarrow's dataset
+    scanner pre-buffers a file's column chunks and reads row groups ahead of a slow consumer (measured:
+    0.5-0.9 GB of a 0.9 GB file in pyarrow's pool while parsing 33 MB batches); ``ParquetFile.iter_batches``
+    without pre-buffering holds the row groups of the batch it is building."""
 
     def __init__(self, path: Path):
         import pyarrow.parquet as pq
 
         self._file = pq.ParquetFile(str(path), pre_buffer=False)
-        self.schema = self._file.schema_arrow
+
+    def header(self):
+        """An empty frame with the file's columns and types."""
+        return self._file.schema_arrow.empty_table().to_pandas()
 
     def count_rows(self) -> int:
         return int(self._file.metadata.num_rows)
 
-    def to_batches(self, columns=None, batch_size: int = 65_536, **_readahead):
-        return self._file.iter_batches(batch_size=batch_size, columns=columns)
+    def frames(self, batch_rows: int, columns=None):
+        return (b.to_pandas() for b in self._file.iter_batches(batch_size=batch_rows, columns=columns) if b.num_rows)
+
+
+class _CsvChunks:
+    """A CSV file as pandas frames of at most ``batch_rows`` rows, read as ``load_table`` reads it whole
+    (``pandas.read_csv``: ``strings`` as text, the rest inferred, pandas' empty-cell strings missing), so
+    each value is parsed by the same parser, bit for bit. pandas reads synchronously (one chunk at a
+    time); pyarrow's CSV scanner reads ahead of a slow consumer (measured: 209 MB decoded of a 600 MB
+    file at once)."""
+
+    def __init__(self, path: Path, strings=()):
+        self._path, self._dtype = path, {c: str for c in strings}
+
+    def header(self):
+        import pandas as pd
+
+        return pd.read_csv(self._path, nrows=0, dtype=self._dtype, keep_default_na=True)
+
+    def count_rows(self) -> int:
+        import pyarrow.dataset as pads
+
+        return int(pads.dataset(str(self._path), format="csv").count_rows())
+
+    def frames(self, batch_rows: int, columns=None):
+        import pandas as pd
+
+        with pd.read_csv(self._path, dtype=self._dtype, keep_default_na=True, chunksize=batch_rows,
+                         usecols=columns) as reader:
+            yield from (f for f in reader if len(f))
+
+
+def _source(path: Path, strings=()):
+    """:class:`_CsvChunks` for a ``.csv`` / ``.txt`` file, else :class:`_ParquetRowGroups`."""
+    return _CsvChunks(path, strings) if path.suffix.lower() in (".csv", ".txt") else _ParquetRowGroups(path)
 
 
 def _dataset(path):
@@ -82,33 +118,18 @@ def iter_row_batches(path, batch_rows: int = 65_536, columns: list[str] | None =
 def iter_text_batches(path, batch_rows: int) -> Iterator:
     """pandas DataFrames of at most ``batch_rows`` rows of a CSV / Parquet table, in file order, as
     ``pandas.read_csv(path, dtype=str)`` / ``pandas.read_parquet`` would give them whole: a CSV's cells as
-    text (pandas' empty-cell strings as missing), a Parquet file's typed values. No read-ahead.
-    For checking cells (preflight) one batch at a time. Raises ValueError for ``batch_rows < 1``."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.dataset as pads
-
+    text (pandas' empty-cell strings as missing), a Parquet file's typed values; one batch in memory at a
+    time. For checking cells (preflight). Raises ValueError for ``batch_rows < 1``."""
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
     path = Path(path)
     if path.suffix.lower() in (".csv", ".txt"):
-        names = pacsv.open_csv(str(path)).schema.names
-        ds = pads.dataset(str(path), format=pads.CsvFileFormat(
-            convert_options=_pandas_nulls({c: pa.string() for c in names})))
+        import pandas as pd
+
+        with pd.read_csv(path, dtype=str, keep_default_na=True, chunksize=batch_rows) as reader:
+            yield from reader
     else:
-        ds = _ParquetRowGroups(path)
-    for batch in ds.to_batches(batch_size=batch_rows, batch_readahead=0, fragment_readahead=0):
-        if batch.num_rows:
-            yield batch.to_pandas()
-
-
-def _pandas_nulls(types: dict):
-    """CSV conversion to ``types`` with empty cells read as ``pandas.read_csv`` (``load_table``) reads
-    them: missing, in text columns too."""
-    import pyarrow.csv as pacsv
-
-    return pacsv.ConvertOptions(column_types=types, strings_can_be_null=True,
-                                null_values=list(pacsv.ConvertOptions().null_values) + ["<NA>", "None"])
+        yield from _ParquetRowGroups(path).frames(batch_rows)
 
 
 def sketch_cuts(path, columns: list[str], max_bin: int, *, sketch_bins: int = 2048,
@@ -264,22 +285,13 @@ def table_bytes(path) -> int:
     return path.stat().st_size
 
 
-def _table_dataset(path: Path, *, id_column, label_column, feature_columns, parsed):
-    """A pyarrow dataset of ``path`` with ``load_table``'s column types (CSV: the id and categorical
-    columns as text, the other feature columns as float64; Parquet: the file's own types)."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.dataset as pads
-
-    if path.suffix.lower() not in (".csv", ".txt"):
-        return _ParquetRowGroups(path)
-    strings = {c for c in (id_column,) if c is not None}
+def _table_source(path: Path, *, id_column, parsed):
+    """Row batches of ``path`` read as ``load_table`` reads the whole file (CSV: the id and categorical
+    columns as text)."""
+    strings = [c for c in (id_column,) if c is not None]
     if parsed is not None:
-        strings |= {c for c, s in parsed.columns.items() if s.kind in ("categorical", "id")}
-    names = pacsv.open_csv(str(path)).schema.names
-    types = {c: pa.string() if c in strings else pa.float64() for c in names
-             if c in strings or (c != label_column and (feature_columns is None or c in feature_columns))}
-    return pads.dataset(str(path), format=pads.CsvFileFormat(convert_options=_pandas_nulls(types)))
+        strings += [c for c, s in parsed.columns.items() if s.kind in ("categorical", "id")]
+    return _source(path, strings)
 
 
 @contextmanager
@@ -295,11 +307,11 @@ def _reading(path: Path):
         raise DataError(f"cannot read {path} in row batches: {exc}") from exc
 
 
-def _parsed_batches(ds, path: Path, batch_rows: int, *, columns=None, **parse):
-    """``(first row, Dataset)`` for each non-empty batch of ``ds`` (only ``columns`` when given), parsed
+def _parsed_batches(source, path: Path, batch_rows: int, *, columns=None, **parse):
+    """``(first row, Dataset)`` for each non-empty batch of ``source`` (only ``columns`` when given), parsed
     as ``load_table`` parses a table (``parse``: its id / label / feature columns and parsed schema).
 
-    No read-ahead: one batch (a Parquet row group at most) in memory at a time. Errors name the table's
+    One batch (and for Parquet the row groups it spans) in memory at a time. Errors name the table's
     rows. Raises DataError when label names or categories inferred from the values differ between
     batches, and (after the last batch) SchemaError for a schema column empty in every row.
     """
@@ -307,10 +319,8 @@ def _parsed_batches(ds, path: Path, batch_rows: int, *, columns=None, **parse):
     from .schema import SchemaError
 
     first, at, present = None, 0, None
-    for batch in ds.to_batches(columns=columns, batch_size=batch_rows, batch_readahead=0, fragment_readahead=0):
-        if not batch.num_rows:
-            continue
-        part = _frame_to_dataset(batch.to_pandas(), path, group_column=None, time_column=None, name=path.stem,
+    for frame in source.frames(batch_rows, columns):
+        part = _frame_to_dataset(frame, path, group_column=None, time_column=None, name=path.stem,
                                  batch_start=at, **parse)
         if first is None:
             first = part
@@ -328,7 +338,7 @@ def _parsed_batches(ds, path: Path, batch_rows: int, *, columns=None, **parse):
 
 
 def _opened(path, batch_rows: int, id_column, label_column, feature_columns, schema):
-    """Checks the arguments; returns (path, pyarrow dataset, keyword arguments of the per-batch parse)."""
+    """Checks the arguments; returns (path, row-batch source, keyword arguments of the per-batch parse)."""
     from .schema import parse_schema
 
     path = Path(path)
@@ -339,9 +349,9 @@ def _opened(path, batch_rows: int, id_column, label_column, feature_columns, sch
     parsed = parse_schema(schema, f"{path} schema") if schema is not None else None
     parse = dict(id_column=id_column, label_column=label_column, feature_columns=feature_columns, schema=parsed)
     with _reading(path):
-        ds = _table_dataset(path, id_column=id_column, label_column=label_column,
-                            feature_columns=feature_columns, parsed=parsed)
-    return path, ds, parse
+        source = _table_source(path, id_column=id_column if id_column is not None else
+                               getattr(parsed, "id_column", None), parsed=parsed)
+    return path, source, parse
 
 
 def _whole_ids_and_labels(path: Path, id_column, ids: list, ys: list):
@@ -372,21 +382,21 @@ def load_ids_batched(path, batch_rows: int, *, id_column: str | None = None, lab
     from .dataset import Dataset
     from .loaders import DataError, _frame_to_dataset
 
-    path, ds, parse = _opened(path, batch_rows, id_column, label_column, feature_columns, schema)
+    path, source, parse = _opened(path, batch_rows, id_column, label_column, feature_columns, schema)
     parsed = parse["schema"]
     id_column = id_column if id_column is not None or parsed is None else parsed.id_column
     label_column = label_column if label_column is not None or parsed is None else parsed.label_column
     keys = [c for c in (id_column, label_column) if c is not None]
     with _reading(path):
         # the header, parsed as a table with no rows: the same errors as load_table for absent columns
-        _frame_to_dataset(ds.schema.empty_table().to_pandas(), path, group_column=None, time_column=None,
+        _frame_to_dataset(source.header(), path, group_column=None, time_column=None,
                           name=path.stem, **parse)
         from .schema import TableSchema
 
         only = TableSchema(columns={c: parsed.columns[c] for c in keys if c in parsed.columns}) \
             if parsed is not None else None
         ids, ys, n, first = [], [], 0, None
-        for _, part in _parsed_batches(ds, path, batch_rows, columns=keys, id_column=id_column,
+        for _, part in _parsed_batches(source, path, batch_rows, columns=keys, id_column=id_column,
                                        label_column=label_column, feature_columns=[], schema=only):
             if first is None:
                 first = part
@@ -423,17 +433,18 @@ def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, l
     from .dataset import Dataset
     from .loaders import DataError
 
-    path, ds, parse = _opened(path, batch_rows, id_column, label_column, feature_columns, schema)
+    path, source, parse = _opened(path, batch_rows, id_column, label_column, feature_columns, schema)
     with _reading(path):
-        n = ds.count_rows()
-        if rows is not None:
+        if rows is None:
+            n = source.count_rows()
+        else:
             rows = np.asarray(rows, dtype=np.int64).reshape(-1)
             order = np.argsort(rows, kind="stable")  # rows[order] ascending: a batch's rows are one slice
             srt = rows[order]
-            if len(rows) and (srt[0] < 0 or srt[-1] >= n):
-                raise DataError(f"{path}: rows out of range for a table of {n} rows")
+            if len(rows) and srt[0] < 0:
+                raise DataError(f"{path}: negative row {srt[0]}")
         X, ids, ys, first, at = None, [], [], None, 0
-        for at, part in _parsed_batches(ds, path, batch_rows, **parse):
+        for at, part in _parsed_batches(source, path, batch_rows, **parse):
             if first is None:
                 first = part
                 X = np.empty((n if rows is None else len(rows), part.n_features), dtype=part.X.dtype)
@@ -450,7 +461,7 @@ def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, l
     if first is None:
         raise DataError(f"{path}: the table has no rows")
     if rows is not None and len(rows) and srt[-1] >= at:
-        raise DataError(f"{path}: rows out of range: only {at} rows could be read (did the file change?)")
+        raise DataError(f"{path}: rows out of range for a table of {at} rows")
     ids_all, y = _whole_ids_and_labels(path, id_column if id_column is not None else
                                        getattr(parse["schema"], "id_column", None), ids, ys)
     if rows is None:
