@@ -1,4 +1,4 @@
-"""Reading big CSV / Parquet tables in row batches (pyarrow datasets), and quantile bin edges from a sketch.
+"""Reading big CSV / Parquet tables in row batches, and quantile bin edges from a sketch.
 
 For a party whose table does not fit in memory: :func:`iter_row_batches` yields pandas frames of at most
 ``batch_rows`` rows (peak memory set by ``batch_rows``, not by the table), and :func:`sketch_cuts` finds
@@ -14,8 +14,9 @@ A vertical party reads its table in two passes (``secureflhv.runtime.data_prep.p
 :func:`load_ids_batched` (the id and label columns only) for PSI, then ``load_table_batched(rows=psi.rows)``,
 which copies each batch's common rows straight to their aligned places. Its peak is then the aligned
 matrix (common rows x features x 8 bytes), plus the whole table's ids and labels, plus one batch (its
-pyarrow batch, pandas frame and float64 copy: about 3 x ``batch_rows`` x columns x 8 bytes; for Parquet
-also the row groups it spans, read without pre-buffering) — never the whole table's matrix.
+pandas frame, parsed float64 copy and reader buffers: about 3 x ``batch_rows`` x columns x 8 bytes; for
+Parquet the row groups it spans) — never the whole table's matrix. Both readers read one batch at a time:
+a CSV in ``pandas.read_csv`` chunks, a Parquet file row group by row group without pre-buffering.
 """
 from __future__ import annotations
 
@@ -296,14 +297,15 @@ def _table_source(path: Path, *, id_column, parsed):
 
 @contextmanager
 def _reading(path: Path):
-    """pyarrow's own exception types as DataError naming the file (DataError, FileNotFoundError pass)."""
+    """pandas' / pyarrow's own exception types as DataError naming the file (DataError, FileNotFoundError
+    pass)."""
     from .loaders import DataError
 
     try:
         yield
     except (DataError, FileNotFoundError):
         raise
-    except Exception as exc:  # pyarrow raises its own exception types
+    except Exception as exc:  # pandas and pyarrow raise their own exception types
         raise DataError(f"cannot read {path} in row batches: {exc}") from exc
 
 
@@ -416,8 +418,8 @@ def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, l
     """What :func:`secureflhv.data.load_table` returns for a CSV / Parquet file, read ``batch_rows`` rows at a time.
 
     The whole table is never a DataFrame: each batch is parsed like ``load_table`` parses the table
-    (pyarrow; the id column and categorical columns as text, features as float64) and copied into the
-    preallocated feature matrix.
+    (CSV: ``pandas.read_csv`` chunks, the id column and categorical columns as text; Parquet: row groups
+    by ``pyarrow.parquet.ParquetFile.iter_batches``) and copied into the preallocated feature matrix.
 
     ``rows`` (int array, each in ``[0, table rows)``): return only those rows, in that order — the
     dataset ``t`` with ``t.X == whole.X[rows]``, ``t.y == whole.y[rows]``, ``t.ids == whole.ids[rows]``
