@@ -4,7 +4,6 @@ The result must be bit-identical to reading the whole table (CSV and Parquet, gu
 categorical columns, missing cells), and its peak memory bounded by the aligned matrix plus a batch.
 """
 import threading
-import tracemalloc
 
 import numpy as np
 import pandas as pd
