@@ -226,7 +226,10 @@ def _read_frame(path: Path, fmt: str, string_columns: list[str]):
 
 
 def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_columns, group_column,
-                      time_column, name, schema=None, predicting: bool = False) -> Dataset:
+                      time_column, name, schema=None, predicting: bool = False,
+                      batch_start: int | None = None) -> Dataset:
+    """``df`` parsed as a table (``batch_start``: ``df`` is a row batch from this 0-based row of the
+    table: errors name the table's rows; see :func:`secureflhv.data.schema.numeric_column`)."""
     from .schema import SchemaError, categorical_column, numeric_column, parse_schema
 
     cols = [str(c) for c in df.columns]
@@ -258,9 +261,10 @@ def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_column
     for j, c in enumerate(feature_columns):
         spec = declared.get(c)
         if spec is not None and spec.kind == "categorical":
-            X[:, j], categories[c] = categorical_column(df[c], path, c, spec, predicting=predicting)
+            X[:, j], categories[c] = categorical_column(df[c], path, c, spec, predicting=predicting,
+                                                        batch_start=batch_start)
         elif spec is not None:
-            X[:, j] = numeric_column(df[c], path, c, allow_missing=spec.allow_missing)
+            X[:, j] = numeric_column(df[c], path, c, allow_missing=spec.allow_missing, batch_start=batch_start)
         else:
             try:
                 X[:, j] = df[c].to_numpy(dtype=np.float64)
@@ -278,12 +282,13 @@ def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_column
     y, label_names = None, None
     if label_column is not None:
         if df[label_column].isna().any():
-            r = int(np.flatnonzero(df[label_column].isna().to_numpy())[0]) + 1
+            r = int(np.flatnonzero(df[label_column].isna().to_numpy())[0]) + 1 + (batch_start or 0)
             raise DataError(f"{path}: label column {label_column!r} has empty values (first at row {r})")
         y = df[label_column].to_numpy()
         spec = declared.get(label_column)
         if spec is not None and spec.categories is not None or y.dtype.kind not in "biuf":
-            y, label_names = categorical_column(df[label_column], path, label_column, spec)
+            y, label_names = categorical_column(df[label_column], path, label_column, spec,
+                                                batch_start=batch_start)
         if y.dtype.kind == "f" and np.all(y == np.round(y)):
             y = y.astype(np.int64)
     groups = df[group_column].to_numpy() if group_column is not None else None

@@ -133,12 +133,16 @@ def parse_schema(obj, where: str = "schema") -> TableSchema:
         raise SchemaError(f"{where}: {'; '.join(e['msg'] for e in exc.errors())}") from None
 
 
-def _first(mask: np.ndarray) -> int:
-    return int(np.flatnonzero(mask)[0]) + 1  # 1-based data row
+def _first(mask: np.ndarray, batch_start: int | None = None) -> int:
+    return int(np.flatnonzero(mask)[0]) + 1 + (batch_start or 0)  # 1-based data row of the table
 
 
-def numeric_column(values, path: Path, column: str, *, allow_missing: bool = True) -> np.ndarray:
-    """``values`` as float64 with NaN for empty cells; raises SchemaError at the first cell holding text."""
+def numeric_column(values, path: Path, column: str, *, allow_missing: bool = True,
+                   batch_start: int | None = None) -> np.ndarray:
+    """``values`` as float64 with NaN for empty cells; raises SchemaError at the first cell holding text.
+
+    ``batch_start``: ``values`` are a row batch starting at this 0-based row of the table (errors name
+    the table's row; a batch with no value is not an error: the caller checks the whole column)."""
     import pandas as pd
 
     raw = pd.Series(values)
@@ -147,26 +151,28 @@ def numeric_column(values, path: Path, column: str, *, allow_missing: bool = Tru
     bad = np.isnan(num) & ~missing
     if bad.any():
         r = _first(bad)
-        raise SchemaError(f"{path}: column {column!r} row {r}: {raw.iloc[r - 1]!r} is not a number")
+        raise SchemaError(f"{path}: column {column!r} row {_first(bad, batch_start)}: {raw.iloc[r - 1]!r} is not "
+                          f"a number")
     if np.isinf(num).any():
-        raise SchemaError(f"{path}: column {column!r} row {_first(np.isinf(num))}: infinite value")
-    _check_missing(missing, path, column, allow_missing)
+        raise SchemaError(f"{path}: column {column!r} row {_first(np.isinf(num), batch_start)}: infinite value")
+    _check_missing(missing, path, column, allow_missing, batch_start)
     return num
 
 
 def categorical_column(values, path: Path, column: str, spec: ColumnSchema | None = None, *,
-                       predicting: bool = False) -> tuple[np.ndarray, list[str]]:
+                       predicting: bool = False, batch_start: int | None = None) -> tuple[np.ndarray, list[str]]:
     """Codes (float64, NaN for missing) and the vocabulary of a categorical column.
 
     With ``spec.categories`` the codes index that list (unknown values: SchemaError, or the ``other``
     bucket when ``predicting``); without, the vocabulary is the sorted distinct values found.
+    ``batch_start``: as for :func:`numeric_column`.
     """
     import pandas as pd
 
     raw = pd.Series(values)
     missing = raw.isna().to_numpy()
     text = raw.astype(str).str.strip().to_numpy()
-    _check_missing(missing, path, column, spec.allow_missing if spec else True)
+    _check_missing(missing, path, column, spec.allow_missing if spec else True, batch_start)
     vocab = spec.vocabulary if spec is not None and spec.categories is not None else \
         sorted({t for t, m in zip(text, missing) if not m})
     index = {c: i for i, c in enumerate(vocab)}
@@ -179,16 +185,18 @@ def categorical_column(values, path: Path, column: str, spec: ColumnSchema | Non
             r = _first(unknown)
             hint = (f"; it has an 'other' bucket ({spec.other!r}) used only when scoring"
                     if spec is not None and spec.other else "")
-            raise SchemaError(f"{path}: column {column!r} row {r}: category {text[r - 1]!r} is not among the "
+            raise SchemaError(f"{path}: column {column!r} row {_first(unknown, batch_start)}: category "
+                              f"{text[r - 1]!r} is not among the "
                               f"declared {spec.categories}{hint}")
     out = codes.astype(np.float64)
     out[missing] = np.nan
     return out, list(vocab)
 
 
-def _check_missing(missing: np.ndarray, path: Path, column: str, allow_missing: bool) -> None:
-    if len(missing) and missing.all():
+def _check_missing(missing: np.ndarray, path: Path, column: str, allow_missing: bool,
+                   batch_start: int | None = None) -> None:
+    if batch_start is None and len(missing) and missing.all():
         raise SchemaError(f"{path}: column {column!r} is empty in every row (all values missing)")
     if missing.any() and not allow_missing:
-        raise SchemaError(f"{path}: column {column!r} row {_first(missing)}: missing value, and the schema "
+        raise SchemaError(f"{path}: column {column!r} row {_first(missing, batch_start)}: missing value, and the schema "
                           f"sets allow_missing: false")

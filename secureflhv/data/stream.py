@@ -1,4 +1,4 @@
-"""Reading big CSV / Parquet tables in row batches (pyarrow datasets), and quantile bin edges from a sketch.
+"""Reading big CSV / Parquet tables in row batches, and quantile bin edges from a sketch.
 
 For a party whose table does not fit in memory: :func:`iter_row_batches` yields pandas frames of at most
 ``batch_rows`` rows (peak memory set by ``batch_rows``, not by the table), and :func:`sketch_cuts` finds
@@ -10,13 +10,84 @@ Memory: O(batch_rows x columns + sketch_bins x columns).
 Used by the jobs (``data.max_memory_mb``): :func:`load_table_batched` builds a party's table batch by
 batch (no whole-table DataFrame), and :func:`batched_quantile_cuts` gives SecureBoost exactly the
 in-memory quantile cuts from row batches (radix selection), so a streamed job trains the same model.
+A vertical party reads its table in two passes (``secureflhv.runtime.data_prep.prepare_vertical``):
+:func:`load_ids_batched` (the id and label columns only) for PSI, then ``load_table_batched(rows=psi.rows)``,
+which copies each batch's common rows straight to their aligned places. Its peak is then the aligned
+matrix (common rows x features x 8 bytes), plus the whole table's ids and labels, plus one batch (its
+pandas frame, parsed float64 copy and reader buffers: about 3 x ``batch_rows`` x columns x 8 bytes; for
+Parquet the row groups it spans) — never the whole table's matrix. Both readers read one batch at a time:
+a CSV in ``pandas.read_csv`` chunks, a Parquet file row group by row group without pre-buffering.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+
+
+def _parquet():
+    """Parquet read row group by row group: pyarrow's default pre-buffering fetches a whole file's
+    column chunks ahead (a 0.9 GB file: 0.9 GB in pyarrow's pool, whatever the batch size)."""
+    import pyarrow.dataset as pads
+
+    return pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=False))
+
+
+class _ParquetRowGroups:
+    """A Parquet file as pandas frames of at most ``batch_rows`` rows, one at a time. pyarrow's dataset
+    scanner pre-buffers a file's column chunks and reads row groups ahead of a slow consumer (measured:
+    0.5-0.9 GB of a 0.9 GB file in pyarrow's pool while parsing 33 MB batches); ``ParquetFile.iter_batches``
+    without pre-buffering holds the row groups of the batch it is building."""
+
+    def __init__(self, path: Path):
+        import pyarrow.parquet as pq
+
+        self._file = pq.ParquetFile(str(path), pre_buffer=False)
+
+    def header(self):
+        """An empty frame with the file's columns and types."""
+        return self._file.schema_arrow.empty_table().to_pandas()
+
+    def count_rows(self) -> int:
+        return int(self._file.metadata.num_rows)
+
+    def frames(self, batch_rows: int, columns=None):
+        return (b.to_pandas() for b in self._file.iter_batches(batch_size=batch_rows, columns=columns) if b.num_rows)
+
+
+class _CsvChunks:
+    """A CSV file as pandas frames of at most ``batch_rows`` rows, read as ``load_table`` reads it whole
+    (``pandas.read_csv``: ``strings`` as text, the rest inferred, pandas' empty-cell strings missing), so
+    each value is parsed by the same parser, bit for bit. pandas reads synchronously (one chunk at a
+    time); pyarrow's CSV scanner reads ahead of a slow consumer (measured: 209 MB decoded of a 600 MB
+    file at once)."""
+
+    def __init__(self, path: Path, strings=()):
+        self._path, self._dtype = path, {c: str for c in strings}
+
+    def header(self):
+        import pandas as pd
+
+        return pd.read_csv(self._path, nrows=0, dtype=self._dtype, keep_default_na=True)
+
+    def count_rows(self) -> int:
+        import pyarrow.dataset as pads
+
+        return int(pads.dataset(str(self._path), format="csv").count_rows())
+
+    def frames(self, batch_rows: int, columns=None):
+        import pandas as pd
+
+        with pd.read_csv(self._path, dtype=self._dtype, keep_default_na=True, chunksize=batch_rows,
+                         usecols=columns) as reader:
+            yield from (f for f in reader if len(f))
+
+
+def _source(path: Path, strings=()):
+    """:class:`_CsvChunks` for a ``.csv`` / ``.txt`` file, else :class:`_ParquetRowGroups`."""
+    return _CsvChunks(path, strings) if path.suffix.lower() in (".csv", ".txt") else _ParquetRowGroups(path)
 
 
 def _dataset(path):
@@ -24,8 +95,7 @@ def _dataset(path):
 
     path = Path(path)
     suffix = path.suffix.lower() if path.is_file() else ""
-    fmt = "csv" if suffix in (".csv", ".txt") else "parquet"
-    return pads.dataset(str(path), format=fmt)
+    return pads.dataset(str(path), format="csv" if suffix in (".csv", ".txt") else _parquet())
 
 
 def iter_row_batches(path, batch_rows: int = 65_536, columns: list[str] | None = None) -> Iterator:
@@ -44,6 +114,23 @@ def iter_row_batches(path, batch_rows: int = 65_536, columns: list[str] | None =
     for batch in ds.to_batches(columns=columns, batch_size=batch_rows):
         if batch.num_rows:
             yield batch.to_pandas()
+
+
+def iter_text_batches(path, batch_rows: int) -> Iterator:
+    """pandas DataFrames of at most ``batch_rows`` rows of a CSV / Parquet table, in file order, as
+    ``pandas.read_csv(path, dtype=str)`` / ``pandas.read_parquet`` would give them whole: a CSV's cells as
+    text (pandas' empty-cell strings as missing), a Parquet file's typed values; one batch in memory at a
+    time. For checking cells (preflight). Raises ValueError for ``batch_rows < 1``."""
+    if batch_rows < 1:
+        raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
+    path = Path(path)
+    if path.suffix.lower() in (".csv", ".txt"):
+        import pandas as pd
+
+        with pd.read_csv(path, dtype=str, keep_default_na=True, chunksize=batch_rows) as reader:
+            yield from reader
+    else:
+        yield from _ParquetRowGroups(path).frames(batch_rows)
 
 
 def sketch_cuts(path, columns: list[str], max_bin: int, *, sketch_bins: int = 2048,
@@ -199,22 +286,61 @@ def table_bytes(path) -> int:
     return path.stat().st_size
 
 
-def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, label_column: str | None = None,
-                       feature_columns: list[str] | None = None, schema=None):
-    """What :func:`secureflhv.data.load_table` returns for a CSV / Parquet file, read ``batch_rows`` rows at a time.
+def _table_source(path: Path, *, id_column, parsed):
+    """Row batches of ``path`` read as ``load_table`` reads the whole file (CSV: the id and categorical
+    columns as text)."""
+    strings = [c for c in (id_column,) if c is not None]
+    if parsed is not None:
+        strings += [c for c, s in parsed.columns.items() if s.kind in ("categorical", "id")]
+    return _source(path, strings)
 
-    The whole table is never a DataFrame: each batch is parsed like ``load_table`` parses the table
-    (pyarrow; the id column and categorical columns as text, features as float64) and copied into the
-    preallocated feature matrix. Peak memory: the matrix (rows x features x 8 bytes), the ids and labels,
-    plus one batch. Raises FileNotFoundError; DataError as ``load_table`` does (missing or non-numeric
-    column, duplicate ids), and when label names or categories inferred from the values differ between
-    batches (declare them in the data schema).
+
+@contextmanager
+def _reading(path: Path):
+    """pandas' / pyarrow's own exception types as DataError naming the file (DataError, FileNotFoundError
+    pass)."""
+    from .loaders import DataError
+
+    try:
+        yield
+    except (DataError, FileNotFoundError):
+        raise
+    except Exception as exc:  # pandas and pyarrow raise their own exception types
+        raise DataError(f"cannot read {path} in row batches: {exc}") from exc
+
+
+def _parsed_batches(source, path: Path, batch_rows: int, *, columns=None, **parse):
+    """``(first row, Dataset)`` for each non-empty batch of ``source`` (only ``columns`` when given), parsed
+    as ``load_table`` parses a table (``parse``: its id / label / feature columns and parsed schema).
+
+    One batch (and for Parquet the row groups it spans) in memory at a time. Errors name the table's
+    rows. Raises DataError when label names or categories inferred from the values differ between
+    batches, and (after the last batch) SchemaError for a schema column empty in every row.
     """
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.dataset as pads
-
     from .loaders import DataError, _frame_to_dataset
+    from .schema import SchemaError
+
+    first, at, present = None, 0, None
+    for frame in source.frames(batch_rows, columns):
+        part = _frame_to_dataset(frame, path, group_column=None, time_column=None, name=path.stem,
+                                 batch_start=at, **parse)
+        if first is None:
+            first = part
+            present = np.zeros(part.n_features, dtype=bool)
+        elif (part.label_names, part.categories) != (first.label_names, first.categories):
+            raise DataError(f"{path}: label names or categories differ between row batches; declare them "
+                            f"in the data schema to read this table in batches")
+        present |= ~np.isnan(part.X).all(axis=0)
+        yield at, part
+        at += part.n_rows
+    declared = parse["schema"].columns if parse.get("schema") is not None else {}
+    for name, seen in zip(first.feature_names, present) if first is not None else ():
+        if name in declared and not seen:  # what load_table checks on the whole column
+            raise SchemaError(f"{path}: column {name!r} is empty in every row (all values missing)")
+
+
+def _opened(path, batch_rows: int, id_column, label_column, feature_columns, schema):
+    """Checks the arguments; returns (path, row-batch source, keyword arguments of the per-batch parse)."""
     from .schema import parse_schema
 
     path = Path(path)
@@ -223,53 +349,127 @@ def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, l
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
     parsed = parse_schema(schema, f"{path} schema") if schema is not None else None
-    strings = {c for c in (id_column,) if c is not None}
-    if parsed is not None:
-        strings |= {c for c, s in parsed.columns.items() if s.kind in ("categorical", "id")}
-    try:
-        if path.suffix.lower() in (".csv", ".txt"):
-            names = pacsv.open_csv(str(path)).schema.names
-            types = {c: pa.string() if c in strings else pa.float64() for c in names
-                     if c in strings or (c != label_column and (feature_columns is None or c in feature_columns))}
-            fmt = pads.CsvFileFormat(convert_options=pacsv.ConvertOptions(column_types=types))
-        else:
-            fmt = "parquet"
-        ds = pads.dataset(str(path), format=fmt)
-        n = ds.count_rows()
-        X, ids, ys, first = None, [], [], None
-        at = 0
-        # no read-ahead: one batch (a Parquet row group at most) in memory at a time
-        for batch in ds.to_batches(batch_size=batch_rows, batch_readahead=0, fragment_readahead=0):
-            if not batch.num_rows:
-                continue
-            part = _frame_to_dataset(batch.to_pandas(), path, label_column=label_column, id_column=id_column,
-                                     feature_columns=feature_columns, group_column=None, time_column=None,
-                                     name=path.stem, schema=parsed)
-            if first is None:
-                first = part
-                X = np.empty((n, part.n_features), dtype=part.X.dtype)
-            elif (part.label_names, part.categories) != (first.label_names, first.categories):
-                raise DataError(f"{path}: label names or categories differ between row batches; declare them "
-                                f"in the data schema to read this table in batches")
-            X[at:at + part.n_rows] = part.X
-            at += part.n_rows
-            if part.ids is not None:
-                ids.append(part.ids)
-            if part.y is not None:
-                ys.append(part.y)
-    except (DataError, FileNotFoundError):
-        raise
-    except Exception as exc:  # pyarrow raises its own exception types
-        raise DataError(f"cannot read {path} in row batches: {exc}") from exc
-    if first is None:
-        raise DataError(f"{path}: the table has no rows")
+    parse = dict(id_column=id_column, label_column=label_column, feature_columns=feature_columns, schema=parsed)
+    with _reading(path):
+        source = _table_source(path, id_column=id_column if id_column is not None else
+                               getattr(parsed, "id_column", None), parsed=parsed)
+    return path, source, parse
+
+
+def _whole_ids_and_labels(path: Path, id_column, ids: list, ys: list):
+    """The ids (duplicates refused) and labels of the whole table from its batches' parts; labels that
+    are all whole numbers become int64 (the rule of ``load_table``, on the whole column)."""
+    from .loaders import DataError
+
     ids_all = np.concatenate(ids) if ids else None
     if ids_all is not None and np.unique(ids_all).shape[0] != ids_all.shape[0]:
         raise DataError(f"{path}: id column {id_column!r} has duplicate ids")
     y = np.concatenate(ys) if ys else None
     if y is not None and y.dtype.kind == "f" and np.all(y == np.round(y)):
         y = y.astype(np.int64)
-    from .dataset import Dataset
+    return ids_all, y
 
-    return Dataset(X[:at], y, first.feature_names, ids=ids_all, name=path.stem, label_names=first.label_names,
+
+def load_ids_batched(path, batch_rows: int, *, id_column: str | None = None, label_column: str | None = None,
+                     feature_columns: list[str] | None = None, schema=None):
+    """Pass 1 of a streamed vertical preparation: the ids (and labels) of a CSV / Parquet table, read
+    ``batch_rows`` rows at a time and only from those columns.
+
+    Returns a :class:`~secureflhv.data.Dataset` with no feature columns (``X`` of shape (rows, 0)) whose
+    ``ids``, ``y`` and ``label_names`` are those :func:`load_table_batched` would give. The header is
+    checked as ``load_table`` checks it (missing id / label / feature / schema columns); the feature
+    cells themselves are parsed (and their errors raised) by :func:`load_table_batched`, the second pass.
+    Memory: the ids and labels plus one batch of those two columns. Raises as :func:`load_table_batched`.
+    """
+    from .dataset import Dataset
+    from .loaders import DataError, _frame_to_dataset
+
+    path, source, parse = _opened(path, batch_rows, id_column, label_column, feature_columns, schema)
+    parsed = parse["schema"]
+    id_column = id_column if id_column is not None or parsed is None else parsed.id_column
+    label_column = label_column if label_column is not None or parsed is None else parsed.label_column
+    keys = [c for c in (id_column, label_column) if c is not None]
+    with _reading(path):
+        # the header, parsed as a table with no rows: the same errors as load_table for absent columns
+        _frame_to_dataset(source.header(), path, group_column=None, time_column=None,
+                          name=path.stem, **parse)
+        from .schema import TableSchema
+
+        only = TableSchema(columns={c: parsed.columns[c] for c in keys if c in parsed.columns}) \
+            if parsed is not None else None
+        ids, ys, n, first = [], [], 0, None
+        for _, part in _parsed_batches(source, path, batch_rows, columns=keys, id_column=id_column,
+                                       label_column=label_column, feature_columns=[], schema=only):
+            if first is None:
+                first = part
+            n += part.n_rows
+            if part.ids is not None:
+                ids.append(part.ids)
+            if part.y is not None:
+                ys.append(part.y)
+    if first is None:
+        raise DataError(f"{path}: the table has no rows")
+    ids_all, y = _whole_ids_and_labels(path, id_column, ids, ys)
+    return Dataset(np.empty((n, 0)), y, [], ids=ids_all, name=path.stem, label_names=first.label_names)
+
+
+def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, label_column: str | None = None,
+                       feature_columns: list[str] | None = None, schema=None, rows=None):
+    """What :func:`secureflhv.data.load_table` returns for a CSV / Parquet file, read ``batch_rows`` rows at a time.
+
+    The whole table is never a DataFrame: each batch is parsed like ``load_table`` parses the table
+    (CSV: ``pandas.read_csv`` chunks, the id column and categorical columns as text; Parquet: row groups
+    by ``pyarrow.parquet.ParquetFile.iter_batches``) and copied into the preallocated feature matrix.
+
+    ``rows`` (int array, each in ``[0, table rows)``): return only those rows, in that order — the
+    dataset ``t`` with ``t.X == whole.X[rows]``, ``t.y == whole.y[rows]``, ``t.ids == whole.ids[rows]``
+    (the labels' dtype and the duplicate-id check are decided on the whole table, as without ``rows``).
+    Each batch's rows that are in ``rows`` are copied straight to their places, so the whole matrix
+    never exists (a vertical party passes its PSI rows: pass 2 of a streamed preparation).
+
+    Peak memory: the matrix (``len(rows)`` or all rows x features x 8 bytes), the ids and labels of the
+    whole table, plus one batch. Raises FileNotFoundError; DataError as ``load_table`` does (missing or
+    non-numeric column, duplicate ids), when label names or categories inferred from the values differ
+    between batches (declare them in the data schema), and when ``rows`` names a row the table lacks.
+    """
+    from .dataset import Dataset
+    from .loaders import DataError
+
+    path, source, parse = _opened(path, batch_rows, id_column, label_column, feature_columns, schema)
+    with _reading(path):
+        if rows is None:
+            n = source.count_rows()
+        else:
+            rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+            order = np.argsort(rows, kind="stable")  # rows[order] ascending: a batch's rows are one slice
+            srt = rows[order]
+            if len(rows) and srt[0] < 0:
+                raise DataError(f"{path}: negative row {srt[0]}")
+        X, ids, ys, first, at = None, [], [], None, 0
+        for at, part in _parsed_batches(source, path, batch_rows, **parse):
+            if first is None:
+                first = part
+                X = np.empty((n if rows is None else len(rows), part.n_features), dtype=part.X.dtype)
+            if rows is None:
+                X[at:at + part.n_rows] = part.X
+            else:
+                lo, hi = np.searchsorted(srt, [at, at + part.n_rows])
+                X[order[lo:hi]] = part.X[srt[lo:hi] - at]
+            if part.ids is not None:
+                ids.append(part.ids)
+            if part.y is not None:
+                ys.append(part.y)
+            at += part.n_rows
+    if first is None:
+        raise DataError(f"{path}: the table has no rows")
+    if rows is not None and len(rows) and srt[-1] >= at:
+        raise DataError(f"{path}: rows out of range for a table of {at} rows")
+    ids_all, y = _whole_ids_and_labels(path, id_column if id_column is not None else
+                                       getattr(parse["schema"], "id_column", None), ids, ys)
+    if rows is None:
+        X = X[:at]
+    else:
+        ids_all = ids_all[rows] if ids_all is not None else None
+        y = y[rows] if y is not None else None
+    return Dataset(X, y, first.feature_names, ids=ids_all, name=path.stem, label_names=first.label_names,
                    categories=first.categories)

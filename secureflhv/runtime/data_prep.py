@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from ..data import Dataset, load_table
-from ..data.stream import load_table_batched, table_bytes
+from ..data.stream import load_ids_batched, load_table_batched, table_bytes
 from ..data.tabular import Preprocessor
 from ..transport import Transport
 from ..vertical import psi as psi_ecdh, psi_kkrt
@@ -109,7 +109,8 @@ def _columns(path: Path) -> list[str]:
 
 
 def load_party_table(cfg: JobConfig, party: PartySpec, *, label_column: str | None = None,
-                     require_label: bool = False, id_required: bool = True) -> Dataset:
+                     require_label: bool = False, id_required: bool = True, ids_only: bool = False,
+                     rows: np.ndarray | None = None) -> Dataset:
     """Read ``parties[i].data`` of ``party`` (CSV / Parquet / NumPy / IDX, see :func:`secureflhv.data.load_table`).
 
     Args:
@@ -117,6 +118,10 @@ def load_party_table(cfg: JobConfig, party: PartySpec, *, label_column: str | No
         require_label: the table must have its label column.
         id_required: the id column must exist (vertical jobs align on it); otherwise it is used only
             when present (never as a feature).
+        ids_only: only for a streamed table (:func:`streamed_batch_rows` not None): read only the id and
+            label columns (:func:`secureflhv.data.stream.load_ids_batched`; ``X`` has no columns).
+        rows: only for a streamed table: read only these rows, in this order
+            (``load_table_batched(rows=...)``: the whole feature matrix never exists).
     Raises:
         JobConfigError: unreadable file, missing or non-numeric column, missing label — naming the party.
     """
@@ -124,22 +129,29 @@ def load_party_table(cfg: JobConfig, party: PartySpec, *, label_column: str | No
     path = cfg.resolve(spec.path)
     label = label_column or spec.label_column
     batch_rows = streamed_batch_rows(cfg, party)
-    if batch_rows:
+    if (ids_only or rows is not None) and not batch_rows:
+        raise ValueError("ids_only / rows apply to a streamed table only")
+    if batch_rows and rows is None:
         log.info("%s: %s exceeds data.max_memory_mb=%g: reading it in batches of %d rows",
                  party.id, path.name, spec.max_memory_mb, batch_rows)
     try:
         id_column = spec.id_column if id_required or spec.id_column in _columns(path) else None
-        if batch_rows:
-            table = load_table_batched(path, batch_rows, id_column=id_column, label_column=label,
-                                       feature_columns=spec.feature_columns, schema=spec.table_schema)
+        kw = dict(id_column=id_column, label_column=label, feature_columns=spec.feature_columns,
+                  schema=spec.table_schema)
+        if ids_only:
+            table = load_ids_batched(path, batch_rows, **kw)
+        elif batch_rows:
+            table = load_table_batched(path, batch_rows, rows=rows, **kw)
         else:
-            table = load_table(path, id_column=id_column, label_column=label,
-                               feature_columns=spec.feature_columns, schema=spec.table_schema)
+            table = load_table(path, **kw)
     except (OSError, ValueError) as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     if require_label and table.y is None:
         raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: no label column {label!r} in {path}")
-    log.info("%s: loaded %d rows x %d features from %s", party.id, table.n_rows, table.n_features, path)
+    if ids_only:
+        log.info("%s: read %d ids from %s", party.id, table.n_rows, path)
+    else:
+        log.info("%s: loaded %d rows x %d features from %s", party.id, table.n_rows, table.n_features, path)
     return table
 
 
@@ -241,10 +253,29 @@ def prepare_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, par
     families) missing cells are imputed, categorical columns one-hot encoded and, with ``standardize``,
     numeric columns standardised — all fitted on this party's training rows; trees take the raw codes
     and NaN (``preprocess=False``).
+
+    A streamed table (:func:`streamed_batch_rows` not None: ``data.max_memory_mb`` exceeded) is read in
+    two passes of row batches: the id (and label) columns for PSI, then the feature columns, each batch's
+    common rows copied to their aligned places. The result is bit-identical to reading the table whole,
+    and the peak is the aligned matrix (common ids x features x 8 bytes) plus the ids and labels of the
+    whole table plus one batch, not the whole table. With ``preprocess`` the preprocessor still makes its
+    own copy of the aligned matrix (fit on the training rows, transform). Raises JobConfigError when the
+    file changes between the two passes (its ids no longer match PSI's).
     """
-    table = load_party_table(cfg, party)
-    psi = align_by_psi(cfg, party, transport, table)
-    X = table.X[psi.rows]
+    if streamed_batch_rows(cfg, party):
+        # two passes over the file: ids (and labels) for PSI, then only the common rows' features,
+        # each batch's rows copied to their aligned places: the whole table is never in memory
+        keys = load_party_table(cfg, party, ids_only=True)
+        psi = align_by_psi(cfg, party, transport, keys)
+        table = load_party_table(cfg, party, rows=psi.rows)
+        if not np.array_equal(table.ids, np.asarray(psi.ids)):
+            raise JobConfigError(f"{cfg.where(party, 'data')}: {cfg.resolve(party.data.path)} changed while it "
+                                 f"was read (the ids of its second pass differ from those of the first)")
+        X, y, own = table.X, table.y, keys.n_rows
+    else:
+        table = load_party_table(cfg, party)
+        psi = align_by_psi(cfg, party, transport, table)
+        X, y, own = table.X[psi.rows], table.y[psi.rows] if table.y is not None else None, table.n_rows
     split = split_rows(len(psi), params.test_fraction, params.split_seed, validation_fraction)
     names, pre = list(table.feature_names), None
     if preprocess:
@@ -255,11 +286,11 @@ def prepare_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, par
             raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     meta = {"params": params.model_dump(mode="json"), "feature_names": names,
             "input_features": list(table.feature_names), "schema": party.data.table_schema,
-            "psi": {"common_ids": len(psi), "own_ids": table.n_rows, "peer_sizes": psi.peer_sizes},
+            "psi": {"common_ids": len(psi), "own_ids": own, "peer_sizes": psi.peer_sizes},
             "standardisation": ({"mean": pre.mean, "std": pre.std}
                                 if pre is not None and pre.standardize and pre.identity_on_complete_numeric else None),
             "preprocessor": pre.to_dict() if pre is not None else None}
-    y = table.y[psi.rows] if party.role == "guest" else None
+    y = y if party.role == "guest" else None
     return PartyData(X, y, np.asarray(psi.ids), split, names, meta, streamed_batch_rows(cfg, party))
 
 

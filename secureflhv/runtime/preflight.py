@@ -13,6 +13,8 @@ the file, the column and the first bad row:
   (:func:`secureflhv.transport.certs.load_party_credentials`).
 * Data (data parties): the file exists and parses; the id, label and feature columns exist; every
   column has its declared type (:func:`column_problems`: no empty cell, numeric features, unique ids).
+  A table above ``data.max_memory_mb`` is checked one row batch at a time, as the job reads it
+  (:func:`check_columns_batched`: the same findings; memory: one batch plus the ids).
 * Network: the listen address can be bound now (not in use, an address of this machine).
 * Output: ``job.output_dir`` can be created and written.
 
@@ -30,8 +32,8 @@ import numpy as np
 from .job_file import JobConfig, JobConfigError, PartySpec
 from .os_errors import plain_error, port_problem, port_sentence
 
-__all__ = ["ColumnType", "Finding", "PreflightFailed", "check_columns", "column_problems", "preflight",
-           "require_preflight", "ID", "LABEL", "NUMERIC"]
+__all__ = ["ColumnType", "Finding", "PreflightFailed", "check_columns", "check_columns_batched", "column_problems",
+           "preflight", "require_preflight", "ID", "LABEL", "NUMERIC"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,31 @@ NUMERIC = ColumnType("numeric feature", numeric=True)
 CATEGORICAL = ColumnType("categorical feature", allow_missing=True)
 
 
+def _problem_masks(values, kind: ColumnType):
+    """``(problem, mask of the cells that have it)`` for one column, in the order they are reported."""
+    import pandas as pd
+
+    missing = values.isna().to_numpy()
+    yield "missing", missing if not kind.allow_missing else np.zeros_like(missing)
+    if kind.numeric:
+        numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
+        yield "text", np.isnan(numbers) & ~missing
+        yield "infinite", np.isinf(numbers)
+    if kind.unique:
+        yield "duplicate", values.duplicated().to_numpy() & ~missing
+
+
+def _problem_sentence(problem: str, kind: ColumnType, count: int, value) -> str:
+    if problem == "missing":
+        return f"empty cell (missing value) in {kind.name} column; {count} such cell(s)"
+    if problem == "text":
+        return (f"non-numeric value {str(value)[:40]!r} in a {kind.name} column; {count} such cell(s) (encode it "
+                f"as numbers, or name it as the id or label column)")
+    if problem == "infinite":
+        return f"infinite value in a {kind.name} column"
+    return f"duplicate {kind.name} {str(value)[:40]!r}"
+
+
 def column_problems(values, kind: ColumnType) -> list[tuple[int, str]]:
     """The problems of one column for its declared ``kind``: ``(first bad row, 0-based; what)`` each.
 
@@ -100,35 +127,49 @@ def column_problems(values, kind: ColumnType) -> list[tuple[int, str]]:
         values: a pandas Series (CSV cells read as text, or typed Parquet values).
         kind: the declared :class:`ColumnType`.
     """
-    import pandas as pd
-
     out: list[tuple[int, str]] = []
-    missing = values.isna().to_numpy()
-    if missing.any() and not kind.allow_missing:
-        out.append((int(np.argmax(missing)), f"empty cell (missing value) in {kind.name} column; "
-                                              f"{int(missing.sum())} such cell(s)"))
-    if kind.numeric:
-        numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
-        text = np.isnan(numbers) & ~missing
-        if text.any():
-            row = int(np.argmax(text))
-            out.append((row, f"non-numeric value {str(values.iloc[row])[:40]!r} in a {kind.name} column; "
-                             f"{int(text.sum())} such cell(s) (encode it as numbers, or name it as the "
-                             f"id or label column)"))
-        infinite = np.isinf(numbers)
-        if infinite.any():
-            out.append((int(np.argmax(infinite)), f"infinite value in a {kind.name} column"))
-    if kind.unique:
-        dup = values.duplicated().to_numpy() & ~missing
-        if dup.any():
-            row = int(np.argmax(dup))
-            out.append((row, f"duplicate {kind.name} {str(values.iloc[row])[:40]!r}"))
+    for problem, mask in _problem_masks(values, kind):
+        if mask.any():
+            row = int(np.argmax(mask))
+            out.append((row, _problem_sentence(problem, kind, int(mask.sum()), values.iloc[row])))
     return out
 
 
 def check_columns(frame, declared: Mapping[str, ColumnType]) -> list[tuple[str, int, str]]:
     """``(column, first bad row 0-based, what)`` for every column of ``frame`` named in ``declared``."""
     return [(col, row, what) for col, kind in declared.items() for row, what in column_problems(frame[col], kind)]
+
+
+def check_columns_batched(frames, declared: Mapping[str, ColumnType]) -> list[tuple[str, int, str]]:
+    """:func:`check_columns` of the table whose row batches (pandas frames, in file order) ``frames``
+    yields: the same findings (first bad row of the table, counts over the table), one batch at a time.
+
+    Memory: one batch plus the values of the ``unique`` columns (ids), checked for repeats at the end.
+    """
+    import pandas as pd
+
+    first: dict[tuple[str, str], list] = {}  # (column, problem) -> [row, count, value]
+    kept = {col: [] for col, kind in declared.items() if kind.unique}
+    at = 0
+    for frame in frames:
+        for col, kind in declared.items():
+            for problem, mask in _problem_masks(frame[col], replace(kind, unique=False)):
+                if mask.any():
+                    row = int(np.argmax(mask))
+                    seen = first.setdefault((col, problem), [at + row, 0, frame[col].iloc[row]])
+                    seen[1] += int(mask.sum())
+            if col in kept:
+                kept[col].append(frame[col].to_numpy(dtype=object))
+        at += len(frame)
+    for col, parts in kept.items():
+        values = pd.Series(np.concatenate(parts) if parts else np.empty(0, dtype=object))
+        mask = values.duplicated().to_numpy() & ~values.isna().to_numpy()
+        if mask.any():
+            row = int(np.argmax(mask))
+            first[col, "duplicate"] = [row, int(mask.sum()), values.iloc[row]]
+    order = ("missing", "text", "infinite", "duplicate")
+    return [(col, first[col, p][0], _problem_sentence(p, kind, first[col, p][1], first[col, p][2]))
+            for col, kind in declared.items() for p in order if (col, p) in first]
 
 
 # ------------------------------------------------------------------------------------ the checks
@@ -271,30 +312,50 @@ def _check_data(report: _Report, params) -> None:
     if path.suffix.lower() not in (".csv", ".parquet", ".pq"):
         _check_array_file(report, params, path)
         return
+    from .data_prep import _columns, streamed_batch_rows
+
     try:
-        frame = _read_frame(path)
+        batch_rows = streamed_batch_rows(cfg, report.party)
+        if batch_rows:  # bigger than data.max_memory_mb: one row batch at a time, as the job reads it
+            from ..data.stream import iter_text_batches
+
+            columns = [str(c) for c in _columns(path)]
+            declared = _data_columns(report, params, columns)
+            problems = check_columns_batched(iter_text_batches(path, batch_rows),
+                                             {c: kind for c, (_, kind) in declared.items()})
+        else:
+            frame = _read_frame(path)
+            frame.columns = [str(c) for c in frame.columns]
+            declared = _data_columns(report, params, list(frame.columns))
+            problems = check_columns(frame, {c: kind for c, (_, kind) in declared.items()})
+    except JobConfigError:
+        raise
     except Exception as exc:  # noqa: BLE001 - pandas / pyarrow raise many types for a malformed file
         report.add("data.path", f"cannot read {path}: {plain_error(exc)}", file=path)
         return
-    frame.columns = [str(c) for c in frame.columns]
-    declared = _data_columns(report, params, list(frame.columns))
     line = 1 if path.suffix.lower() == ".csv" else 0  # header line before the first data row
-    for col, row, what in check_columns(frame, {c: kind for c, (_, kind) in declared.items()}):
+    for col, row, what in problems:
         at = f"row {row + 1}" + (f" (line {row + 1 + line})" if line else "")
         report.add(declared[col][0] if declared[col][0] != "data.feature_columns" else "data",
                    f"{path}, column {col!r}, {at}: {what}", file=path, column=col, row=row + 1)
     if spec.table_schema is not None:
-        _check_schema(report, path)
+        _check_schema(report, path, batch_rows)
 
 
-def _check_schema(report: _Report, path: Path) -> None:
-    """Load the table as the job will, through ``data.schema``; report where it breaks the schema."""
+def _check_schema(report: _Report, path: Path, batch_rows: int | None = None) -> None:
+    """Load the table as the job will, through ``data.schema``; report where it breaks the schema.
+    With ``batch_rows`` (a streamed table) in row batches, keeping no feature row."""
     from ..data import SchemaError, load_table
+    from ..data.stream import load_table_batched
 
     spec = report.party.data
+    kw = dict(id_column=spec.id_column, label_column=spec.label_column, feature_columns=spec.feature_columns,
+              schema=spec.table_schema)
     try:
-        load_table(path, id_column=spec.id_column, label_column=spec.label_column,
-                   feature_columns=spec.feature_columns, schema=spec.table_schema)
+        if batch_rows:
+            load_table_batched(path, batch_rows, rows=np.empty(0, dtype=np.int64), **kw)
+        else:
+            load_table(path, **kw)
     except SchemaError as exc:
         report.add("data.schema", plain_error(exc), file=path)
     except (OSError, ValueError):

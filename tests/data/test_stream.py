@@ -90,3 +90,115 @@ def test_batched_quantile_cuts_equal_the_in_memory_cuts(max_bin):
             assert cuts.dtype == ref.dtype and cuts.shape == ref.shape and (cuts == ref).all(), (j, cuts, ref)
     with pytest.raises(ValueError, match="infinite"):
         batched_quantile_cuts(row_batches(np.array([[1.0], [np.inf]]), np.arange(2), 1), 1, 4)
+
+
+@pytest.fixture(scope="module")
+def coded(tmp_path_factory):
+    """A table with a declared categorical column and a label, gaps in both kinds of feature column."""
+    rng = np.random.default_rng(1)
+    n = 200
+    df = pd.DataFrame({"id": [f"k{i}" for i in rng.permutation(n)], "x": rng.normal(size=n),
+                       "shade": rng.choice(["dark", "light"], n), "y": rng.choice(["a", "b", "c"], n)})
+    df.loc[rng.random(n) < 0.2, "x"] = np.nan
+    df.loc[rng.random(n) < 0.2, "shade"] = None
+    d = tmp_path_factory.mktemp("coded")
+    df.to_csv(d / "t.csv", index=False, float_format="%.17g")
+    df.to_parquet(d / "t.parquet", row_group_size=30)
+    schema = {"shade": {"kind": "categorical", "categories": ["dark", "light"]},
+              "y": {"kind": "label", "categories": ["a", "b", "c"]}}
+    return d, schema
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.parquet"])
+def test_ids_then_chosen_rows_equal_the_whole_table_indexed(coded, name):
+    """The two passes of a streamed vertical preparation: ids and labels only, then only the chosen
+    rows (in any order) copied to their places: bit for bit load_table's table indexed by those rows."""
+    from secureflhv.data import load_table
+    from secureflhv.data.stream import load_ids_batched, load_table_batched
+
+    d, schema = coded
+    kw = dict(id_column="id", label_column="y", schema=schema)
+    whole = load_table(d / name, **kw)
+    keys = load_ids_batched(d / name, 9, **kw)
+    assert keys.X.shape == (200, 0) and keys.label_names == whole.label_names == ["a", "b", "c"]
+    assert (keys.ids == whole.ids).all() and (keys.y == whole.y).all() and keys.y.dtype == whole.y.dtype
+    rows = np.random.default_rng(2).permutation(200)[:70]
+    rows[:2] = [0, 199]  # the first and the last row
+    part = load_table_batched(d / name, 9, rows=rows, **kw)
+    assert part.feature_names == whole.feature_names == ["x", "shade"] and part.categories == whole.categories
+    assert np.isnan(part.X).any(axis=0).all()  # gaps in the numeric and in the categorical column
+    assert np.array_equal(part.X.view(np.uint64), whole.X[rows].view(np.uint64))
+    assert (part.ids == whole.ids[rows]).all() and (part.y == whole.y[rows]).all() and part.y.dtype == whole.y.dtype
+    all_rows = load_table_batched(d / name, 9, **kw)  # without rows: the whole table, CSV gaps included
+    assert np.array_equal(all_rows.X.view(np.uint64), whole.X.view(np.uint64))
+
+
+def test_chosen_rows_out_of_range_are_refused(coded):
+    from secureflhv.data.loaders import DataError
+    from secureflhv.data.stream import load_table_batched
+
+    d, schema = coded
+    with pytest.raises(DataError, match="rows out of range for a table of 200 rows"):
+        load_table_batched(d / "t.parquet", 9, id_column="id", label_column="y", schema=schema, rows=[3, 200])
+
+
+def test_streamed_alignment_peak_is_the_aligned_matrix_plus_batches(tmp_path):
+    """Traced (numpy) peak of the two passes for N rows x d features of which a fraction f is common:
+    below f*N*d*8 plus the ids (a few copies) and a few batches, where reading the whole table and
+    indexing it (the former path) takes more than N*d*8*(1+f)."""
+    import tracemalloc
+
+    from secureflhv.data.stream import load_ids_batched, load_table_batched
+
+    N, d, f, B = 12_000, 60, 0.2, 400
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame(rng.normal(size=(N, d)), columns=[f"x{j}" for j in range(d)])
+    df.insert(0, "id", [f"r{i}" for i in range(N)])
+    df.to_parquet(tmp_path / "t.parquet", row_group_size=B)
+    del df
+    rows = rng.permutation(np.flatnonzero(rng.random(N) < f))
+
+    def peak(fn):
+        tracemalloc.start()
+        try:
+            out = fn()
+            return tracemalloc.get_traced_memory()[1], out
+        finally:
+            tracemalloc.stop()
+
+    old, X_old = peak(lambda: load_table_batched(tmp_path / "t.parquet", B, id_column="id").X[rows])
+
+    def two_passes():
+        keys = load_ids_batched(tmp_path / "t.parquet", B, id_column="id")
+        return keys.ids.nbytes, load_table_batched(tmp_path / "t.parquet", B, id_column="id", rows=rows).X
+
+    new, (ids_bytes, X_new) = peak(two_passes)
+    assert np.array_equal(X_new, X_old)
+    aligned, batch = len(rows) * d * 8, B * d * 8
+    assert old > N * d * 8 * (1 + f)
+    assert new < aligned + 6 * ids_bytes + 4 * batch, (new, aligned, ids_bytes, batch)
+    assert new < old / 2
+
+
+def test_batched_errors_name_the_tables_row_and_gaps_are_judged_on_the_whole_column(tmp_path):
+    """A schema break in a later batch names the table's row (not the batch's); a declared column that
+    is empty in one batch only is fine (as in load_table), empty in every batch is refused."""
+    from secureflhv.data import load_table
+    from secureflhv.data.schema import SchemaError
+    from secureflhv.data.stream import load_table_batched
+
+    schema = {"c": {"kind": "categorical", "categories": ["p", "q"]}, "v": "numeric"}
+    df = pd.DataFrame({"id": [f"i{k}" for k in range(20)], "c": ["p", "q"] * 10, "v": np.arange(20.0)})
+    df.loc[0:5, "c"] = None  # the whole first batch of 6 rows
+    df.to_csv(tmp_path / "ok.csv", index=False)
+    whole = load_table(tmp_path / "ok.csv", id_column="id", schema=schema)
+    got = load_table_batched(tmp_path / "ok.csv", 6, id_column="id", schema=schema)
+    assert np.array_equal(got.X, whole.X, equal_nan=True) and np.isnan(got.X[:6, 0]).all()
+    df.loc[13, "c"] = "zz"
+    df.to_parquet(tmp_path / "bad.parquet", row_group_size=6)
+    with pytest.raises(SchemaError, match=r"column 'c' row 14: category 'zz'"):
+        load_table_batched(tmp_path / "bad.parquet", 6, id_column="id", schema=schema)
+    df["c"] = None
+    df.to_parquet(tmp_path / "empty.parquet", row_group_size=6)
+    with pytest.raises(SchemaError, match=r"column 'c' is empty in every row"):
+        load_table_batched(tmp_path / "empty.parquet", 6, id_column="id", schema=schema)
