@@ -48,16 +48,15 @@ Pieces and their sources (no primitive is implemented here: AES from ``cryptogra
   t = 16 (t = 12: < 2**-54), below the 2**-40 statistical bound KKRT section 5 asks for.
 * **Cuckoo hashing** (:func:`hash_ids`, :func:`cuckoo_place`): 3 hash functions into
   :func:`cuckoo_bins` (n) = e n (+ slack, rounded to 128) bins, no stash, e = ``BIN_FACTOR`` = 1.48.
-  Why 1.48 and not the often-quoted 1.27: the stash-less failure probability 2**-lambda of 3-hash
-  cuckoo hashing was fitted experimentally as lambda ~= 125 e - 145 for large n (Pinkas, Schneider,
-  Tkachenko & Yanai, "Efficient Circuit-based PSI with Linear Communication", EUROCRYPT 2019,
-  section on cuckoo parameters; the same formula, (145 + lambda) / 125, is what the KKRT authors'
-  library cryptoTools uses, ``CuckooIndex::selectParams`` without stash). e = 1.48 gives lambda = 40;
-  1.27 would give only ~14. If placement fails anyway, the guest picks a fresh salt *before anything
-  is sent*; that reveals only that the final salt places X, which changes the salt's distribution
-  from uniform by at most the failure probability (statistical distance <= 2**-40 for n >= ~2**19,
-  where the fit holds; smaller sets get 64 extra slack bins, and their failure probability is not
-  covered by the fit).
+  Why 1.48: cryptoTools (the KKRT authors' library; SecretFlow's yacl copies it),
+  ``CuckooIndex::selectParams`` without stash, fits the failure probability 2**-lambda of 3-hash
+  cuckoo hashing as lambda = 240 e - log2(n) - 256 for n >= 512 (experimentally determined), i.e.
+  e = 1.317 for lambda = 40 at n = 2**20. e = 1.48 gives lambda >= 74 up to the protocol's
+  ``MAX_SET_SIZE`` (~2**24): a margin for a fit, at ~12% more bins. Below 512 items the fit's per-size
+  lines ask for more room, which the 64 slack bins and the rounding to 128 give (lambda >= 48 by those
+  lines for every n < 512; the worst case is n ~ 31). If placement fails anyway, the guest picks a fresh salt *before anything is sent*; that
+  reveals only that the final salt places X, which changes the salt's distribution from uniform by at
+  most the failure probability (statistical distance <= 2**-40).
 
 Security parameters: computational kappa = 128 (AES-128 seeds and PRG, 512 base OTs so that at
 least kappa bits of s mask every wrong codeword, BLAKE2b), statistical lambda = 40 (cuckoo failure,
@@ -81,7 +80,7 @@ from nacl import bindings as sodium
 
 __all__ = [
     "DOMAIN", "BASE_OTS", "CODE_BITS", "CODE_BYTES", "SEED_BYTES", "ITEM_BYTES", "N_HASHES", "BIN_FACTOR",
-    "POINT_BYTES", "DUMMY_INDEX", "InvalidPointError", "CuckooError", "session_context", "cuckoo_bins",
+    "POINT_BYTES", "DUMMY_INDEX", "base_ot_cp", "InvalidPointError", "CuckooError", "session_context", "cuckoo_bins",
     "BaseOtSender", "BaseOtReceiver", "prg_columns", "transpose_columns", "Prc", "hash_ids", "cuckoo_place",
     "receiver_rows", "sender_rows", "oprf_hash", "bits_to_mask", "guest_table", "guest_codewords", "guest_values",
     "host_values",
@@ -94,7 +93,7 @@ CODE_BYTES = CODE_BITS // 8
 SEED_BYTES = 16              # AES-128 key of the PRG: kappa = 128
 ITEM_BYTES = 15              # hash of an ID in an AES block (its last byte holds the code index)
 N_HASHES = 3
-BIN_FACTOR = 1.48            # bins per guest item: stash-less failure ~2**-40 (module docstring)
+BIN_FACTOR = 1.48            # bins per guest item: stash-less failure far below 2**-40 (module docstring)
 DUMMY_INDEX = N_HASHES       # code index of dummy bins
 POINT_BYTES = 32
 ROW_ALIGN = 128              # rows per AES-CTR block of a column: blocks start at counter offsets
@@ -154,8 +153,8 @@ def _random_scalar() -> bytes:
             return s
 
 
-def _point_cp(context: bytes) -> bytes:
-    """Public point of unknown discrete log: libsodium's Elligator map of a session hash (cofactor cleared)."""
+def base_ot_cp(context: bytes) -> bytes:
+    """The base OTs' public point Cp of unknown discrete log: libsodium's Elligator map of a session hash (cofactor cleared)."""
     return sodium.crypto_core_ed25519_from_uniform(_derive(context, b"base-ot/Cp"))
 
 
@@ -192,7 +191,7 @@ class BaseOtSender:
         self.context, self.count = context, count
         self._r = [_random_scalar() for _ in range(count)]
         self._R = [sodium.crypto_scalarmult_ed25519_base_noclamp(r) for r in self._r]
-        self._cp = _point_cp(context)
+        self._cp = base_ot_cp(context)
 
     def points(self) -> bytes:
         return b"".join(self._R)
@@ -232,7 +231,7 @@ class BaseOtReceiver:
     def __init__(self, context: bytes, choices: np.ndarray):
         choices = np.asarray(choices, dtype=bool)
         self.context, self.count, self.choices = context, choices.size, choices
-        cp = _point_cp(context)
+        cp = base_ot_cp(context)
         self._a = [_random_scalar() for _ in range(self.count)]
         self._pk_own = [sodium.crypto_scalarmult_ed25519_base_noclamp(a) for a in self._a]
         sub = sodium.crypto_core_ed25519_sub
@@ -290,7 +289,7 @@ def transpose_columns(cols: np.ndarray) -> np.ndarray:
     if k % 8:
         raise ValueError(f"number of columns must be a multiple of 8, got {k}")
     # x[j, c] = the 8 bytes cols[8c .. 8c+7, j] (byte r holds bit b of item 8j+b for column 8c+r)
-    x = np.ascontiguousarray(cols.reshape(k // 8, 8, rb).transpose(2, 0, 1)).view(np.uint64).reshape(rb, k // 8)
+    x = np.ascontiguousarray(cols.reshape(k // 8, 8, rb).transpose(2, 0, 1)).view("<u8").reshape(rb, k // 8)  # masks assume little-endian
     t = (x ^ (x >> _S7)) & _M7
     x = x ^ t ^ (t << _S7)
     t = (x ^ (x >> _S14)) & _M14

@@ -315,12 +315,15 @@ class Transport(ABC):
         deadline: default seconds to wait in :meth:`recv` and to keep retrying in :meth:`send`.
         identity: this party's :class:`~secureflhv.transport.identity.PartyIdentity` (certificate and
             signing key; verifies peers' certificate-signed data), or ``None`` without certificates.
+        max_payload_bytes: the largest payload this party accepts (the job's ``job.max_message_mb``;
+            every party of a job has the same), or ``None`` where unknown.
     """
 
     party_id: str
     job_id: str
     deadline: float
     identity = None
+    max_payload_bytes: int | None = None
     wire = None  # a WireCounter (transport/wire.py) where the transport counts bytes
 
     def wire_stats(self) -> dict:

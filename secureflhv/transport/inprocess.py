@@ -108,6 +108,7 @@ class InProcessTransport(Transport):
         self.deadline = network.deadline
         self.identity = network.identities.get(party_id)
         self.wire = network.wire[party_id]
+        self.max_payload_bytes = network.mailbox(party_id).max_payload_bytes
 
     def _mailbox(self) -> Mailbox:
         return self.network.mailbox(self.party_id)

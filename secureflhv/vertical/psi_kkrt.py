@@ -59,7 +59,7 @@ import os
 from typing import Sequence
 
 import numpy as np
-from nacl.bindings import crypto_core_ed25519_is_valid_point
+from nacl.bindings import crypto_core_ed25519_is_valid_point, crypto_core_ed25519_sub
 
 from ..crypto import kkrt
 from ..crypto.psi import match_positions
@@ -94,9 +94,16 @@ def _check_ot_points(points: bytes, sender: str, what: str) -> bytes:
     return bytes(points)
 
 
-def _base_ot_parser(sender: str):
+def _base_ot_parser(sender: str, cp: bytes):
+    """KkrtBaseOt -> the host's PK0 points; ``cp`` (:func:`~secureflhv.crypto.kkrt.base_ot_cp`): PK1 = Cp - PK0
+    must be a valid point too (PK0 = Cp would make it the identity and fail the guest's key step)."""
     def validate(msg: psi_pb2.KkrtBaseOt):
-        return _check_ot_points(msg.points, sender, "base-OT points")
+        points = _check_ot_points(msg.points, sender, "base-OT points")
+        for i in range(0, len(points), kkrt.POINT_BYTES):
+            if not crypto_core_ed25519_is_valid_point(crypto_core_ed25519_sub(cp, points[i:i + kkrt.POINT_BYTES])):
+                raise ProtocolError(f"base-OT points from {sender!r}: Cp - point {i // kkrt.POINT_BYTES} is not a "
+                                    f"valid prime-order Ed25519 point")
+        return points
     return parse_message(psi_pb2.KkrtBaseOt, validate)
 
 
@@ -128,6 +135,15 @@ def _oprf_parser(sender: str, width: int):
     return parse_message(psi_pb2.PsiPoints, validate)
 
 
+def _check_message_size(transport: Transport, size: int, what: str) -> None:
+    """Refuse before any work a message the peers would refuse (same job file: same ``job.max_message_mb``)."""
+    limit = transport.max_payload_bytes
+    if limit is not None and size > limit:
+        raise ValueError(f"KKRT-PSI: {what} of {size / 2 ** 20:,.1f} MiB, above this job's message limit of "
+                         f"{limit / 2 ** 20:,.1f} MiB: set job.max_message_mb to at least "
+                         f"{-(-size // 2 ** 20) + 1} at every party, or use job.psi_protocol: ecdh")
+
+
 # ------------------------------------------------------------------------------ roles
 class KkrtGuest(PsiGuest):
     """The guest's side of KKRT-PSI (module docstring): PSI receiver, OT-extension receiver.
@@ -142,6 +158,8 @@ class KkrtGuest(PsiGuest):
         self.ids = _check_ids(self.ids, self.party_id)
         if len(self.ids) > MAX_SET_SIZE:
             raise ValueError(f"KKRT-PSI takes at most {MAX_SET_SIZE} guest IDs, got {len(self.ids)}")
+        _check_message_size(self.t, kkrt.cuckoo_bins(len(self.ids)) * kkrt.CODE_BYTES + _OT_POINT_BYTES + 64,
+                            f"{len(self.ids):,} guest IDs make an OT-extension matrix")
         salt, ctx, items, cand, table, index = kkrt.guest_table(self.ids, self.t.job_id)
         self.clock.lap("hash")
         hello = psi_pb2.PsiHello(version=PROTOCOL_VERSION, salt=salt, set_size=len(self.ids),
@@ -161,7 +179,7 @@ class KkrtGuest(PsiGuest):
         """Base OTs and OT extension with ``host``; returns our OPRF values (t bytes per guest row)."""
         sender = kkrt.BaseOtSender(ctx)
         self.clock.lap("base_ot")
-        points = self._recv(host, TAG_BASE_OT, None, _base_ot_parser(host))
+        points = self._recv(host, TAG_BASE_OT, None, _base_ot_parser(host, kkrt.base_ot_cp(ctx)))
         self.clock.lap("wait")
         k0, k1 = sender.keys(points)
         self.clock.lap("base_ot")
@@ -208,6 +226,8 @@ class KkrtHost(PsiHost):
         hello = self._recv(self.guest, TAG_HELLO, None,
                            _hello_parser(self.guest, self.psi_protocol, max_set_size=MAX_SET_SIZE))
         self.clock.lap("wait")
+        _check_message_size(self.t, kkrt.N_HASHES * len(self.ids) * hello.truncate_bytes + 64,
+                            f"{len(self.ids):,} host IDs make OPRF values")
         ctx = kkrt.session_context(self.t.job_id, hello.salt)
         rows = kkrt.cuckoo_bins(hello.set_size)
         choices = np.unpackbits(np.frombuffer(os.urandom(kkrt.BASE_OTS // 8), np.uint8)).astype(bool)

@@ -138,9 +138,11 @@ OT_BYTES = kkrt.BASE_OTS * 32
 
 def test_parsers_reject_hostile_messages():
     good = kkrt.BaseOtReceiver(kkrt.session_context(JOB, b""), np.zeros(kkrt.BASE_OTS, bool)).points()
-    base = vk._base_ot_parser("host")
+    cp = kkrt.base_ot_cp(kkrt.session_context(JOB, b""))
+    base = vk._base_ot_parser("host", cp)
     assert base(psi_pb2.KkrtBaseOt(points=good).SerializeToString()) == good
     for bad, why in [(good[:-32], "bytes"), (good + good[:32], "bytes"), (b"", "bytes"),
+                     (good[:96] + cp + good[128:], "Cp - point 3 is not a valid"),               # PK1 = identity
                      (good[:64] + _point(2) + good[96:], "point 2 is not a valid"),                 # not on the curve
                      (good[:32] + _point(1) + good[64:], "point 1 is not a valid"),                 # identity
                      (b"\xec" + b"\xff" * 30 + b"\x7f" + good[32:], "point 0 is not a valid")]:     # order 2
@@ -209,3 +211,15 @@ def test_hostile_base_ot_and_values_rejected_at_guest_and_protocol_completes():
     check(guest, {"host": host}, out["g"], results)
     reasons = [r for _, r in net.mailbox("guest").rejected]
     assert len(reasons) == 2 and "not a valid" in reasons[0] and "3 per ID" in reasons[1]
+
+
+def test_a_matrix_above_the_message_limit_is_refused_before_any_work_and_the_host_is_told():
+    # 2,000 guest IDs: 3,072 bins x 64 bytes = 192 KiB, above a 64 KiB job.max_message_mb
+    net = InProcessNetwork(JOB, ["guest", "host"], deadline=20.0, max_payload_bytes=64 * 1024)
+    results, errors, threads = start_hosts(net, {"host": POOL[:100]})
+    with pytest.raises(ValueError, match=r"matrix of 0.2 MiB, above this job.s message limit of 0.1 MiB: set job.max_message_mb to at least 2 at every party, or use job.psi_protocol: ecdh"):
+        vk.align_ids_guest(net.transport("guest"), POOL[:2000], ["host"], workers=1)
+    threads[0].join(30)
+    assert not results and "PSI failed at 'guest'" in str(errors["host"]), errors
+    sent = net.wire_stats()["guest"].get("peers", {}).get("host", {}).get("by_tag", {})
+    assert not [t for t in sent if t.startswith("psi/")], sent  # refused before the hello: no work, nothing sent

@@ -97,7 +97,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
         _save_bundle(cfg, party, model, params, None, {}, prep)
         return {}
     table = load_party_table(cfg, party, require_label=True)
-    X, y = table.X.astype(np.float64), table.y
+    X, y = np.asarray(table.X, dtype=np.float64), table.y
     split = split_rows(len(y), params.test_fraction, params.split_seed, params.validation_fraction)
     prep = None
     if federated:   # trees bin raw values and category codes: every column is numeric to the sketch

@@ -82,7 +82,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
     out_dir = cfg.output_dir(party.id)
     algo = tree_params(params)
     data = prepare_vertical(cfg, party, transport, params, validation_fraction=params.validation_fraction)
-    X = data.X.astype(np.float64)
+    X = np.asarray(data.X, dtype=np.float64)  # no copy of an aligned float64 table (a big party: GBs)
     X_val = data.split.validation(X)
     cuts = None
     if data.batch_rows:  # a big table: the same quantile cuts, found in row batches (bounded memory)
