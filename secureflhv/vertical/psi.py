@@ -326,15 +326,21 @@ class PsiGuest(_PsiRole):
         self.clock.lap("blind_peer")
         doubled = self._recv(host, TAG_DOUBLE, n + self.sizes[host], _points_parser(host, width, n, points=False))
         self.clock.lap("wait")
+        return self.host_rows(host, doubled, theirs, width)
+
+    def host_rows(self, host: str, ours: bytes, theirs: bytes, width: int, per_id: int = 1) -> np.ndarray:
+        """int64 (|X|,): each guest row's row in ``host``'s list, or -1, from matching our ``width``-byte
+        values against theirs (``per_id`` consecutive values per host row). Raises ProtocolError when
+        ``host`` repeated a value (a lying or broken host)."""
         try:
-            i_g, i_h = match_positions(doubled, theirs, width)
+            i_g, i_h = match_positions(ours, theirs, width)
         except ValueError as exc:
             raise ProtocolError(f"PSI with host {host!r}: {exc}") from None
-        pos = np.full(n, -1, dtype=np.int64)
-        pos[i_g] = i_h
+        pos = np.full(len(self.ids), -1, dtype=np.int64)
+        pos[i_g] = i_h // per_id
         self.clock.lap("match")
-        log.info("%s: PSI with %s: |guest|=%d |host|=%d |pairwise intersection|=%d",
-                 self.party_id, host, n, self.sizes[host], i_g.size)
+        log.info("%s: %s-PSI with %s: |guest|=%d |host|=%d |pairwise intersection|=%d", self.party_id,
+                 self.psi_protocol.upper(), host, len(self.ids), self.sizes[host], i_g.size)
         return pos
 
     def send_intersection(self, in_host: dict[str, np.ndarray]) -> np.ndarray:

@@ -62,7 +62,6 @@ import numpy as np
 from nacl.bindings import crypto_core_ed25519_is_valid_point, crypto_core_ed25519_sub
 
 from ..crypto import kkrt
-from ..crypto.psi import match_positions
 from ..proto import psi_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from .psi import (DEFAULT_TRUNCATE_BYTES, PROTOCOL_VERSION, TAG_HELLO, PsiGuest, PsiHost, PsiResult, _check_ids,
@@ -200,16 +199,7 @@ class KkrtGuest(PsiGuest):
         theirs = self._recv(host, TAG_OPRF, 3 * n, _oprf_parser(host, width))
         self.sizes[host] = len(theirs) // (kkrt.N_HASHES * width)
         self.clock.lap("wait")
-        try:
-            i_g, i_v = match_positions(mine, theirs, width)
-        except ValueError as exc:
-            raise ProtocolError(f"PSI with host {host!r}: {exc}") from None
-        pos = np.full(n, -1, dtype=np.int64)
-        pos[i_g] = i_v // kkrt.N_HASHES
-        self.clock.lap("match")
-        log.info("%s: KKRT-PSI with %s: |guest|=%d |host|=%d |pairwise intersection|=%d",
-                 self.party_id, host, n, self.sizes[host], i_g.size)
-        return pos
+        return self.host_rows(host, mine, theirs, width, per_id=kkrt.N_HASHES)
 
 
 class KkrtHost(PsiHost):
