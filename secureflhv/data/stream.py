@@ -64,8 +64,8 @@ class _CsvChunks:
     time); pyarrow's CSV scanner reads ahead of a slow consumer (measured: 209 MB decoded of a 600 MB
     file at once)."""
 
-    def __init__(self, path: Path, strings=()):
-        self._path, self._dtype = path, {c: str for c in strings}
+    def __init__(self, path: Path, strings=(), *, all_text: bool = False):
+        self._path, self._dtype = path, str if all_text else {c: str for c in strings}
 
     def header(self):
         import pandas as pd
@@ -124,13 +124,8 @@ def iter_text_batches(path, batch_rows: int) -> Iterator:
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
     path = Path(path)
-    if path.suffix.lower() in (".csv", ".txt"):
-        import pandas as pd
-
-        with pd.read_csv(path, dtype=str, keep_default_na=True, chunksize=batch_rows) as reader:
-            yield from reader
-    else:
-        yield from _ParquetRowGroups(path).frames(batch_rows)
+    csv = path.suffix.lower() in (".csv", ".txt")
+    yield from (_CsvChunks(path, all_text=True) if csv else _ParquetRowGroups(path)).frames(batch_rows)
 
 
 def sketch_cuts(path, columns: list[str], max_bin: int, *, sketch_bins: int = 2048,
