@@ -15,9 +15,17 @@ Protocol for the guest G (IDs X, n = |X|) and each host H_j (IDs Y_j), over :cla
 1. G -> H_j ``psi/hello`` (PsiHello, protocol "kkrt"): salt, n, truncation width t.
 2. H_j -> G ``psi/kkrt/base_ot`` (KkrtBaseOt): H_j's 512 base-OT receiver points, for random
    secret choice bits s (the OT-extension secret).
-3. G -> H_j ``psi/kkrt/matrix`` (KkrtMatrix): G's 512 base-OT sender points and the OT-extension
-   matrix U (m rows of 64 bytes) encoding the codewords C(x, i) of its bins' contents.
-   H_j now holds Q with q_k = t_k xor (C(r_k) AND s); G holds T.
+3. G -> H_j ``psi/kkrt/matrix`` (KkrtMatrix), in parts: the OT-extension matrix U (m rows of 64
+   bytes) encoding the codewords C(x, i) of its bins' contents. Part k travels in round
+   ``round_base * 2**32 + k`` and holds rows [k R, min((k + 1) R, m)), R = the rows of part 0 (a
+   multiple of 128; :func:`matrix_parts`: at most 16 MiB and a quarter of ``job.max_message_mb``);
+   part 0 also holds G's 512 base-OT sender points. A part's row range follows from its round, so a
+   guest cannot send overlapping, missing or out-of-order rows: any other row count or byte length
+   is rejected. H_j acknowledges each part on receipt (``psi/kkrt/matrix_ack``, same round: a
+   KkrtMatrix with only ``rows`` = the rows received so far) and computes its rows of Q while the
+   next part travels. G computes U part by part and keeps at most W parts unacknowledged (W R 64
+   bytes <= ``job.max_message_mb``), so H_j's mailbox (at most twice that queued per sender) never
+   refuses a part as a flood. H_j now holds Q with q_k = t_k xor (C(r_k) AND s); G holds T.
 4. H_j -> G ``psi/kkrt/oprf`` (PsiPoints, item_bytes t, count 3 |Y_j|): for each y in H_j's row
    order and i = 0, 1, 2 the OPRF value F(h_i(y), y || i). G compares them with its own values
    F(bin(x), x || i(x)) = H(bin || t_bin): x in X is in Y_j exactly when its value is among them,
@@ -44,12 +52,14 @@ Measured (``benchmarks/psi.py``, both parties on the same 2 cores, load ~1): ~9 
 wall, against ~144 core-s and ~76 s for ECDH-PSI in the same run. Runs in the calling process
 (``workers`` is ignored: the steps depend on each other across the parties, and on shared cores a
 pool's start-up would compete with the peer's critical path). Traffic per
-host: 64 bytes per guest bin (~95 bytes per guest ID) to the host, 3t bytes per host ID back,
-~33 KB of base-OT points, 8 bytes per common ID. One message holds at most ~22M guest IDs
-(protobuf's 2 GiB limit on U).
+host: 64 bytes per guest bin (~95 bytes per guest ID) to the host in parts of at most 16 MiB, 3t
+bytes per host ID back, ~33 KB of base-OT points, ~100 bytes per part of acknowledgements, 8 bytes
+per common ID. At most ``MAX_SET_SIZE`` (~22M) guest IDs: it bounds the Q a hello makes a host
+allocate (64 bytes per bin, < 2 GiB; pages are only touched as parts arrive).
 
-Errors as in :mod:`.psi`: a malformed or inconsistent message (wrong lengths or counts, a matrix
-whose size does not match the hello, an invalid or small-order Ed25519 point) is rejected with
+Errors as in :mod:`.psi`: a malformed or inconsistent message (wrong lengths or counts, a matrix part
+whose rows do not match the hello and part 0, an acknowledgement of other rows than were sent, an
+invalid or small-order Ed25519 point) is rejected with
 :class:`~secureflhv.transport.ProtocolError` in the ``recv`` parse step, logged, and the wait goes on.
 """
 from __future__ import annotations
@@ -69,15 +79,43 @@ from .psi import (DEFAULT_TRUNCATE_BYTES, PROTOCOL_VERSION, TAG_HELLO, PsiGuest,
 
 log = logging.getLogger("secureflhv.vertical.psi")
 
-__all__ = ["KkrtGuest", "KkrtHost", "align_ids_guest", "align_ids_host", "TAG_BASE_OT", "TAG_MATRIX", "TAG_OPRF",
-           "MAX_SET_SIZE"]
+__all__ = ["KkrtGuest", "KkrtHost", "align_ids_guest", "align_ids_host", "matrix_parts", "part_round", "TAG_BASE_OT",
+           "TAG_MATRIX", "TAG_MATRIX_ACK", "TAG_OPRF", "MAX_SET_SIZE", "PART_BYTES", "MAX_WINDOW"]
 
 TAG_BASE_OT = "psi/kkrt/base_ot"
 TAG_MATRIX = "psi/kkrt/matrix"
+TAG_MATRIX_ACK = "psi/kkrt/matrix_ack"
 TAG_OPRF = "psi/kkrt/oprf"
-# U (64 bytes per bin) must fit one protobuf message (< 2 GiB) and bin numbers a uint32
+# bounds the Q a hello makes a host allocate (64 bytes per bin, < 2 GiB); bin numbers fit a uint32
 MAX_SET_SIZE = int(((2 ** 31 - 2 ** 20) // kkrt.CODE_BYTES - 256) / kkrt.BIN_FACTOR)
+# U's parts: 16 MiB (262,144 rows) makes per-message costs noise and lets the host's Q work overlap the
+# transfer; a quarter of the message limit at most, so that W >= 4 parts can be in flight
+PART_BYTES = 16 * 2 ** 20
+MAX_WINDOW = 8               # parts the guest keeps unacknowledged (< the mailbox's 64 messages per sender)
+PART_ROUND_STRIDE = 2 ** 32  # part k of the run with round_base r travels in round r * 2**32 + k
 _OT_POINT_BYTES = kkrt.BASE_OTS * kkrt.POINT_BYTES
+_PART_OVERHEAD = 64          # protobuf framing of a part, generously
+
+
+def part_round(round_base: int, part: int) -> int:
+    """The transport round of part ``part`` (and of its acknowledgement) in the run of ``round_base``:
+    increasing in the part and, across runs, in ``round_base`` (rounds per (sender, tag) must increase)."""
+    return round_base * PART_ROUND_STRIDE + part
+
+
+def matrix_parts(bins: int, max_payload_bytes: int | None) -> tuple[int, int]:
+    """``(R, W)``: rows per part of U (a multiple of 128, <= ``bins``) and parts in flight, for a matrix of
+    ``bins`` rows under a message limit of ``max_payload_bytes`` (None: unknown, 256 MiB assumed).
+
+    R x 64 bytes <= min(``PART_BYTES``, limit / 4) (at least 128 rows); W = min(``MAX_WINDOW``, limit / part
+    size), at least 1: W parts queued at the host stay within the limit, half of what its mailbox queues
+    per sender. Part 0 also carries the 16 KiB of base-OT points.
+    """
+    limit = 256 * 2 ** 20 if max_payload_bytes is None else int(max_payload_bytes)
+    budget = min(PART_BYTES, limit // 4 - _PART_OVERHEAD)
+    rows = max(kkrt.ROW_ALIGN, budget // kkrt.CODE_BYTES // kkrt.ROW_ALIGN * kkrt.ROW_ALIGN)
+    rows = min(rows, bins)
+    return rows, max(1, min(MAX_WINDOW, limit // (rows * kkrt.CODE_BYTES + _PART_OVERHEAD)))
 
 
 # ------------------------------------------------------------------------------ parse callbacks
@@ -106,17 +144,44 @@ def _base_ot_parser(sender: str, cp: bytes):
     return parse_message(psi_pb2.KkrtBaseOt, validate)
 
 
-def _matrix_parser(sender: str, rows: int):
-    """KkrtMatrix -> ``(sender points, U (rows, 64) uint8)``; ``rows`` = cuckoo_bins(hello.set_size)."""
+def _matrix_parser(sender: str, rows: int, part: int = 0, part_rows: int | None = None):
+    """KkrtMatrix part ``part`` of U -> part 0: ``(sender points, U rows (R, 64) uint8)``, else the U rows.
+
+    ``rows`` = cuckoo_bins(hello.set_size); ``part_rows`` = R, the rows of part 0 (its own row count, a
+    multiple of 128 in [128, rows], sets it); part k holds rows [k R, min((k + 1) R, rows)), exactly.
+    """
     def validate(msg: psi_pb2.KkrtMatrix):
-        if msg.rows != rows:
-            raise ProtocolError(f"OT-extension matrix from {sender!r}: {msg.rows} rows, expected {rows} "
-                                f"(cuckoo bins for the hello's set size)")
-        if len(msg.matrix) != rows * kkrt.CODE_BYTES:
-            raise ProtocolError(f"OT-extension matrix from {sender!r}: {len(msg.matrix)} bytes for {rows} rows "
-                                f"of {kkrt.CODE_BYTES} bytes")
-        points = _check_ot_points(msg.ot_points, sender, "base-OT sender points")
-        return points, np.frombuffer(msg.matrix, np.uint8).reshape(rows, kkrt.CODE_BYTES)
+        what = f"OT-extension matrix part {part} from {sender!r}"
+        if part == 0:
+            n = msg.rows
+            if not 0 < n <= rows or n % kkrt.ROW_ALIGN:
+                raise ProtocolError(f"{what}: {n} rows, expected a multiple of {kkrt.ROW_ALIGN} in "
+                                    f"[{kkrt.ROW_ALIGN}, {rows}] ({rows} cuckoo bins for the hello's set size)")
+            points = _check_ot_points(msg.ot_points, sender, "base-OT sender points")
+        else:
+            first = part * part_rows
+            n = min(part_rows, rows - first)
+            if msg.rows != n:
+                raise ProtocolError(f"{what}: {msg.rows} rows, expected {n} (rows {first}..{first + n - 1} of "
+                                    f"{rows}, parts of {part_rows} rows)")
+            if msg.ot_points:
+                raise ProtocolError(f"{what}: base-OT points belong in part 0 only")
+            points = None
+        if len(msg.matrix) != n * kkrt.CODE_BYTES:
+            raise ProtocolError(f"{what}: {len(msg.matrix)} bytes for {n} rows of {kkrt.CODE_BYTES} bytes")
+        U = np.frombuffer(msg.matrix, np.uint8).reshape(n, kkrt.CODE_BYTES)
+        return U if part else (points, U)
+    return parse_message(psi_pb2.KkrtMatrix, validate)
+
+
+def _ack_parser(sender: str, part: int, received: int):
+    """The host's acknowledgement of part ``part``: a KkrtMatrix holding only ``rows`` = ``received``, the
+    rows of parts 0..``part``; anything else is a lie (rejected)."""
+    def validate(msg: psi_pb2.KkrtMatrix):
+        if msg.rows != received or msg.matrix or msg.ot_points:
+            raise ProtocolError(f"acknowledgement of matrix part {part} from {sender!r}: {msg.rows} rows and "
+                                f"{len(msg.matrix) + len(msg.ot_points)} other bytes, expected only rows = {received}")
+        return received
     return parse_message(psi_pb2.KkrtMatrix, validate)
 
 
@@ -138,8 +203,8 @@ def _check_message_size(transport: Transport, size: int, what: str) -> None:
     """Refuse before any work a message the peers would refuse (same job file: same ``job.max_message_mb``)."""
     limit = transport.max_payload_bytes
     if limit is not None and size > limit:
-        raise ValueError(f"KKRT-PSI: {what} of {size / 2 ** 20:,.1f} MiB, above this job's message limit of "
-                         f"{limit / 2 ** 20:,.1f} MiB: set job.max_message_mb to at least "
+        raise ValueError(f"KKRT-PSI: {what} of {size / 2 ** 20:,.2f} MiB, above this job's message limit of "
+                         f"{limit / 2 ** 20:,.2f} MiB: set job.max_message_mb to at least "
                          f"{-(-size // 2 ** 20) + 1} at every party, or use job.psi_protocol: ecdh")
 
 
@@ -157,8 +222,9 @@ class KkrtGuest(PsiGuest):
         self.ids = _check_ids(self.ids, self.party_id)
         if len(self.ids) > MAX_SET_SIZE:
             raise ValueError(f"KKRT-PSI takes at most {MAX_SET_SIZE} guest IDs, got {len(self.ids)}")
-        _check_message_size(self.t, kkrt.cuckoo_bins(len(self.ids)) * kkrt.CODE_BYTES + _OT_POINT_BYTES + 64,
-                            f"{len(self.ids):,} guest IDs make an OT-extension matrix")
+        part_rows, _ = matrix_parts(kkrt.cuckoo_bins(len(self.ids)), self.t.max_payload_bytes)
+        _check_message_size(self.t, part_rows * kkrt.CODE_BYTES + _OT_POINT_BYTES + _PART_OVERHEAD,
+                            "the first part of the OT-extension matrix (with the base-OT points)")
         salt, ctx, items, cand, table, index = kkrt.guest_table(self.ids, self.t.job_id)
         self.clock.lap("hash")
         hello = psi_pb2.PsiHello(version=PROTOCOL_VERSION, salt=salt, set_size=len(self.ids),
@@ -182,16 +248,43 @@ class KkrtGuest(PsiGuest):
         self.clock.lap("wait")
         k0, k1 = sender.keys(points)
         self.clock.lap("base_ot")
-        T, U = kkrt.receiver_rows(k0, k1, codewords)
+        T, unacked = self._send_matrix(host, sender.points(), k0, k1, codewords)
         del k0, k1
-        self.clock.lap("extend")
-        self._send(host, TAG_MATRIX, psi_pb2.KkrtMatrix(ot_points=sender.points(), rows=U.shape[0],
-                                                        matrix=U.tobytes()))
-        del U
-        self.clock.lap("send")
         values = kkrt.guest_values(ctx, T, cand, index, self.truncate_bytes)
         self.clock.lap("oprf")
+        for k in unacked:  # consumed, so the host's acknowledgements never pile up in our mailbox
+            self._await_ack(host, k, codewords.shape[0])
         return values
+
+    def _send_matrix(self, host: str, ot_points: bytes, k0: np.ndarray, k1: np.ndarray,
+                     codewords: np.ndarray) -> tuple[np.ndarray, range]:
+        """Step 3: compute and send U in parts (module docstring), at most W unacknowledged.
+
+        Returns T ``(m, 64) uint8`` and the parts whose acknowledgement is still to be taken.
+        """
+        m = codewords.shape[0]
+        self._part_rows, window = matrix_parts(m, self.t.max_payload_bytes)
+        n_parts = -(-m // self._part_rows)
+        T = np.empty_like(codewords)
+        for k in range(n_parts):
+            if k >= window:
+                self._await_ack(host, k - window, m)
+            a = k * self._part_rows
+            b = min(m, a + self._part_rows)
+            T[a:b], U = kkrt.receiver_rows(k0, k1, codewords[a:b], start_row=a)
+            self.clock.lap("extend")
+            self._send(host, TAG_MATRIX, psi_pb2.KkrtMatrix(ot_points=b"" if k else ot_points, rows=b - a,
+                                                            matrix=U.tobytes()),
+                       round=part_round(self.round_base, k))
+            del U
+            self.clock.lap("send")
+        return T, range(max(0, n_parts - window), n_parts)
+
+    def _await_ack(self, host: str, part: int, m: int) -> None:
+        """Wait for ``host``'s acknowledgement of matrix part ``part`` (of ``m`` rows in all)."""
+        self._recv(host, TAG_MATRIX_ACK, len(self.ids), _ack_parser(host, part, min(m, (part + 1) * self._part_rows)),
+                   round=part_round(self.round_base, part))
+        self.clock.lap("wait")
 
     def _match(self, host: str, mine: bytes) -> np.ndarray:
         """Receive ``host``'s OPRF values and match; int64 (|X|,): each guest row's row at ``host``, or -1."""
@@ -226,11 +319,7 @@ class KkrtHost(PsiHost):
         self.clock.lap("base_ot")
         items, cand = kkrt.hash_ids(self.ids, ctx, rows)
         self.clock.lap("hash")
-        points, U = self._recv(self.guest, TAG_MATRIX, len(self.ids) + hello.set_size,
-                               _matrix_parser(self.guest, rows))
-        self.clock.lap("wait")
-        Q = kkrt.sender_rows(receiver.keys(points), choices, U)
-        del U
+        Q = self._receive_matrix(rows, len(self.ids) + hello.set_size, receiver, choices)
         self.clock.lap("extend")
         values = kkrt.host_values(ctx, Q, choices, items, cand, hello.truncate_bytes)
         del Q
@@ -240,6 +329,30 @@ class KkrtHost(PsiHost):
         del values
         self.clock.lap("send")
         return (hello, *self.receive_intersection(hello))
+
+    def _receive_matrix(self, rows: int, n_items: int, receiver: kkrt.BaseOtReceiver,
+                        choices: np.ndarray) -> np.ndarray:
+        """Step 3: take U part by part (module docstring), acknowledge each on receipt, and compute its rows
+        of Q while the next part travels; returns Q ``(rows, 64) uint8``. Holds Q and one part (plus those
+        queued in the mailbox), never all of U."""
+        points, U = self._recv(self.guest, TAG_MATRIX, n_items, _matrix_parser(self.guest, rows),
+                               round=part_round(self.round_base, 0))
+        self.clock.lap("wait")
+        keys = receiver.keys(points)
+        part_rows = U.shape[0]
+        Q = np.empty((rows, kkrt.CODE_BYTES), np.uint8)  # pages are touched only as parts arrive
+        a = 0
+        for k in range(-(-rows // part_rows)):
+            if k:
+                U = self._recv(self.guest, TAG_MATRIX, n_items, _matrix_parser(self.guest, rows, k, part_rows),
+                               round=part_round(self.round_base, k))
+                self.clock.lap("wait")
+            b = a + U.shape[0]
+            self._send(self.guest, TAG_MATRIX_ACK, psi_pb2.KkrtMatrix(rows=b), round=part_round(self.round_base, k))
+            kkrt.sender_rows(keys, choices, U, start_row=a, out=Q[a:b])
+            self.clock.lap("extend")
+            a = b
+        return Q
 
 
 def align_ids_guest(transport: Transport, ids: Sequence[str], hosts: Sequence[str], *, round_base: int = 0,
