@@ -79,15 +79,18 @@ from .psi import (DEFAULT_TRUNCATE_BYTES, PROTOCOL_VERSION, TAG_HELLO, PsiGuest,
 
 log = logging.getLogger("secureflhv.vertical.psi")
 
-__all__ = ["KkrtGuest", "KkrtHost", "align_ids_guest", "align_ids_host", "matrix_parts", "part_round", "TAG_BASE_OT",
-           "TAG_MATRIX", "TAG_MATRIX_ACK", "TAG_OPRF", "MAX_SET_SIZE", "PART_BYTES", "MAX_WINDOW"]
+__all__ = ["KkrtGuest", "KkrtHost", "align_ids_guest", "align_ids_host", "matrix_parts", "value_parts", "part_round",
+           "TAG_BASE_OT", "TAG_MATRIX", "TAG_MATRIX_ACK", "TAG_OPRF", "TAG_OPRF_ACK", "MAX_SET_SIZE", "MAX_HOST_IDS",
+           "PART_BYTES", "MAX_WINDOW"]
 
 TAG_BASE_OT = "psi/kkrt/base_ot"
 TAG_MATRIX = "psi/kkrt/matrix"
 TAG_MATRIX_ACK = "psi/kkrt/matrix_ack"
 TAG_OPRF = "psi/kkrt/oprf"
+TAG_OPRF_ACK = "psi/kkrt/oprf_ack"
 # bounds the Q a hello makes a host allocate (64 bytes per bin, < 2 GiB); bin numbers fit a uint32
 MAX_SET_SIZE = int(((2 ** 31 - 2 ** 20) // kkrt.CODE_BYTES - 256) / kkrt.BIN_FACTOR)
+MAX_HOST_IDS = 2 ** 32 - 1   # a host's OPRF values announce at most 3 x this many (a sanity bound on a lie)
 # U's parts: 16 MiB (262,144 rows) makes per-message costs noise and lets the host's Q work overlap the
 # transfer; a quarter of the message limit at most, so that W >= 4 parts can be in flight
 PART_BYTES = 16 * 2 ** 20
@@ -103,6 +106,18 @@ def part_round(round_base: int, part: int) -> int:
     return round_base * PART_ROUND_STRIDE + part
 
 
+def _parts(count: int, unit_bytes: int, align: int, max_payload_bytes: int | None) -> tuple[int, int]:
+    """``(per_part, W)`` for ``count`` units of ``unit_bytes``: per_part a multiple of ``align`` (at least
+    ``align``, at most ``max(count, align)``) with per_part x unit_bytes <= min(``PART_BYTES``, limit / 4);
+    W = min(``MAX_WINDOW``, limit / part size), at least 1, so W parts queued at the receiver stay within
+    the limit: half of what its mailbox queues per sender. ``max_payload_bytes`` None: 256 MiB assumed."""
+    limit = 256 * 2 ** 20 if max_payload_bytes is None else int(max_payload_bytes)
+    budget = min(PART_BYTES, limit // 4 - _PART_OVERHEAD)
+    per = max(align, budget // unit_bytes // align * align)
+    per = min(per, max(count, align))
+    return per, max(1, min(MAX_WINDOW, limit // (per * unit_bytes + _PART_OVERHEAD)))
+
+
 def matrix_parts(bins: int, max_payload_bytes: int | None) -> tuple[int, int]:
     """``(R, W)``: rows per part of U (a multiple of 128, <= ``bins``) and parts in flight, for a matrix of
     ``bins`` rows under a message limit of ``max_payload_bytes`` (None: unknown, 256 MiB assumed).
@@ -111,11 +126,13 @@ def matrix_parts(bins: int, max_payload_bytes: int | None) -> tuple[int, int]:
     size), at least 1: W parts queued at the host stay within the limit, half of what its mailbox queues
     per sender. Part 0 also carries the 16 KiB of base-OT points.
     """
-    limit = 256 * 2 ** 20 if max_payload_bytes is None else int(max_payload_bytes)
-    budget = min(PART_BYTES, limit // 4 - _PART_OVERHEAD)
-    rows = max(kkrt.ROW_ALIGN, budget // kkrt.CODE_BYTES // kkrt.ROW_ALIGN * kkrt.ROW_ALIGN)
-    rows = min(rows, bins)
-    return rows, max(1, min(MAX_WINDOW, limit // (rows * kkrt.CODE_BYTES + _PART_OVERHEAD)))
+    return _parts(bins, kkrt.CODE_BYTES, kkrt.ROW_ALIGN, max_payload_bytes)
+
+
+def value_parts(values: int, width: int, max_payload_bytes: int | None) -> tuple[int, int]:
+    """``(V, W)``: OPRF values per part (a multiple of 3, so a host row's values travel together) and parts
+    in flight, for ``values`` values of ``width`` bytes; bounds as in :func:`matrix_parts`."""
+    return _parts(values, width, kkrt.N_HASHES, max_payload_bytes)
 
 
 # ------------------------------------------------------------------------------ parse callbacks
@@ -185,17 +202,45 @@ def _ack_parser(sender: str, part: int, received: int):
     return parse_message(psi_pb2.KkrtMatrix, validate)
 
 
-def _oprf_parser(sender: str, width: int):
-    """PsiPoints of 3 OPRF values per host ID -> the packed values."""
+def _oprf_parser(sender: str, width: int, part: int = 0, per_part: int | None = None, total: int | None = None):
+    """PsiPoints part ``part`` of the host's OPRF values (3 per host ID) -> part 0: ``(total values, its
+    packed values)``, else the packed values.
+
+    Every part's ``count`` is the total (3 |Y|, fixed by part 0); part 0 holds V values (a multiple of 3,
+    ``per_part`` = V for later parts; all of them when V = total), part k values [k V, min((k + 1) V, total)).
+    """
     def validate(msg: psi_pb2.PsiPoints):
+        what = f"OPRF values part {part} from {sender!r}"
         if msg.item_bytes != width:
-            raise ProtocolError(f"OPRF values from {sender!r}: item_bytes {msg.item_bytes}, expected {width}")
-        if msg.count % kkrt.N_HASHES:
-            raise ProtocolError(f"OPRF values from {sender!r}: count {msg.count} is not {kkrt.N_HASHES} per ID")
-        if len(msg.items) != msg.count * width:
-            raise ProtocolError(f"OPRF values from {sender!r}: {len(msg.items)} bytes for {msg.count} values "
-                                f"of {width} bytes")
+            raise ProtocolError(f"{what}: item_bytes {msg.item_bytes}, expected {width}")
+        if len(msg.items) % width:
+            raise ProtocolError(f"{what}: {len(msg.items)} bytes, not a multiple of {width}")
+        n = len(msg.items) // width
+        if part == 0:
+            if msg.count % kkrt.N_HASHES or msg.count > kkrt.N_HASHES * MAX_HOST_IDS:
+                raise ProtocolError(f"{what}: count {msg.count} is not {kkrt.N_HASHES} per ID (of at most "
+                                    f"{MAX_HOST_IDS} IDs)")
+            if n % kkrt.N_HASHES or n > msg.count or (n == 0 and msg.count):
+                raise ProtocolError(f"{what}: {n} values of {msg.count}, expected a positive multiple of "
+                                    f"{kkrt.N_HASHES} (all of them if fewer)")
+            return msg.count, msg.items
+        expected = min(per_part, total - part * per_part)
+        if msg.count != total or n != expected:
+            raise ProtocolError(f"{what}: {n} values of count {msg.count}, expected {expected} of {total} "
+                                f"(values {part * per_part}.. in parts of {per_part})")
         return msg.items
+    return parse_message(psi_pb2.PsiPoints, validate)
+
+
+def _values_ack_parser(sender: str, width: int, part: int, received: int):
+    """The guest's acknowledgement of OPRF values part ``part``: a PsiPoints holding only ``item_bytes`` and
+    ``count`` = ``received``, the values of parts 0..``part``; anything else is a lie (rejected)."""
+    def validate(msg: psi_pb2.PsiPoints):
+        if msg.count != received or msg.item_bytes != width or msg.items:
+            raise ProtocolError(f"acknowledgement of OPRF values part {part} from {sender!r}: count {msg.count}, "
+                                f"item_bytes {msg.item_bytes}, {len(msg.items)} item bytes; expected only "
+                                f"count = {received}, item_bytes = {width}")
+        return received
     return parse_message(psi_pb2.PsiPoints, validate)
 
 
@@ -289,10 +334,26 @@ class KkrtGuest(PsiGuest):
     def _match(self, host: str, mine: bytes) -> np.ndarray:
         """Receive ``host``'s OPRF values and match; int64 (|X|,): each guest row's row at ``host``, or -1."""
         n, width = len(self.ids), self.truncate_bytes
-        theirs = self._recv(host, TAG_OPRF, 3 * n, _oprf_parser(host, width))
+        theirs = self._receive_values(host, width, 3 * n)
         self.sizes[host] = len(theirs) // (kkrt.N_HASHES * width)
         self.clock.lap("wait")
         return self.host_rows(host, mine, theirs, width, per_id=kkrt.N_HASHES)
+
+    def _receive_values(self, host: str, width: int, n_items: int) -> bytes:
+        """Step 4: ``host``'s OPRF values, part by part (module docstring), each acknowledged on receipt."""
+        total, part = self._recv(host, TAG_OPRF, n_items, _oprf_parser(host, width),
+                                 round=part_round(self.round_base, 0))
+        per_part, parts, got, k = len(part) // width, [part], len(part) // width, 0
+        while True:
+            self._send(host, TAG_OPRF_ACK, psi_pb2.PsiPoints(item_bytes=width, count=got),
+                       round=part_round(self.round_base, k))
+            if got == total:
+                return b"".join(parts)  # memory grows only with values the host actually sent
+            k += 1
+            part = self._recv(host, TAG_OPRF, n_items, _oprf_parser(host, width, k, per_part, total),
+                              round=part_round(self.round_base, k))
+            parts.append(part)
+            got += len(part) // width
 
 
 class KkrtHost(PsiHost):
@@ -309,8 +370,9 @@ class KkrtHost(PsiHost):
         hello = self._recv(self.guest, TAG_HELLO, None,
                            _hello_parser(self.guest, self.psi_protocol, max_set_size=MAX_SET_SIZE))
         self.clock.lap("wait")
-        _check_message_size(self.t, kkrt.N_HASHES * len(self.ids) * hello.truncate_bytes + 64,
-                            f"{len(self.ids):,} host IDs make OPRF values")
+        width, n_values = hello.truncate_bytes, kkrt.N_HASHES * len(self.ids)
+        _check_message_size(self.t, value_parts(n_values, width, self.t.max_payload_bytes)[0] * width
+                            + _PART_OVERHEAD, "a part of the OPRF values")
         ctx = kkrt.session_context(self.t.job_id, hello.salt)
         rows = kkrt.cuckoo_bins(hello.set_size)
         choices = np.unpackbits(np.frombuffer(os.urandom(kkrt.BASE_OTS // 8), np.uint8)).astype(bool)
@@ -324,11 +386,32 @@ class KkrtHost(PsiHost):
         values = kkrt.host_values(ctx, Q, choices, items, cand, hello.truncate_bytes)
         del Q
         self.clock.lap("oprf")
-        self._send(self.guest, TAG_OPRF, psi_pb2.PsiPoints(item_bytes=hello.truncate_bytes,
-                                                           count=kkrt.N_HASHES * len(self.ids), items=values))
+        self._send_values(values, width, len(self.ids) + hello.set_size)
         del values
-        self.clock.lap("send")
         return (hello, *self.receive_intersection(hello))
+
+    def _send_values(self, values: bytes, width: int, n_items: int) -> None:
+        """Step 4: send our OPRF values in parts (module docstring), at most W unacknowledged, and take every
+        acknowledgement (so none is left queued at the guest's side of our mailbox)."""
+        total = len(values) // width
+        per_part, window = value_parts(total, width, self.t.max_payload_bytes)
+        n_parts = max(1, -(-total // per_part))
+        view = memoryview(values)
+        for k in range(n_parts):
+            if k >= window:
+                self._await_values_ack(k - window, min(total, (k - window + 1) * per_part), width, n_items)
+            items = bytes(view[k * per_part * width:min(total, (k + 1) * per_part) * width])
+            self._send(self.guest, TAG_OPRF, psi_pb2.PsiPoints(item_bytes=width, count=total, items=items),
+                       round=part_round(self.round_base, k))
+            self.clock.lap("send")
+        for k in range(max(0, n_parts - window), n_parts):
+            self._await_values_ack(k, min(total, (k + 1) * per_part), width, n_items)
+
+    def _await_values_ack(self, part: int, received: int, width: int, n_items: int) -> None:
+        """Wait for the guest's acknowledgement of OPRF values part ``part`` (``received`` values so far)."""
+        self._recv(self.guest, TAG_OPRF_ACK, n_items, _values_ack_parser(self.guest, width, part, received),
+                   round=part_round(self.round_base, part))
+        self.clock.lap("wait")
 
     def _receive_matrix(self, rows: int, n_items: int, receiver: kkrt.BaseOtReceiver,
                         choices: np.ndarray) -> np.ndarray:

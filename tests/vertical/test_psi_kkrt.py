@@ -95,7 +95,10 @@ def test_consecutive_runs_and_what_the_host_receives():
     got = {}
     for m in net.received["host"]:
         got.setdefault(m.tag, []).append(m.payload)
-    assert set(got) == {vpsi.TAG_HELLO, vk.TAG_MATRIX, vpsi.TAG_INTERSECTION}
+    assert set(got) == {vpsi.TAG_HELLO, vk.TAG_MATRIX, vk.TAG_OPRF_ACK, vpsi.TAG_INTERSECTION}
+    # the guest's acknowledgements of the host's OPRF values hold only what the host sent (its count)
+    assert [psi_pb2.PsiPoints.FromString(p) for p in got[vk.TAG_OPRF_ACK]] == [
+        psi_pb2.PsiPoints(item_bytes=16, count=900)] * 2
     hellos = [psi_pb2.PsiHello.FromString(p) for p in got[vpsi.TAG_HELLO]]
     assert [h.protocol for h in hellos] == ["kkrt", "kkrt"] and hellos[0].salt != hellos[1].salt
     mats = [psi_pb2.KkrtMatrix.FromString(p) for p in got[vk.TAG_MATRIX]]
@@ -164,10 +167,11 @@ def test_parsers_reject_hostile_messages():
         with pytest.raises(ProtocolError, match=why):
             matrix(psi_pb2.KkrtMatrix(**msg).SerializeToString())
     oprf = vk._oprf_parser("host", 16)
-    assert oprf(psi_pb2.PsiPoints(item_bytes=16, count=6, items=b"\1" * 96).SerializeToString()) == b"\1" * 96
+    assert oprf(psi_pb2.PsiPoints(item_bytes=16, count=6, items=b"\1" * 96).SerializeToString()) == (6, b"\1" * 96)
     for msg, why in [(dict(item_bytes=12, count=6, items=b"\1" * 72), "item_bytes"),
                      (dict(item_bytes=16, count=5, items=b"\1" * 80), "not 3 per ID"),
-                     (dict(item_bytes=16, count=6, items=b"\1" * 80), "bytes for")]:
+                     (dict(item_bytes=16, count=6, items=b"\1" * 80), "5 values of 6, expected a positive multiple"),
+                     (dict(item_bytes=16, count=6, items=b"\1" * 81), "not a multiple of 16")]:
         with pytest.raises(ProtocolError, match=why):
             oprf(psi_pb2.PsiPoints(**msg).SerializeToString())
     with pytest.raises(Exception):
@@ -252,8 +256,9 @@ class TamperingNetwork(RecordingNetwork):
 def test_matrix_in_parts_gives_the_same_result_as_one_part_and_as_ecdh():
     rng = random.Random(11)
     guest = ids_from(rng, POOL, 2000)
-    hosts = {"host-1": ids_from(rng, POOL, 1200), "host-2": ids_from(rng, POOL, 900)}
+    hosts = {"host-1": ids_from(rng, POOL, 1500), "host-2": ids_from(rng, POOL, 900)}
     assert vk.matrix_parts(kkrt.cuckoo_bins(2000), LIMIT) == (128, 7)
+    assert vk.value_parts(4500, 16, LIMIT) == (1020, 4)  # host-1's 72 KB of OPRF values: 5 parts
     assert vk.matrix_parts(kkrt.cuckoo_bins(2000), None) == (3072, 8)  # one part
     assert vk.matrix_parts(10 ** 7, 256 * 2 ** 20) == (262144, 8)    # 16 MiB parts, 128 MiB in flight
     net = RecordingNetwork(JOB, ["guest", *hosts], deadline=20.0, max_payload_bytes=LIMIT)
@@ -269,6 +274,13 @@ def test_matrix_in_parts_gives_the_same_result_as_one_part_and_as_ecdh():
                 if m.tag == vk.TAG_MATRIX_ACK and m.sender == h]
         assert acks == [128 * (k + 1) for k in range(24)]
         assert max(len(m.payload) for m in net.received[h]) <= LIMIT
+        values = [psi_pb2.PsiPoints.FromString(m.payload) for m in net.received["guest"]
+                  if m.tag == vk.TAG_OPRF and m.sender == h]
+        n = 3 * len(hosts[h])
+        assert len(values) == -(-n // 1020) and {v.count for v in values} == {n}
+        assert [len(v.items) for v in values] == [16 * min(1020, n - 1020 * k) for k in range(len(values))]
+        acks = [psi_pb2.PsiPoints.FromString(m.payload).count for m in net.received[h] if m.tag == vk.TAG_OPRF_ACK]
+        assert acks == [min(n, 1020 * (k + 1)) for k in range(len(values))]
     assert not any(net.mailbox(p).rejected for p in net.party_ids)
     for protocol in ("kkrt", "ecdh"):  # one part (default limit) and ECDH-PSI: the same results
         g1, res1 = run_psi(guest, hosts, protocol=protocol)
@@ -325,6 +337,22 @@ def test_part_and_ack_parsers_reject_lies():
             (1, 384, _part(384, points=good), "points belong in part 0 only")]:
         with pytest.raises(ProtocolError, match=why):
             vk._matrix_parser("guest", rows, part, part_rows)(payload)
+    oprf = vk._oprf_parser("host", 16, 2, 300, 750)  # values 600..749 of 750 in parts of 300
+    assert oprf(psi_pb2.PsiPoints(item_bytes=16, count=750, items=bytes(16 * 150)).SerializeToString()) == bytes(2400)
+    for msg, why in [(dict(count=750, items=bytes(16 * 149)), "149 values of count 750, expected 150 of 750"),
+                     (dict(count=750, items=bytes(16 * 300)), "300 values"),
+                     (dict(count=900, items=bytes(16 * 150)), "count 900, expected 150 of 750"),
+                     (dict(count=750, items=bytes(16 * 150 + 1)), "not a multiple of 16")]:
+        with pytest.raises(ProtocolError, match=why):
+            oprf(psi_pb2.PsiPoints(item_bytes=16, **msg).SerializeToString())
+    with pytest.raises(ProtocolError, match="0 values of 6"):  # an empty part 0 of a non-empty list: no progress
+        vk._oprf_parser("host", 16)(psi_pb2.PsiPoints(item_bytes=16, count=6).SerializeToString())
+    vack = vk._values_ack_parser("guest", 16, 0, 300)
+    assert vack(psi_pb2.PsiPoints(item_bytes=16, count=300).SerializeToString()) == 300
+    for bad in (dict(item_bytes=16, count=299), dict(item_bytes=12, count=300), dict(item_bytes=16, count=300,
+                                                                                      items=b"x")):
+        with pytest.raises(ProtocolError, match="acknowledgement of OPRF values part 0 from 'guest'"):
+            vack(psi_pb2.PsiPoints(**bad).SerializeToString())
     ack = vk._ack_parser("host", 1, 768)
     assert ack(psi_pb2.KkrtMatrix(rows=768).SerializeToString()) == 768
     for bad in (dict(rows=384), dict(rows=1024), dict(rows=768, matrix=b"x"), dict(rows=768, ot_points=good)):
@@ -340,8 +368,22 @@ def _rows(n, matrix_rows=None, points=False):
     return bad
 
 
-# 600 guest IDs: 1,024 bins in 8 parts of 128 rows under a 32 KiB limit, 3 in flight
+def _values(count=None, n=None):
+    def bad(payload):
+        msg = psi_pb2.PsiPoints.FromString(payload)
+        items = msg.items if n is None else bytes(16 * n)
+        return psi_pb2.PsiPoints(item_bytes=16, count=msg.count if count is None else count,
+                                 items=items).SerializeToString()
+    return bad
+
+
+# 600 guest IDs: 1,024 bins in 8 parts of 128 rows under a 32 KiB limit, 3 in flight; 500 host IDs: 1,500
+# OPRF values in 3 parts of 507, 507 and 486, 4 in flight
 @pytest.mark.parametrize("receiver, tag, rnd, bad, why", [
+    ("guest", vk.TAG_OPRF, 0, _values(n=0), "part 0 .*0 values of 1500"),
+    ("guest", vk.TAG_OPRF, 1, _values(count=1503), "part 1 .*count 1503, expected 507 of 1500"),
+    ("guest", vk.TAG_OPRF, 2, _values(n=489), "part 2 .*489 values of count 1500, expected 486"),
+    ("host", vk.TAG_OPRF_ACK, 1, _values(count=1500), "acknowledgement of OPRF values part 1 .*count 1500"),
     ("host", vk.TAG_MATRIX, 0, _rows(200, points=True), "part 0 .*200 rows, expected a multiple of 128"),
     ("host", vk.TAG_MATRIX, 3, _rows(256), "part 3 .*256 rows, expected 128"),
     ("host", vk.TAG_MATRIX, 7, _rows(128, 127), "part 7 .*8128 bytes for 128 rows"),
@@ -352,6 +394,7 @@ def _rows(n, matrix_rows=None, points=False):
 def test_a_hostile_part_or_ack_is_rejected_and_the_run_completes(receiver, tag, rnd, bad, why):
     guest, host = POOL[:600], POOL[400:900]
     assert vk.matrix_parts(kkrt.cuckoo_bins(600), 32 * 1024) == (128, 3)
+    assert vk.value_parts(1500, 16, 32 * 1024) == (507, 4)
     net = TamperingNetwork(JOB, ["guest", "host"], deadline=20.0, max_payload_bytes=32 * 1024,
                            tamper={(receiver, tag, rnd): bad})
     g, res = run_psi(guest, {"host": host}, net=net)
