@@ -1,8 +1,8 @@
 """Private set intersection (ECDH-PSI) to align the guest's and hosts' ID columns before training.
 
-The OT-extension protocol :mod:`secureflhv.vertical.psi_kkrt` (job file ``job.psi_protocol: kkrt``)
-gives the same result with the same leakage for ~15x less CPU; it reuses this module's result type,
-hello, ordering and intersection step.
+Vertical jobs use it with ``job.psi_protocol: ecdh``. The default, the OT-extension protocol
+:mod:`secureflhv.vertical.psi_kkrt` (``kkrt``), gives the same result with the same leakage for ~15x
+less CPU; it reuses this module's result type, hello, ordering and intersection step.
 
 Protocol (Meadows 1986; Huberman, Franklin & Hogg 1999; here over Curve25519, Bernstein 2006 -- the
 primitives and their references are in :mod:`secureflhv.crypto.psi`). For one guest G (IDs X,

@@ -1,7 +1,8 @@
 """KKRT-PSI: private set intersection from OT extension, a drop-in for the ECDH-PSI of :mod:`.psi`.
 
-Use :func:`align_ids_guest` / :func:`align_ids_host` of this module instead of :mod:`.psi`'s (same
-arguments; job file: ``job.psi_protocol: kkrt``). Same :class:`~secureflhv.vertical.psi.PsiResult` (same
+The default ID alignment of vertical jobs (job file ``job.psi_protocol: kkrt``; ``ecdh`` selects
+:mod:`.psi`): ~8x faster than ECDH-PSI at 1M x 1M. :func:`align_ids_guest` / :func:`align_ids_host`
+take the same arguments as :mod:`.psi`'s. Same :class:`~secureflhv.vertical.psi.PsiResult` (same
 ``ids`` in the same agreed order, same ``rows``), same final step (``psi/intersection``) and the
 same leakage profile as ECDH-PSI. Source: Kolesnikov, Kumaresan, Rosulek & Trieu, "Efficient
 Batched Oblivious PRF with Applications to Private Set Intersection", ACM CCS 2016, sections 3
@@ -29,7 +30,10 @@ Protocol for the guest G (IDs X, n = |X|) and each host H_j (IDs Y_j), over :cla
 4. H_j -> G ``psi/kkrt/oprf`` (PsiPoints, item_bytes t, count 3 |Y_j|): for each y in H_j's row
    order and i = 0, 1, 2 the OPRF value F(h_i(y), y || i). G compares them with its own values
    F(bin(x), x || i(x)) = H(bin || t_bin): x in X is in Y_j exactly when its value is among them,
-   and value number 3 r + i gives the host row r -- the information ECDH-PSI gives G.
+   and value number 3 r + i gives the host row r -- the information ECDH-PSI gives G. In parts as
+   in step 3 (:func:`value_parts`: V values per part, a multiple of 3; every part's ``count`` is the
+   total), each acknowledged by G (``psi/kkrt/oprf_ack``: a PsiPoints with only t and the count
+   received so far), at most W unacknowledged.
 5. G -> H_j ``psi/intersection``: as in ECDH-PSI (common IDs as H_j's rows, agreed order).
 
 What each role learns (semi-honest; AES a PRP, BLAKE2b a random oracle, CDH in Ed25519's group):
@@ -57,9 +61,13 @@ bytes per host ID back, ~33 KB of base-OT points, ~100 bytes per part of acknowl
 per common ID. At most ``MAX_SET_SIZE`` (~22M) guest IDs: it bounds the Q a hello makes a host
 allocate (64 bytes per bin, < 2 GiB; pages are only touched as parts arrive).
 
-Errors as in :mod:`.psi`: a malformed or inconsistent message (wrong lengths or counts, a matrix part
-whose rows do not match the hello and part 0, an acknowledgement of other rows than were sent, an
-invalid or small-order Ed25519 point) is rejected with
+Message sizes: every message stays below ``job.max_message_mb`` whatever the set sizes (parts of at
+most a quarter of it), so no set is too large for the default limit; a limit below ~25 KiB (part 0
+with the base-OT points) is refused before any work (ValueError naming the setting).
+
+Errors as in :mod:`.psi`: a malformed or inconsistent message (wrong lengths or counts, a part whose
+rows or values do not match the hello and part 0, an acknowledgement of other rows or values than
+were sent, an invalid or small-order Ed25519 point) is rejected with
 :class:`~secureflhv.transport.ProtocolError` in the ``recv`` parse step, logged, and the wait goes on.
 """
 from __future__ import annotations

@@ -180,7 +180,6 @@ def test_parsers_reject_hostile_messages():
 
 @pytest.mark.parametrize("flaw", ["invalid_point", "wrong_rows", "garbage"])
 def test_hostile_matrix_rejected_at_host_and_protocol_completes(flaw):
-    net = InProcessNetwork(JOB, ["guest", "host"], deadline=20.0)
     guest, host = POOL[:300], POOL[200:500]
     rows = kkrt.cuckoo_bins(len(guest))
     pts = _point(2) * kkrt.BASE_OTS
@@ -190,7 +189,8 @@ def test_hostile_matrix_rejected_at_host_and_protocol_completes(flaw):
         bad = psi_pb2.KkrtMatrix(ot_points=pts, rows=rows + 128, matrix=bytes(64 * (rows + 128))).SerializeToString()
     else:
         bad = b"\xff\xff\xff not a protobuf"
-    net.inject(Message(JOB, 0, "guest", "host", vk.TAG_MATRIX, bad))
+    # delivered in place of the guest's first part until the host has refused it (no race with the honest one)
+    net = TamperingNetwork(JOB, ["guest", "host"], deadline=20.0, tamper={("host", vk.TAG_MATRIX, 0): lambda p: bad})
     results, errors, threads = start_hosts(net, {"host": host})
     g = vk.align_ids_guest(net.transport("guest"), guest, ["host"])
     threads[0].join(30)
@@ -200,12 +200,13 @@ def test_hostile_matrix_rejected_at_host_and_protocol_completes(flaw):
 
 
 def test_hostile_base_ot_and_values_rejected_at_guest_and_protocol_completes():
-    net = InProcessNetwork(JOB, ["guest", "host"], deadline=20.0)
+    # the bad values replace the host's first ones until the guest has refused them (no race with the honest ones)
+    bad_values = psi_pb2.PsiPoints(item_bytes=16, count=4, items=bytes(64)).SerializeToString()
+    net = TamperingNetwork(JOB, ["guest", "host"], deadline=20.0,
+                           tamper={("guest", vk.TAG_OPRF, 0): lambda payload: bad_values})
     guest, host = POOL[:300], POOL[200:500]
     net.inject(Message(JOB, 0, "host", "guest", vk.TAG_BASE_OT,
                        psi_pb2.KkrtBaseOt(points=_point(1) * kkrt.BASE_OTS).SerializeToString()))
-    net.inject(Message(JOB, 0, "host", "guest", vk.TAG_OPRF,
-                       psi_pb2.PsiPoints(item_bytes=16, count=4, items=bytes(64)).SerializeToString()))
     out = {}
     t = threading.Thread(target=lambda: out.update(g=vk.align_ids_guest(net.transport("guest"), guest, ["host"])),
                          daemon=True)
