@@ -301,29 +301,30 @@ class KkrtGuest(PsiGuest):
         self.clock.lap("wait")
         k0, k1 = sender.keys(points)
         self.clock.lap("base_ot")
-        T, unacked = self._send_matrix(host, sender.points(), k0, k1, codewords)
+        T, unacked, part_rows = self._send_matrix(host, sender.points(), k0, k1, codewords)
         del k0, k1
         values = kkrt.guest_values(ctx, T, cand, index, self.truncate_bytes)
         self.clock.lap("oprf")
+        m = codewords.shape[0]
         for k in unacked:  # consumed, so the host's acknowledgements never pile up in our mailbox
-            self._await_ack(host, k, codewords.shape[0])
+            self._await_ack(host, k, min(m, (k + 1) * part_rows))
         return values
 
     def _send_matrix(self, host: str, ot_points: bytes, k0: np.ndarray, k1: np.ndarray,
-                     codewords: np.ndarray) -> tuple[np.ndarray, range]:
+                     codewords: np.ndarray) -> tuple[np.ndarray, range, int]:
         """Step 3: compute and send U in parts (module docstring), at most W unacknowledged.
 
-        Returns T ``(m, 64) uint8`` and the parts whose acknowledgement is still to be taken.
+        Returns T ``(m, 64) uint8``, the parts whose acknowledgement is still to be taken and R (rows per part).
         """
         m = codewords.shape[0]
-        self._part_rows, window = matrix_parts(m, self.t.max_payload_bytes)
-        n_parts = -(-m // self._part_rows)
+        part_rows, window = matrix_parts(m, self.t.max_payload_bytes)
+        n_parts = -(-m // part_rows)
         T = np.empty_like(codewords)
         for k in range(n_parts):
             if k >= window:
-                self._await_ack(host, k - window, m)
-            a = k * self._part_rows
-            b = min(m, a + self._part_rows)
+                self._await_ack(host, k - window, (k - window + 1) * part_rows)
+            a = k * part_rows
+            b = min(m, a + part_rows)
             T[a:b], U = kkrt.receiver_rows(k0, k1, codewords[a:b], start_row=a)
             self.clock.lap("extend")
             self._send(host, TAG_MATRIX, psi_pb2.KkrtMatrix(ot_points=b"" if k else ot_points, rows=b - a,
@@ -331,11 +332,11 @@ class KkrtGuest(PsiGuest):
                        round=part_round(self.round_base, k))
             del U
             self.clock.lap("send")
-        return T, range(max(0, n_parts - window), n_parts)
+        return T, range(max(0, n_parts - window), n_parts), part_rows
 
-    def _await_ack(self, host: str, part: int, m: int) -> None:
-        """Wait for ``host``'s acknowledgement of matrix part ``part`` (of ``m`` rows in all)."""
-        self._recv(host, TAG_MATRIX_ACK, len(self.ids), _ack_parser(host, part, min(m, (part + 1) * self._part_rows)),
+    def _await_ack(self, host: str, part: int, received: int) -> None:
+        """Wait for ``host``'s acknowledgement of matrix part ``part`` (``received`` rows so far)."""
+        self._recv(host, TAG_MATRIX_ACK, len(self.ids), _ack_parser(host, part, received),
                    round=part_round(self.round_base, part))
         self.clock.lap("wait")
 
