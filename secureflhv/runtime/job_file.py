@@ -171,10 +171,11 @@ class JobSection(_Strict):
                     "rows x 512 bytes per encrypted vector with 2048-bit keys)")
 
     psi_protocol: Literal["ecdh", "kkrt"] = Field(
-        default="kkrt", description="vertical jobs' ID alignment: kkrt (OT-extension PSI, secureflhv.vertical.psi_kkrt; "
-                                    "the default) or ecdh (ECDH-PSI, secureflhv.vertical.psi: same result and "
-                                    "leakage, ~15x more CPU). KKRT sends ~95 bytes per guest ID to each host, in "
-                                    "parts within max_message_mb, so no set size needs a larger limit")
+        default="kkrt", description="vertical jobs' ID alignment: kkrt (OT-extension PSI, "
+                                    "secureflhv.vertical.psi_kkrt; the default) or ecdh (ECDH-PSI, "
+                                    "secureflhv.vertical.psi: same result and leakage, ~15x more CPU). KKRT sends "
+                                    "~95 bytes per guest ID to each host, in parts within max_message_mb, so no "
+                                    "set size needs a larger limit")
 
     @property
     def max_message_bytes(self) -> int:

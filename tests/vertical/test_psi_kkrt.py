@@ -226,8 +226,9 @@ def test_a_first_part_above_the_message_limit_is_refused_before_any_work_and_the
     net = InProcessNetwork(JOB, ["guest", "host"], deadline=20.0, max_payload_bytes=16 * 1024)
     results, errors, threads = start_hosts(net, {"host": POOL[:100]})
     with pytest.raises(ValueError, match=r"first part of the OT-extension matrix \(with the base-OT points\) of "
-                                         r"0.02 MiB, above this job.s message limit of 0.02 MiB: set job.max_message_mb "
-                                         r"to at least 2 at every party, or use job.psi_protocol: ecdh"):
+                                         r"0.02 MiB, above this job.s message limit of 0.02 MiB: set "
+                                         r"job.max_message_mb to at least 2 at every party, or use job.psi_protocol: "
+                                         r"ecdh"):
         vk.align_ids_guest(net.transport("guest"), POOL[:2000], ["host"], workers=1)
     threads[0].join(30)
     assert not results and "PSI failed at 'guest'" in str(errors["host"]), errors
