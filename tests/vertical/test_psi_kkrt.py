@@ -293,24 +293,29 @@ def test_matrix_in_parts_gives_the_same_result_as_one_part_and_as_ecdh():
 
 def test_flow_control_keeps_a_slow_host_within_its_mailbox_limits(monkeypatch):
     # the host reads U late: 24 parts of 8 KiB (192 KiB) are more than a sender may have queued (2 x 64 KiB)
-    real = vk.KkrtHost._receive_matrix
+    real, go, queued = vk.KkrtHost._receive_matrix, threading.Event(), []
 
     def late(self, *args):
-        time.sleep(0.6)
+        go.wait(10)
+        queued.append(self.t._mailbox().queued("guest"))  # (messages, bytes) the guest got in before we read
         return real(self, *args)
 
     monkeypatch.setattr(vk.KkrtHost, "_receive_matrix", late)
     guest, host = POOL[:2000], POOL[1500:2500]
     net = InProcessNetwork(JOB, ["guest", "host"], deadline=20.0, max_payload_bytes=LIMIT)
+    threading.Timer(0.6, go.set).start()
     g, res = run_psi(guest, {"host": host}, net=net)
     assert check(guest, {"host": host}, g, res) == sorted(POOL[1500:2000])
     assert not net.mailbox("host").rejected and not net.mailbox("guest").rejected
+    assert queued[0][0] <= 7 and queued[0][1] <= 7 * (8192 + 64) + OT_BYTES, queued  # W = 7 parts at most
     # the same run without the window floods the host's mailbox: the window is what kept it in bounds
+    go.clear()
     monkeypatch.setattr(vk, "matrix_parts", lambda bins, limit: (128, 10 ** 6))
     net = InProcessNetwork(JOB, ["guest", "host"], deadline=20.0, max_payload_bytes=LIMIT)
     results, errors, threads = start_hosts(net, {"host": host})
     with pytest.raises(MessageRejected, match="flood"):
         vk.align_ids_guest(net.transport("guest"), guest, ["host"], workers=1)
+    go.set()
     threads[0].join(30)
     assert "flood" in str(errors["host"])
 
