@@ -14,6 +14,7 @@ price of security.
                                         # docs/benchmarks.json: rows psi and psi_kkrt)
     python benchmarks/psi.py --protocol kkrt   # only KKRT-PSI (ecdh: only ECDH-PSI; both: the default)
     python benchmarks/psi.py --quick    # 20,000 IDs, a smoke run
+    python benchmarks/psi.py --protocol kkrt --max-message-mb 4   # KKRT-PSI with its messages in 1 MiB parts
 
 With ``both`` the two protocols run one after the other on the same IDs in the same process, and the
 ratio of their wall times is printed. KKRT-PSI runs in each party's own process (no pool).
@@ -161,9 +162,10 @@ def cpu_seconds() -> float:
 PROTOCOLS = {"ecdh": ("ECDH-PSI", psi_ecdh), "kkrt": ("KKRT-PSI", psi_kkrt)}
 
 
-def run_psi(guest_ids, host_ids_list, workers, module=psi_ecdh):
+def run_psi(guest_ids, host_ids_list, workers, module=psi_ecdh, max_message_mb=256.0):
     hosts = [f"host-{j + 1}" for j in range(len(host_ids_list))]
-    net = InProcessNetwork("bench-psi", ["guest", *hosts], deadline=600.0)
+    net = InProcessNetwork("bench-psi", ["guest", *hosts], deadline=600.0,
+                           max_payload_bytes=int(max_message_mb * 2 ** 20))
     results, errors = {}, []
 
     def host(name, ids):
@@ -195,6 +197,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run with 20,000 IDs per party")
     ap.add_argument("--protocol", choices=("ecdh", "kkrt", "both"), default="both",
                     help="PSI protocol(s) to run (default both, one after the other, each recorded as its own row)")
+    ap.add_argument("--max-message-mb", type=float, default=256.0,
+                    help="every party's job.max_message_mb (default 256, the job default): KKRT-PSI sends its large "
+                         "messages in parts of at most a quarter of it")
     ap.add_argument("--primitives", action="store_true",
                     help="only print the per-call CPU cost of each candidate group/library")
     args = ap.parse_args(argv)
@@ -219,7 +224,7 @@ def main(argv=None) -> int:
     for proto in protocols:
         name, module = PROTOCOLS[proto]
         cpu0 = cpu_seconds()
-        wall, res, wire = run_psi(guest_ids, host_ids, args.workers, module)
+        wall, res, wire = run_psi(guest_ids, host_ids, args.workers, module, args.max_message_mb)
         walls[proto] = wall
         sent = sum(s for s, _ in _wire.per_party(wire).values())
         cpu = cpu_seconds() - cpu0

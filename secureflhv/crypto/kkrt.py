@@ -305,12 +305,15 @@ def bits_to_mask(bits: np.ndarray) -> np.ndarray:
     return np.packbits(np.asarray(bits, dtype=np.uint8), bitorder="little")
 
 
-def receiver_rows(k0: np.ndarray, k1: np.ndarray, codewords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def receiver_rows(k0: np.ndarray, k1: np.ndarray, codewords: np.ndarray,
+                  start_row: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The receiver's (guest's) OT-extension step for ``m`` rows (``m`` = len(codewords), a multiple of 128).
 
     Args:
         k0, k1: ``(512, 16) uint8`` base-OT keys (this party was the base-OT sender).
-        codewords: ``(m, 64) uint8``, row j = C(r_j).
+        codewords: ``(m, 64) uint8``, row j = C(r_{start_row + j}).
+        start_row: the matrix row of ``codewords[0]`` (a multiple of 128): rows ``[start_row,
+            start_row + m)`` of the full matrices, so that a matrix can be computed (and sent) in parts.
 
     Returns:
         ``(T, U)``: ``(m, 64) uint8`` each; T row j = t_j (the receiver keeps it: its OPRF value
@@ -323,33 +326,40 @@ def receiver_rows(k0: np.ndarray, k1: np.ndarray, codewords: np.ndarray) -> tupl
     U = np.empty_like(codewords)
     for a in range(0, m, _BLOCK_ROWS):
         rows = min(_BLOCK_ROWS, m - a)
-        g0 = prg_columns(k0, a, rows)
+        g0 = prg_columns(k0, start_row + a, rows)
         T[a:a + rows] = transpose_columns(g0)
-        g0 ^= prg_columns(k1, a, rows)
+        g0 ^= prg_columns(k1, start_row + a, rows)
         np.bitwise_xor(transpose_columns(g0), codewords[a:a + rows], out=U[a:a + rows])
     return T, U
 
 
-def sender_rows(keys: np.ndarray, choices: np.ndarray, U: np.ndarray) -> np.ndarray:
+def sender_rows(keys: np.ndarray, choices: np.ndarray, U: np.ndarray, start_row: int = 0,
+                out: np.ndarray | None = None) -> np.ndarray:
     """The sender's (host's) OT-extension step: Q with row j = q_j = t_j xor (C(r_j) AND s).
 
     Args:
         keys: ``(512, 16) uint8`` base-OT keys k_{s_i},i (this party was the base-OT receiver).
         choices: ``(512,) bool`` the base-OT choice bits s.
-        U: ``(m, 64) uint8`` the receiver's matrix.
+        U: ``(m, 64) uint8`` rows ``[start_row, start_row + m)`` of the receiver's matrix.
+        start_row: the matrix row of ``U[0]`` (a multiple of 128), for a matrix received in parts.
+        out: optional ``(m, 64) uint8`` array to write Q into (e.g. a slice of the full Q).
 
     Returns:
-        ``(m, 64) uint8``: column i of Q is G(k_{s_i}) xor s_i u^i, i.e. row-wise G-rows xor (U AND s).
+        ``(m, 64) uint8`` (``out`` if given): column i of Q is G(k_{s_i}) xor s_i u^i, i.e. row-wise
+        G-rows xor (U AND s).
     """
     m = U.shape[0]
-    if m % ROW_ALIGN or U.shape[1] * 8 != keys.shape[0]:
-        raise ValueError(f"U must be (multiple of {ROW_ALIGN}, {keys.shape[0] // 8}), got {U.shape}")
+    if m % ROW_ALIGN or U.shape[1] * 8 != keys.shape[0] or start_row % ROW_ALIGN:
+        raise ValueError(f"U must be (multiple of {ROW_ALIGN}, {keys.shape[0] // 8}) from a row multiple of "
+                         f"{ROW_ALIGN}, got {U.shape} from row {start_row}")
     mask = bits_to_mask(choices)
-    Q = np.empty_like(U)
+    Q = np.empty_like(U) if out is None else out
+    if Q.shape != U.shape or Q.dtype != np.uint8:
+        raise ValueError(f"out must be a {U.shape} uint8 array, got {Q.shape} {Q.dtype}")
     for a in range(0, m, _BLOCK_ROWS):
         rows = min(_BLOCK_ROWS, m - a)
         np.bitwise_and(U[a:a + rows], mask, out=Q[a:a + rows])
-        Q[a:a + rows] ^= transpose_columns(prg_columns(keys, a, rows))
+        Q[a:a + rows] ^= transpose_columns(prg_columns(keys, start_row + a, rows))
     return Q
 
 

@@ -14,7 +14,7 @@ Example (see ``examples/vertical_lr.py``, which writes one)::
       output_dir: out            # each party writes out/<party id>/
       startup_timeout_s: 7200    # how long a party waits for its partners to start (default 2 h)
       max_message_mb: 256        # largest message a party accepts (MiB, default 256); raise it for big batches
-      psi_protocol: ecdh         # vertical jobs' ID alignment: ecdh (default) or kkrt (OT-extension PSI, faster)
+      psi_protocol: kkrt         # vertical jobs' ID alignment: kkrt (OT-extension PSI, default) or ecdh (slower)
     security:
       ca: certs/ca.pem           # omit only with insecure: true
     parties:
@@ -171,10 +171,11 @@ class JobSection(_Strict):
                     "rows x 512 bytes per encrypted vector with 2048-bit keys)")
 
     psi_protocol: Literal["ecdh", "kkrt"] = Field(
-        default="ecdh", description="vertical jobs' ID alignment: ecdh (ECDH-PSI, secureflhv.vertical.psi) or kkrt "
-                                    "(OT-extension PSI, secureflhv.vertical.psi_kkrt: same result and leakage, "
-                                    "~15x less CPU; ~95 bytes per guest ID to each host in one message: raise "
-                                    "max_message_mb beyond ~2.7M guest IDs)")
+        default="kkrt", description="vertical jobs' ID alignment: kkrt (OT-extension PSI, "
+                                    "secureflhv.vertical.psi_kkrt; the default) or ecdh (ECDH-PSI, "
+                                    "secureflhv.vertical.psi: same result and leakage, ~15x more CPU). KKRT sends "
+                                    "~95 bytes per guest ID to each host, in parts within max_message_mb, so no "
+                                    "set size needs a larger limit")
 
     @property
     def max_message_bytes(self) -> int:

@@ -1,8 +1,8 @@
 """Private set intersection (ECDH-PSI) to align the guest's and hosts' ID columns before training.
 
-The OT-extension protocol :mod:`secureflhv.vertical.psi_kkrt` (job file ``job.psi_protocol: kkrt``)
-gives the same result with the same leakage for ~15x less CPU; it reuses this module's result type,
-hello, ordering and intersection step.
+Vertical jobs use it with ``job.psi_protocol: ecdh``. The default, the OT-extension protocol
+:mod:`secureflhv.vertical.psi_kkrt` (``kkrt``), gives the same result with the same leakage for ~15x
+less CPU; it reuses this module's result type, hello, ordering and intersection step.
 
 Protocol (Meadows 1986; Huberman, Franklin & Hogg 1999; here over Curve25519, Bernstein 2006 -- the
 primitives and their references are in :mod:`secureflhv.crypto.psi`). For one guest G (IDs X,
@@ -234,13 +234,16 @@ class _PsiRole(ProtocolRole):
         if len(self.ids) >= engine.min_parallel:
             engine.start()
 
-    def _send(self, peer: str, tag: str, msg) -> None:
-        self.t.send(peer, tag, msg, round=self.round_base, timeout=self.timeout)
+    def _send(self, peer: str, tag: str, msg, round: int | None = None) -> None:
+        """Send ``msg`` as ``tag`` in ``round`` (default: the run's ``round_base``)."""
+        self.t.send(peer, tag, msg, round=self.round_base if round is None else round, timeout=self.timeout)
 
-    def _recv(self, peer: str, tag: str, n_items: int | None, parse):
-        """Wait for ``tag`` from ``peer``; ``n_items`` of peer work stretch the default wait (None: don't)."""
+    def _recv(self, peer: str, tag: str, n_items: int | None, parse, round: int | None = None):
+        """Wait for ``tag`` from ``peer`` in ``round`` (default: ``round_base``); ``n_items`` of peer work
+        stretch the default wait (None: don't)."""
         timeout = self.timeout if n_items is None else _wait(self.t, self.timeout, n_items)
-        return self.t.recv(peer, tag, round=self.round_base, timeout=timeout, parse=parse)
+        return self.t.recv(peer, tag, round=self.round_base if round is None else round, timeout=timeout,
+                           parse=parse)
 
     def blind_own_ids(self, salt: bytes, scalar: bytes) -> bytes:
         """Step 2: H(x)^scalar for every own ID, in row order, as a serialised PsiPoints message.

@@ -108,6 +108,15 @@ def test_ot_extension_identity(base_ot):
     assert not (U == codewords).all(axis=1).any()
     # a sender with wrong choice bits gets something else
     assert not (kkrt.sender_rows(ks, ~choices, U) == Q).all(axis=1).any()
+    # in row-range parts (how the protocol sends U): the same T, U and Q
+    parts = [kkrt.receiver_rows(k0, k1, codewords[a:a + 256], start_row=a) for a in (0, 256, 512)]
+    assert (np.vstack([t for t, _ in parts]) == T).all() and (np.vstack([u for _, u in parts]) == U).all()
+    Q2 = np.empty_like(Q)
+    for a in (0, 256, 512):
+        kkrt.sender_rows(ks, choices, U[a:a + 256], start_row=a, out=Q2[a:a + 256])
+    assert (Q2 == Q).all()
+    with pytest.raises(ValueError, match="from a row multiple"):
+        kkrt.sender_rows(ks, choices, U[:128], start_row=64)
 
 
 def test_prc_distinct_inputs_far_apart_and_deterministic():

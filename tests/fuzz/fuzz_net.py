@@ -48,8 +48,8 @@ class Attack:
 
 
 class FuzzMailbox(Mailbox):
-    def __init__(self, party_id, job_id, peers, net: "FuzzNetwork"):
-        super().__init__(party_id, job_id, peers)
+    def __init__(self, party_id, job_id, peers, net: "FuzzNetwork", **limits):
+        super().__init__(party_id, job_id, peers, **limits)
         self._net = net
 
     def _reject(self, msg, reason):
@@ -66,9 +66,9 @@ class FuzzNetwork(InProcessNetwork):
     attack: Attack | None = None
     instances: list = []
 
-    def __init__(self, job_id, party_ids, deadline=60.0):
-        super().__init__(job_id, party_ids, deadline=deadline)
-        self._mailboxes = {p: FuzzMailbox(p, job_id, self.party_ids, self) for p in self.party_ids}
+    def __init__(self, job_id, party_ids, deadline=60.0, **limits):
+        super().__init__(job_id, party_ids, deadline=deadline, **limits)  # limits: max_payload_bytes, max_pending
+        self._mailboxes = {p: FuzzMailbox(p, job_id, self.party_ids, self, **limits) for p in self.party_ids}
         self.captured: list[Capture] = []
         self._held: Message | None = None
         self._flock = threading.RLock()

@@ -37,8 +37,10 @@ INVENTORY: dict[str, Entry] = {
     "psi/intersection": E("psi", ("host-1",), p.PsiIntersection, "psi._intersection_parser"),
     # KKRT-PSI (vertical/psi_kkrt.py; its hello and intersection are ECDH-PSI's)
     "psi/kkrt/base_ot": E("psi_kkrt", ("guest",), p.KkrtBaseOt, "psi_kkrt._base_ot_parser"),
-    "psi/kkrt/matrix": E("psi_kkrt", ("host-1",), p.KkrtMatrix, "psi_kkrt._matrix_parser"),
-    "psi/kkrt/oprf": E("psi_kkrt", ("guest",), p.PsiPoints, "psi_kkrt._oprf_parser"),
+    "psi/kkrt/matrix": E("psi_kkrt", ("host-1",), p.KkrtMatrix, "psi_kkrt._matrix_parser (part 0; later parts too)"),
+    "psi/kkrt/matrix_ack": E("psi_kkrt", ("guest",), p.KkrtMatrix, "psi_kkrt._ack_parser"),
+    "psi/kkrt/oprf": E("psi_kkrt", ("guest",), p.PsiPoints, "psi_kkrt._oprf_parser (part 0; later parts too)"),
+    "psi/kkrt/oprf_ack": E("psi_kkrt", ("host-1",), p.PsiPoints, "psi_kkrt._values_ack_parser"),
     # vertical LR (vertical/lr.py, vertical/common.py, transport/he_codec.py)
     "vlr.setup": E("vlr_arbiter", ("host-1", "host-2", "server"), m.Bundle, "parse_message(Bundle) + _check_setup"),
     "vlr.pubkey": E("vlr_arbiter", ("guest", "host-1", "host-2"), m.PaillierPublicKey, "_pubkey_parser"),
@@ -117,7 +119,7 @@ INVENTORY: dict[str, Entry] = {
 }
 
 _PSI = ("psi/hello", "psi/points", "psi/double", "psi/intersection", "psi/kkrt/base_ot", "psi/kkrt/matrix",
-        "psi/kkrt/oprf")
+        "psi/kkrt/matrix_ack", "psi/kkrt/oprf", "psi/kkrt/oprf_ack")
 _HSB = ("hsb.hello", "hsb.ranges", "hsb.cuts", "hsb.tree", "hsb.bound", "hsb.level")
 _AGG = ("agg.plain", "agg.advertise", "agg.share", "agg.masked", "agg.sign", "agg.unmask")
 RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {

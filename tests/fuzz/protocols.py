@@ -102,9 +102,11 @@ def run_psi(net_cls):
 
 
 def run_psi_kkrt(net_cls):
-    guest_ids = [f"id-{i}" for i in range(0, 12)]
-    host_ids = [f"id-{i}" for i in range(5, 16)]
-    net = net_cls("fuzz-psi-kkrt", ["guest", "host-1"], deadline=DEADLINE)
+    # 100 guest IDs make 256 cuckoo bins: under a 32 KiB message limit U travels in 2 parts; 200 host IDs
+    # make 600 OPRF values, in 2 parts (of 507 and 93); every part acknowledged
+    guest_ids = [f"id-{i}" for i in range(0, 100)]
+    host_ids = [f"id-{i}" for i in range(90, 290)]
+    net = net_cls("fuzz-psi-kkrt", ["guest", "host-1"], deadline=DEADLINE, max_payload_bytes=32 * 1024)
     results, errors = sb_harness.run_threads({
         "guest": lambda: psi_kkrt.align_ids_guest(net.transport("guest"), guest_ids, ["host-1"]),
         "host-1": lambda: psi_kkrt.align_ids_host(net.transport("host-1"), host_ids, "guest"),
