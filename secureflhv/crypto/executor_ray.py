@@ -6,11 +6,13 @@ splits its rows into shards held in the cluster's object store, and runs encrypt
 ``X^T·[[d]]`` and per-shard encrypted histograms as tasks where the shards lie; only aggregated
 results (e.g. one histogram per shard, multiplied together here) come back to it.
 
-Placement. Shards are dealt out over the nodes in proportion to their task slots (shard i on the i-th
-slot, slots interleaved across nodes) and stored in that node's object store; each shard's tasks are
-pinned to its node (soft affinity: if the node is gone they run elsewhere). Left to Ray's locality
-scheduling, every shard would sit on the driver's node (``ray.put`` stores locally) and a step's
-shard tasks went 3:1 or 4:0 to that node on a two-node cluster.
+Placement. Each shard is assigned a node, in proportion to the nodes' task slots (shard i on the i-th
+slot, slots interleaved across nodes), and its tasks are pinned there (soft affinity: if the node is
+gone they run elsewhere). The node pulls its shard on the first task and keeps the copy in its object
+store for the later steps (Ray may evict such a secondary copy under memory pressure and pull it again).
+Left to Ray's locality scheduling, short steps ran 3:1 or 4:0 on the driver's node, where ``ray.put``
+leaves every shard. (Putting each shard on its node through a task was tried: Ray then pins the
+argument's copy on the driver's node for lineage, twice the memory.)
 
 Trust. Ray is internal to one organisation: the cluster is reached only by this party's process,
 never by a peer, and nothing about it (address, nodes, shards) is sent to another party. Between the
@@ -131,11 +133,6 @@ def _call(fn, common, args):
     return encode(fn(*decode(common), *decode(args)))
 
 
-def _hold(x):
-    """Identity task: its result (a shard) is stored in the object store of the node it ran on."""
-    return x
-
-
 def _call_shard(fn, common, local_rows, extra, aligned, *shard_parts):
     # shards are top-level arguments: Ray resolves them and schedules the task next to them
     parts = [p.take(local_rows) if isinstance(p, IntBlock) else p[local_rows] for p in shard_parts]
@@ -204,7 +201,6 @@ class RayExecutor(Executor):
         # head node (measured: 7 of 8 encryption tasks of an 8,192-row LR batch on one of two nodes)
         self._task = ray.remote(scheduling_strategy="SPREAD", **opts)(_call)
         self._shard_task = ray.remote(**opts)(_call_shard)
-        self._hold = ray.remote(num_cpus=0, max_retries=self.max_retries)(_hold)
         self.task_cpus = task_cpus
         self._shards: list = []  # [(obj, bounds, [ObjectRef per shard], [node id per shard])], most recent last
         self.tasks: dict[str, int] = {}  # tasks sent per step, logged at shutdown
@@ -289,8 +285,8 @@ class RayExecutor(Executor):
         return NodeAffinitySchedulingStrategy(node, soft=True)
 
     def _sharded(self, obj):
-        """Bounds, object-store refs and nodes of ``obj``'s row shards (placed once, reused while ``obj`` lives
-        here)."""
+        """Bounds, object-store refs and assigned nodes of ``obj``'s row shards (put once, reused while ``obj``
+        lives here)."""
         for i, (o, bounds, refs, nodes) in enumerate(self._shards):
             if o is obj:
                 self._shards.append(self._shards.pop(i))
@@ -299,14 +295,10 @@ class RayExecutor(Executor):
         parts = max(1, min(n, self._cpus * self.shards_per_worker))
         bounds = np.array([n * i // parts for i in range(parts + 1)], dtype=np.int64)
         whole = IntBlock(obj) if isinstance(obj, list) else np.asarray(obj)
+        refs = [self._ray.put(whole.take(np.arange(bounds[i], bounds[i + 1])) if isinstance(whole, IntBlock)
+                              else np.ascontiguousarray(whole[bounds[i]:bounds[i + 1]])) for i in range(parts)]
         slots = self._node_slots()
         nodes = [slots[i % len(slots)] if slots else None for i in range(parts)]
-        refs = []
-        for i in range(parts):
-            shard = (whole.take(np.arange(bounds[i], bounds[i + 1])) if isinstance(whole, IntBlock)
-                     else np.ascontiguousarray(whole[bounds[i]:bounds[i + 1]]))
-            refs.append(self._ray.put(shard) if nodes[i] is None else
-                        self._hold.options(scheduling_strategy=self._strategy(nodes[i])).remote(shard))
         self._shards.append((obj, bounds, refs, nodes))
         del self._shards[:-_SHARD_CACHE]
         return bounds, refs, nodes

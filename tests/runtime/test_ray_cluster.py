@@ -180,21 +180,21 @@ def test_ray_results_equal_the_local_pool(executor):
     assert local[1] == on_ray[1]  # the same ciphertext products, bin by bin
 
 
-def test_shards_are_dealt_over_the_nodes_and_stored_there(executor):
-    """Row shards go to every node's object store in turn (not all to the driver's node, where ``ray.put``
-    would leave them), and a step on them still gets each shard's rows."""
+def test_shard_tasks_run_on_the_node_each_shard_is_assigned(executor):
+    """Row shards are assigned to the nodes in turn and their tasks pinned there: after a step each node
+    holds its shard (pulled from the driver's node, where ``ray.put`` leaves them all), and the step gets
+    each shard's rows."""
     import ray
-    big = np.arange(2 ** 22, dtype=np.float64)  # 32 MB: shards far above what Ray returns inline
+    big = np.arange(2 ** 22, dtype=np.float64)  # 32 MB: shards far above what Ray passes inline
     bounds, refs, nodes = executor._sharded(big)
     alive = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
     assert len(alive) == 2 and len(refs) == 2 * executor.shards_per_worker == 2
     assert nodes == alive  # one shard per node
-    ray.wait(refs, num_returns=len(refs), fetch_local=False, timeout=60)
-    where = ray.experimental.get_object_locations(refs)
-    assert all(node in where[r]["node_ids"] for r, node in zip(refs, nodes)), where
     rows = np.array([5, 2 ** 21 + 7, 2 ** 22 - 1])  # one row in the first shard, two in the last
     per_shard = [int(c) for c in np.diff(np.searchsorted(rows, bounds)) if c]
     assert [len(r) for r in executor.run_sharded(np.atleast_1d, (), (big,), rows)] == per_shard == [1, 2]
+    where = ray.experimental.get_object_locations(refs)
+    assert all(node in where[r]["node_ids"] for r, node in zip(refs, nodes)), where
 
 
 def _my_task_workers(temp: str) -> list[int]:
