@@ -66,8 +66,8 @@ it into ceil(k / 2w) - 1 multiplications mod n^2 (78 for k = 2048, w = 13, inste
 2048-bit powmod).  A key first gets a w = 10 table (~54 MB at 2048 bits); after
 ``paillier_engine.LARGE_TABLE_AFTER`` encryptions (at once when a batch gives a process that many) a
 w = 13 table (~360 MB, 23% fewer multiplications).  A batch is evaluated digit position by digit
-position (one table row, ~4 MB, per step for all values, so it stays in cache).  The key holder encrypts with two half-size tables
-mod p^2 and q^2 (w = 12, ~190 MB for both) and the CRT.
+position (one table row, ~4 MB, per step for all values, so it stays in cache).  The key holder
+encrypts with two half-size tables mod p^2 and q^2 (w = 12, ~190 MB for both) and the CRT.
 Decryption is phe's CRT formula (two 1024-bit exponentiations mod p^2 and q^2, batched with
 ``gmpy2.powmod_base_list``); it runs at the rate of those two bare powmods (~370-400/s per core at
 2048 bits on a 2-core EPYC), which bounds it in Python + GMP.  HEU's ZPaillier computes the same two

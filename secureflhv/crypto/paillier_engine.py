@@ -193,7 +193,8 @@ class PublicEngine:
 
         ``expected``: encryptions this process is about to do in the current batch, this chunk included
         (a worker's share): from ``LARGE_TABLE_AFTER`` on, the large table is built before the first one
-        rather than after ``LARGE_TABLE_AFTER`` encryptions (measured: 3 s less per worker for 50,000 rows)."""
+        rather than after ``LARGE_TABLE_AFTER`` of them (``scale.py``, two workers of 50,000 rows each:
+        encryption 19.1 -> 17.1 s)."""
         n, n2 = self.n, self.n2
         out = []
         for m, r in zip(mantissas, self._obfuscators(len(mantissas), expected)):

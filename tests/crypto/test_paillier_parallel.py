@@ -83,7 +83,11 @@ def test_encryption_tells_each_worker_its_share_of_the_batch(keys, monkeypatch):
     """The pooled encryption tasks get the batch's share per worker (which sizes their tables)."""
     pk, sk = keys
     real, seen = ex.run, []
-    monkeypatch.setattr(ex, "run", lambda fn, common, chunks: seen.append((common[-1], chunks)) or real(fn, common, chunks))
+    def spy(fn, common, chunks):
+        seen.append((common[-1], chunks))
+        return real(fn, common, chunks)
+
+    monkeypatch.setattr(ex, "run", spy)
     x = np.linspace(-1, 1, 1001)
     try:
         P.set_workers(2)
