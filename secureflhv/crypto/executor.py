@@ -189,7 +189,8 @@ def parallel_chunks(size: int, min_size: int, per_worker: int = 4) -> int:
 
     An executor with a cost per task (``task_min_batches`` > 0: Ray's scheduling round trip and
     object-store transfers) gets chunks of at least that many break-even batches, but never fewer than
-    one per worker (two for a single worker, so that the work still leaves this process).
+    one per worker (two for a single worker, so that the work still leaves this process), and a multiple
+    of the workers.
     """
     ex = _current
     w = ex.workers()
@@ -201,6 +202,8 @@ def parallel_chunks(size: int, min_size: int, per_worker: int = 4) -> int:
     per_task = ex.task_min_batches * min_size  # 0 for the local pool
     if per_task:
         chunks = min(chunks, max(w, 2, int(size // per_task)))
+        if chunks > w:  # whole rounds: 5 chunks on 2 workers would leave one idle for the last
+            chunks -= chunks % w
     return chunks
 
 

@@ -64,10 +64,10 @@ Speed.  ``h_s^alpha`` is a fixed-base exponentiation: a table of ``h_s^(d 2^(w i
 every digit d < 2^w and position i (Brickell-Gordon-McCurley-Wilson, Eurocrypt'92; HAC 14.109) turns
 it into ceil(k / 2w) - 1 multiplications mod n^2 (78 for k = 2048, w = 13, instead of ~1,200 for a
 2048-bit powmod).  A key first gets a w = 10 table (~54 MB at 2048 bits); after
-``paillier_engine.LARGE_TABLE_AFTER`` encryptions a w = 13 table (~360 MB, 23% fewer
-multiplications).  A batch is evaluated digit position by digit position (one table row, ~4 MB, per
-step for all values, so it stays in cache).  The key holder encrypts with two half-size tables
-mod p^2 and q^2 (w = 12, ~190 MB for both) and the CRT.
+``paillier_engine.LARGE_TABLE_AFTER`` encryptions (at once when a batch gives a process that many) a
+w = 13 table (~360 MB, 23% fewer multiplications).  A batch is evaluated digit position by digit
+position (one table row, ~4 MB, per step for all values, so it stays in cache).  The key holder
+encrypts with two half-size tables mod p^2 and q^2 (w = 12, ~190 MB for both) and the CRT.
 Decryption is phe's CRT formula (two 1024-bit exponentiations mod p^2 and q^2, batched with
 ``gmpy2.powmod_base_list``); it runs at the rate of those two bare powmods (~370-400/s per core at
 2048 bits on a 2-core EPYC), which bounds it in Python + GMP.  HEU's ZPaillier computes the same two
@@ -260,10 +260,11 @@ def _encrypt_ints(key, mantissas: list) -> list:
             return _eng.private_engine(priv.p, priv.q).encrypt(mantissas)
         return _eng.public_engine(pub.n).encrypt(mantissas)
     chunks = [(c,) for c in _par.split(mantissas, parts)]
+    share = -(-len(mantissas) // min(parts, _ex.workers()))  # each worker's part: sizes its table
     if priv:
-        res = _ex.run(_eng.task_encrypt_crt, (priv.p, priv.q), chunks)
+        res = _ex.run(_eng.task_encrypt_crt, (priv.p, priv.q, share), chunks)
     else:
-        res = _ex.run(_eng.task_encrypt, (pub.n,), chunks)
+        res = _ex.run(_eng.task_encrypt, (pub.n, share), chunks)
     return [c for r in res for c in r]
 
 

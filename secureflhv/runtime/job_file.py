@@ -105,7 +105,8 @@ class ComputeSpec(_Strict):
     address: str | None = Field(default=None, description="Ray cluster: host:port or ray://host:port")
     min_batch: int | None = Field(default=None, ge=1, description="batches below this size run in the party "
                                                                   "process (default: the local pool's)")
-    shards_per_worker: int = Field(default=2, ge=1, le=64, description="object-store shards per cluster CPU")
+    # 1: every shard's histogram task computes each feature pair's marginals again (2 B^2 multiplications)
+    shards_per_worker: int = Field(default=1, ge=1, le=64, description="object-store shards per cluster CPU")
     task_cpus: float = Field(default=1.0, gt=0, le=64, description="CPUs Ray reserves per task")
     max_retries: int = Field(default=3, ge=0, le=100, description="Ray retries of a task whose worker died")
     task_timeout_s: float = Field(default=3600.0, gt=0, description="a step still running after this fails")

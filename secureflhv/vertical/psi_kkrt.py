@@ -262,7 +262,27 @@ def _check_message_size(transport: Transport, size: int, what: str) -> None:
 
 
 # ------------------------------------------------------------------------------ roles
-class KkrtGuest(PsiGuest):
+class _PartsSender:
+    """The sending side of a transfer in parts with flow control (module docstring), for both roles."""
+
+    def _send_parts(self, peer: str, tag: str, n_parts: int, window: int, make_part, await_ack) -> range:
+        """Send ``make_part(k)`` for k in 0..``n_parts``-1, part k in round ``part_round(round_base, k)``
+        and only once part k - ``window`` is acknowledged (``await_ack(k - window)``), so that at most
+        ``window`` parts wait at ``peer``. Returns the parts whose acknowledgement is still to be taken."""
+        for k in range(n_parts):
+            if k >= window:
+                await_ack(k - window)
+            self._send(peer, tag, make_part(k), round=part_round(self.round_base, k))
+            self.clock.lap("send")
+        return range(max(0, n_parts - window), n_parts)
+
+    def _await_part_ack(self, peer: str, tag: str, part: int, max_items: int | None, parser) -> None:
+        """Wait for ``peer``'s acknowledgement of part ``part`` (``parser`` rejects one that lies)."""
+        self._recv(peer, tag, max_items, parser, round=part_round(self.round_base, part))
+        self.clock.lap("wait")
+
+
+class KkrtGuest(_PartsSender, PsiGuest):
     """The guest's side of KKRT-PSI (module docstring): PSI receiver, OT-extension receiver.
 
     Arguments, result and errors as in :func:`~secureflhv.vertical.psi.align_ids_guest`; the
@@ -318,27 +338,21 @@ class KkrtGuest(PsiGuest):
         """
         m = codewords.shape[0]
         part_rows, window = matrix_parts(m, self.t.max_payload_bytes)
-        n_parts = -(-m // part_rows)
         T = np.empty_like(codewords)
-        for k in range(n_parts):
-            if k >= window:
-                self._await_ack(host, k - window, (k - window + 1) * part_rows)
-            a = k * part_rows
-            b = min(m, a + part_rows)
+
+        def make_part(k: int) -> psi_pb2.KkrtMatrix:
+            a, b = k * part_rows, min(m, (k + 1) * part_rows)
             T[a:b], U = kkrt.receiver_rows(k0, k1, codewords[a:b], start_row=a)
             self.clock.lap("extend")
-            self._send(host, TAG_MATRIX, psi_pb2.KkrtMatrix(ot_points=b"" if k else ot_points, rows=b - a,
-                                                            matrix=U.tobytes()),
-                       round=part_round(self.round_base, k))
-            del U
-            self.clock.lap("send")
-        return T, range(max(0, n_parts - window), n_parts), part_rows
+            return psi_pb2.KkrtMatrix(ot_points=b"" if k else ot_points, rows=b - a, matrix=U.tobytes())
+
+        unacked = self._send_parts(host, TAG_MATRIX, -(-m // part_rows), window, make_part,
+                                   lambda k: self._await_ack(host, k, (k + 1) * part_rows))
+        return T, unacked, part_rows
 
     def _await_ack(self, host: str, part: int, received: int) -> None:
         """Wait for ``host``'s acknowledgement of matrix part ``part`` (``received`` rows so far)."""
-        self._recv(host, TAG_MATRIX_ACK, len(self.ids), _ack_parser(host, part, received),
-                   round=part_round(self.round_base, part))
-        self.clock.lap("wait")
+        self._await_part_ack(host, TAG_MATRIX_ACK, part, len(self.ids), _ack_parser(host, part, received))
 
     def _match(self, host: str, mine: bytes) -> np.ndarray:
         """Receive ``host``'s OPRF values and match; int64 (|X|,): each guest row's row at ``host``, or -1."""
@@ -365,7 +379,7 @@ class KkrtGuest(PsiGuest):
             got += len(part) // width
 
 
-class KkrtHost(PsiHost):
+class KkrtHost(_PartsSender, PsiHost):
     """A host's side of KKRT-PSI (module docstring): PSI sender, OT-extension sender.
 
     Arguments, result and errors as in :func:`~secureflhv.vertical.psi.align_ids_host`; the hello
@@ -404,23 +418,18 @@ class KkrtHost(PsiHost):
         acknowledgement (so none is left queued at the guest's side of our mailbox)."""
         total = len(values) // width
         per_part, window = value_parts(total, width, self.t.max_payload_bytes)
-        n_parts = max(1, -(-total // per_part))
         view = memoryview(values)
-        for k in range(n_parts):
-            if k >= window:
-                self._await_values_ack(k - window, min(total, (k - window + 1) * per_part), width, n_items)
-            items = bytes(view[k * per_part * width:min(total, (k + 1) * per_part) * width])
-            self._send(self.guest, TAG_OPRF, psi_pb2.PsiPoints(item_bytes=width, count=total, items=items),
-                       round=part_round(self.round_base, k))
-            self.clock.lap("send")
-        for k in range(max(0, n_parts - window), n_parts):
-            self._await_values_ack(k, min(total, (k + 1) * per_part), width, n_items)
 
-    def _await_values_ack(self, part: int, received: int, width: int, n_items: int) -> None:
-        """Wait for the guest's acknowledgement of OPRF values part ``part`` (``received`` values so far)."""
-        self._recv(self.guest, TAG_OPRF_ACK, n_items, _values_ack_parser(self.guest, width, part, received),
-                   round=part_round(self.round_base, part))
-        self.clock.lap("wait")
+        def make_part(k: int) -> psi_pb2.PsiPoints:
+            items = bytes(view[k * per_part * width:min(total, (k + 1) * per_part) * width])
+            return psi_pb2.PsiPoints(item_bytes=width, count=total, items=items)
+
+        def await_ack(k: int) -> None:
+            self._await_part_ack(self.guest, TAG_OPRF_ACK, k, n_items,
+                                 _values_ack_parser(self.guest, width, k, min(total, (k + 1) * per_part)))
+
+        for k in self._send_parts(self.guest, TAG_OPRF, max(1, -(-total // per_part)), window, make_part, await_ack):
+            await_ack(k)
 
     def _receive_matrix(self, rows: int, n_items: int, receiver: kkrt.BaseOtReceiver,
                         choices: np.ndarray) -> np.ndarray:

@@ -166,6 +166,7 @@ def test_chunks_per_task_cost():
     with ex.using(ray_like):
         assert ex.parallel_chunks(1024, 256) == 2  # LR's mini-batch: one task per worker
         assert ex.parallel_chunks(1_000_000, 256) == 8  # big batches: as before
+        assert ex.parallel_chunks(2_600, 256) == 4  # not 5: whole rounds of one chunk per worker
         assert ex.parallel_chunks(100, 256) == 1  # below break-even: inline
     for engine in (_Inline(1, task_min_batches=2), _Inline(16, task_min_batches=2)):
         with ex.using(engine):

@@ -81,6 +81,20 @@ def test_every_table_size_gives_correct_djn_ciphertexts(other_keys):
     assert len(seen) == 6 * len(ms)  # fresh randomness every time
 
 
+def test_a_batch_share_that_large_builds_the_large_table_first(other_keys):
+    """``expected`` (a worker's share of the batch) from LARGE_TABLE_AFTER on: the large table before the
+    first encryption, never the small one; below it: the small table, as without the hint."""
+    pk, sk = other_keys
+    for expected, large in ((E.LARGE_TABLE_AFTER, True), (E.LARGE_TABLE_AFTER - 1, False)):
+        pub, priv = E.PublicEngine(pk.n), E.PrivateEngine(sk.p, sk.q)
+        ms = list(range(E.TABLE_MIN_BATCH))
+        for eng in (pub, priv):
+            assert [int(m) for m in priv.decrypt(eng.encrypt(ms, expected))] == ms
+        assert pub._large == priv._large == large
+        assert pub._table.w == E.window_bits(pk.n_bits, large=large)
+        assert priv._tables[0].w == E.window_bits(pk.n_bits, large=large, crt=True)
+
+
 def test_column_major_fixed_base_equals_powmod(other_keys):
     """pow_columns (the batched encryption kernel) == base^alpha for alpha rebuilt from its digits,
     and == the row-major pow_many on the same digits, for the public and both CRT tables."""

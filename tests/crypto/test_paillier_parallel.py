@@ -79,6 +79,27 @@ def test_warm_builds_the_large_tables_in_every_worker(keys):
     assert cpu > 0
 
 
+def test_encryption_tells_each_worker_its_share_of_the_batch(keys, monkeypatch):
+    """The pooled encryption tasks get the batch's share per worker (which sizes their tables)."""
+    pk, sk = keys
+    real, seen = ex.run, []
+    def spy(fn, common, chunks):
+        seen.append((common[-1], chunks))
+        return real(fn, common, chunks)
+
+    monkeypatch.setattr(ex, "run", spy)
+    x = np.linspace(-1, 1, 1001)
+    try:
+        P.set_workers(2)
+        enc = [P.encrypt(pk, x), P.encrypt(sk, x)]
+    finally:
+        P.set_workers(1)
+    assert [share for share, _ in seen] == [501, 501]  # ceil(1001 / 2)
+    assert all(sum(len(c[0]) for c in chunks) == 1001 and len(chunks) > 2 for _, chunks in seen)
+    for e in enc:
+        np.testing.assert_allclose(P.decrypt(sk, e), x, atol=1e-12)
+
+
 def test_a_dying_worker_does_not_hang_the_batch():
     """A worker killed mid-batch: the batch finishes inline (as before), and the next pool works."""
     try:

@@ -180,6 +180,23 @@ def test_ray_results_equal_the_local_pool(executor):
     assert local[1] == on_ray[1]  # the same ciphertext products, bin by bin
 
 
+def test_shard_tasks_run_on_the_node_each_shard_is_assigned(executor):
+    """Row shards are assigned to the nodes in turn and their tasks pinned there: after a step each node
+    holds its shard (pulled from the driver's node, where ``ray.put`` leaves them all), and the step gets
+    each shard's rows."""
+    import ray
+    big = np.arange(2 ** 22, dtype=np.float64)  # 32 MB: shards far above what Ray passes inline
+    bounds, refs, nodes = executor._sharded(big)
+    alive = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    assert len(alive) == 2 and len(refs) == 2 * executor.shards_per_worker == 2
+    assert nodes == alive  # one shard per node
+    rows = np.array([5, 2 ** 21 + 7, 2 ** 22 - 1])  # one row in the first shard, two in the last
+    per_shard = [int(c) for c in np.diff(np.searchsorted(rows, bounds)) if c]
+    assert [len(r) for r in executor.run_sharded(np.atleast_1d, (), (big,), rows)] == per_shard == [1, 2]
+    where = ray.experimental.get_object_locations(refs)
+    assert all(node in where[r]["node_ids"] for r, node in zip(refs, nodes)), where
+
+
 def _my_task_workers(temp: str) -> list[int]:
     """Ray worker processes of this module's cluster that are running a task now (``ray::_call``)."""
     raylets, found = set(), []
@@ -262,7 +279,7 @@ def test_split_routing_on_ray_equals_the_local_masks(executor):
     with ex.using(executor):
         on_ray = (left_masks(X, raw_q, binned=False), left_masks(bins, bin_q, binned=True))
     assert executor.tasks.get("route", 0) > before.get("route", 0)  # it really ran as Ray tasks
-    assert any(o is X for o, _, _ in executor._shards) and any(o is bins for o, _, _ in executor._shards)
+    assert any(o is X for o, *_ in executor._shards) and any(o is bins for o, *_ in executor._shards)
     for a, b in zip(local, on_ray):
         assert len(a) == len(b) and all(m.dtype == bool and (m == n).all() for m, n in zip(a, b))
     assert 0 < sum(int(m.sum()) for m in local[0]) < sum(len(q[3]) for q in raw_q)  # both sides occur
