@@ -105,7 +105,8 @@ class ComputeSpec(_Strict):
     address: str | None = Field(default=None, description="Ray cluster: host:port or ray://host:port")
     min_batch: int | None = Field(default=None, ge=1, description="batches below this size run in the party "
                                                                   "process (default: the local pool's)")
-    # 1: every shard's histogram task computes each feature pair's marginals again (2 B^2 multiplications)
+    # default 1: each further shard per CPU makes the histogram tasks repeat every feature pair's marginals
+    # (2 B^2 multiplications per pair and node), CPU a second worker spends and one worker does not
     shards_per_worker: int = Field(default=1, ge=1, le=64, description="object-store shards per cluster CPU")
     task_cpus: float = Field(default=1.0, gt=0, le=64, description="CPUs Ray reserves per task")
     max_retries: int = Field(default=3, ge=0, le=100, description="Ray retries of a task whose worker died")

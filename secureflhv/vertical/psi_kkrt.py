@@ -327,7 +327,7 @@ class KkrtGuest(_PartsSender, PsiGuest):
         self.clock.lap("oprf")
         m = codewords.shape[0]
         for k in unacked:  # consumed, so the host's acknowledgements never pile up in our mailbox
-            self._await_ack(host, k, min(m, (k + 1) * part_rows))
+            self._await_ack(host, k, part_rows, m)
         return values
 
     def _send_matrix(self, host: str, ot_points: bytes, k0: np.ndarray, k1: np.ndarray,
@@ -347,11 +347,13 @@ class KkrtGuest(_PartsSender, PsiGuest):
             return psi_pb2.KkrtMatrix(ot_points=b"" if k else ot_points, rows=b - a, matrix=U.tobytes())
 
         unacked = self._send_parts(host, TAG_MATRIX, -(-m // part_rows), window, make_part,
-                                   lambda k: self._await_ack(host, k, (k + 1) * part_rows))
+                                   lambda k: self._await_ack(host, k, part_rows, m))
         return T, unacked, part_rows
 
-    def _await_ack(self, host: str, part: int, received: int) -> None:
-        """Wait for ``host``'s acknowledgement of matrix part ``part`` (``received`` rows so far)."""
+    def _await_ack(self, host: str, part: int, part_rows: int, rows: int) -> None:
+        """Wait for ``host``'s acknowledgement of matrix part ``part``: the rows of parts 0..``part`` (parts of
+        ``part_rows`` rows, ``rows`` in all)."""
+        received = min(rows, (part + 1) * part_rows)
         self._await_part_ack(host, TAG_MATRIX_ACK, part, len(self.ids), _ack_parser(host, part, received))
 
     def _match(self, host: str, mine: bytes) -> np.ndarray:
