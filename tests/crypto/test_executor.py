@@ -172,3 +172,35 @@ def test_chunks_per_task_cost():
         with ex.using(engine):
             assert ex.parallel_chunks(1024, 256) == max(2, engine.workers())
             assert ex.parallel_chunks(10_240, 2000, per_worker=1) == max(2, engine.workers())
+
+
+def test_a_gradients_few_decryptions_are_split_over_the_workers():
+    """Each decryption costs ~2.5 ms: a 10-value LR gradient goes to two workers (one task each on Ray)."""
+    pub, priv = pl.generate_keypair(512, insecure_test_key=True)
+    enc = pl.encrypt(pub, np.linspace(-1, 1, 10))
+    for engine, chunks in ((_Inline(2), 8), (_Inline(2, task_min_batches=2), 2)):
+        with ex.using(engine):
+            np.testing.assert_allclose(pl.decrypt(priv, enc), np.linspace(-1, 1, 10), atol=1e-9)
+        assert engine.steps[-1] == ("decrypt", chunks)
+
+
+class _FakeRay:
+    def __init__(self):
+        self.puts = []
+
+    def put(self, obj):
+        self.puts.append(obj)
+        return ("ref", len(self.puts))
+
+
+def test_shared_task_arguments_go_through_the_object_store_only_when_big():
+    from secureflhv.crypto.executor_ray import INLINE_COMMON_BYTES, RayExecutor
+
+    executor = RayExecutor.__new__(RayExecutor)  # no cluster: only the choice is tested
+    executor._ray = _FakeRay()
+    small = (gmpy2.mpz(1) << 4095, [gmpy2.mpz(7)] * 8)
+    inline = executor._common(small)
+    assert executor._ray.puts == [] and decode(inline) == (small[0], small[1])
+    big = (12, [gmpy2.mpz(1) << 4095] * (INLINE_COMMON_BYTES // 512 + 1))
+    assert executor._common(big) == ("ref", 1) and len(executor._ray.puts) == 1
+    assert decode(executor._ray.puts[0])[1] == big[1]
