@@ -334,7 +334,7 @@ class RayExecutor(Executor):
         if any(len(b) != len(bounds) or (b != bounds).any() for b, _, _ in layout):
             return None  # not row-aligned: the caller chunks it itself
         cut = np.searchsorted(rows, bounds)
-        common_ref, extra_enc = self._common(common), encode(tuple(extra))
+        common_arg, extra_enc = self._common(common), encode(tuple(extra))
         refs = []
         for s in range(len(bounds) - 1):
             if cut[s + 1] > cut[s]:
@@ -342,7 +342,7 @@ class RayExecutor(Executor):
                 part = tuple(np.ascontiguousarray(a[cut[s]:cut[s + 1]]) for a in aligned)
                 task = self._shard_task if nodes[s] is None else \
                     self._shard_task.options(scheduling_strategy=self._strategy(nodes[s]))
-                refs.append(task.remote(fn, common_ref, local, extra_enc, part, *[r[s] for _, r, _ in layout]))
+                refs.append(task.remote(fn, common_arg, local, extra_enc, part, *[r[s] for _, r, _ in layout]))
         return self._gather(refs, step_name(fn))
 
     def shutdown(self) -> None:
