@@ -8,7 +8,9 @@ set does per unit of training, without the network (the wire is measured in ``se
   32 bins): the guest encrypts every row's packed (g, h); the host builds the root's encrypted
   histograms and, level by level, the smaller child's (the sibling by subtraction); the guest decrypts
   the compressed candidate sums. Host-side guest features cost the same and are left out (the guest's
-  30 features are plaintext work, not timed here).
+  30 features are plaintext work, not timed here). This is a fixed workload for comparing engines, the
+  protocol's work until 2026-11-24: since then the protocol neither subtracts nor compresses nor
+  decrypts derived siblings (the guest derives their sums in plaintext), so it does less than this.
 * Vertical LR, per epoch (10 + 10 features, batches of ``--batch``): the guest encrypts the residuals,
   the host computes ``X^T·[[d]]``, the key holder decrypts the gradient.
 

@@ -34,7 +34,8 @@ subtracts r and decodes ``m + t`` exactly: no precision is lost.
 Pair sums (:class:`PairSums`, vertical SecureBoost, Cheng et al. 2021 Alg. 1-2 with the SecureBoost+
 engineering of Chen et al., arXiv 2110.10927): per row the guest's integer gradient/hessian mantissas
 (g_i, h_i) at p fraction bits, packed into one ciphertext (two slots); hosts sum them per histogram
-bin, derive siblings by subtraction and compress ~k candidates per ciphertext for the guest.
+bin (the smaller child of each pair; the guest derives its sibling's sums in plaintext) and compress
+~k candidates per ciphertext for the guest.
 
 Errors: :class:`~secureflhv.crypto.paillier.CiphertextError` (a ValueError) when masked values do not
 match the ciphertexts this party sent, or an unmasked value overflowed the fixed-point range.
@@ -147,13 +148,10 @@ class PairSums(ABC):
         of the g and h mantissas.
         """
 
-    @abstractmethod
-    def subtract(self, parent, child):
-        """Host: the sibling's histogram, parent - child (SecureBoost+ histogram subtraction).
-
-        Returns: a histogram of the same form as :meth:`histogram` (Paillier: ciphertext quotients
-        mod n^2; identity: the int64 difference).
-        """
+    def histograms(self, rows_data, rows_list: list[np.ndarray], bins: np.ndarray, n_bins: list[int]) -> list:
+        """Host: :meth:`histogram` of each node of a tree level, as one batch where that is faster
+        (Paillier: nodes too small for the workers on their own go to them together)."""
+        return [self.histogram(rows_data, rows, bins, n_bins) for rows in rows_list]
 
     @abstractmethod
     def select(self, hist, cands: list[tuple[int, int]]) -> list:
@@ -441,8 +439,8 @@ class PaillierPairSums(PairSums):
     def histogram(self, rows_data, rows, bins, n_bins):
         return ph.build_node(rows_data, rows, bins, n_bins, self.n2)
 
-    def subtract(self, parent, child):
-        return ph.subtract(parent, child, self.n2)
+    def histograms(self, rows_data, rows_list, bins, n_bins):
+        return ph.build_nodes(rows_data, rows_list, bins, n_bins, self.n2)
 
     def select(self, hist, cands):
         cum = ph.cumulative(hist, self.n2)
@@ -561,7 +559,7 @@ class OUHE(PaillierHE):
 
 
 class OUPairSums(PaillierPairSums):
-    """:class:`PaillierPairSums` under OU: the same GH packing, histograms, subtraction and compression
+    """:class:`PaillierPairSums` under OU: the same GH packing, histograms and compression
     (modulus n), with slots sized to OU's plaintext space (``plain_bits`` instead of the key size), so
     fewer candidates share a compressed ciphertext (``per``)."""
 
@@ -671,9 +669,6 @@ class PlainPairSums(PairSums):
             out[0, j] = np.bincount(b, g[rows].astype(np.float64), B).astype(np.int64)
             out[1, j] = np.bincount(b, h[rows].astype(np.float64), B).astype(np.int64)
         return out
-
-    def subtract(self, parent, child):
-        return parent - child
 
     def select(self, hist, cands):
         cum = np.cumsum(hist, axis=2)

@@ -2,7 +2,8 @@
 
 After Cheng et al., "SecureBoost: A Lossless Federated Learning Framework" (arXiv 1901.08755, Alg. 1-3)
 with the SecureBoost+ engineering (Chen et al., arXiv 2110.10927: GH packing, histogram subtraction,
-cipher compression). Rows are already aligned (PSI, :mod:`secureflhv.vertical.psi`).
+cipher compression; the subtraction of a derived node's candidate sums moved to the guest, in
+plaintext, ours). Rows are already aligned (PSI, :mod:`secureflhv.vertical.psi`).
 
 One tree (``[[.]]`` = Paillier under the guest's key; round ids ``tree * 64 + depth + 1``)::
 
@@ -12,11 +13,14 @@ One tree (``[[.]]`` = Paillier under the guest's key; round ids ``tree * 64 + de
     for depth = 0 .. max_depth:
       guest->hosts SbLevelPlan: the row partitions of the splits of the previous level; the nodes to
                    split now; for each pair of children which one is built and which derived
-      host         encrypted histograms of the nodes (smaller child built row by row, sibling =
-                   parent - child), cumulative over bins, candidates = (feature, bin) with rows in the
+      host         encrypted histograms of the built nodes (the smaller child, row by row),
+                   cumulative over bins, candidates = (feature, bin) with rows in the
                    bin and rows right of it, identical partitions dropped (first in (feature, bin)
-                   order kept), shuffled, compressed ~18 per ciphertext -> SbHistograms
-      guest        decrypts, gain per candidate (its own in plaintext), best per node: the first maximum
+                   order kept), shuffled, compressed ~18 per ciphertext -> SbHistograms; for a
+                   derived node no sums but, per candidate, the parent's candidate and the sibling's
+                   term with the same left rows (``_derivation``): no compression or decryption for it
+      guest        decrypts; derived nodes: parent's sums - sibling's in plaintext (exact);
+                   gain per candidate (its own in plaintext), best per node: the first maximum
                    in the order guest columns, host 1, host 2, ... (within a host: its shuffle order)
       guest->host  SbDecision: only that host's winning candidate ids (plus any candidates with exactly
                    the same gain: the host takes the first in its (feature, bin) order, so ties are
@@ -51,6 +55,8 @@ What each role learns (semi-honest; SecureBoost's known leakage is stated, not r
 
 * guest: labels and its columns (its own); the decrypted cumulative (G_L, H_L) of every host candidate
   of every node (hence the hosts' per-node bin histograms up to shuffling, SecureBoost's design);
+  for a derived node, which of its candidates correspond to which of its parent's and sibling's (also
+  computable from the sums: a parent's candidate sum is its children's sums of that candidate);
   the row partition of every split, including host splits (Cheng et al. sec. 5, "the active party
   learns the instance space"); never a host's feature id or threshold (record ids are opaque).
 * host: every node's row set (the partitions are broadcast so hosts can build histograms, as in
@@ -63,8 +69,8 @@ What each role learns (semi-honest; SecureBoost's known leakage is stated, not r
   and, through the partitions, which rows a host split sends the default way; the guest does not
   learn which column or which direction.
 
-Errors: a histogram under another key, of the wrong shape or packing, a bad partition mask, an unknown
-candidate or record id is rejected (ProtocolError in the parse callback, logged; the wait goes on).
+Errors: a histogram under another key, of the wrong shape or packing, a derivation whose indices leave
+the parent's or sibling's candidates, a bad partition mask, an unknown candidate or record id is rejected (ProtocolError in the parse callback, logged; the wait goes on).
 A silent or dead host ends the job with :class:`SecureBoostError` naming the host, tree and depth; the
 role tells its peers (Transport.abort) before raising.
 """
@@ -214,6 +220,8 @@ class _GrowingTree:
     totals: dict[int, tuple[float, float]] = field(default_factory=dict)
     leaf_rows: dict[int, np.ndarray] = field(default_factory=dict)
     partitions: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    derived: set[int] = field(default_factory=set)  # this level's nodes whose host sums are parent - sibling
+    host_sums: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)  # (G_L, H_L)
 
     def __post_init__(self):
         self.rows_of[0] = np.arange(len(self.gq))
@@ -446,8 +454,11 @@ class SecureBoostGuest(_Role):
         plan = tree_pb2.SbLevelPlan(depth=depth, done=not split_now)
         for nid, mask in st.partitions:
             plan.partitions.add(node=nid, left_mask=pack_mask(mask))
+        st.derived = set()
         for nid, derived in plan_children(split_now, {k: len(v) for k, v in st.rows_of.items()}):
             plan.nodes.add(node=nid, derived=derived, send=nid in split_now)
+            if derived and nid in split_now:
+                st.derived.add(nid)
         for host in self.host_ids:
             self._send(host, TAG_PLAN, plan, _rnd(st.seq, depth), f"tree {st.seq} depth {depth}")
 
@@ -457,9 +468,9 @@ class SecureBoostGuest(_Role):
         best = {nid: self._guest_split(st, nid) for nid in split_now}
         for host in self.host_ids:
             self.phases.start(st.seq, "wait_hosts", depth)
-            cands = self._recv(host, TAG_HIST, _rnd(st.seq, depth),
-                               self._hist_parser(host, split_now, st.sums, (st.seq, depth)),
+            cands = self._recv(host, TAG_HIST, _rnd(st.seq, depth), self._hist_parser(host, split_now, st, depth),
                                f"tree {st.seq} depth {depth}")
+            st.host_sums[host] = cands
             self.phases.start(st.seq, "host_split", depth)
             for nid, (GL, HL) in cands.items():
                 cand = self._host_split(host, GL, HL, *st.totals[nid])
@@ -547,9 +558,12 @@ class SecureBoostGuest(_Role):
                                    f"sum {hl} differs from its histogram's {sorted(cand.tied_hess)} ({where})")
         return host_mask
 
-    def _hist_parser(self, host: str, nodes: list[int], sums, where: tuple[int, int]):
+    def _hist_parser(self, host: str, nodes: list[int], st: _GrowingTree, depth: int):
+        """SbHistograms -> {node: (G_L, H_L)} per candidate: built nodes decrypted, derived nodes as the
+        parent's (last level) minus the sibling's sums (exact: multiples of 2^-p far below 2^53)."""
         # a feature with missing values has two virtual columns of at most max_bin candidates each
         max_cands = self.host_features[host] * 2 * self.params.max_bin
+        sums, parents = st.sums, st.host_sums.get(host, {})
 
         def validate(msg: tree_pb2.SbHistograms):
             got = [int(x.node) for x in msg.nodes]
@@ -558,19 +572,62 @@ class SecureBoostGuest(_Role):
             counts = [int(x.n_candidates) for x in msg.nodes]
             if any(c > max_cands for c in counts):
                 raise ProtocolError(f"histograms from {host}: more candidates than {max_cands}")
-            self.phases.start(where[0], "decode", where[1])
-            value = self.wire.pair_sums_from(msg, self.pub, sums, counts, f"histograms from {host}")
-            self.phases.start(where[0], "decrypt", where[1])
+            for x in msg.nodes:
+                self._check_derivation(host, x, st, parents, dict(zip(nodes, counts)))
+            built = [(nid, c) for nid, c in zip(nodes, counts) if nid not in st.derived]
+            self.phases.start(st.seq, "decode", depth)
+            value = self.wire.pair_sums_from(msg, self.pub, sums, [c for _, c in built], f"histograms from {host}")
+            self.phases.start(st.seq, "decrypt", depth)
             td = time.perf_counter()
-            flat = sums.decrypt(self.priv, value, counts)
+            flat = sums.decrypt(self.priv, value, [c for _, c in built])
             self.timings["decrypt"] = self.timings.get("decrypt", 0.0) + time.perf_counter() - td
             out, off = {}, 0
-            for nid, c in zip(nodes, counts):
+            for nid, c in built:
                 out[nid] = (flat[off:off + c, 0], flat[off:off + c, 1])
                 off += c
+            for x in msg.nodes:
+                if x.derived:
+                    out[int(x.node)] = self._derive(st, int(x.node), parents, out, x)
             return out
 
         return parse_message(tree_pb2.SbHistograms, validate)
+
+    @staticmethod
+    def _check_derivation(host: str, x, st: _GrowingTree, parents: dict, counts: dict[int, int]) -> None:
+        """A derived node's entry: flagged as the plan says, indices within the parent's and sibling's."""
+        nid = int(x.node)
+        if x.derived != (nid in st.derived):
+            raise ProtocolError(f"histograms from {host}: node {nid} derived={x.derived}, the plan says "
+                                f"{nid in st.derived}")
+        par, sib = list(x.parent_candidate), list(x.sibling_candidate)
+        if not x.derived:
+            if par or sib:
+                raise ProtocolError(f"histograms from {host}: node {nid} is built but carries a derivation")
+            return
+        if (nid - 1) // 2 not in parents:
+            raise ProtocolError(f"histograms from {host}: node {nid} derived from a parent it sent no sums for")
+        n_par = len(parents[(nid - 1) // 2][0])
+        sib_id = nid + 1 if nid % 2 == 1 else nid - 1
+        n_sib = counts[sib_id] if sib_id in counts else 0
+        if len(par) != x.n_candidates or len(sib) != x.n_candidates:
+            raise ProtocolError(f"histograms from {host}: node {nid} derivation of {len(par)}/{len(sib)} "
+                                f"entries for {x.n_candidates} candidates")
+        if any(not 0 <= i < n_par for i in par) or any(not -2 <= i < n_sib for i in sib):
+            raise ProtocolError(f"histograms from {host}: node {nid} derivation refers to candidates beyond "
+                                f"the parent's {n_par} or the sibling's {n_sib}")
+
+    @staticmethod
+    def _derive(st: _GrowingTree, nid: int, parents: dict, out: dict, x) -> tuple[np.ndarray, np.ndarray]:
+        """(G_L, H_L) of a derived node: parent's candidate sums minus the sibling's (0 / its total)."""
+        sib_id = nid + 1 if nid % 2 == 1 else nid - 1
+        pg, ph = parents[(nid - 1) // 2]
+        sg, sh = out.get(sib_id, (np.zeros(0), np.zeros(0)))
+        tg, th = st.sum_gh(st.rows_of[sib_id])
+        par, sib = np.asarray(x.parent_candidate, dtype=np.int64), np.asarray(x.sibling_candidate, dtype=np.int64)
+        take = np.maximum(sib, 0)
+        g = np.where(sib >= 0, sg[take] if len(sg) else 0.0, np.where(sib == -1, 0.0, tg))
+        h = np.where(sib >= 0, sh[take] if len(sh) else 0.0, np.where(sib == -1, 0.0, th))
+        return pg[par] - g, ph[par] - h
 
     def _split_parser(self, host: str, decision, rows_of):
         wanted = [int(c.node) for c in decision.choices]
@@ -774,7 +831,7 @@ class SecureBoostHost(_Role):
     # aggregate encrypted histograms, send the candidates' sums, apply the splits it won
     def _tree(self, seq: int, data, sums: PairSums) -> None:
         rows_of = {0: np.arange(self.X.shape[0])}
-        hists: dict[int, object] = {}
+        tables: dict[int, list] = {}  # the last level's candidate tables (the parents of derived nodes)
         for depth in range(self.params.max_depth + 1):
             rnd = _rnd(seq, depth)
             self.phases.start(seq, "wait", depth)
@@ -786,8 +843,8 @@ class SecureBoostHost(_Role):
                 self.phases.stop()
                 return
             self.phases.start(seq, "histograms", depth)
-            hists = self._aggregate_histograms(plan, rows_of, hists, data, sums)
-            tables = self._send_candidates(plan, rows_of, hists, sums, seq, depth)
+            hists = self._aggregate_histograms(plan, rows_of, data, sums)
+            tables = self._send_candidates(plan, rows_of, hists, sums, seq, depth, tables)
             self.phases.start(seq, "wait", depth)
             decision = self.t.recv(self.guest_id, TAG_DECIDE, round=rnd, parse=parse_message(
                 tree_pb2.SbDecision, lambda m: self._check_decision(m, tables)))
@@ -802,36 +859,50 @@ class SecureBoostHost(_Role):
             left = unpack_mask(part.left_mask, len(rows), "partition")
             rows_of[2 * nid + 1], rows_of[2 * nid + 2] = rows[left], rows[~left]
 
-    def _aggregate_histograms(self, plan, rows_of: dict, hists: dict, data, sums: PairSums) -> dict:
-        """Encrypted histograms of the plan's nodes: the smaller child built, its sibling = parent - child."""
+    def _aggregate_histograms(self, plan, rows_of: dict, data, sums: PairSums) -> dict:
+        """Encrypted histograms of the nodes the plan builds and sends. A derived node needs none: the
+        guest subtracts its candidates' sums in plaintext (``_derivation``), so no ciphertext histogram
+        is ever parent - child (nor is a built sibling that is not sent: a leaf of at most one row)."""
         th = time.perf_counter()
-        new_hists = {}
         for np_ in plan.nodes:
             nid = int(np_.node)
-            if nid not in rows_of or (np_.derived and ((nid - 1) // 2 not in hists or nid == 0)):
+            if nid not in rows_of or (np_.derived and nid == 0):
                 raise SecureBoostError(f"{self.party_id}: the guest's plan names node {nid}, unknown here")
-            if np_.derived:
-                parent, sib = (nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1
-                new_hists[nid] = sums.subtract(hists[parent], new_hists[sib])
-            else:
-                new_hists[nid] = sums.histogram(data, rows_of[nid], self.bins, self.n_bins)
+        built = [int(x.node) for x in plan.nodes if x.send and not x.derived]
+        hists = dict(zip(built, sums.histograms(data, [rows_of[nid] for nid in built], self.bins, self.n_bins)))
         self.timings["histograms"] += time.perf_counter() - th
-        return new_hists
+        return hists
 
-    def _send_candidates(self, plan, rows_of: dict, hists: dict, sums: PairSums, seq: int, depth: int) -> dict:
-        """Shuffled candidates' cumulative sums of the nodes to split -> SbHistograms; returns the tables."""
+    def _send_candidates(self, plan, rows_of: dict, hists: dict, sums: PairSums, seq: int, depth: int,
+                         parent_tables: dict) -> dict:
+        """Shuffled candidates of the nodes to split -> SbHistograms: the cumulative sums of built nodes
+        (compressed), the derivation of derived ones (``_derivation``); returns the tables."""
         msg = tree_pb2.SbHistograms()
-        elements = []
         rng = self._rng(seq, depth)
-        tables = {}
+        tables, keys_of = {}, {}
         self.phases.start(seq, "candidates", depth)
-        for nid in sorted(int(x.node) for x in plan.nodes if x.send):
-            cands = self._candidates(rows_of[nid])
+        send = sorted(int(x.node) for x in plan.nodes if x.send)
+        derived = {int(x.node) for x in plan.nodes if x.send and x.derived}
+        for nid in send:
+            keys_of[nid] = self._bin_keys(rows_of[nid])
+            cands = self._candidates(rows_of[nid], keys_of[nid])
             order = rng.permutation(len(cands))
-            tables[nid] = cands = [cands[i] for i in order]
-            msg.nodes.add(node=nid, n_candidates=len(cands))
+            tables[nid] = [cands[i] for i in order]
+        for nid in send:
+            entry = msg.nodes.add(node=nid, n_candidates=len(tables[nid]), derived=nid in derived)
+            if nid in derived:
+                for other in ((nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1):
+                    if other not in keys_of:
+                        keys_of[other] = self._bin_keys(rows_of[other])
+                if (nid - 1) // 2 not in parent_tables:
+                    raise SecureBoostError(f"{self.party_id}: the guest's plan derives node {nid}, whose parent "
+                                           f"was not split at the last level")
+                par, sib = self._derivation(nid, rows_of, keys_of, tables, parent_tables[(nid - 1) // 2])
+                entry.parent_candidate.extend(par)
+                entry.sibling_candidate.extend(sib)
         self.phases.start(seq, "compress", depth)
-        for part in sums.select_level([(hists[nid], tables[nid]) for nid in tables]):
+        elements = []
+        for part in sums.select_level([(hists[nid], tables[nid]) for nid in send if nid not in derived]):
             elements.extend(part)
         self.phases.start(seq, "send", depth)
         self.wire.put_pair_sums(msg, sums.collect(elements))
@@ -861,26 +932,51 @@ class SecureBoostHost(_Role):
             return np.random.default_rng([self._seed, tag, seq, depth])
         return np.random.default_rng(secrets.randbits(128))
 
-    def _candidates(self, rows: np.ndarray) -> list[tuple[int, int]]:
-        """Valid (feature, bin) of a node, identical partitions removed (first in order kept)."""
-        keys, cands = [], []
-        m = len(rows)
+    def _bin_keys(self, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per column: rows per bin, and per bin b < last the left partition's key (rows left, two row-hash
+        sums): equal keys = the same left rows (with overwhelming probability)."""
+        out = []
         for j in range(self.bins.shape[1]):
-            b_j = self.bins[rows, j]
-            nb = self.n_bins[j]
+            b_j, nb = self.bins[rows, j], self.n_bins[j]
             cnt = np.bincount(b_j, minlength=nb)
-            cum = np.cumsum(cnt)[:-1]
-            h1 = np.cumsum(np.bincount(b_j, self._row_hash[0, rows], nb))[:-1]
-            h2 = np.cumsum(np.bincount(b_j, self._row_hash[1, rows], nb))[:-1]
-            for b in np.flatnonzero((cnt[:-1] > 0) & (cum < m)).tolist():
-                keys.append((int(cum[b]), h1[b], h2[b]))
-                cands.append((j, b))
-        seen, out = set(), []
-        for k, c in zip(keys, cands):
-            if k not in seen:
-                seen.add(k)
-                out.append(c)
+            out.append((cnt, np.cumsum(cnt)[:-1], np.cumsum(np.bincount(b_j, self._row_hash[0, rows], nb))[:-1],
+                        np.cumsum(np.bincount(b_j, self._row_hash[1, rows], nb))[:-1]))
         return out
+
+    @staticmethod
+    def _key(keys, j: int, b: int) -> tuple:
+        _, cum, h1, h2 = keys[j]
+        return int(cum[b]), h1[b], h2[b]
+
+    def _candidates(self, rows: np.ndarray, keys=None) -> list[tuple[int, int]]:
+        """Valid (feature, bin) of a node, identical partitions removed (first in order kept)."""
+        keys = self._bin_keys(rows) if keys is None else keys
+        seen, out = set(), []
+        for j, (cnt, cum, _, _) in enumerate(keys):
+            for b in np.flatnonzero((cnt[:-1] > 0) & (cum < len(rows))).tolist():
+                k = self._key(keys, j, b)
+                if k not in seen:
+                    seen.add(k)
+                    out.append((j, b))
+        return out
+
+    def _derivation(self, nid: int, rows_of: dict, keys_of: dict, tables: dict, parent_table: list):
+        """Where the guest finds a derived node's candidate sums: per candidate of ``nid`` (its table order),
+        the parent's candidate with the same left rows in the parent, and the sibling's term (its candidate
+        with the same left rows in the sibling, -1: none of its rows left, -2: all).
+
+        Both exist: a valid split of the node splits its parent too (rows left in the node, rows right of
+        it), and any key of a valid (feature, bin) is the key of a kept candidate (dedup keeps the first)."""
+        parent, sib = (nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1
+        p_keys, s_keys, n_sib = keys_of[parent], keys_of[sib], len(rows_of[sib])
+        p_index = {self._key(p_keys, j, b): i for i, (j, b) in enumerate(parent_table)}
+        s_index = {self._key(s_keys, j, b): i for i, (j, b) in enumerate(tables.get(sib, ()))}
+        par, sibling = [], []
+        for j, b in tables[nid]:
+            par.append(p_index[self._key(p_keys, j, b)])
+            left = int(s_keys[j][1][b])
+            sibling.append(-1 if left == 0 else -2 if left == n_sib else s_index[self._key(s_keys, j, b)])
+        return par, sibling
 
     def _check_plan(self, m: tree_pb2.SbLevelPlan, depth: int, rows_of: dict):
         if m.depth != depth:

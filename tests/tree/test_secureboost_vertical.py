@@ -171,6 +171,62 @@ def test_histogram_under_other_key_or_wrong_shape_is_rejected(corrupt, reason):
     _assert_twin(run, X, y, cols, params)
 
 
+class _CorruptFirstDerivation(_CorruptFirstHistogram):
+    """Corrupts the host's first histogram message with a derived node; records every message it sends."""
+
+    def __init__(self, inner, net, corrupt, sent):
+        super().__init__(inner, net, corrupt)
+        self.done, self.sent, self.armed = True, sent, True
+
+    def send(self, receiver, tag, payload, round=0, timeout=None):
+        if tag == TAG_HIST:
+            self.sent.append(tree_pb2.SbHistograms.FromString(payload.SerializeToString()))
+            if self.armed and any(x.derived for x in payload.nodes):
+                self.armed = self.done = False  # the base class corrupts this one
+        return super().send(receiver, tag, payload, round=round, timeout=timeout)
+
+
+def _first_derived(msg):
+    return next(x for x in msg.nodes if x.derived)
+
+
+def _parent_out_of_range(msg):
+    _first_derived(msg).parent_candidate[0] = 10_000
+    return msg
+
+
+def _not_flagged(msg):
+    x = _first_derived(msg)
+    x.derived = False
+    return msg
+
+
+def _short_derivation(msg):
+    del _first_derived(msg).sibling_candidate[-1]
+    return msg
+
+
+@pytest.mark.parametrize("corrupt, reason", [(_parent_out_of_range, "beyond the parent"),
+                                             (_not_flagged, "the plan says"), (_short_derivation, "entries for")])
+def test_a_derivation_that_lies_is_rejected_and_derived_nodes_carry_no_sums(corrupt, reason):
+    """A derived node's sums are the parent's minus the sibling's, found by the guest from index lists;
+    the host compresses and the guest decrypts only the built nodes. Bad index lists are rejected."""
+    X, y = load_breast_cancer(return_X_y=True)
+    cols = [np.arange(0, 10), np.arange(10, 20), np.arange(20, 30)]
+    params = _params(n_trees=1, max_depth=3)
+    sent = []
+    wrap = {"host-2": lambda tr, net: _CorruptFirstDerivation(tr, net, corrupt, sent)}
+    run = vertical_run(X, y, cols, params, host_wrappers=wrap, keypair=KEY)
+    rejected = run["net"].mailbox("guest").rejected
+    assert any(m.sender == "host-2" and m.tag == TAG_HIST and reason in why for m, why in rejected), rejected
+    _assert_twin(run, X, y, cols, params)
+    per = run["guest"].he.pair_sums(KEY[0], 24, 0, len(y)).per
+    derived = [x for m in sent for x in m.nodes if x.derived]
+    assert derived and all(len(x.parent_candidate) == len(x.sibling_candidate) == x.n_candidates for x in derived)
+    for m in sent:
+        assert m.sums.shape[0] == sum(-(-x.n_candidates // per) for x in m.nodes if not x.derived)
+
+
 class _DieAtDepth:
     """Transport wrapper that takes its host down when it waits for the plan of tree 1, depth 1.
 

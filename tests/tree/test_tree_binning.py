@@ -125,3 +125,28 @@ def test_parallel_histograms_by_columns_and_by_rows_equal_inline(monkeypatch):
             assert vh.build_node(cts, rows, bins, n_bins, pub.nsquare) == inline
     finally:
         pl.set_workers(None)
+
+
+def test_a_levels_small_nodes_go_to_the_workers_together_and_equal_inline(monkeypatch):
+    """build_nodes: one node big enough for the row-split path, four small ones sent as whole nodes to 2
+    workers (largest first onto the least loaded task): every node equals its inline histograms."""
+    pub, _ = pl.generate_keypair(512, insecure_test_key=True)
+    rng = np.random.default_rng(6)
+    n, d, nb = 200, 4, 5
+    cts = pl.encrypt(pub, rng.uniform(-1, 1, n)).ciphertexts.tolist()
+    bins = rng.integers(0, nb, size=(n, d)).astype(np.uint8)
+    perm = rng.permutation(n)
+    rows_list = [np.sort(perm[a:b]) for a, b in ((0, 100), (100, 130), (130, 150), (150, 190), (190, 195))]
+    inline = [vh.build_node(cts, r, bins, [nb] * d, pub.nsquare) for r in rows_list]
+    calls = []
+    run = vh._ex.run
+    monkeypatch.setattr(vh._ex, "run", lambda fn, common, chunks: calls.append((fn, len(chunks))) or
+                        run(fn, common, chunks))
+    monkeypatch.setattr(vh, "PAR_MIN_WORK", 100 * d)        # only the first node is cut by rows
+    monkeypatch.setattr(vh, "PAR_MIN_LEVEL_WORK", 1)
+    pl.set_workers(2)
+    try:
+        assert vh.build_nodes(cts, rows_list, bins, [nb] * d, pub.nsquare) == inline
+    finally:
+        pl.set_workers(None)
+    assert (vh.task_histograms_of_nodes, 4) in calls, calls
