@@ -195,6 +195,13 @@ def bench_scaling(pk, sk, workers: int, N, rng, rounds: int = 2, reps: int = 2) 
     Xb = rng.normal(size=(N(10000), 10))
     exb = P.encrypt(pk, rng.normal(size=Xb.shape[0]))
     n_ctl = N(600)
+    # SecureBoost host: one node of 10,000 rows x 10 features, 32 bins (scenario (a)'s root; the tree's
+    # row ciphertexts are sent to the workers once, at the first call, as in a tree), and the cipher
+    # compression of a level's candidates (26 per ciphertext, 78-bit shifts)
+    hrows = np.arange(Xb.shape[0], dtype=np.int64)
+    hbins = rng.integers(0, 32, size=Xb.shape).astype(np.uint8)
+    hcts = exb.ciphertexts.tolist()
+    ccts = hcts[:N(2600)]
     ops = {
         "control: powmod": (lambda: _control_batch(pk, n_ctl), n_ctl),
         "encrypt public": (lambda: P.encrypt(pk, big), len(big)),
@@ -202,6 +209,8 @@ def bench_scaling(pk, sk, workers: int, N, rng, rounds: int = 2, reps: int = 2) 
         "decrypt": (lambda: P.decrypt(sk, e), len(e)),
         "scalar mul 53-bit": (lambda: es * k53, len(k53)),
         "dot X^T·[[d]]": (lambda: P.dot(Xb, exb), Xb.size),
+        "host histograms": (lambda: H.build_node(hcts, hrows, hbins, [32] * hbins.shape[1], pk.nsquare), hbins.size),
+        "cipher compression": (lambda: H.compress(ccts, 26, 78, pk.nsquare), len(ccts)),
     }
     wall = {w: {k: 0.0 for k in ops} for w in (1, workers)}
     cpu = {w: {k: float("inf") for k in ops} for w in (1, workers)}

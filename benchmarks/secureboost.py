@@ -261,20 +261,22 @@ def print_bytes(enc: dict, scheme: str) -> None:
 
 
 def record_bytes_rows(rows, scen) -> None:
-    """The ``secureboost_a`` / ``secureboost_b`` rows of docs/benchmarks.json, with bytes per tree."""
+    """The ``secureboost_a`` / ``secureboost_b`` rows of docs/benchmarks.json (``_ou`` appended for the
+    Okamoto-Uchiyama runs), with bytes per tree."""
     _report, _wire = _wire_module()
     names = {name.split(" ")[0]: name for name, _, _ in scen}
     for tag, enc, plain in rows:
-        if " " in tag:
-            continue  # other schemes are printed, the table's rows are Paillier's
-        key = "secureboost_" + tag.strip("()")
+        tag, _, scheme = tag.partition(" ")
+        key = "secureboost_" + tag.strip("()") + ("_" + scheme if scheme else "")
         fe = float(np.mean(enc["further"])) if enc["further"] else enc["first"]
         fp = float(np.mean(plain["further"])) if plain["further"] else plain["first"]
         cpu = enc["cpu"] / enc["trees"]
+        keygen = enc["guest"].get("keygen", 0.0)
         _report.record(key, {
-            "what": f"SecureBoost {names[tag]} (`secureboost.py --only {tag.strip('()')}`)",
-            "ours": (f"first tree {enc['first']:.1f} s (key generation and encryption included), further trees "
-                     f"{fe:.1f} s; {cpu:.0f} CPU-s per tree"),
+            "what": (f"SecureBoost {names[tag]}{', Okamoto-Uchiyama 2048-bit' if scheme == 'ou' else ''} "
+                     f"(`secureboost.py --only {tag.strip('()')}{' --he-scheme ou' if scheme else ''}`)"),
+            "ours": (f"first tree {enc['first']:.1f} s (key generation {keygen:.2f} s and encryption included), "
+                     f"further trees {fe:.1f} s; {cpu:.1f} CPU-s per tree"),
             "baseline": f"plaintext {fp:.2f} s", "ratio": f"{enc['first'] / plain['first']:,.0f}×, {fe / fp:,.0f}×",
             "bytes": _wire.cell(enc["wire"], 1 / enc["trees"], "tree")})
 

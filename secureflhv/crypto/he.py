@@ -153,6 +153,10 @@ class PairSums(ABC):
         (Paillier: nodes too small for the workers on their own go to them together)."""
         return [self.histogram(rows_data, rows, bins, n_bins) for rows in rows_list]
 
+    def release(self, rows_data) -> None:
+        """Host: the tree is finished; its row pairs are no longer needed (Paillier: the workers holding
+        them drop them)."""
+
     @abstractmethod
     def select(self, hist, cands: list[tuple[int, int]]) -> list:
         """Host: cumulative left sums of candidates (feature, bin), compressed ``per`` to an element.
@@ -441,6 +445,9 @@ class PaillierPairSums(PairSums):
 
     def histograms(self, rows_data, rows_list, bins, n_bins):
         return ph.build_nodes(rows_data, rows_list, bins, n_bins, self.n2)
+
+    def release(self, rows_data):
+        ph.release(rows_data)
 
     def select(self, hist, cands):
         cum = ph.cumulative(hist, self.n2)

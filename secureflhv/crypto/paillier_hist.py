@@ -9,10 +9,11 @@ Costs and tricks (measured in ``benchmarks/secureboost.py``):
 
 * integer-index bucketing: one pass over the node's rows per feature (or per PAIR of features on
   the joint bin, for nodes with more than 2 B^2 rows: ~half the multiplications), ``acc[bin] = acc[bin] * c % n2``
-  (~4 us per row and feature at 2048-bit keys, the whole host cost); rows are cut into chunks for the
-  executor (:mod:`secureflhv.crypto.executor`: local pool or Ray shards), each worker returns partial histograms that
-  are multiplied together (no ciphertext is sent twice); nodes from PAR_MIN_WORK rows x features
-  (~4,000 rows of 10 features) go to the pool, smaller ones are built inline;
+  (~4 us per row and feature at 2048-bit keys, the whole host cost); a node's work goes to the
+  executor (:mod:`secureflhv.crypto.executor`) as equal pieces of feature pairs and rows on the local
+  pool (:func:`work_pieces`), as row shards on Ray; partial histograms of a shared pair are multiplied
+  together; nodes from PAR_MIN_WORK rows x features (~4,000 rows of 10 features) go to the executor,
+  and a level's smaller nodes go there together (:func:`build_nodes`);
 * histogram subtraction (Ke et al. LightGBM 2017; SecureBoost+ sec. 4.2): only the child with fewer
   rows is built; vertical SecureBoost derives its sibling's candidate sums at the guest in plaintext, so
   :func:`subtract` (parent / child, one batched modular inversion) remains for a caller that needs
@@ -26,6 +27,12 @@ Costs and tricks (measured in ``benchmarks/secureboost.py``):
   pool (:func:`compress_many`).
 """
 from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from concurrent.futures.process import BrokenProcessPool
+from threading import BrokenBarrierError
 
 import gmpy2
 import numpy as np
@@ -95,24 +102,112 @@ def _merge(a: list, b: list, n2) -> list:
     return out
 
 
-FEATURE_SPLIT_PAIRS = 4     # feature pairs per worker from which a node is split by columns
-FEATURE_SPLIT_MAX_WORKERS = 4  # above this, sending every worker all rows costs more than it saves
+FEATURE_SPLIT_MAX_WORKERS = 4  # above this, sending every task all the node's rows costs more than it saves
+RESIDENT_KEEP = 2  # row-ciphertext lists each worker keeps (the current tree's of up to two hosts sharing the pool)
 
 
-def feature_groups(d: int, workers: int) -> list[tuple[int, int]] | None:
-    """Contiguous column ranges [lo, hi) of near-equal size, cut at even columns (the pairing of
-    :func:`histograms` is kept), one per worker; None when there are fewer than FEATURE_SPLIT_PAIRS
-    pairs per worker (too coarse to balance) or more than FEATURE_SPLIT_MAX_WORKERS workers (each
-    would be sent all the node's ciphertexts): rows are split instead.
+# ------------------------------------------------------------------ row ciphertexts resident in the workers
+# A tree's row ciphertexts are sent to every worker of the local pool once (``_resident_token``); the
+# histogram tasks of every level then carry row indices, not ciphertexts (10,000 rows: 22 ms of
+# pickling per task and level in this process, a serial cost that held 2 workers to ~1.5x).
+class ResidentMissing(LookupError):
+    """A worker lacks the row ciphertexts a task refers to (its pool was restarted)."""
 
-    Splitting by columns keeps the parallel work equal to the inline work (a split by rows repeats
-    each chunk's joint-table marginals and needs a merge); each worker receives all the node's rows.
-    """
-    pairs = (d + 1) // 2
-    if not 2 <= workers <= FEATURE_SPLIT_MAX_WORKERS or pairs < FEATURE_SPLIT_PAIRS * workers:
+
+_resident: OrderedDict = OrderedDict()  # in a worker: token -> row ciphertexts
+_installed: OrderedDict = OrderedDict()  # in the caller: id(list) -> (list, token, pool)
+_install_lock = threading.Lock()
+_tokens = itertools.count(1)
+
+
+def _install(token: int, cts: list) -> None:
+    _resident[token] = cts
+    while len(_resident) > RESIDENT_KEEP:
+        _resident.popitem(last=False)
+
+
+def _resident_rows(token: int, rows: np.ndarray) -> list:
+    cts = _resident.get(token)
+    if cts is None:
+        raise ResidentMissing(f"row ciphertexts {token} are not in this worker")
+    return [cts[i] for i in rows.tolist()]
+
+
+def _resident_token(cts_all: list) -> int | None:
+    """A token under which every worker of the local pool holds ``cts_all`` (sent at the first call for
+    that list); None on another executor or inline."""
+    if not isinstance(_ex.current(), _ex.LocalExecutor) or not _par.pooled():
         return None
-    cuts = [min(d, 2 * (pairs * i // workers)) for i in range(workers + 1)]
-    return [(cuts[i], cuts[i + 1]) for i in range(workers) if cuts[i + 1] > cuts[i]]
+    with _install_lock:
+        pool = _par._get_pool()
+        hit = _installed.get(id(cts_all))
+        if hit is not None and hit[0] is cts_all and hit[2] is pool:
+            return hit[1]
+        token = next(_tokens)
+        try:
+            _par.on_each_worker(_install, token, list(cts_all))
+        except (BrokenProcessPool, BrokenBarrierError):
+            return None  # the tasks then carry the ciphertexts (and the executor handles the broken pool)
+        _installed[id(cts_all)] = (cts_all, token, pool)
+        while len(_installed) > RESIDENT_KEEP:
+            _installed.popitem(last=False)
+        return token
+
+
+def _forget(cts_all: list) -> None:
+    with _install_lock:
+        _installed.pop(id(cts_all), None)
+
+
+def _uninstall(token: int) -> None:
+    _resident.pop(token, None)
+
+
+def release(cts_all: list) -> None:
+    """The workers drop ``cts_all`` (a tree is finished). Kept alive, 10,000 row ciphertexts made the same
+    workers' encryption ~13% slower (the guest's, where guest and host share a pool), besides the memory."""
+    with _install_lock:
+        hit = _installed.pop(id(cts_all), None)
+        if hit is not None and hit[0] is cts_all and hit[2] is _par._pool:
+            try:
+                _par.on_each_worker(_uninstall, hit[1])
+            except (BrokenProcessPool, BrokenBarrierError):
+                pass  # a broken pool's workers hold nothing any more
+
+
+def task_histogram_pieces_resident(n2: int, token: int, rows: np.ndarray, bins: np.ndarray, n_bins: list,
+                                   pieces: list) -> list:
+    """:func:`task_histogram_pieces` on the worker's resident row ciphertexts ``rows``."""
+    return task_histogram_pieces(n2, _resident_rows(token, rows), bins, n_bins, pieces)
+
+
+def task_histograms_of_resident_nodes(n2: int, token: int, nodes: list) -> list:
+    """:func:`task_histograms_of_nodes` with each node's rows given as indices of the resident list."""
+    return [histograms(_resident_rows(token, rows), bins, n_bins, n2) for rows, bins, n_bins in nodes]
+
+
+def work_pieces(m: int, d: int, parts: int) -> list[list[tuple[int, int, int, int]]]:
+    """Cut a node's work (m rows x d features, in units of one feature pair) into ``parts`` near-equal
+    tasks: the units in column order, m rows each, laid end to end and cut every m * units / parts rows.
+    A task is a list of pieces (lo, hi, r0, r1): columns [lo, hi) over rows [r0, r1). Whole pairs keep
+    :func:`histograms`' pairing; only the pair at each cut is shared by two tasks, whose partial
+    histograms are multiplied (10 features on 2 workers: 2.5 pairs each, where whole pairs per worker
+    would be 2 and 3, and a split by rows would build every pair's marginals twice)."""
+    units = [(lo, min(d, lo + 2)) for lo in range(0, d, 2)]
+    cuts = [m * len(units) * k // parts for k in range(parts + 1)]
+    tasks = []
+    for a, b in zip(cuts, cuts[1:]):
+        pieces = [(lo, hi, max(a - u * m, 0), min(b - u * m, m)) for u, (lo, hi) in enumerate(units)]
+        pieces = [p for p in pieces if p[2] < p[3]]
+        if pieces:
+            tasks.append(pieces)
+    return tasks
+
+
+def task_histogram_pieces(n2: int, cts: list, bins: np.ndarray, n_bins: list, pieces: list) -> list:
+    """Worker side of :func:`build_node`'s local-pool path: ``histograms`` of each piece (columns and rows
+    relative to the block this task was sent)."""
+    return [histograms(cts[r0:r1], bins[r0:r1, lo:hi], n_bins[lo:hi], n2) for lo, hi, r0, r1 in pieces]
 
 
 def build_node(cts_all: list, rows: np.ndarray, bins_all: np.ndarray, n_bins: list[int], n2) -> list[list]:
@@ -126,16 +221,32 @@ def build_node(cts_all: list, rows: np.ndarray, bins_all: np.ndarray, n_bins: li
             for r in res[1:]:
                 out = _merge(out, r, n2)
             return out
-    cts = [cts_all[i] for i in rows.tolist()]
     b = bins_all[rows]
     if parts == 1:
-        return histograms(cts, b, n_bins, n2)
+        return histograms([cts_all[i] for i in rows.tolist()], b, n_bins, n2)
     parts = min(parts, _ex.workers())
-    groups = feature_groups(b.shape[1], parts)
-    if groups is not None:  # many features: each worker takes whole columns, nothing to merge
-        chunks = [(cts, np.ascontiguousarray(b[:, lo:hi]), list(n_bins[lo:hi])) for lo, hi in groups]
-        return [h for r in _ex.run(task_histograms, (int(n2),), chunks) for h in r]
-    # few features: one chunk of rows per worker, partial histograms multiplied
+    if parts <= FEATURE_SPLIT_MAX_WORKERS:
+        tasks = work_pieces(len(rows), b.shape[1], parts)
+        blocks = []
+        for pieces in tasks:
+            r0, r1 = min(p[2] for p in pieces), max(p[3] for p in pieces)
+            c0, c1 = min(p[0] for p in pieces), max(p[1] for p in pieces)
+            blocks.append((r0, r1, np.ascontiguousarray(b[r0:r1, c0:c1]), list(n_bins[c0:c1]),
+                           [(lo - c0, hi - c0, a - r0, z - r0) for lo, hi, a, z in pieces]))
+        res = _with_resident(
+            cts_all,
+            lambda token: _ex.run(task_histogram_pieces_resident, (int(n2), token),
+                                  [(rows[r0:r1], *rest) for r0, r1, *rest in blocks]),
+            lambda: _ex.run(task_histogram_pieces, (int(n2),),
+                            [([cts_all[i] for i in rows[r0:r1].tolist()], *rest) for r0, r1, *rest in blocks]))
+        out: list = [None] * b.shape[1]
+        for pieces, hists in zip(tasks, res):
+            for (lo, hi, _, _), hist in zip(pieces, hists):
+                for j, h in zip(range(lo, hi), hist):
+                    out[j] = h if out[j] is None else _merge([out[j]], [h], n2)[0]
+        return out
+    cts = [cts_all[i] for i in rows.tolist()]
+    # many workers: one chunk of rows each (a task sent all rows would cost more than it saves)
     bounds = [len(rows) * i // parts for i in range(parts + 1)]
     chunks = [(cts[bounds[i]:bounds[i + 1]], np.ascontiguousarray(b[bounds[i]:bounds[i + 1]]), list(n_bins))
               for i in range(parts) if bounds[i + 1] > bounds[i]]
@@ -175,12 +286,32 @@ def build_nodes(cts_all: list, rows_list: list[np.ndarray], bins_all: np.ndarray
         t = load.index(min(load))
         tasks[t].append(i)
         load[t] += len(rows_list[i])
-    chunks = [([([cts_all[r] for r in rows_list[i].tolist()], bins_all[rows_list[i]], list(n_bins)) for i in task],)
-              for task in tasks]
-    for task, res in zip(tasks, _ex.run(task_histograms_of_nodes, (int(n2),), chunks)):
+    res = _with_resident(
+        cts_all,
+        lambda token: _ex.run(task_histograms_of_resident_nodes, (int(n2), token),
+                              [([(rows_list[i], bins_all[rows_list[i]], list(n_bins)) for i in task],)
+                               for task in tasks]),
+        lambda: _ex.run(task_histograms_of_nodes, (int(n2),),
+                        [([([cts_all[r] for r in rows_list[i].tolist()], bins_all[rows_list[i]], list(n_bins))
+                           for i in task],) for task in tasks]))
+    for task, res in zip(tasks, res):
         for i, h in zip(task, res):
             out[i] = h
     return out
+
+
+def _with_resident(cts_all: list, by_token, by_value):
+    """``by_token(token)`` with ``cts_all`` resident in the workers, else (another executor, or a worker
+    that lost it twice) ``by_value()``, which sends the ciphertexts with the tasks."""
+    for _ in range(2):
+        token = _resident_token(cts_all)
+        if token is None:
+            break
+        try:
+            return by_token(token)
+        except ResidentMissing:
+            _forget(cts_all)  # a worker was restarted: send the list again
+    return by_value()
 
 
 def subtract(parent: list[list], child: list[list], n2) -> list[list]:

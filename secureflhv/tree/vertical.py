@@ -794,7 +794,10 @@ class SecureBoostHost(_Role):
                 self.phases.stop()
                 self.keep_trees = start[1]
                 return
-            self._tree(seq, *start)
+            try:
+                self._tree(seq, *start)
+            finally:
+                start[1].release(start[0])
             self.timings["compress"] += start[1].compress_seconds
             seq += 1
             if self._validating:
@@ -831,7 +834,8 @@ class SecureBoostHost(_Role):
     # aggregate encrypted histograms, send the candidates' sums, apply the splits it won
     def _tree(self, seq: int, data, sums: PairSums) -> None:
         rows_of = {0: np.arange(self.X.shape[0])}
-        tables: dict[int, list] = {}  # the last level's candidate tables (the parents of derived nodes)
+        tables: dict[int, list] = {}  # the last level's candidate tables and partition keys (the parents of
+        keys: dict[int, list] = {}    # derived nodes)
         for depth in range(self.params.max_depth + 1):
             rnd = _rnd(seq, depth)
             self.phases.start(seq, "wait", depth)
@@ -844,7 +848,7 @@ class SecureBoostHost(_Role):
                 return
             self.phases.start(seq, "histograms", depth)
             hists = self._aggregate_histograms(plan, rows_of, data, sums)
-            tables = self._send_candidates(plan, rows_of, hists, sums, seq, depth, tables)
+            tables, keys = self._send_candidates(plan, rows_of, hists, sums, seq, depth, tables, keys)
             self.phases.start(seq, "wait", depth)
             decision = self.t.recv(self.guest_id, TAG_DECIDE, round=rnd, parse=parse_message(
                 tree_pb2.SbDecision, lambda m: self._check_decision(m, tables)))
@@ -874,9 +878,10 @@ class SecureBoostHost(_Role):
         return hists
 
     def _send_candidates(self, plan, rows_of: dict, hists: dict, sums: PairSums, seq: int, depth: int,
-                         parent_tables: dict) -> dict:
+                         parent_tables: dict, parent_keys: dict) -> tuple[dict, dict]:
         """Shuffled candidates of the nodes to split -> SbHistograms: the cumulative sums of built nodes
-        (compressed), the derivation of derived ones (``_derivation``); returns the tables."""
+        (compressed), the derivation of derived ones (``_derivation``); returns the tables and the sent
+        nodes' partition keys."""
         msg = tree_pb2.SbHistograms()
         rng = self._rng(seq, depth)
         tables, keys_of = {}, {}
@@ -891,13 +896,14 @@ class SecureBoostHost(_Role):
         for nid in send:
             entry = msg.nodes.add(node=nid, n_candidates=len(tables[nid]), derived=nid in derived)
             if nid in derived:
-                for other in ((nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1):
-                    if other not in keys_of:
-                        keys_of[other] = self._bin_keys(rows_of[other])
-                if (nid - 1) // 2 not in parent_tables:
+                parent, sib_id = (nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1
+                if parent not in parent_tables:
                     raise SecureBoostError(f"{self.party_id}: the guest's plan derives node {nid}, whose parent "
                                            f"was not split at the last level")
-                par, sib = self._derivation(nid, rows_of, keys_of, tables, parent_tables[(nid - 1) // 2])
+                if sib_id not in keys_of:  # a sibling not sent (a leaf of at most one row)
+                    keys_of[sib_id] = self._bin_keys(rows_of[sib_id])
+                par, sib = self._derivation(tables[nid], parent_keys[parent], parent_tables[parent],
+                                            keys_of[sib_id], tables.get(sib_id, []), len(rows_of[sib_id]))
                 entry.parent_candidate.extend(par)
                 entry.sibling_candidate.extend(sib)
         self.phases.start(seq, "compress", depth)
@@ -907,7 +913,7 @@ class SecureBoostHost(_Role):
         self.phases.start(seq, "send", depth)
         self.wire.put_pair_sums(msg, sums.collect(elements))
         self.t.send(self.guest_id, TAG_HIST, msg, round=_rnd(seq, depth))
-        return tables
+        return tables, {nid: keys_of[nid] for nid in send}
 
     def _apply_decision(self, decision: tree_pb2.SbDecision, tables: dict, rows_of: dict) -> tree_pb2.SbSplitResults:
         """Record each won split in the private lookup table; the partition of the node's rows for the guest."""
@@ -960,19 +966,18 @@ class SecureBoostHost(_Role):
                     out.append((j, b))
         return out
 
-    def _derivation(self, nid: int, rows_of: dict, keys_of: dict, tables: dict, parent_table: list):
-        """Where the guest finds a derived node's candidate sums: per candidate of ``nid`` (its table order),
-        the parent's candidate with the same left rows in the parent, and the sibling's term (its candidate
-        with the same left rows in the sibling, -1: none of its rows left, -2: all).
+    def _derivation(self, cands: list, p_keys: list, p_table: list, s_keys: list, s_table: list, n_sib: int):
+        """Where the guest finds a derived node's candidate sums: per candidate (its table order ``cands``),
+        the parent's candidate (``p_table``) with the same left rows in the parent, and the sibling's
+        term (its candidate in ``s_table`` with the same left rows in the sibling, -1: none of its
+        ``n_sib`` rows left, -2: all); ``*_keys``: ``_bin_keys`` of the parent's / sibling's rows.
 
         Both exist: a valid split of the node splits its parent too (rows left in the node, rows right of
         it), and any key of a valid (feature, bin) is the key of a kept candidate (dedup keeps the first)."""
-        parent, sib = (nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1
-        p_keys, s_keys, n_sib = keys_of[parent], keys_of[sib], len(rows_of[sib])
-        p_index = {self._key(p_keys, j, b): i for i, (j, b) in enumerate(parent_table)}
-        s_index = {self._key(s_keys, j, b): i for i, (j, b) in enumerate(tables.get(sib, ()))}
+        p_index = {self._key(p_keys, j, b): i for i, (j, b) in enumerate(p_table)}
+        s_index = {self._key(s_keys, j, b): i for i, (j, b) in enumerate(s_table)}
         par, sibling = [], []
-        for j, b in tables[nid]:
+        for j, b in cands:
             par.append(p_index[self._key(p_keys, j, b)])
             left = int(s_keys[j][1][b])
             sibling.append(-1 if left == 0 else -2 if left == n_sib else s_index[self._key(s_keys, j, b)])

@@ -105,8 +105,9 @@ def test_encrypted_histograms_subtraction_cumulative_and_compression_on_real_key
 
 
 def test_parallel_histograms_by_columns_and_by_rows_equal_inline(monkeypatch):
-    """17 features (9 pairs) at 2 workers are split by columns, 3 features by rows: both equal the
-    inline histograms exactly (including empty bins)."""
+    """17 features (9 pairs) and 3 features (2 pairs) at 2 workers, cut into pieces of pairs and rows
+    (the pair at the cut shared by both tasks): both equal the inline histograms exactly (including
+    empty bins)."""
     pub, _ = pl.generate_keypair(512, insecure_test_key=True)
     rng = np.random.default_rng(5)
     n = 80
@@ -117,7 +118,7 @@ def test_parallel_histograms_by_columns_and_by_rows_equal_inline(monkeypatch):
         bins = rng.integers(0, nb, size=(n, d)).astype(np.uint8)
         bins[:, 0] = np.minimum(bins[:, 0], nb - 2)  # an empty last bin
         cases.append((bins, [nb] * d, vh.build_node(cts, rows, bins, [nb] * d, pub.nsquare)))
-        assert (vh.feature_groups(d, 2) is not None) == (d == 17) and cases[-1][2][0][nb - 1] is None
+        assert cases[-1][2][0][nb - 1] is None
     monkeypatch.setattr(vh, "PAR_MIN_WORK", 1)
     pl.set_workers(2)
     try:
@@ -125,6 +126,21 @@ def test_parallel_histograms_by_columns_and_by_rows_equal_inline(monkeypatch):
             assert vh.build_node(cts, rows, bins, n_bins, pub.nsquare) == inline
     finally:
         pl.set_workers(None)
+
+
+def test_work_pieces_cut_pairs_and_rows_into_equal_tasks():
+    """Each task gets the same number of row x pair units; only the pair at a cut is shared."""
+    for m, d, parts in ((10, 10, 2), (7, 3, 2), (100, 300, 3), (9, 5, 4)):
+        tasks = vh.work_pieces(m, d, parts)
+        units = -(-d // 2)
+        sizes = [sum(r1 - r0 for _, _, r0, r1 in t) for t in tasks]
+        assert len(tasks) == parts and max(sizes) - min(sizes) <= 1 and sum(sizes) == m * units
+        for lo in range(0, d, 2):  # every pair's rows covered exactly once, in order
+            rows = [(r0, r1) for t in tasks for a, b, r0, r1 in t if a == lo]
+            assert rows[0][0] == 0 and rows[-1][1] == m and all(x[1] == y[0] for x, y in zip(rows, rows[1:]))
+            assert all(b == min(d, lo + 2) for t in tasks for a, b, _, _ in t if a == lo)
+    assert vh.work_pieces(10, 10, 2) == [[(0, 2, 0, 10), (2, 4, 0, 10), (4, 6, 0, 5)],
+                                         [(4, 6, 5, 10), (6, 8, 0, 10), (8, 10, 0, 10)]]
 
 
 def test_a_levels_small_nodes_go_to_the_workers_together_and_equal_inline(monkeypatch):
@@ -149,4 +165,33 @@ def test_a_levels_small_nodes_go_to_the_workers_together_and_equal_inline(monkey
         assert vh.build_nodes(cts, rows_list, bins, [nb] * d, pub.nsquare) == inline
     finally:
         pl.set_workers(None)
-    assert (vh.task_histograms_of_nodes, 4) in calls, calls
+    assert (vh.task_histograms_of_resident_nodes, 4) in calls, calls
+
+
+def test_row_ciphertexts_are_sent_to_the_workers_once_and_again_after_a_worker_lost_them(monkeypatch):
+    """The pool's workers keep a tree's row ciphertexts: a second node of the same list sends row indices
+    only; a worker that lost the list (evicted here, as a restarted pool would) is sent it again, and
+    every result equals the inline histograms."""
+    from secureflhv.crypto import paillier_parallel as par
+
+    pub, _ = pl.generate_keypair(512, insecure_test_key=True)
+    rng = np.random.default_rng(7)
+    n, d, nb = 120, 6, 4
+    cts = pl.encrypt(pub, rng.uniform(-1, 1, n)).ciphertexts.tolist()
+    bins = rng.integers(0, nb, size=(n, d)).astype(np.uint8)
+    nodes = [np.arange(n), np.sort(rng.choice(n, 70, replace=False))]
+    inline = [vh.build_node(cts, r, bins, [nb] * d, pub.nsquare) for r in nodes]
+    installs = []
+    on_each = par.on_each_worker
+    monkeypatch.setattr(par, "on_each_worker", lambda fn, *a: installs.append(a[0]) or on_each(fn, *a))
+    monkeypatch.setattr(vh, "PAR_MIN_WORK", 1)
+    pl.set_workers(2)
+    try:
+        assert [vh.build_node(cts, r, bins, [nb] * d, pub.nsquare) for r in nodes] == inline
+        assert len(installs) == 1
+        for other in (-1, -2):  # two other lists evict this one from every worker (RESIDENT_KEEP = 2)
+            on_each(vh._install, other, [])
+        assert vh.build_node(cts, nodes[1], bins, [nb] * d, pub.nsquare) == inline[1]
+        assert len(installs) == 2 and installs[1] != installs[0]
+    finally:
+        pl.set_workers(None)
