@@ -70,7 +70,8 @@ What each role learns (semi-honest; SecureBoost's known leakage is stated, not r
   learn which column or which direction.
 
 Errors: a histogram under another key, of the wrong shape or packing, a derivation whose indices leave
-the parent's or sibling's candidates, a bad partition mask, an unknown candidate or record id is rejected (ProtocolError in the parse callback, logged; the wait goes on).
+the parent's or sibling's candidates, a bad partition mask, an unknown candidate or record id is
+rejected (ProtocolError in the parse callback, logged; the wait goes on).
 A silent or dead host ends the job with :class:`SecureBoostError` naming the host, tree and depth; the
 role tells its peers (Transport.abort) before raising.
 """
