@@ -95,11 +95,13 @@ def task_histograms(n2: int, cts: list, bins: np.ndarray, n_bins: list) -> list:
     return histograms(cts, bins, n_bins, n2)
 
 
+def _merge_bins(fa: list, fb: list, n2) -> list:
+    """Per-bin product of two partial histograms of one feature (None = empty)."""
+    return [y if x is None else (x if y is None else x * y % n2) for x, y in zip(fa, fb)]
+
+
 def _merge(a: list, b: list, n2) -> list:
-    out = []
-    for fa, fb in zip(a, b):
-        out.append([y if x is None else (x if y is None else x * y % n2) for x, y in zip(fa, fb)])
-    return out
+    return [_merge_bins(fa, fb, n2) for fa, fb in zip(a, b)]
 
 
 FEATURE_SPLIT_MAX_WORKERS = 4  # above this, sending every task all the node's rows costs more than it saves
@@ -168,7 +170,7 @@ def release(cts_all: list) -> None:
     workers' encryption ~13% slower (the guest's, where guest and host share a pool), besides the memory."""
     with _install_lock:
         hit = _installed.pop(id(cts_all), None)
-        if hit is not None and hit[0] is cts_all and hit[2] is _par._pool:
+        if hit is not None and hit[0] is cts_all and hit[2] is _par.current_pool():
             try:
                 _par.on_each_worker(_uninstall, hit[1])
             except (BrokenProcessPool, BrokenBarrierError):
@@ -243,7 +245,7 @@ def build_node(cts_all: list, rows: np.ndarray, bins_all: np.ndarray, n_bins: li
         for pieces, hists in zip(tasks, res):
             for (lo, hi, _, _), hist in zip(pieces, hists):
                 for j, h in zip(range(lo, hi), hist):
-                    out[j] = h if out[j] is None else _merge([out[j]], [h], n2)[0]
+                    out[j] = h if out[j] is None else _merge_bins(out[j], h, n2)
         return out
     cts = [cts_all[i] for i in rows.tolist()]
     # many workers: one chunk of rows each (a task sent all rows would cost more than it saves)
@@ -263,10 +265,14 @@ def task_histograms_of_nodes(n2: int, nodes: list) -> list:
 
 
 def build_nodes(cts_all: list, rows_list: list[np.ndarray], bins_all: np.ndarray, n_bins: list[int], n2) -> list:
-    """:func:`build_node` of each node of a tree level. Nodes worth the executor on their own are cut by
-    rows as there; the smaller ones (deep levels: each under PAR_MIN_WORK) go to the workers together,
+    """:func:`build_node` of each node of a tree level. Nodes worth the executor on their own are cut
+    as there (:func:`work_pieces`, Ray shards); the smaller ones (deep levels: each under PAR_MIN_WORK) go to the workers together,
     whole nodes per task, largest first onto the least loaded task, instead of one after the other in
-    this process (SecureBoost (a), depths 2-4: ~0.2 s of a tree on one core, the other idle)."""
+    this process (SecureBoost (a), depths 2-4: ~0.2 s of a tree on one core, the other idle).
+
+    ``rows_list``: per node its int64 row indices (ascending) into ``cts_all`` / ``bins_all`` (uint, (n, d)).
+    Returns one :func:`build_node` result per node, in order: per feature a list of per-bin ciphertexts
+    mod ``n2`` (None for an empty bin). Identical to building the nodes one by one."""
     d = bins_all.shape[1]
     out: list = [None] * len(rows_list)
     small = []
@@ -294,8 +300,8 @@ def build_nodes(cts_all: list, rows_list: list[np.ndarray], bins_all: np.ndarray
         lambda: _ex.run(task_histograms_of_nodes, (int(n2),),
                         [([([cts_all[r] for r in rows_list[i].tolist()], bins_all[rows_list[i]], list(n_bins))
                            for i in task],) for task in tasks]))
-    for task, res in zip(tasks, res):
-        for i, h in zip(task, res):
+    for task, hists in zip(tasks, res):
+        for i, h in zip(task, hists):
             out[i] = h
     return out
 

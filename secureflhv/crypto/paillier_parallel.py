@@ -62,6 +62,11 @@ def pooled() -> bool:
     return get_workers() > 1 or _pool_for_one
 
 
+def current_pool() -> ProcessPoolExecutor | None:
+    """The running pool, or None when none is started (nothing is started here)."""
+    return _pool
+
+
 def _shutdown_locked() -> None:
     global _pool
     if _pool is not None:

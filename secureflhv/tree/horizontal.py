@@ -102,7 +102,7 @@ from ..transport import JobAborted, ProtocolError, Transport, TransportError, pa
 from ..transport.codec import tensor_from_proto, tensor_to_proto
 from ..transport.role import ProtocolRole
 from .binning import Binner, apply_bins, cuts_from_grid_counts, grid, grid_counts, missing_bin
-from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children
+from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children, sibling
 from .params import (SecureBoostParams, base_margin_from_sums, bound_log2, check_labels, dequantise, gradients,
                      loss, precision_bits_for, quantise)
 
@@ -575,8 +575,7 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         new = {nid: built[i] for i, nid in enumerate(build)}
         for nid, derived in plan:
             if derived:
-                sib = nid + 1 if nid % 2 == 1 else nid - 1
-                new[nid] = parents[(nid - 1) // 2] - new[sib]
+                new[nid] = parents[(nid - 1) // 2] - new[sibling(nid)]
         return new
 
     def _split_node(self, tree: Tree, nid: int, hist: np.ndarray, n_rows: int, p: int) -> HistSplit | None:

@@ -20,12 +20,18 @@ import numpy as np
 from .params import SecureBoostParams, transform
 
 
+def sibling(nid: int) -> int:
+    """The other child of node ``nid``'s parent (children of k are 2k + 1 and 2k + 2; nid > 0)."""
+    return nid + 1 if nid % 2 == 1 else nid - 1
+
+
 def plan_children(split_now: list[int], n_rows: dict[int, int]) -> list[tuple[int, bool]]:
     """Histogram subtraction plan of one level: (node, derived) in build order.
 
     Of two siblings the one with fewer rows (then the lower id) is built from its rows; the other, if it
     is to be split, is derived as parent - sibling. A node to split whose smaller sibling is a leaf
-    still gets that sibling built (send nothing for it) so that it can be derived.
+    still gets that sibling built (send nothing for it) so that it can be derived (horizontal SecureBoost
+    subtracts histograms; the vertical guest needs only the sibling's rows, so its hosts skip it).
     """
     todo = set(split_now)
     direct, derived = set(), set()
@@ -33,7 +39,7 @@ def plan_children(split_now: list[int], n_rows: dict[int, int]) -> list[tuple[in
         if nid == 0:
             direct.add(0)
             continue
-        sib = nid + 1 if nid % 2 == 1 else nid - 1
+        sib = sibling(nid)
         small = min((n_rows[nid], nid), (n_rows[sib], sib))[1]
         if nid == small:
             direct.add(nid)

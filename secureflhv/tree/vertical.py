@@ -93,7 +93,7 @@ from ..transport.he_codec import backend_and_codec
 from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, TransportError, parse_message
 from .binning import Binner
-from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children
+from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children, sibling
 from .routing import left_masks
 from .params import (SecureBoostParams, base_margin, bound_log2, check_labels, dequantise, gradients, loss,
                      precision_bits_for, quantise, transform)
@@ -573,8 +573,9 @@ class SecureBoostGuest(_Role):
             counts = [int(x.n_candidates) for x in msg.nodes]
             if any(c > max_cands for c in counts):
                 raise ProtocolError(f"histograms from {host}: more candidates than {max_cands}")
+            count_of = dict(zip(nodes, counts))
             for x in msg.nodes:
-                self._check_derivation(host, x, st, parents, dict(zip(nodes, counts)))
+                self._check_derivation(host, x, st, parents, count_of)
             built = [(nid, c) for nid, c in zip(nodes, counts) if nid not in st.derived]
             self.phases.start(st.seq, "decode", depth)
             value = self.wire.pair_sums_from(msg, self.pub, sums, [c for _, c in built], f"histograms from {host}")
@@ -608,8 +609,7 @@ class SecureBoostGuest(_Role):
         if (nid - 1) // 2 not in parents:
             raise ProtocolError(f"histograms from {host}: node {nid} derived from a parent it sent no sums for")
         n_par = len(parents[(nid - 1) // 2][0])
-        sib_id = nid + 1 if nid % 2 == 1 else nid - 1
-        n_sib = counts[sib_id] if sib_id in counts else 0
+        n_sib = counts.get(sibling(nid), 0)
         if len(par) != x.n_candidates or len(sib) != x.n_candidates:
             raise ProtocolError(f"histograms from {host}: node {nid} derivation of {len(par)}/{len(sib)} "
                                 f"entries for {x.n_candidates} candidates")
@@ -620,7 +620,7 @@ class SecureBoostGuest(_Role):
     @staticmethod
     def _derive(st: _GrowingTree, nid: int, parents: dict, out: dict, x) -> tuple[np.ndarray, np.ndarray]:
         """(G_L, H_L) of a derived node: parent's candidate sums minus the sibling's (0 / its total)."""
-        sib_id = nid + 1 if nid % 2 == 1 else nid - 1
+        sib_id = sibling(nid)
         pg, ph = parents[(nid - 1) // 2]
         sg, sh = out.get(sib_id, (np.zeros(0), np.zeros(0)))
         tg, th = st.sum_gh(st.rows_of[sib_id])
@@ -897,7 +897,7 @@ class SecureBoostHost(_Role):
         for nid in send:
             entry = msg.nodes.add(node=nid, n_candidates=len(tables[nid]), derived=nid in derived)
             if nid in derived:
-                parent, sib_id = (nid - 1) // 2, nid + 1 if nid % 2 == 1 else nid - 1
+                parent, sib_id = (nid - 1) // 2, sibling(nid)
                 if parent not in parent_tables:
                     raise SecureBoostError(f"{self.party_id}: the guest's plan derives node {nid}, whose parent "
                                            f"was not split at the last level")
