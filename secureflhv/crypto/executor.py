@@ -116,6 +116,9 @@ class Executor(ABC):
         """
         return None
 
+    def start(self) -> None:
+        """Start the workers in the background, if this executor starts any (the local pool does)."""
+
     def shutdown(self) -> None:
         """Release workers (they are started again on demand)."""
 
@@ -142,6 +145,9 @@ class LocalExecutor(Executor):
             log.warning("Paillier worker pool broke; finishing this batch inline")
             _par.shutdown()
             return [fn(*common, *chunk) for chunk in chunks]
+
+    def start(self) -> None:
+        _par.start()
 
     def shutdown(self) -> None:
         _par.shutdown()
@@ -177,6 +183,11 @@ def using(executor: Executor | None):
 
 def workers() -> int:
     return _current.workers()
+
+
+def start() -> None:
+    """Start the current executor's workers in the background (see :meth:`Executor.start`)."""
+    _current.start()
 
 
 def parallel_chunks(size: int, min_size: int, per_worker: int = 4) -> int:

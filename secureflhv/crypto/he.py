@@ -284,6 +284,7 @@ class PaillierHE(HEBackend):
     name = "paillier"
 
     def generate_keypair(self, n_bits: int, insecure_test_key: bool):
+        _ex.start()  # the workers start while the key is generated, not in the first batch
         return pl.generate_keypair(n_bits, insecure_test_key=insecure_test_key)
 
     def encrypt(self, key, x):
@@ -513,6 +514,7 @@ class OUHE(PaillierHE):
     name = "ou"
 
     def generate_keypair(self, n_bits: int, insecure_test_key: bool):
+        _ex.start()
         return ou.generate_keypair(n_bits, insecure_test_key=insecure_test_key)
 
     def encrypt(self, key, x):

@@ -79,6 +79,22 @@ def test_warm_builds_the_large_tables_in_every_worker(keys):
     assert cpu > 0
 
 
+def test_start_brings_every_worker_up_with_the_task_modules_preloaded():
+    """start() returns at once and starts every worker in the background, forked from a forkserver that
+    already imported the task modules; once the pool runs, start() has nothing to do."""
+    try:
+        P.set_workers(2)
+        assert par.current_pool() is None
+        assert par.start() == 0.0
+        states = par.on_each_worker(par._started)  # waits for the background call (one call at a time)
+        assert par.start(wait=True) == 0.0
+    finally:
+        P.set_workers(1)
+    pids = {pid for pid, _ in states}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert all(preloaded for _, preloaded in states)
+
+
 def test_encryption_tells_each_worker_its_share_of_the_batch(keys, monkeypatch):
     """The pooled encryption tasks get the batch's share per worker (which sizes their tables)."""
     pk, sk = keys
