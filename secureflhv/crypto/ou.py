@@ -5,7 +5,7 @@ Final API
 ::
 
     DEFAULT_BITS = 2048; MIN_SECURE_BITS = 2048; RANDOM_BITS = 256
-    generate_keypair(n_bits=2048, *, insecure_test_key=False) -> (OUPublicKey, OUPrivateKey)
+    generate_keypair(n_bits=2048, *, insecure_test_key=False, racers=None) -> (OUPublicKey, OUPrivateKey)
     OUPublicKey(n, g, h, plain_bits, *, insecure_test_key=False)
         .n .g .h .plain_bits .n_bits .fingerprint .max_int .byte_width .nsquare (= n, the ciphertext modulus)
         OUPublicKey.from_peer(n, g, h, plain_bits, *, insecure_test_key=False)   (CiphertextError)
@@ -30,20 +30,21 @@ Z_p, |m| < 2^plain_bits = 2^(|p| - 2) (HEU's bound, 2^681 or so at 2048 bits), n
 ``G^-|m|``.  Additively homomorphic: ``Enc(a) Enc(b) = Enc(a + b)``, ``Enc(a)^k = Enc(k a)``.
 
 Where each part comes from, and why: key generation (the primes, t, G, H) is HEU's
-(``heu.phe.setup(SchemaType.OU, k)``, C++); we read the key's integers from its serialisation and
-check them (``p^2 q = n``, ``t | p - 1``, a test encryption decrypts).  Encryption and decryption are
-the formulas above on gmpy2 with fixed-base tables (as for Paillier, :mod:`paillier_engine`), for
-two measured reasons: HEU keeps ciphertexts in its own Montgomery representation (its serialised
-ciphertext is not the OU integer, so our wire format and range checks could not apply to it), and
-its encryptor draws the randomness exponent r with 110 bits at 2048-bit keys (80 at 1024): generic
-short-exponent attacks (Pollard's kangaroo on ``c / G^m = H^r``) then cost ~2^55, below the key's
-112 bits.  We draw r uniformly with ``RANDOM_BITS = 256`` bits from ``os.urandom`` (kangaroo 2^128;
-and r exceeds the 224-bit order of H mod p^2, so H^r is uniform there).  Measured against HEU's OU
-in the same run (``benchmarks/paillier.py``, 2048 bits, one core, 2-core EPYC under load): our
-encryption runs at ~0.5x HEU's (14.4k/s vs 28.7k/s: 256-bit instead of 110-bit r, and Python-level
-table lookups), decryption 1.3x (6.3k/s vs 4.7k/s, one batched gmpy2 powmod by t mod p^2) and
-addition 1.6x (295k/s vs 184k/s, no per-object binding overhead); so ours is behind the interface,
-and HEU's faster encryption is not taken because of its short randomness.
+(``heu.phe.setup(SchemaType.OU, k)``, C++; at 2048 bits and more two runs race in child processes and
+the first key is taken, see ``_race_keygen``); we read the key's integers from its serialisation and
+check them (``p^2 q = n``, ``t | p - 1``, a test encryption decrypts). Encryption and decryption are the
+formulas above on gmpy2 with fixed-base tables (as for Paillier, :mod:`paillier_engine`), for two
+measured reasons: HEU keeps ciphertexts in its own Montgomery representation (its serialised ciphertext
+is not the OU integer, so our wire format and range checks could not apply to it), and its encryptor
+draws the randomness exponent r with 110 bits at 2048-bit keys (80 at 1024): generic short-exponent
+attacks (Pollard's kangaroo on ``c / G^m = H^r``) then cost ~2^55, below the key's 112 bits. We draw r
+uniformly with ``RANDOM_BITS = 256`` bits from ``os.urandom`` (kangaroo 2^128; and r exceeds the 224-bit
+order of H mod p^2, so H^r is uniform there). Measured against HEU's OU in the same run
+(``benchmarks/paillier.py``, 2048 bits, one core, 2-core EPYC under load): our encryption runs at ~0.5x
+HEU's (14.4k/s vs 28.7k/s: 256-bit instead of 110-bit r, and Python-level table lookups), decryption
+1.3x (6.3k/s vs 4.7k/s, one batched gmpy2 powmod by t mod p^2) and addition 1.6x (295k/s vs 184k/s, no
+per-object binding overhead); so ours is behind the interface, and HEU's faster encryption is not taken
+because of its short randomness.
 
 Security and key sizes: factoring n = p^2 q; no method is known that factors it faster than an RSA
 modulus of the same size when |p| = |q| = k/3 (the p^r q lattice methods of Boneh-Durfee-Howgrave-
@@ -218,10 +219,75 @@ def _unpack_msgpack_array(data: bytes) -> list:
     return out
 
 
-def generate_keypair(n_bits: int = DEFAULT_BITS, *,
-                     insecure_test_key: bool = False) -> tuple[OUPublicKey, OUPrivateKey]:
+def keygen_racers(n_bits: int) -> int:
+    """How many key generations :func:`generate_keypair` races: one per core (at most 2) for keys of
+    2048 bits and more (~1 s each, heavy-tailed), one below (milliseconds: a process would cost more)."""
+    return min(2, os.cpu_count() or 1) if int(n_bits) >= MIN_SECURE_BITS else 1
+
+
+def _keygen_racer(n_bits: int, conn) -> None:
+    """One racer of :func:`_race_keygen` (a child process): HEU's key generation, its two serialisations."""
+    from heu import phe as hphe
+
+    kit = hphe.setup(hphe.SchemaType.OU, n_bits)
+    conn.send_bytes(kit.public_key().serialize())
+    conn.send_bytes(kit.secret_key().serialize())
+    conn.close()
+
+
+def _race_keygen(n_bits: int, racers: int) -> tuple[bytes, bytes] | None:
+    """HEU's key generation in ``racers`` child processes at once; the first key wins, the others are
+    killed. None if no racer could be started or every racer failed (the caller then generates in
+    this process).
+
+    Why: HEU's OU key generation takes 0.3-5 s at 2048 bits (median ~1 s, one core; measured 16 runs)
+    because it draws candidates p = t u + 1, each with a fresh random 224-bit prime t and random u,
+    until one is prime (``heu/library/algorithms/ou/key_generator.cc``); the first of two takes a
+    median ~0.7 s and at most ~1.6 s. The key's distribution is unchanged: each racer is an
+    independent run, and a rejection sampler's accepted candidate does not depend on how many
+    candidates it rejected before, so which racer finishes first says nothing about its key.
+    The children only send bytes (no pickle), which ``generate_keypair`` parses and checks.
+    """
+    from multiprocessing.connection import wait
+
+    ctx = _par.mp_context()
+    procs, pending = [], []
+    try:
+        for _ in range(int(racers)):
+            recv_end, send_end = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_keygen_racer, args=(int(n_bits), send_end), daemon=True,
+                               name="secureflhv-ou-keygen")
+            proc.start()
+            send_end.close()
+            procs.append(proc)
+            pending.append(recv_end)
+    except Exception as exc:  # noqa: BLE001 - e.g. a daemonic caller may not start processes
+        log.info("OU key generation: racer processes unavailable (%s); generating in this process", exc)
+    try:
+        while pending:
+            for conn in wait(pending):
+                try:
+                    return conn.recv_bytes(), conn.recv_bytes()
+                except (EOFError, OSError):  # this racer died; the others go on
+                    pending.remove(conn)
+        if procs:
+            log.warning("OU key generation failed in every racer process; generating in this process")
+        return None
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
+        for conn in pending:
+            conn.close()
+
+
+def generate_keypair(n_bits: int = DEFAULT_BITS, *, insecure_test_key: bool = False,
+                     racers: int | None = None) -> tuple[OUPublicKey, OUPrivateKey]:
     """New OU key pair from HEU's key generator (n of about n_bits bits; HEU rounds |p|, |q| up).
 
+    ``racers``: key generations run at once in child processes, the first key taken (default
+    :func:`keygen_racers`; see :func:`_race_keygen`); 1 generates in this process.
     Raises ValueError below 2048 bits without ``insecure_test_key`` (and below 1024 bits at all:
     HEU's minimum); ImportError naming the package if sf-heu is not installed.
     """
@@ -233,9 +299,13 @@ def generate_keypair(n_bits: int = DEFAULT_BITS, *,
         from heu import phe as hphe
     except ImportError as exc:  # pragma: no cover - sf-heu is a linux dependency
         raise ImportError("the OU scheme needs SecretFlow HEU: pip install 'sf-heu>=0.5.2b0'") from exc
-    kit = hphe.setup(hphe.SchemaType.OU, n_bits)
-    n, g, h, plain_bits = _unpack_msgpack_array(kit.public_key().serialize())
-    p, q, t, gp_inv, p2, _p_half, n2 = _unpack_msgpack_array(kit.secret_key().serialize())
+    k = keygen_racers(n_bits) if racers is None else int(racers)
+    keys = _race_keygen(n_bits, k) if k > 1 else None
+    if keys is None:
+        kit = hphe.setup(hphe.SchemaType.OU, n_bits)
+        keys = kit.public_key().serialize(), kit.secret_key().serialize()
+    n, g, h, plain_bits = _unpack_msgpack_array(keys[0])
+    p, q, t, gp_inv, p2, _p_half, n2 = _unpack_msgpack_array(keys[1])
     if n2 != n or p2 != p * p:
         raise ValueError("HEU key: public and secret parts disagree")
     pub = OUPublicKey(n, g, h, plain_bits, insecure_test_key=insecure_test_key)

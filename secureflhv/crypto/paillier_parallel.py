@@ -95,14 +95,21 @@ def _init_worker(barrier) -> None:
     _worker_barrier = barrier
 
 
+def mp_context():
+    """The multiprocessing context of this package's child processes: ``forkserver`` (safe in a
+    process that already runs gRPC threads) preloading ``PRELOAD``, else ``spawn``."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # takes effect when the forkserver first starts
+    return ctx
+
+
 def _get_pool() -> ProcessPoolExecutor:
     global _pool, _barrier
     with _lock:
         if _pool is None:
-            method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-            ctx = mp.get_context(method)
-            if method == "forkserver":
-                ctx.set_forkserver_preload(PRELOAD)  # takes effect when the forkserver first starts
+            ctx = mp_context()
             w = get_workers()
             _barrier = ctx.Barrier(w)
             _pool = ProcessPoolExecutor(max_workers=w, mp_context=ctx, initializer=_init_worker,

@@ -1,4 +1,6 @@
 """Okamoto-Uchiyama backend: round trips, homomorphic identities, masking, wire validation (crypto.ou, he_ou)."""
+import os
+
 import gmpy2
 import numpy as np
 import pytest
@@ -46,6 +48,19 @@ def test_key_sizes_and_policy(keys):
         ou.generate_keypair(1024)
     with pytest.raises(ValueError, match="at least 1024"):
         ou.generate_keypair(512, insecure_test_key=True)
+
+
+def test_racing_key_generations_take_the_first_key_and_fall_back_when_every_racer_fails(caplog):
+    """Two HEU key generations race in child processes: the winner is a complete, working key; when no
+    racer succeeds (here: HEU refuses the size in both) the caller is told so and generates itself."""
+    assert ou.keygen_racers(1024) == 1 and ou.keygen_racers(2048) == min(2, os.cpu_count())
+    pub, priv = ou.generate_keypair(1024, insecure_test_key=True, racers=2)
+    assert priv.p ** 2 * priv.q == pub.n and (priv.p - 1) % priv.t == 0
+    probe = [0, 5, -7, 2 ** 200, -(2 ** 300)]
+    assert ou.decrypt_ints(priv, ou.encrypt_ints(pub, probe)) == probe
+    with caplog.at_level("WARNING", logger="secureflhv.crypto.ou"):
+        assert ou._race_keygen(64, 2) is None  # below HEU's minimum: both children raise and exit
+    assert "failed in every racer" in caplog.text
 
 
 def test_round_trip_edge_values_public_and_private(keys, he):
