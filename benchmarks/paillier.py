@@ -14,7 +14,8 @@ only); the fixed-base tables are built before timing (their one-off cost is prin
     python benchmarks/paillier.py --quick    # smoke run, 1024-bit only, small counts, nothing recorded
     python benchmarks/paillier.py --scaling-only --bits 2048   # 2 workers vs a pool of 1 only
 
-Worker rows: the same code path (the process pool) with N workers and with a pool of one, tables
+Worker rows: the same code path (the process pool) with N workers and with a pool of one (except the
+key holder's encryption: by rows on a pool of one, one CRT half per worker on an even pool), tables
 built in every worker before timing (start-up printed apart), wall clock best of k with the pool
 sizes alternating, plus CPU seconds per operation of the parent and the workers together (on a
 shared machine: "efficiency" = CPU per op at 1 worker / at N; "CPU-bound scaling" = N x efficiency).

@@ -144,6 +144,16 @@ def random_digits(count: int, n_digits: int, w: int) -> list[list[int]]:
     return (raw & np.uint16((1 << w) - 1)).tolist()
 
 
+def seeded_digits(seed: bytes, count: int, n_digits: int, w: int) -> list[list[int]]:
+    """As :func:`random_digits`, drawn from SHAKE-256(``seed``) instead of os.urandom: two processes
+    given the same secret seed draw the same exponents (the key holder's CRT halves computed apart).
+    SHAKE-256 is an extendable-output function usable as a PRG (NIST SP 800-185 / FIPS 202); with a
+    256-bit uniformly random seed its output is indistinguishable from uniform."""
+    raw = hashlib.shake_256(seed).digest(2 * count * n_digits)
+    arr = np.frombuffer(raw, dtype="<u2").reshape(count, n_digits)
+    return (arr & np.uint16((1 << w) - 1)).tolist()
+
+
 def random_alphas(count: int, bits: int) -> list[mpz]:
     """``count`` fresh uniformly random exponents of ``bits`` bits (os.urandom)."""
     nb = (bits + 7) // 8
@@ -231,21 +241,28 @@ class PrivateEngine:
         pub = public_engine(self.n)
         self.hs_p, self.hs_q = pub.h_s % self.p2, pub.h_s % self.q2
         self.alpha_bits = pub.alpha_bits
-        self._tables = None
-        self._large = False
+        self._tables = [None, None]  # the fixed-base tables mod p^2 (half 0) and q^2 (half 1)
+        self._large = [False, False]
         self._used = 0
 
+    def table(self, half: int, large: bool) -> FixedBaseTable:
+        """The fixed-base table of CRT half ``half`` (0: mod p^2, 1: mod q^2): the large one if asked
+        for or already built, else the small one (built now if this process has none yet)."""
+        t = self._tables[half]
+        if t is None or (large and not self._large[half]):
+            self._tables[half] = None  # free the small table before building the large one
+            w = window_bits(self.n.bit_length(), large, crt=True)
+            self._tables[half] = t = FixedBaseTable((self.hs_p, self.hs_q)[half], (self.p2, self.q2)[half],
+                                                    self.alpha_bits, w)
+            self._large[half] = large
+        return t
+
     def _ensure_tables(self):
-        """Two half-size fixed-base tables (mod p^2, q^2), grown like PublicEngine's."""
-        if self._tables is None and self._used < TABLE_MIN_BATCH:
+        """Both half-size fixed-base tables (mod p^2, q^2), grown like PublicEngine's."""
+        if self._tables == [None, None] and self._used < TABLE_MIN_BATCH:
             return None
-        if self._tables is None or (not self._large and self._used >= LARGE_TABLE_AFTER):
-            self._large = self._used >= LARGE_TABLE_AFTER
-            w = window_bits(self.n.bit_length(), self._large, crt=True)
-            self._tables = None
-            self._tables = (FixedBaseTable(self.hs_p, self.p2, self.alpha_bits, w),
-                            FixedBaseTable(self.hs_q, self.q2, self.alpha_bits, w))
-        return self._tables
+        large = self._used >= LARGE_TABLE_AFTER or any(self._large)  # one alpha's digits serve both: same w
+        return self.table(0, large), self.table(1, large)
 
     def prepare(self, large: bool = True) -> None:
         """Build the (large) tables now (see PublicEngine.prepare)."""
@@ -269,26 +286,42 @@ class PrivateEngine:
         """Same ciphertext distribution as PublicEngine.encrypt, with two half-size tables (CRT);
         ``expected`` as there."""
         self._used = max(self._used + len(mantissas), expected)
-        p, q, p2, q2, k = self.p, self.q, self.p2, self.q2, self.q2_inv_p2
         tables = self._ensure_tables()
         if tables is None:
             alphas = random_alphas(len(mantissas), self.alpha_bits)
-            rps = [gmpy2.powmod(self.hs_p, a, p2) for a in alphas]
-            rqs = [gmpy2.powmod(self.hs_q, a, q2) for a in alphas]
+            rps = [gmpy2.powmod(self.hs_p, a, self.p2) for a in alphas]
+            rqs = [gmpy2.powmod(self.hs_q, a, self.q2) for a in alphas]
         else:
             tp, tq = tables
             cols = tp.random_columns(len(mantissas))  # one alpha per value, used mod p^2 and mod q^2
             rps = tp.pow_columns(cols)
             rqs = tq.pow_columns(cols)
+        return self.combine(self._with_message(0, mantissas, rps), self._with_message(1, mantissas, rqs))
+
+    def _with_message(self, half: int, mantissas, rs) -> list[mpz]:
+        """(1 + m n) r mod p^2 == r + p*(m q r mod p) since n = p q (and likewise mod q^2)."""
+        a, b = (self.p, self.q) if half == 0 else (self.q, self.p)
+        a2 = a * a
         out = []
-        for m, rp, rq in zip(mantissas, rps, rqs):
-            # (1 + m n) r mod p^2 == r + p*(m q r mod p) since n = p q
-            cp = rp + p * (m * q * rp % p)
-            cq = rq + q * (m * p * rq % q)
-            cp = cp - p2 if cp >= p2 else cp
-            cq = cq - q2 if cq >= q2 else cq
-            out.append(cq + q2 * ((cp - cq) * k % p2))
+        for m, r in zip(mantissas, rs):
+            c = r + a * (m * b * r % a)
+            out.append(c - a2 if c >= a2 else c)
         return out
+
+    def encrypt_half(self, half: int, mantissas, cols, large: bool) -> list[mpz]:
+        """CRT half ``half`` (0: mod p^2, 1: mod q^2) of the encryptions of ``mantissas`` whose DJN
+        exponents are given as base-2^w digit columns ``cols`` (w of the ``large`` or small table,
+        :meth:`FixedBaseTable.random_columns`); :meth:`combine` of the two halves, made with the same
+        columns, is :meth:`encrypt`'s ciphertext. Only this half's table is built in this process."""
+        table = self.table(half, large)
+        if len(cols) != table.n_digits:
+            raise ValueError(f"{len(cols)} digit columns for a table of {table.n_digits} digits")
+        return self._with_message(half, mantissas, table.pow_columns(cols))
+
+    def combine(self, cps, cqs) -> list[mpz]:
+        """Ciphertexts mod n^2 from their residues mod p^2 and mod q^2 (CRT)."""
+        q2, p2, k = self.q2, self.p2, self.q2_inv_p2
+        return [cq + q2 * ((cp - cq) * k % p2) for cp, cq in zip(cps, cqs)]
 
 
 _PUB: OrderedDict = OrderedDict()
@@ -410,6 +443,26 @@ def task_encrypt(n: int, expected: int, mantissas: list) -> list:
 
 def task_encrypt_crt(p: int, q: int, expected: int, mantissas: list) -> list:
     return private_engine(p, q).encrypt(mantissas, expected)
+
+
+def task_encrypt_crt_half(p: int, q: int, large: bool, seed: bytes, n_chunks: int,
+                          mantissas: list) -> tuple[int, int, list]:
+    """One worker's share of a key holder's encryption split by CRT half (run on every worker of a
+    pool of 2 * n_chunks through ``paillier_parallel.on_each_worker``): worker i computes half i % 2
+    of row chunk i // 2. Both workers of a chunk derive the same DJN exponents from ``seed`` (a fresh
+    256-bit os.urandom seed per batch) and the chunk number with SHAKE-256, so each worker builds and
+    keeps only its half's table. Returns (worker index, the table's window w, which the exponents'
+    digits depend on, the half residues of its chunk)."""
+    from .paillier_parallel import split, worker_index
+
+    i = worker_index()
+    if i is None or not 0 <= i < 2 * n_chunks:
+        raise RuntimeError(f"CRT-half encryption on worker {i} of a pool of {2 * n_chunks}")
+    eng = private_engine(p, q)
+    chunk = split(mantissas, n_chunks)[i // 2]
+    table = eng.table(i % 2, large)
+    cols = seeded_digits(seed + (i // 2).to_bytes(4, "big"), table.n_digits, len(chunk), table.w)
+    return i, table.w, eng.encrypt_half(i % 2, chunk, cols, large)
 
 
 def task_decrypt(p: int, q: int, cts: list) -> list:

@@ -30,6 +30,7 @@ _workers: int | None = None
 _pool_for_one = False
 _barrier = None  # shared by the current pool's workers: on_each_worker() puts one call on each
 _worker_barrier = None  # inside a worker: the barrier it was started with
+_worker_index = None  # inside a worker: see worker_index()
 _each_lock = threading.Lock()  # one on_each_worker call at a time
 # The modules whose task functions workers run: imported once in the forkserver, which every worker
 # is forked from (~0.17 s of imports a worker would otherwise pay in its first task).
@@ -90,9 +91,18 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-def _init_worker(barrier) -> None:
-    global _worker_barrier
+def _init_worker(barrier, counter) -> None:
+    global _worker_barrier, _worker_index
     _worker_barrier = barrier
+    with counter.get_lock():
+        _worker_index, counter.value = counter.value, counter.value + 1
+
+
+def worker_index() -> int | None:
+    """This worker's index in its pool (0 .. workers-1 in start order, fixed for the worker's life);
+    None outside a pool worker. With :func:`on_each_worker` it gives each worker a fixed share of a
+    job (``paillier.encrypt`` with the private key: one CRT half per worker)."""
+    return _worker_index
 
 
 def mp_context():
@@ -113,7 +123,7 @@ def _get_pool() -> ProcessPoolExecutor:
             w = get_workers()
             _barrier = ctx.Barrier(w)
             _pool = ProcessPoolExecutor(max_workers=w, mp_context=ctx, initializer=_init_worker,
-                                        initargs=(_barrier,))
+                                        initargs=(_barrier, ctx.Value("i", 0)))
         return _pool
 
 

@@ -81,15 +81,18 @@ def _progress_event(owner, step, engine, done, total, rate, eta) -> None:
 
 
 @contextlib.contextmanager
-def party_executor(spec: ComputeSpec, party_id: str, where: str = "compute"):
-    """Install the party's executor for the block (its workers started), then shut it down and restore
-    the previous one.
+def party_executor(spec: ComputeSpec, party_id: str, where: str = "compute", start: bool = False):
+    """Install the party's executor for the block, then shut it down and restore the previous one.
+
+    ``start``: start its workers now, in the background (a job that uses homomorphic encryption: its
+    first batch then does not wait for them); otherwise they start with the first batch that needs them.
 
     Long steps' progress goes to the party's log and, as ``@progress`` events, to its progress output.
     """
     executor = make_executor(spec, party_id, where)
     executor.owner = party_id
-    executor.start()  # the local pool's workers start while the party connects to its peers
+    if start:
+        executor.start()  # the local pool's workers start while the party connects to its peers
     ex.add_progress_listener(_progress_event)
     try:
         with ex.using(executor):

@@ -137,7 +137,8 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: boo
         log.info("%s (%s) of job %r listening on %s; peers: %s", party_id, spec.role, cfg.job.id, spec.address,
                  ", ".join(peers))
         # the executor (local pool or this party's Ray cluster) is connected before the partners are met
-        with party_executor(spec.compute, party_id, cfg.where(spec, "compute")):
+        # vertical jobs (LR, split NN, SecureBoost) encrypt from their first step: start the workers now
+        with party_executor(spec.compute, party_id, cfg.where(spec, "compute"), start=job.family == "vertical"):
             meet(transport, cfg, partners(cfg, spec, job.family))
             status.set_state("running")
             result = job.run(cfg, spec, transport, params)

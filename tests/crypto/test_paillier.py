@@ -90,7 +90,7 @@ def test_a_batch_share_that_large_builds_the_large_table_first(other_keys):
         ms = list(range(E.TABLE_MIN_BATCH))
         for eng in (pub, priv):
             assert [int(m) for m in priv.decrypt(eng.encrypt(ms, expected))] == ms
-        assert pub._large == priv._large == large
+        assert pub._large == large and priv._large == [large, large]
         assert pub._table.w == E.window_bits(pk.n_bits, large=large)
         assert priv._tables[0].w == E.window_bits(pk.n_bits, large=large, crt=True)
 

@@ -5,6 +5,7 @@ Small (test-only) keys; each pool is started once per test (forkserver start-up 
 import os
 from concurrent.futures.process import BrokenProcessPool
 
+import gmpy2
 import numpy as np
 import pytest
 
@@ -25,7 +26,7 @@ def keys():
 def _tables_state(n, pq):
     """(pid, public table is the large one, private tables are the large ones) inside a worker."""
     pub, priv = E.public_engine(n), E.private_engine(*pq)
-    return os.getpid(), pub._table is not None and pub._large, priv._tables is not None and priv._large
+    return os.getpid(), pub._table is not None and pub._large, all(t is not None for t in priv._tables) and all(priv._large)
 
 
 def _die_in_worker(parent_pid, x):
@@ -96,7 +97,8 @@ def test_start_brings_every_worker_up_with_the_task_modules_preloaded():
 
 
 def test_encryption_tells_each_worker_its_share_of_the_batch(keys, monkeypatch):
-    """The pooled encryption tasks get the batch's share per worker (which sizes their tables)."""
+    """The pooled encryption tasks get the batch's share per worker (which sizes their tables): the
+    public key's by rows; the key holder's too where the pool cannot go by CRT half (here: forced)."""
     pk, sk = keys
     real, seen = ex.run, []
     def spy(fn, common, chunks):
@@ -104,6 +106,7 @@ def test_encryption_tells_each_worker_its_share_of_the_batch(keys, monkeypatch):
         return real(fn, common, chunks)
 
     monkeypatch.setattr(ex, "run", spy)
+    monkeypatch.setattr(P, "_by_crt_half", lambda: False)
     x = np.linspace(-1, 1, 1001)
     try:
         P.set_workers(2)
@@ -114,6 +117,70 @@ def test_encryption_tells_each_worker_its_share_of_the_batch(keys, monkeypatch):
     assert all(sum(len(c[0]) for c in chunks) == 1001 and len(chunks) > 2 for _, chunks in seen)
     for e in enc:
         np.testing.assert_allclose(P.decrypt(sk, e), x, atol=1e-12)
+
+
+def _half_tables(p, q):
+    """(worker index, which CRT halves' tables this worker holds) inside a worker."""
+    return par.worker_index(), [t is not None for t in E.private_engine(p, q)._tables]
+
+
+def test_key_holder_batches_go_one_crt_half_per_worker(keys, monkeypatch):
+    """On a pool of 2 the key holder's batch is split by CRT half: worker 0 holds only the mod p^2
+    table, worker 1 only the mod q^2 one, no task goes by rows, and the ciphertexts decrypt."""
+    pk, sk = keys
+    monkeypatch.setattr(ex, "run", lambda *a: pytest.fail("the key holder's batch went by rows"))
+    x = np.linspace(-3, 3, 999)
+    try:
+        P.set_workers(2)
+        enc = P.encrypt(sk, x)
+        states = dict(par.on_each_worker(_half_tables, int(sk.p), int(sk.q)))
+    finally:
+        P.set_workers(1)
+    assert states == {0: [True, False], 1: [False, True]}
+    np.testing.assert_allclose(P.decrypt(sk, enc), x, atol=1e-12)
+    assert len(set(enc._c.tolist())) == len(x)  # fresh exponents per row
+
+
+def _large_half_table_on_worker_0(p, q):
+    if par.worker_index() == 0:
+        E.private_engine(p, q).table(0, True)
+
+
+def test_crt_halves_with_tables_of_different_windows_are_discarded(keys, caplog):
+    """Worker 0 holds a large table for its half, worker 1 a small one: their exponents' digits would
+    differ, so the batch is encrypted by rows instead (and decrypts)."""
+    pk, sk = keys
+    x = np.linspace(-2, 2, 700)
+    try:
+        P.set_workers(2)
+        par.on_each_worker(_large_half_table_on_worker_0, int(sk.p), int(sk.q))
+        with caplog.at_level("WARNING", logger="secureflhv.crypto.paillier"):
+            enc = P.encrypt(sk, x)
+    finally:
+        P.set_workers(1)
+    assert "tables differ; encrypting by rows" in caplog.text
+    np.testing.assert_allclose(P.decrypt(sk, enc), x, atol=1e-12)
+
+
+def test_crt_halves_from_one_seed_combine_to_the_djn_ciphertext(keys):
+    """Identity on a real key: halves computed apart (each with only its own table) from the same
+    seeded exponents combine to (1 + m n) h_s^alpha mod n^2 with alpha rebuilt from the digits."""
+    pk, sk = keys
+    ms = [0, 1, -7, 2 ** 60, pk.n - 3]
+    engines = [E.PrivateEngine(sk.p, sk.q) for _ in range(2)]  # two "workers"
+    w = engines[0].table(0, False).w
+    n_digits = engines[0].table(0, False).n_digits
+    cols = E.seeded_digits(b"s" * 32, n_digits, len(ms), w)
+    assert cols == E.seeded_digits(b"s" * 32, n_digits, len(ms), w) != E.seeded_digits(b"t" * 32, n_digits, len(ms), w)
+    halves = [engines[h].encrypt_half(h, ms, cols, False) for h in (0, 1)]
+    assert engines[0]._tables[1] is None and engines[1]._tables[0] is None
+    cts = engines[0].combine(*halves)
+    n, n2 = int(pk.n), int(pk.n) ** 2
+    hs = E.public_engine(n).h_s
+    for m, c, digits in zip(ms, cts, zip(*cols)):
+        alpha = sum(d << (w * i) for i, d in enumerate(digits))
+        assert c == (1 + m * n) * gmpy2.powmod(hs, alpha, n2) % n2
+    assert [int(v) for v in engines[1].decrypt(cts)] == [m % n for m in ms]
 
 
 def test_a_dying_worker_does_not_hang_the_batch():
