@@ -373,7 +373,8 @@ def record_figures(rows: list[tuple], heu: dict | None, load: tuple[float, float
         print("2-worker scaling not recorded: other processes held the cores (load average >= core count)")
     elif w:
         record("paillier_workers", dict(
-            what=("Paillier 2048-bit, 2 workers vs a pool of 1 (same code path, tables built in every worker "
+            what=("Paillier 2048-bit, 2 workers vs a pool of 1 (same code path, except the key holder's "
+                  "encryption: by rows on 1, one CRT half per worker on 2; tables built in every worker "
                   "first), wall clock best of 4, rounds alternating; CPU efficiency = CPU per op at 1 / at 2 "
                   "(`paillier.py`)"),
             ours=", ".join(f"{k} {v[0] / v[1]:.2f}× (CPU {CPU_EFFICIENCY.get((2048, k), float('nan')):.2f})"
