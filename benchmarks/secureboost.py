@@ -296,7 +296,7 @@ def record_bytes_rows(rows, scen) -> None:
         first = f"first tree {enc['first']:.1f} s (key generation {keygen:.2f} s and encryption included)"
         if len(enc.get("firsts", [])) > 1:
             f, k = enc["firsts"], enc["keygens"]
-            first = (f"first tree {np.median(f):.1f} s, median of {len(f)} runs ({f[0]:.1f}–{f[-1]:.1f} s; key "
+            first = (f"first tree {np.median(f):.2f} s, median of {len(f)} runs ({f[0]:.2f}–{f[-1]:.2f} s; key "
                      f"generation {np.median(k):.2f} s median ({k[0]:.2f}–{k[-1]:.2f} s) and encryption included)")
         _report.record(key, {
             "what": (f"SecureBoost {names[tag]}{', Okamoto-Uchiyama 2048-bit' if scheme == 'ou' else ''} "
