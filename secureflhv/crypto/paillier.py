@@ -39,28 +39,27 @@ with applications to electronic voting", IJIS 9(6), 2010, sec. 4.2 with s = 1):
 (no extra key field, phe keys work unchanged), and in the random-oracle model it is a random square
 times -1 exactly as DJN's key generation draws it.
 
-Randomness size.  DJN draw alpha uniformly from ``[0, 2^ceil(k/2))`` for a k-bit modulus and prove the
+Randomness size. DJN draw alpha uniformly from ``[0, 2^ceil(k/2))`` for a k-bit modulus and prove the
 scheme IND-CPA under DCR plus the assumption that ``h^alpha`` with such a short alpha is
 indistinguishable from a uniform element of the group <h> (its order is about n/4, so alpha of k/2 bits
-does not cover it; that is the whole speed-up).  We draw alpha from ``os.urandom``, fresh per value and
+does not cover it; that is the whole speed-up). We draw alpha from ``os.urandom``, fresh per value and
 never reused (the key holder's batches split by CRT half: from SHAKE-256 of a fresh 256-bit
 ``os.urandom`` seed per batch, so that the two workers of a row chunk draw the same alpha; an XOF with a
-uniform secret seed is a PRG, FIPS 202 / NIST SP 800-185), of at least ceil(k/2) bits: exactly ceil(k/2) bits without a table,
-``ceil(ceil(k/2) / w) * w`` bits with a w-bit fixed-base table (for k = 2048: 1030 bits with
-w = 10, 1027 bits with the public key's w = 13, 1032 bits with the key holder's w = 12; for k = 3072:
-at least 1536 bits).  Bit length chosen: ceil(k/2), i.e. 1024 bits for 2048-bit keys (the level
-HEU's ZPaillier uses as well).  A longer uniform alpha is at least as secure: given a challenge y
-(either ``h^a`` with a ceil(k/2)-bit a, or uniform in <h>), ``y * h^(2^ceil(k/2) * b)`` with our own
-random b is the longer-exponent distribution or still uniform, so a distinguisher for the longer
-exponent is one for DJN's.  Why not shorter: the best known attacks on a short exponent are generic
-(Pollard-lambda / baby-step giant-step, ~2^(bits/2) steps; van Oorschot-Wiener, Eurocrypt'96), so
-1024 bits give 2^512, far above the ~2^112 cost of factoring a 2048-bit n (NIST SP 800-57 part 1,
-table 2); 2 x 112 = 224 bits would already match the factoring level, but DJN's proof is stated for
-ceil(k/2) and we keep their length rather than rely on a shorter-exponent variant of the assumption
-(a 2 x 128 = 256-bit alpha would make public-key encryption ~4x faster, 19 instead of 78
-multiplications, at the price of that stronger, non-standard assumption: not done).
-So the security level is that of the modulus: ~112 bits for 2048-bit n, ~128 bits for 3072-bit n
-(NIST SP 800-57); 1024-bit keys (~80 bits) are test-only.
+uniform secret seed is a PRG, FIPS 202 / NIST SP 800-185), of at least ceil(k/2) bits: exactly ceil(k/2)
+bits without a table, ``ceil(ceil(k/2) / w) * w`` bits with a w-bit fixed-base table (for k = 2048: 1030
+bits with w = 10, 1027 bits with the public key's w = 13, 1032 bits with the key holder's w = 12; for k
+= 3072: at least 1536 bits). Bit length chosen: ceil(k/2), i.e. 1024 bits for 2048-bit keys (the level
+HEU's ZPaillier uses as well). A longer uniform alpha is at least as secure: given a challenge y (either
+``h^a`` with a ceil(k/2)-bit a, or uniform in <h>), ``y * h^(2^ceil(k/2) * b)`` with our own random b is
+the longer-exponent distribution or still uniform, so a distinguisher for the longer exponent is one for
+DJN's. Why not shorter: the best known attacks on a short exponent are generic (Pollard-lambda /
+baby-step giant-step, ~2^(bits/2) steps; van Oorschot-Wiener, Eurocrypt'96), so 1024 bits give 2^512,
+far above the ~2^112 cost of factoring a 2048-bit n (NIST SP 800-57 part 1, table 2); 2 x 112 = 224 bits
+would already match the factoring level, but DJN's proof is stated for ceil(k/2) and we keep their
+length rather than rely on a shorter-exponent variant of the assumption (a 2 x 128 = 256-bit alpha would
+make public-key encryption ~4x faster, 19 instead of 78 multiplications, at the price of that stronger,
+non-standard assumption: not done). So the security level is that of the modulus: ~112 bits for 2048-bit
+n, ~128 bits for 3072-bit n (NIST SP 800-57); 1024-bit keys (~80 bits) are test-only.
 
 Speed.  ``h_s^alpha`` is a fixed-base exponentiation: a table of ``h_s^(d 2^(w i)) mod n^2`` for
 every digit d < 2^w and position i (Brickell-Gordon-McCurley-Wilson, Eurocrypt'92; HAC 14.109) turns
@@ -296,7 +295,7 @@ def _encrypt_crt_halves(priv: PrivateKey, mantissas: list) -> list | None:
     per value).
 
     Why: split by rows, every worker builds both halves' fixed-base tables; split by half, each builds
-    one, so a key's first batch builds half as much (10,000 rows on 2 workers: ~0.4 of ~2.2 s) and a
+    one: a key's first batch builds half as much (10,000 rows on 2 workers: 1.9 instead of 2.2 s) and a
     worker holds half the table memory (~95 MB instead of ~190 MB for the large tables). Both workers
     of a row chunk draw the same DJN exponents from a fresh 256-bit seed (SHAKE-256). None if the pool
     broke (the caller then splits by rows, which restarts it).

@@ -131,16 +131,20 @@ BARRIER_TIMEOUT_S = 120.0  # on_each_worker: a worker that never arrives (dead, 
 
 
 def _on_worker(fn, args):
-    out = fn(*args)
-    _worker_barrier.wait(BARRIER_TIMEOUT_S)  # hold this worker until every worker has taken one call
-    return out
+    try:
+        return fn(*args)
+    finally:
+        # hold this worker until every worker has taken one call; also when fn raised, so that the
+        # others do not wait out the timeout for a worker that would never come
+        _worker_barrier.wait(BARRIER_TIMEOUT_S)
 
 
 def on_each_worker(fn, *args) -> list:
     """``fn(*args)`` once in every worker process of the pool (started if needed); their results.
 
     For per-process state: building a key's tables before a timed phase (:func:`warm`), reading the
-    workers' CPU time (:func:`worker_cpu_seconds`).  Raises BrokenProcessPool / BrokenBarrierError if
+    workers' CPU time (:func:`worker_cpu_seconds`); and for work with a fixed share per worker
+    (:func:`worker_index`: the key holder's encryption by CRT half).  Raises BrokenProcessPool / BrokenBarrierError if
     a worker dies or does not arrive within ``BARRIER_TIMEOUT_S``.  One such call at a time (two at
     once could put both of one call's tasks on the same worker, so calls wait for each other);
     batches may run beside it.

@@ -3,6 +3,7 @@
 Small (test-only) keys; each pool is started once per test (forkserver start-up is ~0.5 s).
 """
 import os
+import time
 from concurrent.futures.process import BrokenProcessPool
 
 import gmpy2
@@ -139,6 +140,27 @@ def test_key_holder_batches_go_one_crt_half_per_worker(keys, monkeypatch):
     assert states == {0: [True, False], 1: [False, True]}
     np.testing.assert_allclose(P.decrypt(sk, enc), x, atol=1e-12)
     assert len(set(enc._c.tolist())) == len(x)  # fresh exponents per row
+
+
+def _fail_on_worker_0():
+    if par.worker_index() == 0:
+        raise ValueError("worker 0 fails")
+    return par.worker_index()
+
+
+def test_a_call_failing_on_one_worker_raises_at_once_and_the_pool_goes_on():
+    """The failing worker still arrives at the barrier: the others do not wait out its timeout."""
+    try:
+        P.set_workers(2)
+        par.start(wait=True)
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match="worker 0 fails"):
+            par.on_each_worker(_fail_on_worker_0)
+        assert time.monotonic() - t0 < 10 < par.BARRIER_TIMEOUT_S
+        pids = {pid for pid, _ in par.on_each_worker(par._started)}  # the same pool serves the next call
+    finally:
+        P.set_workers(1)
+    assert len(pids) == 2
 
 
 def _large_half_table_on_worker_0(p, q):
