@@ -312,14 +312,19 @@ class PrivateEngine:
         """CRT half ``half`` (0: mod p^2, 1: mod q^2) of the encryptions of ``mantissas`` whose DJN
         exponents are given as base-2^w digit columns ``cols`` (w of the ``large`` or small table,
         :meth:`FixedBaseTable.random_columns`); :meth:`combine` of the two halves, made with the same
-        columns, is :meth:`encrypt`'s ciphertext. Only this half's table is built in this process."""
+        columns, is :meth:`encrypt`'s ciphertext. Only this half's table is built in this process.
+
+        Returns len(mantissas) residues (mpz, in [0, p^2) or [0, q^2)). Raises ValueError when the
+        columns are not one per digit of the table (a table of another window: the exponents differ).
+        """
         table = self.table(half, large)
         if len(cols) != table.n_digits:
             raise ValueError(f"{len(cols)} digit columns for a table of {table.n_digits} digits")
         return self._with_message(half, mantissas, table.pow_columns(cols))
 
     def combine(self, cps, cqs) -> list[mpz]:
-        """Ciphertexts mod n^2 from their residues mod p^2 and mod q^2 (CRT)."""
+        """Ciphertexts in [0, n^2) from their residues mod p^2 (``cps``) and mod q^2 (``cqs``), two
+        equal-length lists (CRT with the precomputed q^-2 mod p^2: one multiplication mod p^2 each)."""
         q2, p2, k = self.q2, self.p2, self.q2_inv_p2
         return [cq + q2 * ((cp - cq) * k % p2) for cp, cq in zip(cps, cqs)]
 
