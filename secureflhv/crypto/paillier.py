@@ -291,7 +291,7 @@ def _by_crt_half() -> bool:
 
 def _encrypt_crt_halves(priv: PrivateKey, mantissas: list) -> list | None:
     """The key holder's encryption with each worker computing one CRT half (mod p^2 or q^2) of a row
-    chunk (``paillier_engine.task_encrypt_crt_half``); this process combines the halves (CRT, ~2.5 us
+    chunk (:func:`_task_encrypt_crt_half`); this process combines the halves (CRT, ~2.5 us
     per value).
 
     Why: split by rows, every worker builds both halves' fixed-base tables; split by half, each builds
@@ -308,7 +308,7 @@ def _encrypt_crt_halves(priv: PrivateKey, mantissas: list) -> list | None:
     _CRT_USED[key] = used = _CRT_USED.get(key, 0) + share
     large = used >= _eng.LARGE_TABLE_AFTER  # as PublicEngine decides per process, here for both halves at once
     try:
-        res = {i: (w, r) for i, w, r in _par.on_each_worker(_eng.task_encrypt_crt_half, key[0], key[1], large,
+        res = {i: (w, r) for i, w, r in _par.on_each_worker(_task_encrypt_crt_half, key[0], key[1], large,
                                                             os.urandom(32), chunks, mantissas)}
     except (BrokenProcessPool, BrokenBarrierError) as exc:
         log.warning("CRT-half encryption failed on the worker pool (%s); encrypting by rows", exc)
@@ -320,6 +320,24 @@ def _encrypt_crt_halves(priv: PrivateKey, mantissas: list) -> list | None:
         return None
     eng = _eng.private_engine(*key)
     return [c for i in range(chunks) for c in eng.combine(res[2 * i][1], res[2 * i + 1][1])]
+
+
+def _task_encrypt_crt_half(p: int, q: int, large: bool, seed: bytes, n_chunks: int,
+                           mantissas: list) -> tuple[int, int, list]:
+    """One worker's share of a key holder's encryption split by CRT half (run on every worker of a
+    pool of 2 * n_chunks through ``paillier_parallel.on_each_worker``): worker i computes half i % 2
+    of row chunk i // 2. Both workers of a chunk derive the same DJN exponents from ``seed`` (a fresh
+    256-bit os.urandom seed per batch) and the chunk number with SHAKE-256, so each worker builds and
+    keeps only its half's table. Returns (worker index, the table's window w, which the exponents'
+    digits depend on, the half residues of its chunk)."""
+    i = _par.worker_index()
+    if i is None or not 0 <= i < 2 * n_chunks:
+        raise RuntimeError(f"CRT-half encryption on worker {i} of a pool of {2 * n_chunks}")
+    eng = _eng.private_engine(p, q)
+    chunk = _par.split(mantissas, n_chunks)[i // 2]
+    table = eng.table(i % 2, large)
+    cols = _eng.seeded_digits(seed + (i // 2).to_bytes(4, "big"), table.n_digits, len(chunk), table.w)
+    return i, table.w, eng.encrypt_half(i % 2, chunk, cols, large)
 
 
 def _decrypt_ints(priv: PrivateKey, cts: list) -> list:

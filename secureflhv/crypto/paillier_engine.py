@@ -450,26 +450,6 @@ def task_encrypt_crt(p: int, q: int, expected: int, mantissas: list) -> list:
     return private_engine(p, q).encrypt(mantissas, expected)
 
 
-def task_encrypt_crt_half(p: int, q: int, large: bool, seed: bytes, n_chunks: int,
-                          mantissas: list) -> tuple[int, int, list]:
-    """One worker's share of a key holder's encryption split by CRT half (run on every worker of a
-    pool of 2 * n_chunks through ``paillier_parallel.on_each_worker``): worker i computes half i % 2
-    of row chunk i // 2. Both workers of a chunk derive the same DJN exponents from ``seed`` (a fresh
-    256-bit os.urandom seed per batch) and the chunk number with SHAKE-256, so each worker builds and
-    keeps only its half's table. Returns (worker index, the table's window w, which the exponents'
-    digits depend on, the half residues of its chunk)."""
-    from .paillier_parallel import split, worker_index
-
-    i = worker_index()
-    if i is None or not 0 <= i < 2 * n_chunks:
-        raise RuntimeError(f"CRT-half encryption on worker {i} of a pool of {2 * n_chunks}")
-    eng = private_engine(p, q)
-    chunk = split(mantissas, n_chunks)[i // 2]
-    table = eng.table(i % 2, large)
-    cols = seeded_digits(seed + (i // 2).to_bytes(4, "big"), table.n_digits, len(chunk), table.w)
-    return i, table.w, eng.encrypt_half(i % 2, chunk, cols, large)
-
-
 def task_decrypt(p: int, q: int, cts: list) -> list:
     return private_engine(p, q).decrypt(cts)
 
