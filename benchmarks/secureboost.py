@@ -194,7 +194,8 @@ def report(name: str, enc: dict, plain: dict) -> None:
     if len(enc.get("firsts", [])) > 1:
         f, k = enc["firsts"], enc["keygens"]
         print(f"  first tree over {len(f)} runs: median {np.median(f):.2f} s ({f[0]:.2f}-{f[-1]:.2f} s: "
-              f"{' '.join(f'{x:.2f}' for x in f)}); key generation median {np.median(k):.2f} s ({k[0]:.2f}-{k[-1]:.2f})")
+              f"{' '.join(f'{x:.2f}' for x in f)}); key generation median {np.median(k):.2f} s "
+              f"({k[0]:.2f}-{k[-1]:.2f})")
     g, h = enc["guest"], enc["host"]
     print(f"  paillier phases (all trees): keygen {g.get('keygen', 0):.2f} s, guest encryption "
           f"{g.get('encrypt', 0):.2f} s, guest decryption {g.get('decrypt', 0):.2f} s, host histograms "
@@ -219,10 +220,9 @@ def main(argv=None) -> None:
     ap.add_argument("--plot", metavar="PNG", help="write a bar chart of seconds per tree (e.g. docs/img/secureboost_bench.png)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    from secureflhv.crypto import paillier_parallel
     from secureflhv.crypto.paillier import get_workers
     from secureflhv.tree.params import SecureBoostParams
-
-    from secureflhv.crypto import paillier_parallel
 
     quick = args.quick
     bits = 1024 if quick else args.key_bits

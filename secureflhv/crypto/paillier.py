@@ -332,7 +332,8 @@ def _task_encrypt_crt_half(p: int, q: int, large: bool, seed: bytes, n_chunks: i
     digits depend on, the half residues of its chunk)."""
     i = _par.worker_index()
     if i is None or not 0 <= i < 2 * n_chunks:
-        raise RuntimeError(f"CRT-half encryption on worker {i} of a pool of {2 * n_chunks}")
+        raise RuntimeError(f"CRT-half encryption task ran on worker {i}, outside the pool of {2 * n_chunks} "
+                           "workers it was cut for (the pool was resized during the batch)")
     eng = _eng.private_engine(p, q)
     chunk = _par.split(mantissas, n_chunks)[i // 2]
     table = eng.table(i % 2, large)

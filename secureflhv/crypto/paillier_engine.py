@@ -140,8 +140,13 @@ def random_digits(count: int, n_digits: int, w: int) -> list[list[int]]:
     n_digits*w >= alpha_bits (e.g. 86*12 = 1032 >= 1024): the few extra bits only lengthen the
     uniform exponent, which DJN's argument allows (any length >= ceil(k/2)).
     """
-    raw = np.frombuffer(os.urandom(2 * count * n_digits), dtype="<u2").reshape(count, n_digits)
-    return (raw & np.uint16((1 << w) - 1)).tolist()
+    return _digits(os.urandom(2 * count * n_digits), count, n_digits, w)
+
+
+def _digits(raw: bytes, count: int, n_digits: int, w: int) -> list[list[int]]:
+    """``count`` lists of ``n_digits`` base-2^w digits, each the low w bits of 16 bits of ``raw``."""
+    arr = np.frombuffer(raw, dtype="<u2").reshape(count, n_digits)
+    return (arr & np.uint16((1 << w) - 1)).tolist()
 
 
 def seeded_digits(seed: bytes, count: int, n_digits: int, w: int) -> list[list[int]]:
@@ -149,9 +154,7 @@ def seeded_digits(seed: bytes, count: int, n_digits: int, w: int) -> list[list[i
     given the same secret seed draw the same exponents (the key holder's CRT halves computed apart).
     SHAKE-256 is an extendable-output function usable as a PRG (NIST SP 800-185 / FIPS 202); with a
     256-bit uniformly random seed its output is indistinguishable from uniform."""
-    raw = hashlib.shake_256(seed).digest(2 * count * n_digits)
-    arr = np.frombuffer(raw, dtype="<u2").reshape(count, n_digits)
-    return (arr & np.uint16((1 << w) - 1)).tolist()
+    return _digits(hashlib.shake_256(seed).digest(2 * count * n_digits), count, n_digits, w)
 
 
 def random_alphas(count: int, bits: int) -> list[mpz]:

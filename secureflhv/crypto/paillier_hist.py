@@ -266,9 +266,10 @@ def task_histograms_of_nodes(n2: int, nodes: list) -> list:
 
 def build_nodes(cts_all: list, rows_list: list[np.ndarray], bins_all: np.ndarray, n_bins: list[int], n2) -> list:
     """:func:`build_node` of each node of a tree level. Nodes worth the executor on their own are cut
-    as there (:func:`work_pieces`, Ray shards); the smaller ones (deep levels: each under PAR_MIN_WORK) go to the workers together,
-    whole nodes per task, largest first onto the least loaded task, instead of one after the other in
-    this process (SecureBoost (a), depths 2-4: ~0.2 s of a tree on one core, the other idle).
+    as there (:func:`work_pieces`, Ray shards); the smaller ones (deep levels: each under PAR_MIN_WORK)
+    go to the workers together, whole nodes per task, largest first onto the least loaded task, instead
+    of one after the other in this process (SecureBoost (a), depths 2-4: ~0.2 s of a tree on one core,
+    the other idle).
 
     ``rows_list``: per node its int64 row indices (ascending) into ``cts_all`` / ``bins_all`` (uint, (n, d)).
     Returns one :func:`build_node` result per node, in order: per feature a list of per-bin ciphertexts

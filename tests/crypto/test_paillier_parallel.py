@@ -27,7 +27,8 @@ def keys():
 def _tables_state(n, pq):
     """(pid, public table is the large one, private tables are the large ones) inside a worker."""
     pub, priv = E.public_engine(n), E.private_engine(*pq)
-    return os.getpid(), pub._table is not None and pub._large, all(t is not None for t in priv._tables) and all(priv._large)
+    priv_large = all(t is not None for t in priv._tables) and all(priv._large)
+    return os.getpid(), pub._table is not None and pub._large, priv_large
 
 
 def _die_in_worker(parent_pid, x):
