@@ -154,12 +154,21 @@ class HECodec(ABC):
         """The guest's public key of an SbSetup (ProtocolError if unacceptable)."""
 
     @abstractmethod
-    def put_pairs(self, start, rows) -> None:
-        """Write the encrypted (g, h) row pairs into an SbTreeStart."""
+    def put_pairs(self, part, rows) -> None:
+        """Write encrypted (g, h) row pairs (:meth:`PairSums.encrypt` of some rows) into an SbRowPart."""
 
     @abstractmethod
-    def pairs_from(self, start, pub, sums: PairSums, n: int):
-        """The host's row pairs (input of :meth:`PairSums.histogram`) of an SbTreeStart."""
+    def pairs_from(self, part, pub, sums: PairSums, n: int):
+        """The ``n`` row pairs of an SbRowPart (ProtocolError if they are not ``n`` pairs of ``sums``)."""
+
+    @abstractmethod
+    def join_pairs(self, parts: list):
+        """The row pairs of consecutive parts (:meth:`pairs_from` results) as one input of
+        :meth:`PairSums.histogram`."""
+
+    @abstractmethod
+    def pair_bytes(self, pub) -> int:
+        """Bytes on the wire per row pair (sizes the parts within the job's message limit)."""
 
     @abstractmethod
     def put_pair_sums(self, msg, value) -> None:
@@ -250,14 +259,20 @@ class PaillierCodec(HECodec):
     def setup_key(self, setup, insecure_test_key: bool):
         return self.public_key_from_proto(setup.public_key, insecure_test_key, "the guest's public key")
 
-    def put_pairs(self, start, rows):
-        start.gh.CopyFrom(encrypted_to_proto(rows))
+    def put_pairs(self, part, rows):
+        part.gh.CopyFrom(encrypted_to_proto(rows))
 
-    def pairs_from(self, start, pub, sums, n: int):
-        enc = self.from_proto(start.gh, pub, (n,), "encrypted gradients", exponent=sums.spec.exponent)
+    def pairs_from(self, part, pub, sums, n: int):
+        enc = self.from_proto(part.gh, pub, (n,), "encrypted gradients", exponent=sums.spec.exponent)
         if enc.packing != sums.spec:
             raise ProtocolError(f"encrypted gradients packed as {enc.packing}, expected {sums.spec}")
         return enc.ciphertexts.tolist()
+
+    def join_pairs(self, parts):
+        return [c for part in parts for c in part]
+
+    def pair_bytes(self, pub):
+        return pub.byte_width
 
     def put_pair_sums(self, msg, value):
         msg.sums.CopyFrom(encrypted_to_proto(value))
@@ -346,14 +361,20 @@ class IdentityCodec(HECodec):
     def setup_key(self, setup, insecure_test_key: bool):
         return IdentityKey()
 
-    def put_pairs(self, start, rows):
+    def put_pairs(self, part, rows):
         gq, hq = rows
-        start.g.CopyFrom(tensor_to_proto(gq))
-        start.h.CopyFrom(tensor_to_proto(hq))
+        part.g.CopyFrom(tensor_to_proto(gq))
+        part.h.CopyFrom(tensor_to_proto(hq))
 
-    def pairs_from(self, start, pub, sums, n: int):
-        return (tensor_from_proto(start.g, what="g", dtype="<i8", shape=(n,)),
-                tensor_from_proto(start.h, what="h", dtype="<i8", shape=(n,)))
+    def pairs_from(self, part, pub, sums, n: int):
+        return (tensor_from_proto(part.g, what="g", dtype="<i8", shape=(n,)),
+                tensor_from_proto(part.h, what="h", dtype="<i8", shape=(n,)))
+
+    def join_pairs(self, parts):
+        return tuple(np.concatenate([p[i] for p in parts]) for i in (0, 1))
+
+    def pair_bytes(self, pub):
+        return 16  # two int64 mantissas
 
     def put_pair_sums(self, msg, value):
         msg.plain.CopyFrom(tensor_to_proto(value))

@@ -9,7 +9,10 @@ One tree (``[[.]]`` = Paillier under the guest's key; round ids ``tree * 64 + de
 
     guest        g, h from the labels and current margins; quantised to integers at p fraction bits
                  (params.precision_bits_for); [[pack(g_i, h_i)]] per row (2 slots, one ciphertext)
-    guest->hosts SbTreeStart: the n ciphertexts, p, the power-of-two bound of |g|, |h|
+    guest->hosts SbTreeStart: p, the power-of-two bound of |g|, |h|, the part layout; then the n
+                 ciphertexts in SbRowPart messages (``part_rows`` rows each), each sent as soon as
+                 its rows are encrypted and acknowledged by the host (at most ROW_PART_WINDOW
+                 outstanding), so a host decodes part k while the guest encrypts part k + 1
     for depth = 0 .. max_depth:
       guest->hosts SbLevelPlan: the row partitions of the splits of the previous level; the nodes to
                    split now; for each pair of children which one is built and which derived
@@ -38,10 +41,11 @@ cover both default directions; a won candidate maps back to (feature, bin, thres
 which for a host split stays in the host's table. A host's candidate count is bounded by
 2 * max_bin per feature it declared. Prediction: each owner routes a NaN by its split's default_left.
 
-The role methods are these stages: guest :meth:`~SecureBoostGuest._encrypt_gradients` (SbTreeStart),
-``_open_level`` / ``_send_plan`` (SbLevelPlan), ``_find_splits`` (SbHistograms -> one
+The role methods are these stages: guest :meth:`~SecureBoostGuest._encrypt_gradients` (SbTreeStart,
+SbRowPart), ``_open_level`` / ``_send_plan`` (SbLevelPlan), ``_find_splits`` (SbHistograms -> one
 :class:`SplitCandidate` per node), ``_apply_splits`` (SbDecision, SbSplitResults); host
-``_apply_partitions``, ``_aggregate_histograms``, ``_send_candidates``, ``_apply_decision``. Encryption
+``_receive_rows``, ``_apply_partitions``, ``_aggregate_histograms``, ``_send_candidates``,
+``_apply_decision``. Encryption
 and the encrypted histogram arithmetic are :class:`secureflhv.crypto.he.PairSums` (Paillier or, for the
 plaintext baseline, identity); their wire encoding is :mod:`secureflhv.transport.he_codec`.
 Each role's ``phases`` (:class:`PhaseLog`) records wall and CPU seconds per tree, phase and depth
@@ -81,11 +85,13 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
+from ..crypto import executor as _ex
 from ..crypto.he import PairSums
 from ..data.dataset import check_matrix
 from ..proto import tree_pb2
@@ -103,7 +109,15 @@ log = logging.getLogger("secureflhv.tree.vertical")
 TAG_SETUP, TAG_HELLO, TAG_START = "sb.setup", "sb.hello", "sb.start"
 TAG_PLAN, TAG_HIST, TAG_DECIDE, TAG_SPLIT = "sb.plan", "sb.hist", "sb.decide", "sb.split"
 TAG_ROUTE, TAG_ROUTED = "sb.route", "sb.routed"
+TAG_ROWS, TAG_ROWS_ACK = "sb.rows", "sb.rows_ack"
 DEPTH_SLOTS = 64
+# The row pairs of a tree travel in SbRowPart messages, encrypted and sent part by part: a host decodes
+# part k while the guest encrypts part k + 1, on a WAN the transfer hides behind the encryption, and no
+# message grows with the rows (a part stays within a quarter of the job's message limit).
+ROWS_PER_PART = 2048   # rows of a part (at least 1,024 per worker of the executor), unless the message
+                       # limit or MAX_ROW_PARTS asks for another size
+MAX_ROW_PARTS = 4096   # parts per tree (a tree's part rounds: tree * MAX_ROW_PARTS + part + 1)
+ROW_PART_WINDOW = 4    # parts a host may hold unacknowledged (<= the job's message limit queued per host)
 
 
 class SecureBoostError(RuntimeError):
@@ -112,6 +126,28 @@ class SecureBoostError(RuntimeError):
 
 def _rnd(tree: int, depth: int) -> int:
     return tree * DEPTH_SLOTS + depth + 1
+
+
+def _part_rnd(tree: int, part: int) -> int:
+    return tree * MAX_ROW_PARTS + part + 1
+
+
+def part_rows(n_rows: int, pair_bytes: int, max_payload_bytes: int | None, workers: int = 1) -> int:
+    """Rows per SbRowPart for a tree of ``n_rows`` row pairs of ``pair_bytes`` bytes each, encrypted by
+    ``workers`` workers: ``max(ROWS_PER_PART, 1024 * workers)`` (each worker's share of a part outweighs
+    the per-call cost), fewer where a part would exceed a quarter of ``max_payload_bytes`` (None: no
+    limit), more where there would be more than ``MAX_ROW_PARTS`` parts.
+
+    Raises ValueError (naming ``job.max_message_mb``) when no part size satisfies both."""
+    rows = max(ROWS_PER_PART, 1024 * int(workers))
+    if max_payload_bytes is not None:
+        rows = min(rows, (int(max_payload_bytes) // 4 - 4096) // int(pair_bytes))
+    rows = max(rows, -(-int(n_rows) // MAX_ROW_PARTS), 1)
+    if max_payload_bytes is not None and rows * int(pair_bytes) > int(max_payload_bytes) // 4:
+        raise ValueError(f"SecureBoost: {n_rows:,} rows of {pair_bytes} bytes do not fit {MAX_ROW_PARTS} messages "
+                         f"of at most a quarter of the message limit ({max_payload_bytes / 2 ** 20:,.2f} MiB); "
+                         "raise job.max_message_mb at every party")
+    return min(rows, max(1, int(n_rows)))
 
 
 class PhaseLog:
@@ -416,21 +452,53 @@ class SecureBoostGuest(_Role):
         return st.tree, st.leaf_rows
 
     def _encrypt_gradients(self, seq: int, g: np.ndarray, h: np.ndarray) -> _GrowingTree:
-        """Alg. 1 step 1: quantise g, h at p fraction bits, send [[pack(g_i, h_i)]] per row to every host."""
+        """Alg. 1 step 1: quantise g, h at p fraction bits, send [[pack(g_i, h_i)]] per row to every host
+        (SbTreeStart, then the rows in SbRowPart messages as they are encrypted)."""
         n = len(g)
         e = bound_log2(g, h)
         p = precision_bits_for(n, e)
         st = _GrowingTree(seq, p, quantise(g, p), quantise(h, p), self.he.pair_sums(self.pub, p, e, n))
-        start = tree_pb2.SbTreeStart(tree=seq, precision_bits=p, log2_bound=e)
+        rows = part_rows(n, self.wire.pair_bytes(self.pub), self.t.max_payload_bytes, _ex.workers())
+        start = tree_pb2.SbTreeStart(tree=seq, precision_bits=p, log2_bound=e, part_rows=rows,
+                                     row_parts=-(-n // rows))
         te = time.perf_counter()
         self.phases.start(seq, "encrypt")
-        pairs = st.sums.encrypt(self.priv, st.gq, st.hq)
-        self.timings["encrypt"] = self.timings.get("encrypt", 0.0) + time.perf_counter() - te
-        self.phases.start(seq, "send")
-        self.wire.put_pairs(start, pairs)
         for host in self.host_ids:
             self._send(host, TAG_START, start, seq + 1, f"tree {seq}")
+        self._stream_rows(st, [(a, min(n, a + rows)) for a in range(0, n, rows)])
+        self.timings["encrypt"] = self.timings.get("encrypt", 0.0) + time.perf_counter() - te
         return st
+
+    def _stream_rows(self, st: _GrowingTree, bounds: list[tuple[int, int]]) -> None:
+        """Encrypt the parts' row pairs one after the other in a thread (the worker pool computes) while
+        this one encodes and sends the previous part to every host; before sending part k to a host, take
+        its acknowledgement of part k - ROW_PART_WINDOW, and at the end every acknowledgement left."""
+        seq, where = st.seq, f"tree {st.seq}"
+        with ThreadPoolExecutor(1, thread_name_prefix="secureflhv-sb-encrypt") as pool:
+            parts = [pool.submit(st.sums.encrypt, self.priv, st.gq[a:b], st.hq[a:b]) for a, b in bounds]
+            try:
+                for k, fut in enumerate(parts):
+                    msg = tree_pb2.SbRowPart(tree=seq, part=k)
+                    self.wire.put_pairs(msg, fut.result())
+                    parts[k] = None  # sent: its ciphertexts need not stay in memory
+                    for host in self.host_ids:
+                        if k >= ROW_PART_WINDOW:
+                            self._rows_ack(host, seq, k - ROW_PART_WINDOW)
+                        self._send(host, TAG_ROWS, msg, _part_rnd(seq, k), where)
+            finally:
+                for fut in parts:
+                    if fut is not None:
+                        fut.cancel()  # a host failed: encrypt no more parts
+        for host in self.host_ids:
+            for k in range(max(0, len(bounds) - ROW_PART_WINDOW), len(bounds)):
+                self._rows_ack(host, seq, k)
+
+    def _rows_ack(self, host: str, seq: int, part: int) -> None:
+        def check(m: tree_pb2.SbRowPart):
+            if m.tree != seq or m.part != part:
+                raise ProtocolError(f"acknowledgement of tree {m.tree} part {m.part}, expected tree {seq} part {part}")
+        self._recv(host, TAG_ROWS_ACK, _part_rnd(seq, part), parse_message(tree_pb2.SbRowPart, check),
+                   f"tree {seq}, row part {part}")
 
     def _open_level(self, st: _GrowingTree, level: list[int], depth: int) -> list[int]:
         """Create the level's nodes; those at max depth or with < 2 rows become leaves. Returns the rest."""
@@ -795,11 +863,13 @@ class SecureBoostHost(_Role):
                 self.phases.stop()
                 self.keep_trees = start[1]
                 return
+            sums = start[0]
+            data = self._receive_rows(seq, *start)
             try:
-                self._tree(seq, *start)
+                self._tree(seq, data, sums)
             finally:
-                start[1].release(start[0])
-            self.timings["compress"] += start[1].compress_seconds
+                sums.release(data)
+            self.timings["compress"] += sums.compress_seconds
             seq += 1
             if self._validating:
                 self.phases.start(seq - 1, "validate")
@@ -822,14 +892,38 @@ class SecureBoostHost(_Role):
         return m
 
     def _parse_start(self, m: tree_pb2.SbTreeStart, seq: int):
+        """(None, trees kept) for a stop, else (the tree's PairSums, rows per part, parts)."""
         if m.tree != seq:
             raise ProtocolError(f"tree {m.tree}, expected {seq}")
         if m.stop:
             return None, int(m.keep_trees)
-        n = self.X.shape[0]
-        self.phases.start(seq, "decode")
+        n, rows, parts = self.X.shape[0], int(m.part_rows), int(m.row_parts)
         sums = self.he.pair_sums(self.pub, int(m.precision_bits), int(m.log2_bound), n)
-        return self.wire.pairs_from(m, self.pub, sums, n), sums
+        if not 1 <= rows <= n or parts != -(-n // rows) or parts > MAX_ROW_PARTS:
+            raise ProtocolError(f"{parts} parts of {rows} rows for the {n} rows here (at most {MAX_ROW_PARTS} parts)")
+        limit = self.t.max_payload_bytes
+        if limit is not None and rows * self.wire.pair_bytes(self.pub) > limit:
+            raise ProtocolError(f"parts of {rows} rows exceed this party's message limit")
+        return sums, rows, parts
+
+    def _receive_rows(self, seq: int, sums: PairSums, rows: int, parts: int):
+        """The tree's row pairs, part by part (each decoded while the guest encrypts the next, and
+        acknowledged so the guest sends more), joined for :meth:`PairSums.histogram`."""
+        n, got = self.X.shape[0], []
+        for k in range(parts):
+            count = min(n, (k + 1) * rows) - k * rows
+
+            def check(m: tree_pb2.SbRowPart, k=k, count=count):
+                if m.tree != seq or m.part != k:
+                    raise ProtocolError(f"row part {m.part} of tree {m.tree}, expected part {k} of tree {seq}")
+                self.phases.start(seq, "decode")
+                return self.wire.pairs_from(m, self.pub, sums, count)
+
+            self.phases.start(seq, "wait")
+            got.append(self.t.recv(self.guest_id, TAG_ROWS, round=_part_rnd(seq, k),
+                                   parse=parse_message(tree_pb2.SbRowPart, check)))
+            self.t.send(self.guest_id, TAG_ROWS_ACK, tree_pb2.SbRowPart(tree=seq, part=k), round=_part_rnd(seq, k))
+        return self.wire.join_pairs(got)
 
     # Cheng et al. 2021, Alg. 1-2, host side of one tree: per level, apply the guest's partitions,
     # aggregate encrypted histograms, send the candidates' sums, apply the splits it won

@@ -294,9 +294,9 @@ def test_secureboost_row_pairs_at_another_exponent_are_refused(paillier_setup):
 
     he, wire, pub, priv = paillier_setup
     sums = he.pair_sums(pub, 20, 2, 4)
-    start = tree_pb2.SbTreeStart()
-    wire.put_pairs(start, sums.encrypt(priv, np.array([1, -2, 3, 0]), np.array([4, 1, 2, 3])))
-    assert len(wire.pairs_from(start, pub, sums, 4)) == 4
-    start.gh.exponent = 2 ** 31 - 1
+    part = tree_pb2.SbRowPart()
+    wire.put_pairs(part, sums.encrypt(priv, np.array([1, -2, 3, 0]), np.array([4, 1, 2, 3])))
+    assert len(wire.pairs_from(part, pub, sums, 4)) == 4
+    part.gh.exponent = 2 ** 31 - 1
     with pytest.raises(ProtocolError, match="encrypted gradients: EncryptedTensor.exponent 2147483647 != the agreed"):
-        wire.pairs_from(start, pub, sums, 4)
+        wire.pairs_from(part, pub, sums, 4)

@@ -31,13 +31,15 @@ def run_threads(targets: dict, timeout: float = 120.0) -> tuple[dict, dict]:
 
 
 def vertical_run(X, y, col_groups, params, *, X_val=None, y_val=None, X_pred=None, deadline=60.0, backend="paillier",
-                 host_wrappers=None, keypair=None):
-    """Train vertical SecureBoost with guest = col_groups[0], hosts = the rest.
+                 host_wrappers=None, keypair=None, max_payload_bytes=None):
+    """Train vertical SecureBoost with guest = col_groups[0], hosts = the rest (``max_payload_bytes``:
+    every party's message limit, default the transport's).
 
     Returns dict(guest, hosts, result, pred (margins of X_pred or None), net, errors).
     """
     host_ids = [f"host-{i}" for i in range(1, len(col_groups))]
-    net = InProcessNetwork("sb-test", ["guest", *host_ids], deadline=deadline)
+    net = InProcessNetwork("sb-test", ["guest", *host_ids], deadline=deadline,
+                           **({} if max_payload_bytes is None else {"max_payload_bytes": max_payload_bytes}))
     sel = lambda A, c: None if A is None else A[:, c]  # noqa: E731
     guest = SecureBoostGuest(net.transport("guest"), host_ids, X[:, col_groups[0]], y, params,
                              X_val=sel(X_val, col_groups[0]), y_val=y_val, backend=backend, keypair=keypair)

@@ -19,7 +19,7 @@ from secureflhv.transport import Message
 from secureflhv.tree.binning import fit_cuts
 from secureflhv.tree.params import SecureBoostParams
 from secureflhv.tree.reference import fit_reference
-from secureflhv.tree.vertical import TAG_HIST, SecureBoostError
+from secureflhv.tree.vertical import ROW_PART_WINDOW, TAG_HIST, SecureBoostError, part_rows
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -258,6 +258,26 @@ def test_host_killed_mid_tree_stops_job_naming_it():
     assert "host-1" in str(err) and "tree 1" in str(err)
     # the other host was told and stopped too, rather than hanging
     assert "host-2" in run["errors"]
+
+
+def test_row_pairs_travel_in_acknowledged_parts_within_a_small_message_limit():
+    """569 rows of 128-byte ciphertexts (73 kB per host and tree) under a 24 KiB message limit: one
+    message holding every row (as before the row parts) would be refused; now each tree's rows go in
+    36 parts of 16 rows, at most ROW_PART_WINDOW unacknowledged, and the model still equals its twin."""
+    X, y = load_breast_cancer(return_X_y=True)
+    cols = [np.arange(0, 10), np.arange(10, 20), np.arange(20, 30)]
+    params = _params(n_trees=2)
+    limit = 24 << 10
+    assert len(X) * KEY[0].byte_width > limit
+    run = vertical_run(X, y, cols, params, keypair=KEY, max_payload_bytes=limit)
+    _assert_twin(run, X, y, cols, params)
+    rows = part_rows(len(X), KEY[0].byte_width, limit)
+    assert rows == 16
+    for host in ("host-1", "host-2"):
+        tags = run["net"].wire_stats()["guest"][host]["by_tag"]
+        assert tags["sb.rows"]["messages_sent"] == 2 * -(-len(X) // rows) == 72
+        assert tags["sb.rows_ack"]["messages_received"] == 72
+    assert ROW_PART_WINDOW < 36  # so the guest waited for acknowledgements before sending on
 
 
 def test_guest_cuts_are_float32_quantiles():
