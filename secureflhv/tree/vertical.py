@@ -114,8 +114,8 @@ DEPTH_SLOTS = 64
 # The row pairs of a tree travel in SbRowPart messages, encrypted and sent part by part: a host decodes
 # part k while the guest encrypts part k + 1, on a WAN the transfer hides behind the encryption, and no
 # message grows with the rows (a part stays within a quarter of the job's message limit).
-ROWS_PER_PART = 2048   # rows of a part (at least 1,024 per worker of the executor), unless the message
-                       # limit or MAX_ROW_PARTS asks for another size
+PART_BYTES = 1 << 20   # a part's size aimed at (2,048 Paillier or 4,096 OU rows at 2048 bits; at least
+                       # 1,024 rows per worker of the executor), unless the message limit asks for less
 MAX_ROW_PARTS = 4096   # parts per tree (a tree's part rounds: tree * MAX_ROW_PARTS + part + 1)
 ROW_PART_WINDOW = 4    # parts a host may hold unacknowledged (<= the job's message limit queued per host)
 
@@ -134,20 +134,22 @@ def _part_rnd(tree: int, part: int) -> int:
 
 def part_rows(n_rows: int, pair_bytes: int, max_payload_bytes: int | None, workers: int = 1) -> int:
     """Rows per SbRowPart for a tree of ``n_rows`` row pairs of ``pair_bytes`` bytes each, encrypted by
-    ``workers`` workers: ``max(ROWS_PER_PART, 1024 * workers)`` (each worker's share of a part outweighs
-    the per-call cost), fewer where a part would exceed a quarter of ``max_payload_bytes`` (None: no
-    limit), more where there would be more than ``MAX_ROW_PARTS`` parts.
+    ``workers`` workers: parts of 1 to 2 times ``max(PART_BYTES / pair_bytes, 1024 * workers)`` rows, all
+    of one size but the last (so no part is too small for the worker pool, which encrypts a small
+    batch in this process), fewer rows where a part would exceed a quarter of ``max_payload_bytes``
+    (None: no limit), more where there would be more than ``MAX_ROW_PARTS`` parts.
 
     Raises ValueError (naming ``job.max_message_mb``) when no part size satisfies both."""
-    rows = max(ROWS_PER_PART, 1024 * int(workers))
-    if max_payload_bytes is not None:
-        rows = min(rows, (int(max_payload_bytes) // 4 - 4096) // int(pair_bytes))
-    rows = max(rows, -(-int(n_rows) // MAX_ROW_PARTS), 1)
-    if max_payload_bytes is not None and rows * int(pair_bytes) > int(max_payload_bytes) // 4:
+    n, width = max(1, int(n_rows)), int(pair_bytes)
+    cap = n if max_payload_bytes is None else (int(max_payload_bytes) // 4 - 4096) // width
+    want = max(PART_BYTES // width, 1024 * int(workers))
+    parts = min(MAX_ROW_PARTS, max(1, n // want, -(-n // max(cap, 1))))
+    rows = -(-n // parts)
+    if rows > cap:
         raise ValueError(f"SecureBoost: {n_rows:,} rows of {pair_bytes} bytes do not fit {MAX_ROW_PARTS} messages "
                          f"of at most a quarter of the message limit ({max_payload_bytes / 2 ** 20:,.2f} MiB); "
                          "raise job.max_message_mb at every party")
-    return min(rows, max(1, int(n_rows)))
+    return rows
 
 
 class PhaseLog:
