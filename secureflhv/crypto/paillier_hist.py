@@ -34,6 +34,7 @@ from collections import OrderedDict
 from concurrent.futures.process import BrokenProcessPool
 from threading import BrokenBarrierError
 
+import gmpy2
 import numpy as np
 from gmpy2 import mpz
 
@@ -379,16 +380,12 @@ def compress_many(lists: list[list], per: int, shift_bits: int, n2) -> list[list
 
 
 def _compress_groups(n2: int, shift_bits: int, groups: list) -> list:
-    # acc^(2^s) as s plain squarings: ~4% faster than gmpy2.powmod(acc, 2^s, n2), which also builds a
-    # window table and converts to and from Montgomery form for an exponent with a single bit set
     n2 = mpz(n2)
-    squarings = range(shift_bits)
+    e = mpz(1) << shift_bits
     out = []
     for g in groups:
         acc = g[-1]
         for c in reversed(g[:-1]):
-            for _ in squarings:
-                acc = acc * acc % n2
-            acc = acc * c % n2
+            acc = gmpy2.powmod(acc, e, n2) * c % n2
         out.append(acc)
     return out

@@ -221,3 +221,18 @@ def test_parallel_encryption_decrypts(keys, monkeypatch):
         P.set_workers(1)
     assert ou.decrypt_ints(priv, cts) == ms
     assert len(set(cts)) == len(cts)  # fresh randomness in every worker and chunk
+
+
+def test_the_first_h_table_is_small_and_the_large_one_follows_after_heavy_use(keys, monkeypatch):
+    """A key's first H table has the window _H_WINDOW_FIRST (cheap to build for the first batch); after
+    _H_LARGE_AFTER encryptions the engine holds the _H_WINDOW table; ciphertexts of both decrypt."""
+    pub, priv = keys
+    monkeypatch.setattr(ou, "_H_LARGE_AFTER", 40)
+    eng = ou._Engine(pub)
+    ms = [0, 1, -1, 7, -(1 << 60), (1 << 100) + 5] * 4
+    first = ou._encrypt_ints(eng, pub._n, ms)
+    assert eng._h_table.w == ou._H_WINDOW_FIRST < ou._H_WINDOW
+    second = ou._encrypt_ints(eng, pub._n, ms)
+    assert eng._h_table.w == ou._H_WINDOW
+    assert ou.decrypt_ints(priv, first) == ou.decrypt_ints(priv, second) == ms
+    assert len(set(first + second)) == 2 * len(ms)
