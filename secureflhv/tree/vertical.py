@@ -45,9 +45,9 @@ The role methods are these stages: guest :meth:`~SecureBoostGuest._encrypt_gradi
 SbRowPart), ``_open_level`` / ``_send_plan`` (SbLevelPlan), ``_find_splits`` (SbHistograms -> one
 :class:`SplitCandidate` per node), ``_apply_splits`` (SbDecision, SbSplitResults); host
 ``_receive_rows``, ``_apply_partitions``, ``_aggregate_histograms``, ``_send_candidates``,
-``_apply_decision``. Encryption
-and the encrypted histogram arithmetic are :class:`secureflhv.crypto.he.PairSums` (Paillier or, for the
-plaintext baseline, identity); their wire encoding is :mod:`secureflhv.transport.he_codec`.
+``_apply_decision``. Encryption and the encrypted histogram arithmetic are
+:class:`secureflhv.crypto.he.PairSums` (Paillier or, for the plaintext baseline, identity); their wire
+encoding is :mod:`secureflhv.transport.he_codec`.
 Each role's ``phases`` (:class:`PhaseLog`) records wall and CPU seconds per tree, phase and depth
 (``benchmarks/secureboost.py --phases`` prints them).
 
