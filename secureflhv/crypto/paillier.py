@@ -337,7 +337,7 @@ def _task_encrypt_crt_half(p: int, q: int, large: bool, seed: bytes, n_chunks: i
     eng = _eng.private_engine(p, q)
     chunk = _par.split(mantissas, n_chunks)[i // 2]
     table = eng.table(i % 2, large)
-    cols = _eng.seeded_digits(seed + (i // 2).to_bytes(4, "big"), table.n_digits, len(chunk), table.w)
+    cols = table.seeded_columns(seed + (i // 2).to_bytes(4, "big"), len(chunk))
     return i, table.w, eng.encrypt_half(i % 2, chunk, cols, large)
 
 

@@ -118,6 +118,11 @@ class FixedBaseTable:
         """
         return random_digits(self.n_digits, count, self.w)
 
+    def seeded_columns(self, seed: bytes, count: int) -> list[list[int]]:
+        """As :meth:`random_columns`, drawn from SHAKE-256(``seed``) (:func:`seeded_digits`): processes
+        given the same secret seed and a table of the same window draw the same alphas."""
+        return seeded_digits(seed, self.n_digits, count, self.w)
+
     def pow_columns(self, cols) -> list[mpz]:
         """``pow_digits`` of every alpha given column-major (see ``random_columns``).
 
@@ -134,27 +139,29 @@ class FixedBaseTable:
         return accs
 
 
-def random_digits(count: int, n_digits: int, w: int) -> list[list[int]]:
-    """``count`` fresh uniformly random alphas of n_digits*w bits, as base-2^w digit lists (os.urandom).
+def random_digits(rows: int, cols: int, w: int) -> list[list[int]]:
+    """A ``rows`` x ``cols`` grid (list of ``rows`` lists) of independent uniform base-2^w digits
+    (os.urandom). Read by rows it is ``rows`` alphas of ``cols`` digits each (``pow_many``); with
+    ``rows`` = the table's digit count it is the digit columns of ``cols`` alphas (``pow_columns``).
 
-    n_digits*w >= alpha_bits (e.g. 86*12 = 1032 >= 1024): the few extra bits only lengthen the
+    digits * w >= alpha_bits (e.g. 86*12 = 1032 >= 1024): the few extra bits only lengthen the
     uniform exponent, which DJN's argument allows (any length >= ceil(k/2)).
     """
-    return _digits(os.urandom(2 * count * n_digits), count, n_digits, w)
+    return _digits(os.urandom(2 * rows * cols), rows, cols, w)
 
 
-def _digits(raw: bytes, count: int, n_digits: int, w: int) -> list[list[int]]:
-    """``count`` lists of ``n_digits`` base-2^w digits, each the low w bits of 16 bits of ``raw``."""
-    arr = np.frombuffer(raw, dtype="<u2").reshape(count, n_digits)
+def _digits(raw: bytes, rows: int, cols: int, w: int) -> list[list[int]]:
+    """``rows`` lists of ``cols`` base-2^w digits, each the low w bits of 16 bits of ``raw``."""
+    arr = np.frombuffer(raw, dtype="<u2").reshape(rows, cols)
     return (arr & np.uint16((1 << w) - 1)).tolist()
 
 
-def seeded_digits(seed: bytes, count: int, n_digits: int, w: int) -> list[list[int]]:
+def seeded_digits(seed: bytes, rows: int, cols: int, w: int) -> list[list[int]]:
     """As :func:`random_digits`, drawn from SHAKE-256(``seed``) instead of os.urandom: two processes
     given the same secret seed draw the same exponents (the key holder's CRT halves computed apart).
     SHAKE-256 is an extendable-output function usable as a PRG (NIST SP 800-185 / FIPS 202); with a
     256-bit uniformly random seed its output is indistinguishable from uniform."""
-    return _digits(hashlib.shake_256(seed).digest(2 * count * n_digits), count, n_digits, w)
+    return _digits(hashlib.shake_256(seed).digest(2 * rows * cols), rows, cols, w)
 
 
 def random_alphas(count: int, bits: int) -> list[mpz]:

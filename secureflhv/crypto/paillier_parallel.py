@@ -144,10 +144,10 @@ def on_each_worker(fn, *args) -> list:
 
     For per-process state: building a key's tables before a timed phase (:func:`warm`), reading the
     workers' CPU time (:func:`worker_cpu_seconds`); and for work with a fixed share per worker
-    (:func:`worker_index`: the key holder's encryption by CRT half).  Raises BrokenProcessPool / BrokenBarrierError if
-    a worker dies or does not arrive within ``BARRIER_TIMEOUT_S``.  One such call at a time (two at
-    once could put both of one call's tasks on the same worker, so calls wait for each other);
-    batches may run beside it.
+    (:func:`worker_index`: the key holder's encryption by CRT half).  Raises BrokenProcessPool /
+    BrokenBarrierError if a worker dies or does not arrive within ``BARRIER_TIMEOUT_S``.  One such call
+    at a time (two at once could put both of one call's tasks on the same worker, so calls wait for
+    each other); batches may run beside it.
     """
     with _each_lock:
         pool = _get_pool()
