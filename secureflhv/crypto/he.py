@@ -584,9 +584,11 @@ class OUPairSums(PaillierPairSums):
         p = self.spec.precision_bits
         packed = pl.pack(np.stack([np.ldexp(gq.astype(np.float64), -p), np.ldexp(hq.astype(np.float64), -p)],
                                   axis=1), self.spec)
-        cts = np.empty(len(packed), dtype=object)
-        cts[:] = ou.encrypt_ints(self.pub, packed.reshape(-1).tolist())
-        return pl.EncryptedArray(self.pub, cts, self.spec.exponent, self.spec, 1)
+        if (key.public_key if isinstance(key, ou.OUPrivateKey) else key) != self.pub:
+            raise ValueError("OUPairSums.encrypt: a key other than this table's public key")
+        cts = ou.encrypt_ints(key, packed.reshape(-1).tolist())  # the key holder's by the CRT
+        return pl.EncryptedArray(self.pub, np.fromiter(cts, dtype=object, count=len(cts)), self.spec.exponent,
+                                 self.spec, 1)
 
     def decrypt(self, priv, value, counts):
         n_ct = self.n_elements(counts)

@@ -230,9 +230,37 @@ def test_the_first_h_table_is_small_and_the_large_one_follows_after_heavy_use(ke
     monkeypatch.setattr(ou, "_H_LARGE_AFTER", 40)
     eng = ou._Engine(pub)
     ms = [0, 1, -1, 7, -(1 << 60), (1 << 100) + 5] * 4
-    first = ou._encrypt_ints(eng, pub._n, ms)
+    first = eng.encrypt(ms)
     assert eng._h_table.w == ou._H_WINDOW_FIRST < ou._H_WINDOW
-    second = ou._encrypt_ints(eng, pub._n, ms)
+    second = eng.encrypt(ms)
     assert eng._h_table.w == ou._H_WINDOW
     assert ou.decrypt_ints(priv, first) == ou.decrypt_ints(priv, second) == ms
     assert len(set(first + second)) == 2 * len(ms)
+
+
+def test_key_holder_encryption_by_the_crt_is_the_public_formula(keys, monkeypatch):
+    """The key holder's engine (halves mod p^2 and q) gives exactly G^m H^r mod n for the same r, for
+    either window; encrypt_ints with the private key decrypts, inline and on the workers (which also
+    decrypt)."""
+    pub, priv = keys
+    ms = [0, 1, -1, 7, -(1 << 60), (1 << 100) + 5, pub.max_int - 1, 1 - pub.max_int] * 4
+    crt, public = ou._Engine(pub, priv.p, priv.q), ou._Engine(pub)
+    for w in (ou._H_WINDOW_FIRST, ou._H_WINDOW):
+        monkeypatch.setattr(ou, "_H_WINDOW_FIRST", w)
+        rows = -(-ou.RANDOM_BITS // w)
+        cols = [[int(x) for x in col] for col in np.random.default_rng(w).integers(0, 1 << w, (rows, len(ms)))]
+        r = [sum(cols[i][j] << (w * i) for i in range(rows)) for j in range(len(ms))]
+        expect = [pow(pub.g, m, pub.n) * pow(pub.h, rj, pub.n) % pub.n for m, rj in zip(ms, r)]
+        assert crt.encrypt(ms, cols) == public.encrypt(ms, cols) == expect
+        assert crt._h_table.w == w
+    inline = ou.encrypt_ints(priv, ms)
+    monkeypatch.setattr(ou, "PAR_ENCRYPT_MIN", 8)
+    monkeypatch.setattr(ou, "PAR_DECRYPT_MIN", 8)
+    P.set_workers(2)
+    try:
+        pooled = ou.encrypt_ints(priv, ms)
+        pooled_plain = ou.decrypt_ints(priv, pooled)
+    finally:
+        P.set_workers(1)
+    assert ou.decrypt_ints(priv, inline) == pooled_plain == ms
+    assert len(set(inline + pooled)) == 2 * len(ms)

@@ -190,7 +190,7 @@ def test_row_ciphertexts_are_sent_to_the_workers_once_and_again_after_a_worker_l
         assert [vh.build_node(cts, r, bins, [nb] * d, pub.nsquare) for r in nodes] == inline
         assert len(installs) == 1
         for other in (-1, -2):  # two other lists evict this one from every worker (RESIDENT_KEEP = 2)
-            on_each(vh._install, other, [])
+            on_each(vh._install, other, b"", 1)
         assert vh.build_node(cts, nodes[1], bins, [nb] * d, pub.nsquare) == inline[1]
         assert len(installs) == 2 and installs[1] != installs[0]
     finally:
