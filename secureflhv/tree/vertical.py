@@ -93,6 +93,7 @@ import numpy as np
 
 from ..crypto import executor as _ex
 from ..crypto.he import PairSums
+from ..crypto.key_prefetch import resolve_keypair
 from ..data.dataset import check_matrix
 from ..proto import tree_pb2
 from ..transport.he_codec import backend_and_codec
@@ -308,7 +309,8 @@ class SecureBoostGuest(_Role):
         params: :class:`SecureBoostParams` (or dict).
         X_val, y_val: optional validation rows (aligned with the hosts' validation rows).
         cuts: guest bin cuts (default: :func:`~secureflhv.tree.binning.fit_cuts` of X, NaN ignored).
-        keypair: (public, private) of ``params.he_scheme`` (default: generated with ``params.key_bits``).
+        keypair: (public, private) of ``params.he_scheme``, or a Future of one
+            (:func:`~secureflhv.crypto.key_prefetch.prefetch_keypair`); default: generated with ``params.key_bits``.
         backend: None (default: ``params.he_scheme``, "paillier" or "ou") or "identity" (NO encryption:
             the plaintext baseline of ``benchmarks/secureboost.py``; never use it with real data).
     """
@@ -411,7 +413,8 @@ class SecureBoostGuest(_Role):
         prm = self.params
         t0 = time.perf_counter()
         self.phases.start(0, "keygen")
-        self.pub, self.priv = self._keypair or self.he.generate_keypair(prm.key_bits, prm.insecure_test_key)
+        self.pub, self.priv = resolve_keypair(self._keypair) or self.he.generate_keypair(prm.key_bits,
+                                                                                        prm.insecure_test_key)
         self.timings["keygen"] = time.perf_counter() - t0
         self.phases.start(0, "hello")
         setup = tree_pb2.SbSetup(n_rows=n, n_val_rows=0 if self.X_val is None else len(self.X_val),

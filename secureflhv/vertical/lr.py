@@ -111,6 +111,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..crypto.he import VERTICAL_DOT_PRECISION_BITS
 from ..crypto.he import constant_shift_bits as _shift_bits
+from ..crypto.key_prefetch import resolve_keypair
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
@@ -425,7 +426,8 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
             float targets.
         config: :class:`VerticalLRConfig` (or a dict of its fields).
         arbiter_id: the arbiter's party id (``mode="arbiter"``), else None.
-        keypair: (public, private) Paillier key to use in two-party mode (default: generated).
+        keypair: (public, private) key of ``config.he_scheme`` to use in two-party mode, or a Future of one
+            (:func:`~secureflhv.crypto.key_prefetch.prefetch_keypair`; default: generated).
         backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
             :class:`~secureflhv.crypto.he.HEBackend`.
         on_epoch: optional ``callback(epoch, loss)`` called after each epoch (progress reporting).
@@ -575,7 +577,7 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
             pub, priv = t.recv(self.arbiter_id, TAG_PUBKEY, parse=self._pubkey_parser()), None
             t.send(self.arbiter_id, TAG_HELLO, messages_pb2.Scalars(values={"n_features": d_g}), round=0)
         else:
-            pub, priv = self._keypair or self.he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+            pub, priv = resolve_keypair(self._keypair) or self.he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
             for h in self.host_ids:
                 t.send(h, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
         host_dims = {h: int(t.recv(h, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
@@ -868,7 +870,8 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
     Args:
         transport, config, backend: as for :class:`VerticalLRGuest`.
         guest_id, host_ids: the data parties (hosts in the guest's order).
-        keypair: (public, private) Paillier key (default: generated with ``config.key_bits``).
+        keypair: (public, private) key of ``config.he_scheme``, or a Future of one
+            (:func:`~secureflhv.crypto.key_prefetch.prefetch_keypair`; default: generated with ``config.key_bits``).
 
     What the arbiter learns: the number of rows, batches and epochs, each party's feature count and
     the epoch at which training stops. Every value it decrypts (gradients, loss) is masked with a
@@ -900,7 +903,8 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
         n, self.loss = _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg,
                                     self.host_ids, None, self.party_id)
         self.n_rows = n  # the training rows: the bound of an in-job prediction request
-        pub, priv = self._keypair = self._keypair or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+        pub, priv = self._keypair = (resolve_keypair(self._keypair)
+                                     or he.generate_keypair(cfg.key_bits, cfg.insecure_test_key))
         for p in self._peers():
             t.send(p, TAG_PUBKEY, self.wire.public_key_to_proto(pub), round=0)
         dims = {p: int(t.recv(p, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
@@ -933,4 +937,4 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
         bound = self.config.batch_size or max_rows or self.n_rows
         if bound is None:
             raise ValueError("max_rows: needed with a full-batch config when the arbiter has not trained")
-        return self.serve_scores(bound, self._keypair)
+        return self.serve_scores(bound, resolve_keypair(self._keypair))

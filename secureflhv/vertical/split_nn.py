@@ -110,6 +110,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..crypto.he import VERTICAL_DOT_PRECISION_BITS
+from ..crypto.key_prefetch import resolve_keypair
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import whole_count
@@ -677,7 +678,8 @@ class SplitNNHost(PredictionHost, _Role):
         guest_id: the guest's party id.
         host_ids: every host in the guest's order (this party included).
         X: float64 (n, d_h) features aligned with the guest's rows.
-        keypair: (public, private) Paillier key (default: generated with ``config.key_bits``).
+        keypair: (public, private) key of ``config.he_scheme``, or a Future of one
+            (:func:`~secureflhv.crypto.key_prefetch.prefetch_keypair`; default: generated with ``config.key_bits``).
         record_gradients: keep the per-row norm of the plaintext gradient received in the last epoch
             (``gradient_norms``: (n,) array) -- what an honest-but-curious host can look at; used to
             measure label leakage.
@@ -747,7 +749,7 @@ class SplitNNHost(PredictionHost, _Role):
         """Check the guest's plan (config, hosts, rows), make this host's key pair, send the public key."""
         cfg = self.config
         self._check_setup(self._recv(TAG_SETUP, parse=parse_message(messages_pb2.Bundle)))
-        pub, priv = self._keypair or self.he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
+        pub, priv = resolve_keypair(self._keypair) or self.he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
         self.public_key, self._priv = pub, priv
         self.t.send(self.guest_id, TAG_HELLO, self.wire.public_key_to_proto(pub), round=0)
 

@@ -306,3 +306,18 @@ def test_okamoto_uchiyama_equals_centralised_twin():
     cols = [np.array([0]), np.array([1, 2]), np.array([3])]
     params = _params(he_scheme="ou", key_bits=1024, objective="multiclass", n_classes=3, n_trees=2)
     _assert_twin(vertical_run(Xi, yi, cols, params, keypair=keypair, backend=None), Xi, yi, cols, params)
+
+
+def test_a_guest_given_a_prefetched_key_trains_under_it():
+    """The job runner hands the guest a Future of its key pair (generated while PSI runs)."""
+    from secureflhv.crypto.key_prefetch import prefetch_keypair
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(200, 4))
+    y = (X[:, 0] + X[:, 2] > 0).astype(float)
+    params = _params(n_trees=1, max_depth=2, max_bin=8)
+    fut = prefetch_keypair("paillier", 512, insecure_test_key=True)
+    col_groups = [np.array([0, 1]), np.array([2, 3])]
+    run = vertical_run(X, y, col_groups, params, keypair=fut)
+    _assert_twin(run, X, y, col_groups, params)
+    assert run["guest"].pub == fut.result()[0] and all(h.pub == fut.result()[0] for h in run["hosts"])
