@@ -160,7 +160,7 @@ def main(argv=None) -> int:
             wire, batches = res[scheme][1], res[scheme][3]
             scale = per_epoch / batches  # bytes of the measured batches -> one epoch
             table.add_row(name, scheme, str(n_train), str(per_epoch), f"{ps:.3f}", f"{is_:.4f}",
-                          f"{pe:.1f}{extrap}", f"{ie:.2f}{extrap}", f"{pe / ie:.0f}x",
+                          f"{pe:.1f}{extrap}", f"{ie:.3g}{extrap}", f"{pe / ie:.0f}x",
                           _wire.line(wire, scale) + (" (extrapolated)" if scale != 1 else ""))
             recorded[scheme].append((name, pe, ie, extrap, ps, wire, scale))
     console.print(table)
@@ -208,7 +208,7 @@ def record_row(args, scheme: str, recorded) -> None:
         "what": f"split NN, {title} {args.key_bits}-bit, batch {args.batch_size}, interactive width {args.units} "
                 f"(`split_nn.py --he-scheme {scheme}`)",
         "ours": ours,
-        "baseline": "encryption replaced by identity: " + "; ".join(f"{ie:.2f} s" for _, _, ie, *_ in recorded),
+        "baseline": "encryption replaced by identity: " + "; ".join(f"{ie:.3g} s" for _, _, ie, *_ in recorded),
         "ratio": "; ".join(f"{pe / ie:,.0f}×" for _, pe, ie, *_ in recorded)
                  + " (FATE v1.11: 347 s/epoch on its benchmark)",
         "bytes": "; ".join(f"{name}: {_wire.cell(wire, scale, 'epoch')}" + (" (extrapolated)" if scale != 1 else "")
