@@ -205,13 +205,20 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version_line() -> str:
+    """``secureflhv X (gmpy2 Y on GMP Z)``: the GMP decides the homomorphic layer's speed (``make gmp``)."""
+    import gmpy2
+
+    return f"secureflhv {__version__} (gmpy2 {gmpy2.version()} on {gmpy2.mp_version()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="secureflhv",
         description="Secure cross-silo federated learning over gRPC with mutual TLS.",
         epilog="Run one party per organisation with `secureflhv party JOB --party ID`; "
                "`secureflhv run JOB` starts all parties on this machine for a demo or test.")
-    parser.add_argument("--version", action="version", version=f"secureflhv {__version__}")
+    parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("certs", help="generate a CA and one TLS certificate per party",
