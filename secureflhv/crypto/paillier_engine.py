@@ -451,6 +451,19 @@ def signed_multiexp_columns(cts, E: np.ndarray, n2) -> list[mpz]:
     return out
 
 
+def to_blob(values, width: int) -> bytes:
+    """Non-negative ints below 2^(8 width) as one string of ``width``-byte big-endian fields: how a batch
+    of ciphertexts travels to the workers. 10,000 ciphertexts of 512 bytes: ~7 ms here and ~1 ms to
+    pickle, against ~14 ms to pickle the list of mpz, for each task that gets it."""
+    return b"".join([mpz(v).to_bytes(width, "big") for v in values])
+
+
+def from_blob(blob: bytes, width: int) -> list[mpz]:
+    """The ints of :func:`to_blob` (``len(blob)`` a multiple of ``width``)."""
+    from_bytes = mpz.from_bytes
+    return [from_bytes(blob[i:i + width], "big") for i in range(0, len(blob), width)]
+
+
 # ------------------------------------------------------------------ worker-process entry points
 def task_encrypt(n: int, expected: int, mantissas: list) -> list:
     return public_engine(n).encrypt(mantissas, expected)
@@ -473,5 +486,6 @@ def task_mulmod(n2: int, a: list, b: list) -> list:
     return [x * y % n2 for x, y in zip(a, b)]
 
 
-def task_dot(n2: int, cts: list, E: np.ndarray) -> list:
-    return signed_multiexp_columns(cts, E, n2)
+def task_dot(n2: int, blob: bytes, width: int, E: np.ndarray) -> list:
+    """:func:`signed_multiexp_columns` of ciphertexts sent as :func:`to_blob`."""
+    return signed_multiexp_columns(from_blob(blob, width), E, n2)

@@ -40,6 +40,7 @@ from gmpy2 import mpz
 
 from . import executor as _ex
 from . import paillier_parallel as _par
+from . import paillier_engine as _eng
 from .paillier_engine import batch_invert
 
 PAR_MIN_WORK = 40_000       # rows * features below which a node is built inline (the pool pays off above ~3,000 rows x 10)
@@ -123,8 +124,7 @@ _tokens = itertools.count(1)
 
 
 def _install(token: int, blob: bytes, width: int) -> None:
-    from_bytes = mpz.from_bytes
-    _resident[token] = [from_bytes(blob[i:i + width], "big") for i in range(0, len(blob), width)]
+    _resident[token] = _eng.from_blob(blob, width)
     while len(_resident) > RESIDENT_KEEP:
         _resident.popitem(last=False)
 
@@ -149,7 +149,7 @@ def _resident_token(cts_all: list, n2) -> int | None:
             return hit[1]
         token = next(_tokens)
         width = (int(n2).bit_length() + 7) // 8
-        blob = b"".join([mpz(c).to_bytes(width, "big") for c in cts_all])
+        blob = _eng.to_blob(cts_all, width)
         try:
             _par.on_each_worker(_install, token, blob, width)
         except (BrokenProcessPool, BrokenBarrierError):

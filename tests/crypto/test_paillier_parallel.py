@@ -67,6 +67,22 @@ def test_pooled_paths_equal_inline(keys, workers):
     assert ex.parallel_chunks(700, 256) == 1  # one worker without the flag: inline again
 
 
+def test_dot_by_row_blocks_equals_inline(keys):
+    """One column and 2 workers: the rows are cut into blocks, each task gets its block's ciphertexts
+    as a byte string (paillier_engine.to_blob); the result is the inline one, ciphertext for ciphertext."""
+    pk, sk = keys
+    rng = np.random.default_rng(8)
+    e, v = P.encrypt(pk, rng.normal(size=2400)), rng.normal(size=2400)
+    inline = P.dot(v, e)._c.tolist()
+    try:
+        P.set_workers(2, pool_for_one=True)
+        assert ex.parallel_chunks(v.size, P.PAR_DOT_MIN, per_worker=1) == 2  # really through the pool
+        pooled = P.dot(v, e)._c.tolist()
+    finally:
+        P.set_workers(1)
+    assert pooled == inline
+
+
 def test_warm_builds_the_large_tables_in_every_worker(keys):
     pk, sk = keys
     try:
