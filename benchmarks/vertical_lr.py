@@ -94,10 +94,9 @@ def engine_rates(scheme: str, key_bits: int, cfg=None, dot_rows: int = 8192, dot
     (masked decryption at the key holder)}. ``cfg``: the job's config, for its fixed-point precisions.
     ``dot_rows``: rows of the timed X^T [[d]] (the job's row count): its multi-exponentiation costs less per
     entry over more rows, so a short one would overstate the limit. The 8,192 ciphertexts' values are
-    repeated to that length (the cost does not depend on them) as distinct objects (a repeated object is
-    pickled to the workers once: 10-20% faster than the epoch's distinct ciphertexts). ``dot_cols``: X's
-    columns (the job's host columns: sending the ciphertexts to the workers is shared by every column,
-    so 4 columns cost ~10% more per entry than 10).
+    repeated to that length (the cost does not depend on them) as distinct objects, as in an epoch.
+    ``dot_cols``: X's columns (the job's host columns: sending the ciphertexts to the workers is shared
+    by every column, so fewer columns cost more per entry).
     """
     he = make_backend(scheme) if cfg is None else make_backend(scheme, cfg.precision_bits, cfg.dot_precision_bits)
     pub, priv = he.generate_keypair(key_bits, key_bits < 2048)
