@@ -85,10 +85,11 @@ def main(argv=None) -> int:
         import _report
 
         (mb, ml, _), (cb, cl, _) = res["mlp"], res["cnn"]
+        load1 = os.getloadavg()[0]
         _report.record("niid_batched", {
             "what": f"FL simulation: local SGD of {args.parties} clients × {rows} rows, batch {args.batch_size}, "
-                    f"one thread, {args.device}, machine load {min(load0, os.getloadavg()[0]):.0f}–"
-                    f"{max(load0, os.getloadavg()[0]):.0f} on {os.cpu_count()} cores (`fl_batched.py`)",
+                    f"one thread, {args.device}, load average {load0:.1f} / {load1:.1f} (start / end) on "
+                    f"{os.cpu_count()} cores (`fl_batched.py`)",
             "ours": f"batched (vmap): MLP {mb:,.0f}, CNN {cb:,.0f} client-samples/s",
             "baseline": f"per-client loop: MLP {ml:,.0f}, CNN {cl:,.0f} client-samples/s",
             "ratio": f"MLP ×{mb / ml:.1f}, CNN ×{cb / cl:.2f}"})
