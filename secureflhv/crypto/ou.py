@@ -41,11 +41,12 @@ draws the randomness exponent r with 110 bits at 2048-bit keys (80 at 1024): gen
 attacks (Pollard's kangaroo on ``c / G^m = H^r``) then cost ~2^55, below the key's 112 bits. We draw r
 uniformly with ``RANDOM_BITS = 256`` bits from ``os.urandom`` (kangaroo 2^128; and r exceeds the 224-bit
 order of H mod p^2, so H^r is uniform there). Measured against HEU's OU in the same run
-(``benchmarks/paillier.py``, 2048 bits, one core, 2-core EPYC, 2026-11-25): our encryption runs at 0.61x
-HEU's with the public key (19.9k/s vs 32.8k/s: 256-bit instead of 110-bit r, and Python-level table
-lookups) and 0.76x by the key holder's CRT (25.0k/s), decryption 1.31x (6.4k/s vs 4.9k/s, one batched
-gmpy2 powmod by t mod p^2) and addition 3.5x (684k/s vs 196k/s, no per-object binding overhead); so ours
-is behind the interface, and HEU's faster encryption is not taken because of its short randomness.
+(``benchmarks/paillier.py``, 2048 bits, one core, 2-core EPYC, gmpy2 on Debian's GMP, 2026-11-27): our
+encryption runs at 0.49x HEU's with the public key (24.6k/s vs 50.1k/s: 256-bit instead of 110-bit r, and
+Python-level table lookups) and 0.61x by the key holder's CRT (30.4k/s), decryption 1.54x (10.7k/s vs
+6.9k/s, one batched gmpy2 powmod by t mod p^2) and addition 3.3x (839k/s vs 254k/s, no per-object binding
+overhead); so ours is behind the interface, and HEU's faster encryption is not taken because of its short
+randomness.
 
 Security and key sizes: factoring n = p^2 q; no method is known that factors it faster than an RSA
 modulus of the same size when |p| = |q| = k/3 (the p^r q lattice methods of Boneh-Durfee-Howgrave-

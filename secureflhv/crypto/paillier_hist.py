@@ -39,8 +39,8 @@ import numpy as np
 from gmpy2 import mpz
 
 from . import executor as _ex
-from . import paillier_parallel as _par
 from . import paillier_engine as _eng
+from . import paillier_parallel as _par
 from .paillier_engine import batch_invert
 
 PAR_MIN_WORK = 40_000       # rows * features below which a node is built inline (the pool pays off above ~3,000 rows x 10)
