@@ -45,16 +45,13 @@ def _machine() -> str:
 
 
 def _gmp() -> str:
-    """The GMP that gmpy2 (our engines, phe) runs on: the wheel's own, or the system's after ``make gmp``
-    (whose modular exponentiation measured ~25% faster on this machine)."""
-    try:
-        import gmpy2
-    except ImportError:
-        return "no gmpy2"
-    lib = next((m for m in Path("/proc/self/maps").read_text().splitlines() if "libgmp" in m), "") \
-        if Path("/proc/self/maps").exists() else ""
+    """The GMP that gmpy2 (our engines, phe) runs on: the wheel's own, or the system's after ``make gmp``."""
+    from secureflhv.crypto.paillier_engine import gmp_version
+
+    maps = Path("/proc/self/maps")
+    lib = next((m for m in maps.read_text().splitlines() if "libgmp" in m), "") if maps.exists() else ""
     where = "gmpy2 wheel's" if "gmpy2.libs" in lib else "system" if lib else "unknown"
-    return f"gmpy2 {gmpy2.version()} on {gmpy2.mp_version()} ({where})"
+    return f"{gmp_version()} ({where})"
 
 
 def load(docs: Path = DOCS) -> dict:

@@ -207,9 +207,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 def _version_line() -> str:
     """``secureflhv X (gmpy2 Y on GMP Z)``: the GMP decides the homomorphic layer's speed (``make gmp``)."""
-    import gmpy2
+    from .crypto.paillier_engine import gmp_version
 
-    return f"secureflhv {__version__} (gmpy2 {gmpy2.version()} on {gmpy2.mp_version()})"
+    return f"secureflhv {__version__} ({gmp_version()})"
 
 
 def build_parser() -> argparse.ArgumentParser:

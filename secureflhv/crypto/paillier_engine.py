@@ -451,6 +451,12 @@ def signed_multiexp_columns(cts, E: np.ndarray, n2) -> list[mpz]:
     return out
 
 
+def gmp_version() -> str:
+    """``gmpy2 X on GMP Y``: the GMP under this engine (and phe) decides its speed; the one in gmpy2's
+    wheel does modular exponentiation ~25% slower than Debian's on our 2-core EPYC (``make gmp``)."""
+    return f"gmpy2 {gmpy2.version()} on {gmpy2.mp_version()}"
+
+
 def to_blob(values, width: int) -> bytes:
     """Non-negative ints below 2^(8 width) as one string of ``width``-byte big-endian fields: how a batch
     of ciphertexts travels to the workers. 10,000 ciphertexts of 512 bytes: ~7 ms here and ~1 ms to

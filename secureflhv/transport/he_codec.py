@@ -36,6 +36,7 @@ from ..crypto import ou
 from ..crypto import paillier as pl
 from ..crypto.he import VERTICAL_DOT_PRECISION_BITS, HEBackend, IdentityKey, MaskedValues, PairSums, make_backend
 from ..crypto.paillier import CiphertextError, PackingSpec
+from ..crypto.paillier_engine import from_blob, to_blob
 from ..proto import messages_pb2
 from .base import ProtocolError, parse_message
 from .codec import check_shape, shape_of, tensor_from_proto, tensor_to_proto
@@ -62,7 +63,7 @@ def public_key_from_proto(msg, *, insecure_test_key: bool = False) -> pl.PublicK
 def encrypted_to_proto(enc: pl.EncryptedArray) -> messages_pb2.EncryptedTensor:
     """Fixed-width big-endian ciphertexts (C order) with the key fingerprint and encoding metadata."""
     w = enc.public_key.byte_width
-    data = b"".join(c.to_bytes(w, "big") for c in enc.ciphertexts.reshape(-1).tolist())
+    data = to_blob(enc.ciphertexts.reshape(-1).tolist(), w)
     msg = messages_pb2.EncryptedTensor(key_fingerprint=enc.public_key.fingerprint, shape=list(enc.shape),
                                        byte_width=w, ciphertexts=data, exponent=enc.exponent)
     if enc.packing:
@@ -95,7 +96,7 @@ def encrypted_from_proto(msg, public_key: pl.PublicKey, expected_shape=None,
     data = bytes(msg.ciphertexts)
     if len(data) != size * w:
         raise CiphertextError(f"EncryptedTensor.ciphertexts has {len(data)} bytes, expected {size * w}")
-    ints = _split(data, w, size)
+    ints = from_blob(data, w)
     packing = None
     if msg.slot_bits:
         try:
@@ -107,6 +108,7 @@ def encrypted_from_proto(msg, public_key: pl.PublicKey, expected_shape=None,
 
 
 def _split(data: bytes, width: int, count: int) -> list[int]:
+    """Python ints (what :class:`~secureflhv.crypto.he.MaskedValues` holds), not from_blob's mpz."""
     return [int.from_bytes(data[i * width:(i + 1) * width], "big") for i in range(count)]
 
 
@@ -236,8 +238,7 @@ class PaillierCodec(HECodec):
     def masked_to_proto(self, mv, priv):
         w = (priv.public_key.n.bit_length() + 7) // 8
         return messages_pb2.MaskedValues(key_fingerprint=mv.key_fingerprint, shape=list(mv.shape), byte_width=w,
-                                         values=b"".join(int(v).to_bytes(w, "big") for v in mv.values),
-                                         exponent=mv.exponent)
+                                         values=to_blob(mv.values, w), exponent=mv.exponent)
 
     def masked_from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int) -> MaskedValues:
         _check_fingerprint(msg, pub, what)
