@@ -17,7 +17,14 @@ price of security.
     python benchmarks/psi.py --protocol kkrt --max-message-mb 4   # KKRT-PSI with its messages in 1 MiB parts
 
 With ``both`` the two protocols run one after the other on the same IDs in the same process, and the
-ratio of their wall times is printed. KKRT-PSI runs in each party's own process (no pool).
+ratio of their wall times is printed. KKRT-PSI runs in each party's own process (no pool). ECDH-PSI is what
+jobs run by default (``job.psi_security: malicious``); KKRT-PSI needs ``job.psi_security: semi_honest``, so
+the ratio is the price of that default.
+
+Whenever KKRT-PSI runs, it also runs in the same process *without* the guest's choice-bit swap (the protocol
+before issue 36, which a host with all-zero choice bits turns against the guest; both parties patched), so
+the swap's cost is measured in the same run (``--no-swap-baseline`` skips it). ``--no-record`` leaves
+docs/benchmarks.json alone (e.g. for a smaller ``--n``).
 
 Printed beside the time: bytes each party sent and received (payload + framing, ``secureflhv.transport.wire``),
 the load average, and the compute floor: the X25519 operations and hashes to the curve the protocol
@@ -162,6 +169,21 @@ def cpu_seconds() -> float:
 PROTOCOLS = {"ecdh": ("ECDH-PSI", psi_ecdh), "kkrt": ("KKRT-PSI", psi_kkrt)}
 
 
+class without_swap:
+    """Context: KKRT-PSI as before issue 36 -- the guest keeps its base-OT key pairs and the host its own choice
+    bits (both sides, so the result stays correct). Only to measure what the swap costs."""
+
+    def __enter__(self):
+        self._swap, self._eff = psi_kkrt.kkrt.swap_base_ot_keys, psi_kkrt.KkrtHost._effective_choices
+        psi_kkrt.kkrt.swap_base_ot_keys = lambda k0, k1, delta: (k0, k1)
+        psi_kkrt.KkrtHost._effective_choices = staticmethod(lambda chosen, delta: chosen)
+        return self
+
+    def __exit__(self, *exc):
+        psi_kkrt.kkrt.swap_base_ot_keys = self._swap
+        psi_kkrt.KkrtHost._effective_choices = staticmethod(self._eff)
+
+
 def run_psi(guest_ids, host_ids_list, workers, module=psi_ecdh, max_message_mb=256.0):
     hosts = [f"host-{j + 1}" for j in range(len(host_ids_list))]
     net = InProcessNetwork("bench-psi", ["guest", *hosts], deadline=600.0,
@@ -200,6 +222,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-message-mb", type=float, default=256.0,
                     help="every party's job.max_message_mb (default 256, the job default): KKRT-PSI sends its large "
                          "messages in parts of at most a quarter of it")
+    ap.add_argument("--no-swap-baseline", action="store_true",
+                    help="skip the run of KKRT-PSI without the choice-bit swap (the protocol before issue 36)")
+    ap.add_argument("--no-record", action="store_true", help="print only; leave docs/benchmarks.json alone")
     ap.add_argument("--primitives", action="store_true",
                     help="only print the per-call CPU cost of each candidate group/library")
     args = ap.parse_args(argv)
@@ -221,6 +246,16 @@ def main(argv=None) -> int:
     for ids in host_ids:
         expected &= set(ids)
     walls, all_ok = {}, base_size == len(expected)
+    if "kkrt" in protocols and not args.no_swap_baseline:
+        with without_swap():
+            cpu0 = cpu_seconds()
+            wall, res, _ = run_psi(guest_ids, host_ids, args.workers, psi_kkrt, args.max_message_mb)
+            cpu = cpu_seconds() - cpu0
+        ok = res["guest"].ids == sorted(expected)
+        all_ok &= ok
+        walls["kkrt_no_swap"] = wall
+        print(f"KKRT-PSI without the choice-bit swap (before issue 36; {'correct' if ok else 'WRONG'}): "
+              f"{wall:.2f} s wall, {cpu:.1f} core-s")
     for proto in protocols:
         name, module = PROTOCOLS[proto]
         cpu0 = cpu_seconds()
@@ -257,17 +292,22 @@ def main(argv=None) -> int:
                         f"{floor:.0f} s; load average {load[0]:.1f})"}
         else:
             vs = f"; ECDH-PSI in the same run {walls['ecdh']:.1f} s" if "ecdh" in walls else ""
+            if "kkrt_no_swap" in walls:
+                vs += f"; without the choice-bit swap {walls['kkrt_no_swap']:.1f} s"
+                print(f"choice-bit swap: KKRT-PSI {wall:.2f} s with it, {walls['kkrt_no_swap']:.2f} s without "
+                      f"({(wall / walls['kkrt_no_swap'] - 1) * 100:+.1f}%, one run each: noise dominates)")
             key, row = "psi_kkrt", {
                 "what": f"{what}, KKRT OT-extension PSI (`psi.py --protocol kkrt`)",
                 "ours": f"{wall:.1f} s with all parties on the same {cpus} cores ({cpu:.0f} core-s{vs}; "
                         f"load average {load[0]:.1f})"}
         print(f"load average (1, 5 min) after the run: {load[0]:.2f}, {load[1]:.2f}")
-        if ok and not args.quick:
+        if ok and not args.quick and not args.no_record:
             _report.record(key, {**row, "baseline": f"insecure SHA-256 hash join {base_s:.2f} s",
                                  "ratio": f"{wall / base_s:.0f}×", "bytes": _wire.cell(wire)})
-    if len(walls) == 2:
+    if "ecdh" in walls and "kkrt" in walls:
         print(f"KKRT-PSI / ECDH-PSI wall time: {walls['kkrt'] / walls['ecdh']:.3f} "
-              f"({walls['ecdh'] / walls['kkrt']:.1f}x faster); load average {os.getloadavg()[0]:.2f}")
+              f"({walls['ecdh'] / walls['kkrt']:.1f}x faster); load average {os.getloadavg()[0]:.2f}; jobs run "
+              f"ECDH-PSI unless job.psi_security is semi_honest")
     ok = all_ok
     return 0 if ok else 1
 

@@ -219,6 +219,10 @@ def main(argv=None):
                 res_k = res[-1][5]
                 t = res[-1][3]
                 print("           stages (last round): " + ", ".join(f"{k} {v:.3f}s" for k, v in t.items()))
+                bounds = statistics.median(r[3]["bounds"] for r in res[1:] or res)
+                print(f"           server-side bounds check of the unmasked sum (Σw, |Σ_i| <= Σw·clip, clipped "
+                      f"count): {bounds * 1e3:.1f} ms/round, {100 * bounds / med[kind]:.2f}% of the round "
+                      f"(without it: {med[kind] - bounds:.3f} s/round)")
         ratio = med["secagg"] / med[BASELINE]
         print(f"  ratio secagg / {BASELINE}: {ratio:.2f}x", flush=True)
         if a.no_flower:
@@ -238,7 +242,8 @@ def main(argv=None):
                 "what": (f"secure aggregation, actively secure (signed keys, consistency check; X25519, Ed25519, "
                          f"AES-256), {a.clients} clients "
                          f"× {a.dim:,} float32, {'plaintext gRPC' if a.insecure else 'TLS'} (`secagg.py`)"),
-                "ours": f"{med['secagg']:.2f} s/round; unmasking with {n_drop} of {a.clients} dropped: "
+                "ours": f"{med['secagg']:.2f} s/round (of which the server-side bounds check {bounds * 1e3:.1f} ms); "
+                        f"unmasking with {n_drop} of {a.clients} dropped: "
                         f"{t['unmask']:.2f} s (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)",
                 "baseline": f"plain aggregation of the same quantised {res_k}-bit words (no masks) "
                             f"{med[BASELINE]:.2f} s/round; {flower}",

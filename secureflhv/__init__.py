@@ -3,7 +3,8 @@
 Layers, bottom to top (each imports only from layers below it):
 crypto -> transport -> data -> algorithms (vertical, horizontal, tree) -> runtime -> cli.
 
-``secureflhv.load_model(dir)`` (:mod:`secureflhv.runtime.model_api`) opens a saved model bundle.
+``secureflhv.load_model(dir, ca=...)`` (:mod:`secureflhv.runtime.model_api`) opens a saved model bundle and verifies
+its signature against the job CA.
 """
 __version__ = "0.1.0"
 

@@ -24,7 +24,20 @@ Pieces and their sources (no primitive is implemented here: AES from ``cryptogra
   Received points must pass ``crypto_core_ed25519_is_valid_point`` (canonical, on the curve, in
   the prime-order subgroup, not of small order), else :class:`InvalidPointError`.
   Here (KKRT section 3 / IKNP) the roles flip: the PSI **host** is the base-OT receiver with
-  ``BASE_OTS`` = 512 random choice bits s, the guest the base-OT sender.
+  ``BASE_OTS`` = 512 random choice bits s', the guest the base-OT sender.
+* **Choice-bit swap** (:func:`random_bits`, :func:`swap_base_ot_keys`): the host picks s' itself, and
+  IKNP is only as safe as s is random -- a host with s' = 0 gets Q = T, so that every bin "matches"
+  whatever the guest holds. So after the base OTs, *once the host's points have arrived* (they fix
+  which key of each pair it can compute), the guest draws 512 fresh bits delta from the OS, sends them
+  and relabels its key pairs: (k0', k1')_i = (k_{delta_i}, k_{1-delta_i}). The key the host holds,
+  k_{s'_i}, is then k'_{s'_i xor delta_i}: the extension runs with the effective choice bits
+  s = s' xor delta, uniform and independent of anything the host chose (delta is uniform and drawn
+  after s' was fixed). The host learns s, as in the honest protocol; nothing else changes (the same
+  idea as the coin-tossed choice bits of actively secure OT extensions: Keller, Orsini & Scholl,
+  "Actively secure OT extension with optimal overhead", CRYPTO 2015, section 3; and Orrù, Orsini &
+  Scholl, "Actively secure 1-out-of-N OT extension with application to private set intersection",
+  CT-RSA 2017, whose consistency check against a malicious *receiver* is not implemented here: see
+  :mod:`secureflhv.vertical.psi_kkrt`).
 * **OT extension** (IKNP, Ishai, Kilian, Nissim & Petrank, CRYPTO 2003, generalised by KKRT
   section 3 to codewords): with PRG G = AES-128-CTR keyed by a 16-byte seed, column i of the
   receiver's matrices is t^i = G(k0_i) and u^i = G(k0_i) xor G(k1_i) xor c^i where row j of C is
@@ -58,6 +71,10 @@ Pieces and their sources (no primitive is implemented here: AES from ``cryptogra
   reveals only that the final salt places X, which changes the salt's distribution from uniform by at
   most the failure probability (statistical distance <= 2**-40).
 
+Security model: semi-honest (KKRT) plus the choice-bit swap, which makes the host's choice bits uniform
+even when the host deviates; a guest that deviates (crafts U) is not caught, see
+:mod:`secureflhv.vertical.psi_kkrt` for what that allows and how jobs keep KKRT away from it.
+
 Security parameters: computational kappa = 128 (AES-128 seeds and PRG, 512 base OTs so that at
 least kappa bits of s mask every wrong codeword, BLAKE2b), statistical lambda = 40 (cuckoo failure,
 PRC distance, truncation). Item hash width: 15 bytes, so two different IDs share a hash with
@@ -82,7 +99,8 @@ __all__ = [
     "DOMAIN", "BASE_OTS", "CODE_BITS", "CODE_BYTES", "SEED_BYTES", "ITEM_BYTES", "N_HASHES", "BIN_FACTOR",
     "POINT_BYTES", "DUMMY_INDEX", "base_ot_cp", "InvalidPointError", "CuckooError", "session_context", "cuckoo_bins",
     "BaseOtSender", "BaseOtReceiver", "prg_columns", "transpose_columns", "Prc", "hash_ids", "cuckoo_place",
-    "receiver_rows", "sender_rows", "oprf_hash", "bits_to_mask", "guest_table", "guest_codewords", "guest_values",
+    "receiver_rows", "sender_rows", "oprf_hash", "bits_to_mask", "mask_to_bits", "random_bits", "swap_base_ot_keys",
+    "DELTA_BYTES", "guest_table", "guest_codewords", "guest_values",
     "host_values",
 ]
 
@@ -96,6 +114,7 @@ N_HASHES = 3
 BIN_FACTOR = 1.48            # bins per guest item: stash-less failure far below 2**-40 (module docstring)
 DUMMY_INDEX = N_HASHES       # code index of dummy bins
 POINT_BYTES = 32
+DELTA_BYTES = BASE_OTS // 8  # the guest's swap bits delta on the wire
 ROW_ALIGN = 128              # rows per AES-CTR block of a column: blocks start at counter offsets
 _BLOCK_ROWS = 1 << 16        # rows per transposed block (~4 MiB per 512-column slice)
 _CHUNK = 1 << 15             # items per vectorised PRC/hash chunk
@@ -255,6 +274,28 @@ class BaseOtReceiver:
         return out
 
 
+def random_bits(count: int = BASE_OTS) -> np.ndarray:
+    """``(count,) bool`` uniform bits from the OS CSPRNG (``count`` a multiple of 8): the host's s', the guest's delta."""
+    return mask_to_bits(np.frombuffer(os.urandom(count // 8), np.uint8), count)
+
+
+def swap_base_ot_keys(k0: np.ndarray, k1: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The guest's choice-bit swap (module docstring): ``(k0', k1')`` with k'_b,i = k_{b xor delta_i},i.
+
+    Args:
+        k0, k1: ``(count, 16) uint8`` both keys of every base OT (:meth:`BaseOtSender.keys`).
+        delta: ``(count,) bool`` fresh random bits, drawn after the receiver's points arrived.
+
+    Returns:
+        two new ``(count, 16) uint8`` arrays. A receiver with choice bits s' holds k'_{s' xor delta}:
+        the OT extension then runs with choice bits s' xor delta, which is uniform.
+    """
+    d = np.asarray(delta, dtype=bool).reshape(-1, 1)
+    if d.shape[0] != k0.shape[0] or k0.shape != k1.shape:
+        raise ValueError(f"delta has {d.shape[0]} bits for {k0.shape[0]} and {k1.shape[0]} key pairs")
+    return np.where(d, k1, k0), np.where(d, k0, k1)
+
+
 # --------------------------------------------------------------------------- OT extension
 def prg_columns(seeds: np.ndarray, start_row: int, rows: int) -> np.ndarray:
     """G(seed_i) restricted to bits [start_row, start_row + rows) of every column: ``(k, rows/8) uint8``.
@@ -303,6 +344,14 @@ def transpose_columns(cols: np.ndarray) -> np.ndarray:
 def bits_to_mask(bits: np.ndarray) -> np.ndarray:
     """``(k,) bool`` bits as a ``(k/8,) uint8`` row mask (bit i is bit i % 8 of byte i // 8)."""
     return np.packbits(np.asarray(bits, dtype=np.uint8), bitorder="little")
+
+
+def mask_to_bits(mask, count: int) -> np.ndarray:
+    """Inverse of :func:`bits_to_mask`: ``(count,) bool`` from ``count / 8`` packed bytes (bytes or uint8 array)."""
+    data = np.frombuffer(bytes(mask), np.uint8) if not isinstance(mask, np.ndarray) else mask
+    if data.size * 8 != count:
+        raise ValueError(f"{data.size} bytes for {count} bits")
+    return np.unpackbits(data, bitorder="little").astype(bool)
 
 
 def receiver_rows(k0: np.ndarray, k1: np.ndarray, codewords: np.ndarray,

@@ -66,7 +66,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..proto import messages_pb2
-from ..secagg import AggregateResult, AggregationConfig, AggregationError, make_client, make_server
+from ..secagg import AggregateResult, AggregationConfig, AggregationError, OutOfRangeRound, make_client, make_server
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
 from ..transport.codec import tensor_to_proto, whole_count
 from ..transport.role import ProtocolRole
@@ -158,6 +158,7 @@ class RoundRecord:
     client_accuracy: dict = field(default_factory=dict)  # client -> its local test accuracy (clients with rows)
     worst_client_accuracy: float = float("nan")          # min of client_accuracy (personalisation's measure)
     test_metrics: dict = field(default_factory=dict)     # regression: pooled rmse, mae, r2 over the test rows
+    refused: str = ""   # why the round's sum was refused as out of range (the global model stayed as it was)
 
 
 def pooled_regression(metrics: Sequence[dict]) -> dict:
@@ -282,7 +283,8 @@ class HorizontalServer(_Resumable, ProtocolRole):
                                             for j in range(1, strategy.n_models)]
         self.part_dims = strategy.part_dims(self.dim)
         check_slots(strategy, config)
-        self.agg_servers = {p: make_server(transport, config.part_config(p)) for p in strategy.parts}
+        self.agg_servers = {p: make_server(transport, dataclasses.replace(
+            config.part_config(p), zero_weight_ok=strategy.zero_weight_parts)) for p in strategy.parts}
         self.contrib = None
         if config.contribution_temperature is not None:
             self.contrib = ContributionServer(transport, latent_dim(model), config.aggregation, self._send_all)
@@ -334,16 +336,21 @@ class HorizontalServer(_Resumable, ProtocolRole):
                 contribution = vars(self.contrib.run(r, selected, r * PARTS_PER_ROUND))
             except AggregationError as exc:
                 raise AggregationError(f"round {r}, contribution normalisation: {exc}") from None
-        results = self._aggregate(r, selected)
-        survivors = sorted(set.intersection(*(set(res.survivors) for res in results.values())))
-        self.suspect.update(set(selected) - set(survivors))
-        self.global_vec = self.strategy.server_update(self.global_vec, results)
+        results, refused = self._aggregate(r, selected)
+        survivors = sorted(set.intersection(*(set(res.survivors) for res in results.values()))) if results else []
+        if results:
+            self.suspect.update(set(selected) - set(survivors))
+        if refused:  # never used: the model (and the strategy's state) stay as they were
+            log.error("round %d refused, the global model is unchanged: %s", r, refused)
+        else:
+            self.global_vec = self.strategy.server_update(self.global_vec, results)
         if not np.all(np.isfinite(self.global_vec)):
             raise FloatingPointError(f"round {r}: the global model became non-finite (lower lr?)")
         self._send_all(self._alive(), TAG_EVAL, r, self._eval_message())
         metrics = self._collect_metrics(r, self._alive())
         record = self._record(r, selected, survivors, results, metrics, time.monotonic() - t0)
         record.contribution = contribution
+        record.refused = refused
         self.history.append(record)
         return record
 
@@ -380,15 +387,21 @@ class HorizontalServer(_Resumable, ProtocolRole):
             b.tensors[f"extra/{k}"].CopyFrom(tensor_to_proto(v, "<f4"))
         return lambda c: b
 
-    def _aggregate(self, r: int, selected: list[str]) -> dict[str, AggregateResult]:
+    def _aggregate(self, r: int, selected: list[str]) -> tuple[dict[str, AggregateResult], str]:
+        """Every part's sum, and why the round is refused ("" when it is not): a part whose unmasked sum is
+        out of range (:class:`OutOfRangeRound`) refuses the whole round, after the other parts ran (their
+        clients are waiting). Raises AggregationError for any other failure."""
         results: dict[str, AggregateResult] = {}
+        refused = []
         for i, part in enumerate(self.strategy.parts):
             try:
                 results[part] = self.agg_servers[part].aggregate(
                     r * PARTS_PER_ROUND + self.config.part_offset + i, selected, self.part_dims[part])
+            except OutOfRangeRound as exc:
+                refused.append(f"part {part!r}: {exc}")
             except AggregationError as exc:
                 raise AggregationError(f"round {r}, part {part!r}: {exc}") from None
-        return results
+        return ({}, "; ".join(refused)) if refused else (results, "")
 
     def _send_all(self, receivers: Sequence[str], tag: str, round_id: int, payload_of) -> None:
         def send(c):

@@ -39,6 +39,7 @@ class IFCA(Strategy):
     """IFCA with ``k`` clusters (see the module docstring). Raises ValueError for k < 2."""
 
     name = "ifca"
+    zero_weight_parts = True    # a cluster nobody chose sums to zeros with weight 0
     sample_weighted_parts = ()  # indicator weights (the paper's average): contribution factors do not apply
 
     def __init__(self, k: int = 2):

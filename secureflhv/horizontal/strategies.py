@@ -147,12 +147,15 @@ class Strategy(ABC):
         sample_weighted_parts: the parts weighted by the client's sample count ν_r: contribution
             normalisation (:mod:`.contribution`) multiplies their weight by Λ_r.
         n_models: how many differently initialised models the server starts from (IFCA: k clusters).
+        zero_weight_parts: whether a part's total weight may be 0 (IFCA: a cluster nobody chose); else
+            the server refuses such a sum as out of range (:mod:`secureflhv.secagg.bounds`).
     """
 
     name: str = ""
     parts: tuple[str, ...] = ("model",)
     sample_weighted_parts: tuple[str, ...] = ("model",)
     n_models: int = 1
+    zero_weight_parts: bool = False
     trainer = None  # a batched trainer's handle (:mod:`.batched`, simulations only); None = train here
 
     def local_train(self, model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainConfig,

@@ -178,7 +178,7 @@ def streamed_batch_rows(cfg: JobConfig, party: PartySpec) -> int | None:
 
 
 def align_by_psi(cfg: JobConfig, party: PartySpec, transport: Transport, table: Dataset):
-    """Run PSI (``job.psi_protocol``) with the other data parties; returns the
+    """Run PSI (``job.psi_protocol``, sets bounded by ``job.psi_max_ids``) with the other data parties; returns the
     :class:`~secureflhv.vertical.psi.PsiResult`.
 
     Raises ValueError when fewer than two ids are common (training on them would be meaningless).
@@ -186,9 +186,10 @@ def align_by_psi(cfg: JobConfig, party: PartySpec, transport: Transport, table: 
     t0 = time.monotonic()
     protocol = PSI_PROTOCOLS[cfg.job.psi_protocol]
     if party.role == "guest":
-        psi = protocol.align_ids_guest(transport, list(table.ids), [h.id for h in cfg.hosts])
+        psi = protocol.align_ids_guest(transport, list(table.ids), [h.id for h in cfg.hosts],
+                                       max_ids=cfg.job.psi_max_ids)
     else:
-        psi = protocol.align_ids_host(transport, list(table.ids), cfg.guest.id)
+        psi = protocol.align_ids_host(transport, list(table.ids), cfg.guest.id, max_ids=cfg.job.psi_max_ids)
     log.info("%s: PSI found %d common ids (own %d) in %.2fs", party.id, len(psi), table.n_rows,
              time.monotonic() - t0)
     if len(psi) < 2:

@@ -69,8 +69,10 @@ def spec_of(feature_names, categories: dict, *, ranges=None, moments: bool = Tru
 
 
 def aggregation_for(base: AggregationConfig) -> AggregationConfig:
-    """The job's aggregation (kind, threshold, timeouts, min_clients) with exact-integer quantisation."""
+    """The job's aggregation (kind, threshold, timeouts, min_clients, max_colluders, the job's clients) with
+    exact-integer quantisation."""
     return stats_aggregation_config(base.kind, threshold=base.threshold, min_clients=base.min_clients,
+                                    max_colluders=base.max_colluders, job_clients=base.job_clients,
                                     consistency_check=base.consistency_check, stage_timeout_s=base.stage_timeout_s,
                                     input_timeout_s=base.input_timeout_s, seed=base.seed)
 

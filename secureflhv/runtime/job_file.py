@@ -14,7 +14,9 @@ Example (see ``examples/vertical_lr.py``, which writes one)::
       output_dir: out            # each party writes out/<party id>/
       startup_timeout_s: 7200    # how long a party waits for its partners to start (default 2 h)
       max_message_mb: 256        # largest message a party accepts (MiB, default 256); raise it for big batches
-      psi_protocol: kkrt         # vertical jobs' ID alignment: kkrt (OT-extension PSI, default) or ecdh (slower)
+      psi_security: malicious    # PSI safe against a party that lies (default): ID alignment by ECDH-PSI
+      # psi_protocol: ecdh       # default from psi_security; kkrt (~15x faster) needs psi_security: semi_honest
+      psi_max_ids: 10000000      # largest ID set any party may hold or announce in PSI (default 10M)
     security:
       ca: certs/ca.pem           # omit only with insecure: true
     parties:
@@ -48,6 +50,8 @@ from ..data.schema import parse_schema
 
 DEFAULT_MAX_MESSAGE_MB = 256.0  # = transport.DEFAULT_MAX_PAYLOAD_BYTES
 MAX_MESSAGE_MB = 16384.0  # 16 GiB: far above any message of the shipped algorithms on one machine
+DEFAULT_PSI_MAX_IDS = 10_000_000  # = secureflhv.vertical.psi.DEFAULT_MAX_IDS (a test keeps them equal)
+MAX_PSI_MAX_IDS = 2 ** 32 - 1     # KKRT bin numbers and every wire count stay far below it
 
 
 class JobConfigError(ValueError):
@@ -172,12 +176,34 @@ class JobSection(_Strict):
                     "legitimate message is refused (e.g. full-batch vertical LR on millions of rows: about "
                     "rows x 512 bytes per encrypted vector with 2048-bit keys)")
 
-    psi_protocol: Literal["ecdh", "kkrt"] = Field(
-        default="kkrt", description="vertical jobs' ID alignment: kkrt (OT-extension PSI, "
-                                    "secureflhv.vertical.psi_kkrt; the default) or ecdh (ECDH-PSI, "
-                                    "secureflhv.vertical.psi: same result and leakage, ~15x more CPU). KKRT sends "
-                                    "~95 bytes per guest ID to each host, in parts within max_message_mb, so no "
-                                    "set size needs a larger limit")
+    psi_security: Literal["malicious", "semi_honest"] = Field(
+        default="malicious",
+        description="what vertical jobs' PSI must withstand: malicious (default): a guest or host that lies learns at "
+                    "most whether IDs it guesses are in the other's set, so psi_protocol is ecdh; semi_honest: the "
+                    "job declares that every party follows the protocol, which allows (and defaults to) kkrt")
+    psi_protocol: Literal["ecdh", "kkrt"] | None = Field(
+        default=None, description="vertical jobs' ID alignment: ecdh (ECDH-PSI, secureflhv.vertical.psi) or kkrt "
+                                  "(OT-extension PSI, secureflhv.vertical.psi_kkrt: same result, ~15x less CPU, "
+                                  "but a guest that deviates from it learns every host ID, so only with "
+                                  "psi_security: semi_honest). Default: ecdh under malicious, kkrt under "
+                                  "semi_honest. KKRT sends ~95 bytes per guest ID to each host, in parts within "
+                                  "max_message_mb, so no set size needs a larger limit")
+    psi_max_ids: int = Field(
+        default=DEFAULT_PSI_MAX_IDS, ge=1, le=MAX_PSI_MAX_IDS,
+        description="largest ID set a party may hold or announce in PSI (both protocols): a party refuses a peer's "
+                    "larger set, naming it, before any work sized by it; also the most IDs a lying party can "
+                    "guess per run")
+
+    @model_validator(mode="after")
+    def _psi_protocol_from_security(self) -> "JobSection":
+        if self.psi_protocol is None:
+            self.psi_protocol = "ecdh" if self.psi_security == "malicious" else "kkrt"
+        elif self.psi_protocol == "kkrt" and self.psi_security == "malicious":
+            raise ValueError("psi_protocol: kkrt is safe only when every party follows the protocol (a guest that "
+                             "crafts its OT-extension matrix learns every host ID); set psi_security: semi_honest "
+                             "to declare that, or use psi_protocol: ecdh (the default under psi_security: "
+                             "malicious)")
+        return self
 
     @property
     def max_message_bytes(self) -> int:

@@ -1,9 +1,9 @@
-"""The notebook API: ``secureflhv.load_model(dir)`` opens a party's saved model bundle.
+"""The notebook API: ``secureflhv.load_model(dir, ca=...)`` opens and verifies a party's signed model bundle.
 
 ::
 
     import secureflhv
-    model = secureflhv.load_model("out/client-1")        # or "out/client-1/model"
+    model = secureflhv.load_model("out/client-1", ca="certs/ca.pem")   # or "out/client-1/model"
     model.describe()                                     # job, algorithm, party, features, metrics, files
     model.predict_proba(X)                               # horizontal FL / MultiConfederated / horizontal SecureBoost only
     model.predict(X)
@@ -24,8 +24,8 @@ the target's units; a classifier's ``predict_proba`` returns probabilities and `
 bundle records a preprocessor (horizontal FL with ``params.preprocessing``: it is applied first), else of
 model inputs; or a pandas DataFrame (the model's feature columns are taken by
 name when the bundle records them, else all columns in order). Loading verifies the bundle
-(:func:`secureflhv.runtime.model_bundle.read_bundle`: format version, hashes; ``expect_party`` /
-``expect_job`` when given).
+(:func:`secureflhv.runtime.model_bundle.read_bundle`: format version, the party's signature under the
+job CA ``ca``, hashes; ``expect_party`` / ``expect_job`` when given).
 """
 from __future__ import annotations
 
@@ -160,9 +160,15 @@ def task_from_config(algorithm: str | None, config: dict, extra: dict) -> str:
     return "multiclass" if n_classes and int(n_classes) > 2 else "binary"
 
 
-def load_model(path: Path | str, *, expect_party: str | None = None, expect_job: str | None = None) -> LoadedModel:
+def load_model(path: Path | str, *, ca: Path | str | bytes, expect_party: str | None = None,
+               expect_job: str | None = None) -> LoadedModel:
     """Open and verify the bundle in ``path`` (a party's output folder or its ``model/``).
 
-    Raises ModelBundleError naming the failed check (format version, a hash, party, job).
+    Args:
+        ca: the training job's CA certificate (path or PEM bytes, e.g. ``certs/ca.pem``): the bundle must
+            be signed by its party's certificate issued by this CA.
+        expect_party: the party the bundle must be signed by and belong to (None: the party it names).
+
+    Raises ModelBundleError naming the failed check (format version, ca_sha256, signature, a hash, party, job).
     """
-    return LoadedModel(read_bundle(path, expect_party=expect_party, expect_job=expect_job))
+    return LoadedModel(read_bundle(path, ca=ca, expect_party=expect_party, expect_job=expect_job))

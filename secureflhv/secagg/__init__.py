@@ -17,11 +17,16 @@ Kinds (``AggregationConfig.kind``):
   only the sum over survivors (plus who survived and the total clipped count), even when clients
   drop out at any stage, as long as at least ``t`` remain.
 
-Threshold ``t``: ``config.threshold`` as an absolute count, or a fraction in (1/2, 1] of the selected
-clients, default ``ceil(2n/3)``; n/2 < t <= n is enforced (a ValueError naming threshold, n and the
-minimum). Fewer than ``t`` survivors raises :class:`AggregationError` naming who dropped at which
-stage, for every kind (so the kinds are interchangeable in tests); secagg also keeps at least
-``config.min_clients`` (>= 2) at every stage, at the server and at each client.
+Participants and threshold come from the job, never from the server's word
+(:func:`~.exchange.check_round`): a client refuses a participant list naming the server, anyone
+outside ``config.job_clients`` or a duplicate, and a round smaller than ``config.min_clients``
+(default 3) or ``config.max_colluders + 2``. ``t`` is the smallest count with n_C < 2t − n for
+n_C = ``config.max_colluders`` (Bonawitz et al. 2017, Thm 6.5), or ``config.threshold`` (a count or a
+fraction in (1/2, 1]) when that is at least as high. Fewer than ``t`` survivors raises
+:class:`AggregationError` naming who dropped at which stage, for every kind (so the kinds are
+interchangeable in tests); secagg also keeps at least ``config.min_clients`` at every stage, at the
+server and at each client. After unmasking, the server refuses a sum that honest, clipped inputs
+cannot produce (:mod:`.bounds`: :class:`OutOfRangeRound`).
 
 Dishonest parties: with certificate identities on the transports (mutual TLS, or
 ``InProcessNetwork(cert_dir=...)``) secagg is secure against a malicious server and detects dishonest
@@ -48,11 +53,11 @@ from .bonawitz_server import SecAggServer
 from .config import KINDS, AggregationConfig, Kind
 from .exchange import STAGES
 from .plain import PlainClient, PlainServer
-from .result import AggregateResult, AggregationError
+from .result import AggregateResult, AggregationError, OutOfRangeRound
 from .roles import AggregationClient, AggregationServer
 
 __all__ = ["KINDS", "STAGES", "AggregateResult", "AggregationClient", "AggregationConfig", "AggregationError",
-           "AggregationServer", "Kind", "PlainClient", "PlainServer", "SecAggClient", "SecAggServer",
+           "AggregationServer", "Kind", "OutOfRangeRound", "PlainClient", "PlainServer", "SecAggClient", "SecAggServer",
            "make_aggregation", "make_client", "make_server"]
 
 

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from ..crypto import shamir
-from ..crypto.quantise import QuantParams, quantise, rounding_rng
+from ..crypto.quantise import QuantParams
 from ..crypto.secagg_primitives import (InvalidTag, KeyPair, SigningKey, decrypt_share, encrypt_share, new_seed,
                                         private_to_int, prg, verify_signature)
 from ..proto import secagg_pb2 as pb
@@ -36,7 +36,7 @@ from .bonawitz import (SHARE_PLAINTEXT, STAGE_NAMES, TAG_ADVERTISE, TAG_MASKED, 
                        advert_bytes, check_advert, mask_seed, seed_commitment, share_commitment, share_key,
                        share_pair_ad, share_points, survivors_bytes, warn_unauthenticated)
 from .config import AggregationConfig
-from .exchange import STAGES, TAG_SERVER, check_participants, round_check
+from .exchange import STAGES, TAG_SERVER, check_round, round_check
 from .result import AggregationError
 from .roles import AggregationClient
 
@@ -98,19 +98,17 @@ class SecAggClient(AggregationClient):
         """Run the client side of one round. ``vector``: float (d,); ``weight``: in [0, max_weight].
 
         Raises:
-            AggregationError: fewer than min_clients participants, a server abort or silence, or a failed
-                check (see the module docstring; the error names the offending client or the server).
-            ValueError: bad ``participants`` or ``weight``; a threshold with t <= n/2.
+            AggregationError: a participant list the job does not allow (the server, an outsider, a
+                duplicate, too few clients for ``min_clients`` / ``max_colluders``:
+                :func:`~.exchange.check_round`), a server abort or silence, or a failed check (see the
+                module docstring; the error names the offending client or the server).
+            ValueError: a bad ``weight``.
         """
         cfg, me = self.config, self.party_id
-        parts = check_participants(participants, me)
-        if len(parts) < cfg.min_clients:
-            raise AggregationError(f"{me}: round {round_id} has {len(parts)} participant(s), fewer than min_clients="
-                                   f"{cfg.min_clients}: refusing to submit (a sum of so few reveals the inputs)")
-        t = cfg.resolve_threshold(len(parts))
+        parts, t = check_round(participants, cfg, me=me, server_id=self.server_id)
         x = np.asarray(vector, dtype=np.float64).ravel()
         qp = cfg.quant_params(len(parts), x.size)
-        words, self.last_n_clipped = quantise(x, weight, qp, rounding_rng(cfg.seed, round_id, me), me)
+        words = self._encode(x, weight, qp, round_id)
         self.included = False
         rnd = _ClientRound(round_id, parts, t, max(t, cfg.min_clients), qp, words, share_points(parts))
         self.advertise_keys(rnd)

@@ -33,8 +33,9 @@ from ..transport.codec import tensor_from_proto
 from .bonawitz import (SHARE_CIPHERTEXT, STAGE_NAMES, TAG_ADVERTISE, TAG_MASKED, TAG_SHARE, TAG_SIGN, TAG_UNMASK,
                        check_advert, mask_seed, seed_commitment, share_commitment, share_points, survivors_bytes,
                        warn_unauthenticated)
+from .bounds import check_sum
 from .config import AggregationConfig
-from .exchange import STAGES, TAG_SERVER, check_participants, collect, collect_each, round_check, send_all
+from .exchange import STAGES, TAG_SERVER, check_round, collect, collect_each, round_check, send_all
 from .result import AggregateResult, AggregationError, fail_message
 from .roles import AggregationServer
 
@@ -94,7 +95,8 @@ class SecAggServer(AggregationServer):
     """Server role of Bonawitz et al. Fig. 4/5. ``aggregate`` returns Σ over U3 or raises AggregationError.
 
     Attributes:
-        last_timings: seconds spent per stage in the last round (``"unmask"`` = reconstruction + PRGs).
+        last_timings: seconds spent per stage in the last round (``"unmask"`` = reconstruction + PRGs,
+            ``"bounds"`` = the check of the unmasked sum, :mod:`.bounds`).
     """
 
     def __init__(self, transport, config: AggregationConfig):
@@ -103,14 +105,15 @@ class SecAggServer(AggregationServer):
         self._past_keys: deque[set[bytes]] = deque(maxlen=KEY_MEMORY_ROUNDS)
 
     def aggregate(self, round_id: int, participants: Sequence[str], dim: int) -> AggregateResult:
-        """Run the five stages of round ``round_id``; returns Σ_{u∈U3} (dequantised) with who dropped where."""
+        """Run the five stages of round ``round_id``; returns Σ_{u∈U3} (dequantised) with who dropped where.
+
+        Raises:
+            AggregationError: a selection the job does not allow, or too few clients left at a stage.
+            OutOfRangeRound: the unmasked sum breaks the bounds of honest, clipped inputs (:mod:`.bounds`).
+        """
         cfg = self.config
-        parts = check_participants(participants)
+        parts, t = check_round(participants, cfg, server_id=self.party_id)
         n = len(parts)
-        t = cfg.resolve_threshold(n)
-        if n < cfg.min_clients:
-            raise AggregationError(f"round {round_id} selects {n} client(s), fewer than min_clients="
-                                   f"{cfg.min_clients}: a secure sum of so few would reveal their updates")
         rnd = _ServerRound(round_id, parts, t, max(t, cfg.min_clients), cfg.quant_params(n, dim), dim, _Stopwatch())
         self.last_timings = rnd.clock.laps
         live = self.advertise_keys(rnd)
@@ -118,6 +121,8 @@ class SecAggServer(AggregationServer):
         live = self.masked_input_collection(rnd, live)
         live = self.consistency_check(rnd, live)
         self.unmasking(rnd, live)
+        check_sum(rnd.acc, rnd.qp, len(rnd.u3), round_id, zero_weight_ok=cfg.zero_weight_ok)
+        rnd.clock.lap("bounds")
         total, weight, n_clipped = dequantise(rnd.acc, rnd.qp)
         if rnd.late:
             log.info("round %d: clients %s left after sending their input (still in the sum)", round_id, rnd.late)

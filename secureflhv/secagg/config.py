@@ -17,16 +17,27 @@ class AggregationConfig:
 
     Attributes:
         kind: "secagg" | "plain" | "plain_quantised".
-        threshold: t as an int, or a fraction in (1/2, 1] of the selected clients; None = ceil(2n/3).
-            For n selected clients t must satisfy n/2 < t <= n (Bonawitz et al. Sec. 6: with a
-            malicious server, t <= n/2 lets it show two halves of the clients different survivor sets
-            and collect both shares of a victim); so n = 2 needs t = 2. A fraction <= 1/2 is refused
-            when the config is built, an int when the threshold is resolved for n (ValueError naming
-            threshold, n and the minimum).
-        min_clients: the fewest clients whose inputs a secagg round may sum (>= 2, default 2): the
-            sum of one client is that client's update. Checked at every stage on both sides: the
-            server aborts below it, a client refuses to send its masked input when fewer than
-            min_clients (itself included) advertised keys (U1) or shared (U2).
+        threshold: t as an int, or a fraction in (1/2, 1] of the selected clients; None = the smallest
+            t that tolerates ``max_colluders``: floor((n + c) / 2) + 1. For n selected clients t must
+            satisfy (n + c)/2 < t <= n, i.e. n_C < 2t − n (Bonawitz et al. 2017, Thm 6.5: with a
+            malicious server, a smaller t lets it show two groups of clients different survivor sets and
+            collect both kinds of share of a victim, the colluders giving both). A fraction <= 1/2 is
+            refused when the config is built, a t too low for n and c when it is resolved for n
+            (ValueError naming threshold, n, max_colluders and the minimum).
+        max_colluders: c, the number of clients the job tolerates colluding with a malicious server
+            (default 1). t is derived from it; a round must also keep at least 2 inputs of non-colluding
+            clients in the sum (n >= c + 2), or the sum itself reveals one client's update.
+        min_clients: the fewest clients whose inputs a round may sum (>= 2, default 3). Checked at every
+            stage on both sides: the server aborts below it, a client refuses to send its masked input
+            when fewer than min_clients (itself included) advertised keys (U1) or shared (U2). 2 is an
+            explicit opt-in (with ``max_colluders: 0``): in a two-client round each client learns the
+            other's update by subtracting its own from the sum.
+        job_clients: the job's client ids, from the job file every party validated (empty: not
+            known, e.g. a library call without a job). A client refuses a participant list naming
+            anyone outside it; with or without it, a list naming the aggregation server, or a
+            duplicate, is refused (:func:`~secureflhv.secagg.exchange.check_round`).
+        zero_weight_ok: whether Σw = 0 is a valid (empty) sum, e.g. an IFCA cluster nobody chose; else
+            the server refuses a round whose total weight is not positive (:mod:`.bounds`).
         clip: clip range c of each coordinate of x (before weighting).
         precision_bits: scale = 2**precision_bits.
         max_weight: largest weight a client may send (bounds k).
@@ -39,7 +50,7 @@ class AggregationConfig:
 
     Raises:
         ValueError: an unknown kind, a threshold fraction not in (1/2, 1] or an int threshold < 2,
-            min_clients < 2, bad clip / precision / timeouts (each names the field).
+            min_clients < 2, max_colluders < 0, bad clip / precision / timeouts (each names the field).
     """
 
     kind: Kind = "secagg"
@@ -48,7 +59,10 @@ class AggregationConfig:
     precision_bits: int = 16
     max_weight: float = float(1 << 20)
     consistency_check: bool = True
-    min_clients: int = 2
+    min_clients: int = 3
+    max_colluders: int = 1
+    job_clients: tuple[str, ...] = ()
+    zero_weight_ok: bool = False
     stage_timeout_s: float = 30.0
     input_timeout_s: float = 600.0
     seed: int | None = None
@@ -64,6 +78,11 @@ class AggregationConfig:
         if isinstance(self.min_clients, bool) or not isinstance(self.min_clients, int) or self.min_clients < 2:
             raise ValueError(f"min_clients must be an int >= 2 (a sum of one client reveals its update), "
                              f"got {self.min_clients!r}")
+        if isinstance(self.max_colluders, bool) or not isinstance(self.max_colluders, int) or self.max_colluders < 0:
+            raise ValueError(f"max_colluders must be an int >= 0, got {self.max_colluders!r}")
+        object.__setattr__(self, "job_clients", tuple(str(c) for c in self.job_clients))
+        if len(set(self.job_clients)) != len(self.job_clients):
+            raise ValueError(f"job_clients has duplicates: {list(self.job_clients)}")
         if self.stage_timeout_s <= 0 or self.input_timeout_s <= 0:
             raise ValueError(f"stage_timeout_s and input_timeout_s must be > 0, got {self.stage_timeout_s} "
                              f"and {self.input_timeout_s}")
@@ -91,20 +110,35 @@ class AggregationConfig:
         plus 5 * ``stage_timeout_s`` (the server's later stages), so a client outwaits a slow round."""
         return self.input_timeout_s + 5 * self.stage_timeout_s
 
+    def lowest_threshold(self, n: int) -> int:
+        """The smallest t with n_C < 2t − n for n clients and n_C = ``max_colluders``: floor((n + c)/2) + 1."""
+        return (n + self.max_colluders) // 2 + 1
+
+    def smallest_round(self) -> int:
+        """The fewest clients a round may select: ``min_clients``, and ``max_colluders`` + 2 (so that at
+        least two non-colluding inputs are in the sum)."""
+        return max(self.min_clients, self.max_colluders + 2)
+
     def resolve_threshold(self, n: int) -> int:
-        """t for ``n`` selected clients; raises ValueError (naming threshold, n and the minimum) unless
-        n/2 < t <= n."""
+        """t for ``n`` selected clients (Bonawitz et al. 2017, Thm 6.5: n_C < 2t − n).
+
+        Raises:
+            ValueError: n below :meth:`smallest_round`, or an explicit threshold outside
+                [floor((n + c)/2) + 1, n] (naming threshold, n, max_colluders and the minimum).
+        """
+        c = self.max_colluders
+        if n < self.smallest_round():
+            raise ValueError(f"a round of n={n} clients is too small: at least {self.smallest_round()} are needed "
+                             f"(min_clients={self.min_clients}; with max_colluders={c} a server and {c} colluding "
+                             f"client(s) must still face at least 2 other inputs, or the sum reveals one of them)")
         th = self.threshold
+        lowest = self.lowest_threshold(n)
         if th is None:
-            t = math.ceil(2 * n / 3)
-        elif isinstance(th, float):  # a fraction of the selected clients
-            t = math.ceil(th * n)
-        else:
-            t = int(th)
-        lowest = n // 2 + 1
+            return lowest
+        t = math.ceil(th * n) if isinstance(th, float) else int(th)  # a fraction of the selected clients, or t
         if not lowest <= t <= n:
-            raise ValueError(f"threshold t={t} is invalid for n={n} selected clients: it must be in [{lowest}, {n}] "
-                             f"(t > n/2, minimum {lowest}; Bonawitz et al. Sec. 6)")
+            raise ValueError(f"threshold t={t} is invalid for n={n} selected clients and max_colluders={c}: it must "
+                             f"be in [{lowest}, {n}] (n_C < 2t − n, Bonawitz et al. 2017 Thm 6.5)")
         return t
 
     def quant_params(self, n_clients: int, dim: int) -> QuantParams:

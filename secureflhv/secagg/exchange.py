@@ -11,6 +11,8 @@ import time
 from typing import Callable, Sequence
 
 from ..transport.base import PeerTimeout, PeerUnavailable, ProtocolError, TransportError
+from .config import AggregationConfig
+from .result import AggregationError
 
 log = logging.getLogger("secureflhv.secagg")
 
@@ -28,6 +30,43 @@ def check_participants(participants: Sequence[str], me: str | None = None) -> li
     if me is not None and me not in parts:
         raise ValueError(f"{me!r} is not among this round's participants {parts}")
     return sorted(parts)
+
+
+def check_round(participants: Sequence[str], config: AggregationConfig, *, me: str | None = None,
+                server_id: str | None = None) -> tuple[list[str], int]:
+    """The sorted participants of a round and its threshold t, from the job's settings, never the server's word.
+
+    A client calls it on the list the server announced (``me`` and ``server_id`` given), the server on
+    its own selection. The list must name distinct clients of ``config.job_clients`` (when the job's
+    clients are known), never the aggregation server, include ``me``, and hold at least
+    ``config.smallest_round()`` clients; t comes from ``config`` (:meth:`AggregationConfig.resolve_threshold`).
+    Without these checks a server could list itself (or an outsider it controls) as the second of two
+    clients and unmask the first one's update.
+
+    Raises:
+        AggregationError: a list naming the server, an outsider or a duplicate, one without ``me``, or a
+            round too small for the job's ``min_clients`` / ``max_colluders`` (the message names what was
+            refused and why).
+    """
+    who = me or "server"
+    parts = [str(p) for p in participants]
+    dup = sorted({p for p in parts if parts.count(p) > 1})
+    if dup:
+        raise AggregationError(f"{who}: refusing the participant list {parts}: {dup} listed more than once")
+    if server_id is not None and server_id in parts:
+        raise AggregationError(f"{who}: refusing the participant list {parts}: it names the aggregation server "
+                               f"{server_id!r}, which would then hold a client's masks")
+    outsiders = sorted(set(parts) - set(config.job_clients)) if config.job_clients else []
+    if outsiders:
+        raise AggregationError(f"{who}: refusing the participant list {parts}: {outsiders} not among the job's "
+                               f"clients {list(config.job_clients)}")
+    if me is not None and me not in parts:
+        raise AggregationError(f"{who}: is not among this round's participants {parts}")
+    try:
+        t = config.resolve_threshold(len(parts))
+    except ValueError as exc:
+        raise AggregationError(f"{who}: refusing round of {len(parts)} participant(s) {sorted(parts)}: {exc}") from None
+    return sorted(parts), t
 
 
 def round_check(msg, round_id: int, what: str) -> None:

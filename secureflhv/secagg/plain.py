@@ -8,12 +8,13 @@ import math
 
 import numpy as np
 
-from ..crypto.quantise import EXTRA_COORDS, dequantise, quantise, rounding_rng
+from ..crypto.quantise import EXTRA_COORDS, dequantise
 from ..proto import secagg_pb2
 from ..transport.base import ProtocolError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
-from .exchange import STAGES, TAG_PLAIN, check_participants, collect, round_check
-from .result import AggregateResult, AggregationError, fail_message
+from .bounds import check_each
+from .exchange import STAGES, TAG_PLAIN, check_round, collect, round_check
+from .result import AggregateResult, AggregationError, OutOfRangeRound, fail_message
 from .roles import AggregationClient, AggregationServer
 
 
@@ -21,7 +22,7 @@ class PlainClient(AggregationClient):
     """``plain`` and ``plain_quantised`` clients: one message to the server, no protection."""
 
     def submit(self, round_id, participants, vector, weight):
-        parts = check_participants(participants, self.party_id)
+        parts, _ = check_round(participants, self.config, me=self.party_id, server_id=self.server_id)
         x = np.asarray(vector, dtype=np.float64).ravel()
         if self.config.kind == "plain":
             if not (weight >= 0 and math.isfinite(weight)):
@@ -29,8 +30,7 @@ class PlainClient(AggregationClient):
             msg = secagg_pb2.PlainInput(round_id=round_id, vector=tensor_to_proto(weight * x), weight=float(weight))
         else:
             qp = self.config.quant_params(len(parts), x.size)
-            rng = rounding_rng(self.config.seed, round_id, self.party_id)
-            words, self.last_n_clipped = quantise(x, weight, qp, rng, self.party_id)
+            words = self._encode(x, weight, qp, round_id)
             msg = secagg_pb2.PlainInput(round_id=round_id, vector=tensor_to_proto(words.astype(qp.word_dtype)),
                                         k_bits=qp.k_bits)
         self.t.send(self.server_id, TAG_PLAIN, msg, round=round_id * STAGES, timeout=self.config.client_timeout_s)
@@ -40,9 +40,8 @@ class PlainServer(AggregationServer):
     """Sums the clients' ``PlainInput`` messages (float64 or words mod 2^k) over the survivors."""
 
     def aggregate(self, round_id, participants, dim):
-        parts = check_participants(participants)
         cfg = self.config
-        t = cfg.resolve_threshold(len(parts))
+        parts, t = check_round(participants, cfg, server_id=self.party_id)
         qp = cfg.quant_params(len(parts), dim) if cfg.kind == "plain_quantised" else None
         got = collect(self.t, parts, TAG_PLAIN, round_id * STAGES, cfg.input_timeout_s,
                       parse_message(secagg_pb2.PlainInput, lambda msg: self._validate(msg, round_id, dim, qp)))
@@ -51,6 +50,7 @@ class PlainServer(AggregationServer):
         if len(survivors) < t:
             raise AggregationError(fail_message("input", parts, survivors, t, dropped_at))
         if qp is not None:
+            check_each({c: got[c] for c in survivors}, qp, round_id, zero_weight_ok=cfg.zero_weight_ok)
             acc = np.zeros(dim + EXTRA_COORDS, dtype=np.uint64)
             for c in survivors:
                 acc += got[c]
@@ -60,9 +60,17 @@ class PlainServer(AggregationServer):
         else:
             total = np.zeros(dim, dtype=np.float64)
             weight = 0.0
+            heavy = {c: f"weight {got[c][1]:g} > max_weight={cfg.max_weight:g}" for c in survivors
+                     if got[c][1] > cfg.max_weight}
+            if heavy:
+                raise OutOfRangeRound(f"round {round_id}: out-of-range input from {sorted(heavy)}, refused: {heavy}",
+                                      heavy)
             for vec, w in (got[c] for c in survivors):
                 total += vec
                 weight += w
+            if not weight > 0 and not cfg.zero_weight_ok:
+                raise OutOfRangeRound(f"round {round_id}: total weight {weight:g} of {survivors} is not positive, "
+                                      f"refused")
             res = AggregateResult(total, weight, survivors, sorted(dropped_at), math.inf, 1.0, 0, 0, dropped_at)
         self._log_result(round_id, res)
         return res

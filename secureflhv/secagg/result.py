@@ -11,6 +11,20 @@ class AggregationError(RuntimeError):
     """The round cannot produce a correct sum (fewer than t survivors, protocol violation, ...)."""
 
 
+class OutOfRangeRound(AggregationError):
+    """The unmasked sum breaks the bounds that honest inputs cannot break (:mod:`.bounds`): the round is
+    refused and its sum never used.
+
+    Attributes:
+        offenders: client -> what it sent out of range, where the server can name it (the unprotected
+            kinds see each input; secure aggregation sees only the sum, so this is empty there).
+    """
+
+    def __init__(self, message: str, offenders: dict[str, str] | None = None):
+        super().__init__(message)
+        self.offenders = dict(offenders or {})
+
+
 @dataclass
 class AggregateResult:
     """Outcome of one aggregation round.

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..crypto.quantise import QuantParams, quantise, rounding_rng
 from ..transport.role import ProtocolRole
 from .config import AggregationConfig
 from .result import AggregateResult
@@ -41,6 +42,13 @@ class AggregationClient(ProtocolRole):
     def _peers(self) -> list[str]:
         return []  # a failing client is a dropout: it tells nobody
 
+    def _encode(self, x: np.ndarray, weight: float, qp: QuantParams, round_id: int) -> np.ndarray:
+        """The words (d+2,) of ``weight * clip(x)`` mod 2^k, with the seeded rounding of ``config.seed``
+        (tests override it to stage a client that skips clipping or forges its weight)."""
+        words, self.last_n_clipped = quantise(x, weight, qp, rounding_rng(self.config.seed, round_id, self.party_id),
+                                              self.party_id)
+        return words
+
     @abstractmethod
     def submit(self, round_id: int, participants: Sequence[str], vector: np.ndarray, weight: float) -> None:
         """Contribute ``weight * vector`` to round ``round_id``; returns when this client's part is done.
@@ -53,8 +61,9 @@ class AggregationClient(ProtocolRole):
                 pick submit zeros with weight 0, so the server cannot tell them apart).
 
         Raises:
-            AggregationError: the round failed (e.g. too few survivors, a failed check, a server abort).
-            ValueError: bad ``participants`` (duplicates, this client missing) or ``weight``.
+            AggregationError: the round failed (e.g. too few survivors, a failed check, a server abort) or
+                ``participants`` is a list the job does not allow (:func:`~.exchange.check_round`).
+            ValueError: a bad ``weight``.
         """
 
 
@@ -83,9 +92,9 @@ class AggregationServer(ProtocolRole):
             :class:`AggregateResult`: the float64 (d,) sum of ``weight * vector`` over the survivors.
 
         Raises:
-            AggregationError: fewer than t clients survived a stage (the error names them) or the
-                round failed otherwise.
-            ValueError: bad ``participants`` (e.g. duplicates) or a threshold outside [1, n].
+            AggregationError: a selection the job does not allow, fewer than t clients survived a
+                stage (the error names them), or the round failed otherwise.
+            OutOfRangeRound: the sum breaks the bounds of honest, clipped inputs (:mod:`.bounds`).
         """
 
     def _log_result(self, round_id: int, res: AggregateResult) -> None:

@@ -16,7 +16,8 @@ Wire rules enforced here (DESIGN.md, "Wire rules"):
   header, before any payload byte is read);
 * a sender may have at most ``max_pending`` messages and ``max_pending_bytes`` payload bytes queued
   (delivered, not yet consumed) at a receiver; more is rejected as a flood, so a peer sending
-  future-round messages cannot exhaust the receiver's memory;
+  future-round messages cannot exhaust the receiver's memory. The declared size of the sender's
+  streams still being received (:meth:`Mailbox.reserve`, gRPC) counts toward the same byte cap;
 * a payload that fails the caller's ``parse`` check (wrong shape, wrong key, ...) is rejected
   and logged, and the receiver keeps waiting for a valid message until its deadline.
 
@@ -26,7 +27,7 @@ log and :attr:`Mailbox.rejected` hold a :class:`Rejected` record (envelope, size
 
 Limits (defaults; the runtime sets ``max_payload_bytes`` from the job file's ``job.max_message_mb``):
 ``max_payload_bytes`` 256 MiB, ``max_pending`` 64 messages per sender, ``max_pending_bytes`` twice
-``max_payload_bytes`` per sender. Memory held for queued messages is therefore at most
+``max_payload_bytes`` per sender. Memory held for queued and in-flight messages is therefore at most
 ``peers * max_pending_bytes``.
 """
 from __future__ import annotations
@@ -173,6 +174,7 @@ class Mailbox:
         self._cond = threading.Condition()
         self._pending: dict[tuple[str, str, int], Message] = {}
         self._queued: dict[str, tuple[int, int]] = {}  # sender -> (messages, payload bytes) pending
+        self._reserved: dict[str, int] = {}  # sender -> declared bytes of its streams being received
         self._last_round: dict[tuple[str, str], int] = {}
         self._abort: tuple[str, str] | None = None
         self._closed = False
@@ -182,6 +184,37 @@ class Mailbox:
         """(messages, payload bytes) that ``sender`` has queued here, not yet consumed."""
         with self._cond:
             return self._queued.get(sender, (0, 0))
+
+    def reserved(self, sender: str) -> int:
+        """Declared payload bytes of ``sender``'s messages still being received (see :meth:`reserve`)."""
+        with self._cond:
+            return self._reserved.get(sender, 0)
+
+    def reserve(self, msg: Message, size: int) -> str | None:
+        """Check ``msg`` (header only) as :meth:`check` does and, if acceptable, reserve its declared
+        ``size`` against the sender's byte cap until :meth:`deliver` (``reserved=size``) or
+        :meth:`release`. Return why it is refused (nothing reserved), or ``None``.
+
+        A transport that buffers a message before delivering it calls this first, so a sender's
+        in-flight streams cannot buffer more than ``max_pending_bytes`` beyond what it has queued.
+        """
+        with self._cond:
+            reason = self.check(msg, size)
+            if reason is None:
+                self._reserved[msg.sender] = self._reserved.get(msg.sender, 0) + int(size)
+            return reason
+
+    def release(self, sender: str, size: int) -> None:
+        """Give back ``size`` bytes reserved by :meth:`reserve` (the stream failed or was refused)."""
+        with self._cond:
+            self._release(sender, size)
+
+    def _release(self, sender: str, size: int) -> None:
+        left = self._reserved.get(sender, 0) - int(size)
+        if left > 0:
+            self._reserved[sender] = left
+        else:
+            self._reserved.pop(sender, None)
 
     # ------------------------------------------------------------------ receiving side
     def check(self, msg: Message, size: int | None = None) -> str | None:
@@ -210,15 +243,22 @@ class Mailbox:
         if (msg.sender, msg.tag, msg.round) in self._pending:
             return f"duplicate message: tag {msg.tag!r} round {msg.round} from {msg.sender!r} already queued"
         count, queued = self._queued.get(msg.sender, (0, 0))
-        if count + 1 > self.max_pending or queued + size > self.max_pending_bytes:
+        inflight = self._reserved.get(msg.sender, 0)
+        if count + 1 > self.max_pending or queued + inflight + size > self.max_pending_bytes:
             return (f"flood: {msg.sender!r} already has {count} messages ({queued} bytes) queued at "
-                    f"{self.party_id!r} and not consumed; limit {self.max_pending} messages / "
-                    f"{self.max_pending_bytes} bytes per sender (tag {msg.tag!r} round {msg.round}, {size} bytes)")
+                    f"{self.party_id!r} and not consumed, and {inflight} bytes declared by streams still "
+                    f"arriving; limit {self.max_pending} messages / {self.max_pending_bytes} bytes per sender "
+                    f"(tag {msg.tag!r} round {msg.round}, {size} bytes)")
         return None
 
-    def deliver(self, msg: Message) -> None:
-        """Queue ``msg`` or raise :class:`MessageRejected` (and log) when it breaks a wire rule."""
+    def deliver(self, msg: Message, reserved: int = 0) -> None:
+        """Queue ``msg`` or raise :class:`MessageRejected` (and log) when it breaks a wire rule.
+
+        ``reserved``: bytes this message reserved with :meth:`reserve`; released first, whatever the outcome.
+        """
         with self._cond:
+            if reserved:
+                self._release(msg.sender, reserved)
             reason = self.check(msg)
             if reason is not None:
                 self._reject(msg, reason)
@@ -366,14 +406,14 @@ class Transport(ABC):
 
     def reachable(self, peer: str, timeout: float) -> bool:
         """Whether ``peer`` answers a probe (:data:`PROBE_TAG`, accepted and never queued) within ``timeout``
-        seconds. A peer that answers with a refusal or a failed TLS handshake is up; only one that cannot be
-        reached (connection refused, no answer) is not."""
+        seconds. A peer that answers with a refusal (also "busy": its per-sender stream cap) or a failed TLS
+        handshake is up; only one that cannot be reached (connection refused, no answer) is not."""
         try:
             self.send(peer, PROBE_TAG, b"alive?", round=0, timeout=timeout)
         except MessageRejected:
             return True
         except PeerUnavailable as exc:
-            return "TLS handshake" in str(exc)
+            return "TLS handshake" in str(exc) or " as busy " in str(exc)
         except TransportError:  # e.g. this transport closed: nothing learnt about the peer
             return True
         return True

@@ -9,29 +9,47 @@ message stays around 1 MiB (gRPC's per-message limits are set to the chunk size 
 Receiving side, in order (a failure answers ``Ack(accepted=False, error=...)``, is logged and
 recorded in :attr:`Transport.rejected`, and never crashes the party):
 
+0. at most ``max_streams_per_sender`` (default 4) streams of one sender are in flight here at once:
+   with TLS the sender is the certificate's CN, known when the call opens, so an excess stream is
+   refused before any chunk is read (plaintext: at the header); it ends with ``RESOURCE_EXHAUSTED``
+   naming the sender, is logged naming the sender, and costs no buffering;
 1. the first chunk must carry a header; later chunks must not;
 2. the header's ``sender`` must equal the CN of the client's TLS certificate (mutual TLS proves the
    certificate; this binds the claimed sender to it);
 3. the wire rules of :class:`~secureflhv.transport.base.Mailbox` (job, receiver, known sender,
-   stale/replayed round, declared payload size <= ``max_payload_bytes``, the sender's queue under
-   ``max_pending`` messages / ``2 * max_payload_bytes`` bytes) are checked on the header, before the
-   payload is read, so a refused message costs one chunk;
+   stale/replayed round, declared payload size <= ``max_payload_bytes``, the sender's queued bytes
+   *plus the declared sizes of its other streams in flight* under ``2 * max_payload_bytes``, at most
+   ``max_pending`` messages queued) are checked on the header, before the payload is read, so a
+   refused message costs one chunk; the declared size is then reserved against the sender's byte cap
+   (:meth:`Mailbox.reserve`) until the message is queued or the stream fails;
 4. the reassembled payload must have exactly the declared size and SHA-256;
-5. :meth:`Mailbox.deliver` checks the wire rules again atomically and queues the message.
+5. :meth:`Mailbox.deliver` releases the reservation, checks the wire rules again atomically and
+   queues the message.
 
 Every incoming stream runs under a server-side deadline, whatever deadline the client set (or did
-not set): ``stream_timeout`` seconds (default 60) for the header, extended once the header is read to
-``stream_timeout + payload_size / MIN_STREAM_RATE`` (1 MiB/s) from the stream's start. A stream that
-is not complete by then (a client that stalls mid-payload) is cancelled by a timer (a stalled
-request iterator never returns, so checking the clock between chunks would not do): the receiver
-logs and records who stalled (:attr:`Transport.rejected`), frees the server thread and buffered
-chunks, and the sender's call fails with ``CANCELLED`` (a :class:`TransportError` naming the receiver).
+not set): ``first_chunk_timeout`` seconds (default 10) for the first chunk (the header), extended
+once the header is read to ``stream_timeout + payload_size / MIN_STREAM_RATE`` (60 s + 1 s per MiB)
+from the stream's start. A stream that is not complete by then (a client that opens a stream and
+sends nothing, or stalls mid-payload) is cancelled by a timer (a stalled request iterator never
+returns, so checking the clock between chunks would not do): the receiver logs and records who
+stalled (:attr:`Transport.rejected`), frees the server thread, the buffered chunks and the
+reservations, and the sender's call fails with ``CANCELLED`` (a :class:`TransportError` naming the
+receiver).
+
+Threads: the server has ``workers = peers * max_streams_per_sender + 2`` threads, so the streams the
+peers are allowed hold at most all but two of them: a peer holding all its allowed streams cannot
+take the threads the other peers' streams need, and its excess calls get a thread only to be
+refused at once. gRPC admits ``2 * workers`` calls at a time (``maximum_concurrent_rpcs``); a call
+beyond that is refused by gRPC with ``RESOURCE_EXHAUSTED`` before it takes a thread, and its sender
+retries it. The whole bound, per peer: ``max_streams_per_sender`` threads and ``2 * max_payload_bytes``
+bytes, queued and in flight.
 
 Sending side: stream the chunks with a per-call deadline; while the peer is unreachable
-(``UNAVAILABLE``: not started yet, restarting) retry with exponential backoff and jitter until
-``retry_window`` (or the call's deadline) runs out, then raise :class:`PeerUnavailable` naming
-the peer and its address. A TLS handshake failure (certificate from another CA, or a server
-certificate that is not the receiver's) does not heal by waiting and raises
+(``UNAVAILABLE``: not started yet, restarting) or busy (``RESOURCE_EXHAUSTED``: this party already
+has its allowed streams in flight there, or the receiver is at its call limit) retry with
+exponential backoff and jitter until ``retry_window`` (or the call's deadline) runs out, then raise
+:class:`PeerUnavailable` naming the peer and its address. A TLS handshake failure (certificate from
+another CA, or a server certificate that is not the receiver's) does not heal by waiting and raises
 :class:`PeerUnavailable` at once with gRPC's reason. A refusal Ack raises
 :class:`MessageRejected` carrying the receiver's reason.
 
@@ -79,6 +97,11 @@ MIN_CHUNK_SIZE = 1024
 MAX_CHUNK_SIZE = 4 * MiB  # receivers accept chunks up to this, whatever their own chunk_size
 _SLACK = 64 * 1024  # room for the Envelope header and protobuf framing on top of a chunk
 DEFAULT_STREAM_TIMEOUT_S = 60.0  # server side: seconds an incoming stream may take, plus size / MIN_STREAM_RATE
+# server side: seconds until a stream's first chunk (header + up to 4 MiB) must have arrived: cuts a stalled
+# opener long before stream_timeout (a 4 MiB chunk at MIN_STREAM_RATE takes 4 s, plus a few round trips)
+DEFAULT_FIRST_CHUNK_TIMEOUT_S = 10.0
+DEFAULT_MAX_STREAMS_PER_SENDER = 4  # incoming streams one sender may have in flight at once
+_SPARE_WORKERS = 2  # server threads beyond peers * max_streams_per_sender: refusals never wait for a thread
 MIN_STREAM_RATE = 1 * MiB  # bytes per second an incoming stream must at least average
 _BACKOFF_BASE_S = 0.05
 _BACKOFF_CAP_S = 1.0
@@ -146,6 +169,24 @@ class _Refused(Exception):
     def __init__(self, reason: str, header: pb.Envelope | None = None):
         super().__init__(reason)
         self.reason, self.header = reason, header
+
+
+class _Busy(Exception):
+    """Internal: the sender already has ``max_streams_per_sender`` streams in flight (plaintext: seen at the header)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Stream:
+    """One incoming stream's claims: the sender whose stream slot it holds, and the bytes it reserved."""
+
+    __slots__ = ("sender", "reserved")
+
+    def __init__(self):
+        self.sender: str | None = None
+        self.reserved = 0
 
 
 def _head(h: pb.Envelope) -> Message:
@@ -225,7 +266,13 @@ class GrpcTransport(Transport):
             may also queue at most ``2 * max_payload_bytes`` payload bytes. More is refused (flood).
         stream_timeout: seconds an incoming stream may take beyond ``payload_size / MIN_STREAM_RATE``
             (default 60); a stream still incomplete then (a stalled sender) is cancelled and logged.
-        max_workers: server threads, i.e. messages received concurrently (default 2 per peer + 2).
+        first_chunk_timeout: seconds an incoming stream may take to deliver its first chunk (the
+            header; default 10); a stream still without one then (a stalled opener) is cancelled and logged.
+        max_streams_per_sender: incoming streams one peer may have in flight at once (default 4);
+            more are refused (``RESOURCE_EXHAUSTED``, naming the peer) before any chunk is read.
+        max_workers: server threads, i.e. messages received concurrently (default
+            ``peers * max_streams_per_sender + 2``, so one peer cannot take the others' threads); gRPC
+            admits twice as many calls (the rest wait for a thread), more are refused (``RESOURCE_EXHAUSTED``).
         close_grace: seconds :meth:`close` lets in-flight deliveries finish.
 
     Raises:
@@ -239,6 +286,8 @@ class GrpcTransport(Transport):
                  deadline: float = DEFAULT_DEADLINE_S, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  retry_window: float | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
                  max_pending: int = DEFAULT_MAX_PENDING, stream_timeout: float = DEFAULT_STREAM_TIMEOUT_S,
+                 first_chunk_timeout: float = DEFAULT_FIRST_CHUNK_TIMEOUT_S,
+                 max_streams_per_sender: int = DEFAULT_MAX_STREAMS_PER_SENDER,
                  max_workers: int | None = None, close_grace: float = 2.0):
         _check_security(party_id, tls, insecure)
         if not MIN_CHUNK_SIZE <= int(chunk_size) <= MAX_CHUNK_SIZE:
@@ -247,6 +296,10 @@ class GrpcTransport(Transport):
             raise ValueError(f"deadline must be > 0 seconds, got {deadline}")
         if stream_timeout <= 0:
             raise ValueError(f"stream_timeout must be > 0 seconds, got {stream_timeout}")
+        if first_chunk_timeout <= 0:
+            raise ValueError(f"first_chunk_timeout must be > 0 seconds, got {first_chunk_timeout}")
+        if int(max_streams_per_sender) < 1:
+            raise ValueError(f"max_streams_per_sender must be >= 1, got {max_streams_per_sender}")
         self._listen_host, _ = _parse_address(listen, "listen address")
         self._peers: dict[str, str] = {}
         for pid, addr in peers.items():
@@ -261,6 +314,8 @@ class GrpcTransport(Transport):
         self.retry_window = None if retry_window is None else float(retry_window)
         self.max_payload_bytes = int(max_payload_bytes)
         self.stream_timeout = float(stream_timeout)
+        self.first_chunk_timeout = float(first_chunk_timeout)
+        self.max_streams_per_sender = int(max_streams_per_sender)
         self.close_grace = float(close_grace)
         self.sent_bytes = 0  # payload bytes accepted by receivers
         self.received_bytes = 0  # payload bytes queued in this party's mailbox
@@ -273,13 +328,18 @@ class GrpcTransport(Transport):
         self._channels: dict[str, tuple[grpc.Channel, pb_grpc.PartyServiceStub]] = {}
         self._closing = threading.Event()
         self._closed = False
-        self._start_server(listen, max_workers or 2 * len(self._peers) + 2)
+        self._streams: dict[str, int] = {}  # sender -> its incoming streams in flight (under self._lock)
+        self._busy_refusals: dict[str, int] = {}  # sender -> streams refused for max_streams_per_sender
+        self._start_server(listen, max_workers or len(self._peers) * self.max_streams_per_sender + _SPARE_WORKERS)
 
     def _start_server(self, listen: str, workers: int) -> None:
         """Bind ``listen`` (TLS or plaintext), start serving :meth:`_handle_deliver`, log how."""
         party_id, tls = self.party_id, self._tls
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"secureflhv-{party_id}-rx")
-        self._server = grpc.server(self._executor, options=[
+        # At most `workers` calls wait for a thread (a burst of excess calls, each refused in microseconds);
+        # a call beyond that is refused by gRPC itself (RESOURCE_EXHAUSTED, retried by the sender) before it
+        # takes a thread or memory, instead of queueing without bound behind a flood.
+        self._server = grpc.server(self._executor, maximum_concurrent_rpcs=2 * workers, options=[
             ("grpc.max_receive_message_length", MAX_CHUNK_SIZE + _SLACK),
             ("grpc.max_send_message_length", 1 * MiB),
             ("grpc.so_reuseport", 0),  # two parties on one port must fail loudly, not share traffic
@@ -386,7 +446,7 @@ class GrpcTransport(Transport):
         """Deliver ``payload`` (bytes or a protobuf message) to ``receiver``; see the module docstring.
 
         Raises:
-            PeerUnavailable: ``receiver`` unknown, or unreachable / too slow within the deadline
+            PeerUnavailable: ``receiver`` unknown, or unreachable / busy / too slow within the deadline
                 (names the peer and its address).
             MessageRejected: the receiver refused the message (its reason is in the error).
             TransportError: this transport is closed, or another gRPC failure (names code and peer).
@@ -419,7 +479,8 @@ class GrpcTransport(Transport):
             except grpc.RpcError as err:
                 # The stream never completed, or completed but the Ack was lost (ambiguous):
                 # then a "duplicate"/"stale" refusal of a retry means the first try arrived.
-                ambiguous = ambiguous or progress.all_pulled
+                # RESOURCE_EXHAUSTED (busy) is a refusal before the message was read: not ambiguous.
+                ambiguous = ambiguous or (progress.all_pulled and err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED)
                 self._back_off_or_raise(err, receiver, address, what, attempt, start, retry_end)
                 continue
             self._settle(ack, receiver, what, len(data), ambiguous)
@@ -440,15 +501,20 @@ class GrpcTransport(Transport):
                 f"{self.party_id}: TLS handshake with {receiver!r} at {address} failed: {details}. "
                 f"Both parties need certificates from the same CA, and the one at {address} must be "
                 f"for {receiver!r}.") from None
-        if code == grpc.StatusCode.UNAVAILABLE and now < retry_end:
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED) and now < retry_end:
             delay = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** attempt) * random.uniform(0.5, 1.5)
             delay = min(delay, max(retry_end - now, 0.0))
-            log.debug("%s: %s unreachable at %s (%s), retry %d in %.2fs", self.party_id, receiver,
-                      address, details, attempt + 1, delay)
+            log.debug("%s: %s %s at %s (%s), retry %d in %.2fs", self.party_id, receiver,
+                      "busy" if code == grpc.StatusCode.RESOURCE_EXHAUSTED else "unreachable", address, details,
+                      attempt + 1, delay)
             if self._closing.wait(delay):
                 raise TransportError(f"{self.party_id}: transport closed while sending {what} to "
                                      f"{receiver!r}") from None
             return
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            raise PeerUnavailable(
+                f"{self.party_id}: {receiver!r} at {address} refused {what} as busy for {now - start:.1f}s "
+                f"({attempt + 1} attempts): {details}") from None
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             raise PeerUnavailable(
                 f"{self.party_id}: could not deliver {what} to {receiver!r} at {address} within "
@@ -473,29 +539,50 @@ class GrpcTransport(Transport):
     # ------------------------------------------------------------------ receiving
     def _handle_deliver(self, request_iterator, context) -> pb.Ack:
         peer = context.peer()
-        watch = _StreamWatch(context, self.stream_timeout)
+        stream = _Stream()
+        # with TLS the sender is known before any chunk: a peer at its stream cap costs no read at all
+        who = peer_identity(context) if self._tls is not None else None
+        if who is not None:
+            busy = self._open_stream(who, stream)
+            if busy is not None:
+                return self._busy(context, busy)
+        watch = _StreamWatch(context, self.first_chunk_timeout)
         try:
-            msg, chunks = self._receive(request_iterator, context, watch)
+            return self._serve(request_iterator, context, watch, stream, who or peer)
+        finally:
+            watch.stop()
+            self._close_stream(stream)  # every path: the stream slot and any reserved bytes go back
+
+    def _serve(self, request_iterator, context, watch: _StreamWatch, stream: "_Stream", who: str) -> pb.Ack:
+        try:
+            msg, chunks = self._receive(request_iterator, context, watch, stream)
+        except _Busy as exc:
+            return self._busy(context, exc.reason)
         except (_Refused, grpc.RpcError) as exc:
             # a cancelled stream may end as an error or as a short iterator: either way, the cut is the reason
             if watch.expired:
-                reason = (f"stream stalled: not complete within {watch.seconds:.0f}s (stream_timeout "
-                          f"{self.stream_timeout:.0f}s + payload size / {MIN_STREAM_RATE} bytes/s); cut")
-                self._refuse(reason, watch.header, peer)
+                if watch.header is None:
+                    reason = (f"stream stalled: no first chunk within {self.first_chunk_timeout:g}s "
+                              f"(first_chunk_timeout); cut")
+                else:
+                    reason = (f"stream stalled: not complete within {watch.seconds:.0f}s (stream_timeout "
+                              f"{self.stream_timeout:.0f}s + payload size / {MIN_STREAM_RATE} bytes/s); cut")
+                self._refuse(reason, watch.header, who)
                 return pb.Ack(accepted=False, error=reason)
             if isinstance(exc, _Refused):
-                self._refuse(exc.reason, exc.header, peer)
+                self._refuse(exc.reason, exc.header, who)
                 return pb.Ack(accepted=False, error=exc.reason)
-            log.warning("%s: stream from %s broke before the message was complete: %s", self.party_id, peer,
+            log.warning("%s: stream from %s broke before the message was complete: %s", self.party_id, who,
                         exc.details() if hasattr(exc, "details") else exc)
             return pb.Ack(accepted=False, error="stream broken")
         except Exception as exc:  # noqa: BLE001 - bad input must never take the party down
-            log.exception("%s: error while receiving from %s", self.party_id, peer)
+            log.exception("%s: error while receiving from %s", self.party_id, who)
             return pb.Ack(accepted=False, error=f"receiver error: {type(exc).__name__}: {exc}")
         finally:
             watch.stop()
+        reserved, stream.reserved = stream.reserved, 0  # deliver() releases it, whatever it decides
         try:
-            self._box.deliver(msg)  # atomic re-check of the wire rules (logs refusals itself)
+            self._box.deliver(msg, reserved=reserved)  # atomic re-check of the wire rules (logs refusals itself)
         except MessageRejected as exc:
             return pb.Ack(accepted=False, error=str(exc))
         with self._lock:
@@ -505,14 +592,58 @@ class GrpcTransport(Transport):
                   len(msg.payload))
         return pb.Ack(accepted=True)
 
-    def _refuse(self, reason: str, header: pb.Envelope | None, peer: str) -> None:
-        """Record and log a refused stream: by its header (declared size and digest) when one was read."""
+    def _open_stream(self, sender: str, stream: "_Stream") -> str | None:
+        """Count a stream of ``sender`` in flight; return why not when it already has its allowed number."""
+        cap = self.max_streams_per_sender
+        with self._lock:
+            n = self._streams.get(sender, 0)
+            if n < cap:
+                self._streams[sender] = n + 1
+                stream.sender = sender
+                return None
+            refused = self._busy_refusals[sender] = self._busy_refusals.get(sender, 0) + 1
+        reason = (f"too many streams in flight from {sender!r} at {self.party_id!r}: {cap} allowed "
+                  f"(max_streams_per_sender); refused before reading it")
+        if refused & (refused - 1) == 0:  # the 1st, 2nd, 4th, 8th... refusal: a flood cannot flood the log
+            log.warning("%s refused a stream from %s: %d streams already in flight, %d allowed (%d such "
+                        "refusals so far)", self.party_id, sender, n, cap, refused)
+        return reason
+
+    def _close_stream(self, stream: "_Stream") -> None:
+        if stream.reserved:
+            self._box.release(stream.sender, stream.reserved)
+            stream.reserved = 0
+        if stream.sender is not None:
+            with self._lock:
+                n = self._streams.get(stream.sender, 0) - 1
+                if n > 0:
+                    self._streams[stream.sender] = n
+                else:
+                    self._streams.pop(stream.sender, None)
+            stream.sender = None
+
+    @staticmethod
+    def _busy(context, reason: str) -> pb.Ack:
+        """End the call with RESOURCE_EXHAUSTED: not read, not recorded; the sender may retry later."""
+        context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+        context.set_details(reason)
+        return pb.Ack(accepted=False, error=reason)
+
+    def streams_in_flight(self) -> dict[str, tuple[int, int]]:
+        """sender -> (incoming streams in flight, declared bytes they reserved), for senders with any."""
+        with self._lock:
+            streams = dict(self._streams)
+        return {s: (n, self._box.reserved(s)) for s, n in streams.items()}
+
+    def _refuse(self, reason: str, header: pb.Envelope | None, who: str) -> None:
+        """Record and log a refused stream: by its header (declared size and digest) when one was read.
+        ``who``: the sender's certificate CN with TLS, else the connection's address."""
         if header is None:
-            log.warning("%s refused a stream from %s: %s", self.party_id, peer, reason)
+            log.warning("%s refused a stream from %s: %s", self.party_id, who, reason)
         else:
             self._box.reject(_head(header), reason, int(header.payload_size), bytes(header.payload_sha256))
 
-    def _receive(self, request_iterator, context, watch: _StreamWatch) -> tuple[Message, list[int]]:
+    def _receive(self, request_iterator, context, watch: _StreamWatch, stream: "_Stream") -> tuple[Message, list[int]]:
         """The message of one incoming stream, and its payload bytes per chunk (for the wire counter)."""
         it = iter(request_iterator)
         first = next(it, None)
@@ -527,13 +658,20 @@ class GrpcTransport(Transport):
             if cn != h.sender:
                 raise _Refused(f"claimed sender {h.sender!r} does not match the TLS certificate of the "
                                f"connection (CN {cn!r})", h)
+        elif stream.sender is None:  # plaintext: the claimed sender is all there is to count by
+            busy = self._open_stream(h.sender, stream)
+            if busy is not None:
+                raise _Busy(busy)
         watch.header = h
         size = int(h.payload_size)
         if len(h.payload_sha256) != hashlib.sha256().digest_size:
             raise _Refused(f"payload_sha256 has {len(h.payload_sha256)} bytes, expected 32", h)
-        reason = self._box.check(head, size)  # refuse before reading the payload; deliver() re-checks atomically
+        # refuse before reading the payload, and hold the declared size against the sender's byte cap
+        # while it arrives (deliver() re-checks atomically and releases it)
+        reason = self._box.reserve(head, size)
         if reason is not None:
             raise _Refused(reason, h)
+        stream.reserved = size
         watch.extend(self.stream_timeout + size / MIN_STREAM_RATE)
 
         digest = hashlib.sha256()

@@ -33,8 +33,9 @@ Exactness: histogram entries are integers below 2^52 sent as x = m / 2^40 with c
 and weight 1 (:func:`tree_aggregation_config`), so the fixed-point quantisation of secure aggregation
 is exact (no rounding) and the server's sums equal the centralised histograms bit for bit.
 
-Dropout (t of n): t is the aggregation threshold (a count or a fraction of the n clients, default
-ceil(2n/3); :func:`job_threshold` refuses t <= n/2 or t < 2), fixed for the whole job. No sum ever
+Dropout (t of n): t is the aggregation threshold (a count or a fraction of the n clients, default the
+smallest t with n_C < 2t − n for the job's ``max_colluders``; :func:`job_threshold`), fixed for the whole
+job; the job's clients are the only participants a client accepts. No sum ever
 mixes client sets: the server fixes the participant set ``active`` per boosting round (its trees and
 its validation aggregation), and every aggregation of the round must return exactly that set as
 survivors. A client lost in round r (not among an aggregation's survivors, silent at hsb.bound, or
@@ -181,7 +182,7 @@ def tree_aggregation_config(kind: str = "secagg", **overrides) -> AggregationCon
     """Aggregation settings under which integer histograms (< 2^52) are summed exactly.
 
     Threshold: ``threshold`` override (a count or a fraction of the job's clients) or the
-    aggregation default ceil(2n/3); the roles fix it to one absolute t for the whole job
+    aggregation default (from ``max_colluders``); the roles fix it to one absolute t for the whole job
     (:func:`job_threshold`).
     """
     cfg = dict(kind=kind, clip=AGG_CLIP, precision_bits=AGG_SCALE_BITS, max_weight=1.0)
@@ -189,21 +190,20 @@ def tree_aggregation_config(kind: str = "secagg", **overrides) -> AggregationCon
     return AggregationConfig(**cfg)
 
 
-def job_threshold(cfg: AggregationConfig, n_clients: int) -> AggregationConfig:
-    """``cfg`` with its threshold fixed to the absolute t of a job with ``n_clients`` clients.
+def job_threshold(cfg: AggregationConfig, client_ids: Sequence[str]) -> AggregationConfig:
+    """``cfg`` with its threshold fixed to the absolute t of a job with ``client_ids``, and those as the job's
+    clients (a participant list naming anyone else is refused: :func:`~secureflhv.secagg.exchange.check_round`).
 
-    t is ``cfg.resolve_threshold(n_clients)`` (default ceil(2n/3)); it stays the same when clients
-    drop out, so the job goes on while at least t (and at least 2) clients remain. The server and every
-    client derive the same t from the same config and client list (secagg's Shamir threshold).
+    t is ``cfg.resolve_threshold(n)`` (default: the smallest t with n_C < 2t − n for n_C =
+    ``cfg.max_colluders``); it stays the same when clients drop out (so n_C < 2t − n' holds for every
+    n' <= n still running), and the job goes on while at least t remain. The server and every client
+    derive the same t from the same config and client list (secagg's Shamir threshold).
 
     Raises:
-        ValueError: t <= n/2 (two disjoint halves could each finish a job) or t < 2.
+        ValueError: too few clients for ``min_clients`` / ``max_colluders``, or a threshold too low for them.
     """
-    t = cfg.resolve_threshold(n_clients)
-    if 2 * t <= n_clients or t < 2:
-        raise ValueError(f"aggregation threshold t={t} for {n_clients} clients: horizontal SecureBoost needs "
-                         f"t > n/2 and t >= 2")
-    return dataclasses.replace(cfg, threshold=t)
+    t = cfg.resolve_threshold(len(client_ids))
+    return dataclasses.replace(cfg, threshold=t, job_clients=tuple(sorted(client_ids)))
 
 
 def _check_agg(cfg: AggregationConfig) -> AggregationConfig:
@@ -312,7 +312,8 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         client_ids: every client (at least t of them must remain; see Dropout in the module docstring).
         params: :class:`SecureBoostParams`.
         aggregation: :class:`AggregationConfig` (default ``tree_aggregation_config("secagg")``);
-            its threshold is fixed by :func:`job_threshold` (ValueError when t <= n/2 or t < 2).
+            its threshold is fixed by :func:`job_threshold` (ValueError when the job's clients are too few
+            for its ``min_clients`` / ``max_colluders``).
         feature_ranges: optional public (lo, hi) per feature; then no client reveals its min/max.
 
     Attributes (after :meth:`fit`): ``active`` (the clients that built the last round), ``dropped``
@@ -328,7 +329,7 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         if len(self.client_ids) < 2:
             raise ValueError("client_ids: horizontal SecureBoost needs at least two clients")
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
-        self.agg_config = job_threshold(_check_agg(aggregation or tree_aggregation_config()), len(self.client_ids))
+        self.agg_config = job_threshold(_check_agg(aggregation or tree_aggregation_config()), self.client_ids)
         self.threshold = max(int(self.agg_config.threshold), 2)
         self.agg = make_server(transport, self.agg_config)
         self.feature_ranges = feature_ranges
@@ -696,7 +697,7 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
             raise ValueError(f"y: {len(self.y)} labels for {len(self.X)} rows")
         self.X_val = None if X_val is None else check_matrix(X_val, "X_val", allow_nan=True)
         self.y_val = None if y_val is None else check_labels(y_val, self.params)
-        cfg = job_threshold(_check_agg(aggregation or tree_aggregation_config()), len(self.client_ids))
+        cfg = job_threshold(_check_agg(aggregation or tree_aggregation_config()), self.client_ids)
         self.agg = make_client(transport, server_id, cfg)
         self.send_ranges = send_ranges
         self._agg_round = 0

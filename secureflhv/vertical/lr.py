@@ -66,6 +66,16 @@ Arbiter mode, one batch (B = the batch rows, [[.]] = Paillier under the arbiter'
     guest   -> arbiter: [[n_b * loss_b + r]] assembled from the terms above (cross terms included);
     arbiter -> guest  : n_b * loss_b + r mod n  ; guest unmasks (the arbiter does not learn the loss)
 
+With two or more hosts in arbiter mode the hosts' parts carry zero-sum masks (:mod:`.host_masks`: pairwise,
+from an X25519 agreement between the hosts at the start, fresh per batch and row), so the guest holds no
+ciphertext of one host's values alone that the arbiter would decrypt to anything but noise::
+
+    host h  -> guest : [[u~_h]] = [[enc(u_h) + m_h]], [[reg~_h]]    (sum_h m_h = 0: sum_h [[u~_h]] = [[U]] exactly)
+    guest   -> host j (every host): [[V_j]] = [[2 sum_{h<j} u~_h + u~_j]]
+    host j  -> guest : [[u~_j . V_j]] (K > 1: and [[rowsum(u~_j) . rowsum(V_j)]])   sum_j = U.U (resp. the rowsums')
+    guest            : [[d]], the gradients as above (bit for bit the unmasked values); the loss's quadratic
+                       1/2 U H U from the hosts' products instead of per-host [[|u_h|^2]] and cross terms
+
 Two-party mode, one batch ([[.]] under the guest's key)::
 
     host h  -> guest : u_h (n_b,) in plaintext, l2/2 ||w_h||^2     <- the known leak of this mode
@@ -117,6 +127,7 @@ from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..data.dataset import check_matrix
 from .common import VerticalRole, control_parser
+from .host_masks import HostMasks, check_scores, cross_terms, encrypt_masked, masked_mantissas
 from .lr_tasks import MAX_CLASSES, TaylorLoss
 from .lr_scores import ScoreArbiter, ScoreGuest, ScoreHost
 from .prediction import PredictionGuest, PredictionHost
@@ -273,6 +284,10 @@ class _Role(VerticalRole):
     def _pubkey_parser(self):
         return self.wire.public_key_parser(self.config.insecure_test_key)
 
+    def _masked(self) -> bool:
+        """Arbiter mode with two or more hosts: the hosts' scores carry zero-sum masks (:mod:`.host_masks`)."""
+        return self.config.mode == "arbiter" and len(getattr(self, "host_ids", ())) >= 2
+
     resume_from: tuple[dict, dict] | None = None  # (arrays, state) of a checkpoint to continue after
     on_checkpoint = None  # callback(epochs_done, arrays, state) at the end of each epoch
 
@@ -317,6 +332,14 @@ class _Role(VerticalRole):
         fresh, dot = -self.he.precision_bits, self.he.dot_precision_bits
         L, arbiter = self.loss, self.config.mode == "arbiter"
         d_shift = max(_shift_bits(L.h), _shift_bits(L.h * L.beta)) if arbiter else 0  # [[U H]] (_h_times)
+        if self._masked():  # the quadratic from the hosts' masked products at 2 * fresh (_batch_arbiter)
+            quad = [2 * fresh - _shift_bits(0.5 * L.h)]
+            if L.k > 1:
+                quad.append(2 * fresh - _shift_bits(0.5 * L.h * L.beta))
+            if tag == TAG_LOSS:  # dot(coef, U), [[reg]] * n_b, the quadratic
+                return min([fresh - dot, fresh] + quad)
+            if tag == TAG_CROSS:
+                return 2 * fresh
         if tag == TAG_LOSS:  # dot(coef, U), [[u2]] * h/2, [[u1]] * -h beta/2, [[reg]] * n_b, [[cross]] * h
             terms = [fresh - dot, fresh - _shift_bits(0.5 * L.h), fresh]
             if L.k > 1:
@@ -438,12 +461,16 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
     What the guest learns:
         arbiter mode: its own gradient and weights; the per-batch and per-epoch Taylor loss (sum over
         all parties, the one value it decrypts, through the arbiter, under its own mask); nothing about
-        host data or weights beyond what the loss implies (host values reach it only encrypted).
+        host data or weights beyond what the loss implies (host values reach it only encrypted). A guest
+        that deviates can have the arbiter decrypt any ciphertext it holds: with one host that gives u_h;
+        with two or more only sums over all hosts (per row: sum_h u_h), each host's part being masked
+        (:mod:`.host_masks`).
         two-party mode: additionally each host's partial score u_h = X_h w_h for every row of every
         batch and each host's ||w_h||^2 (through the loss); it decrypts the hosts' masked gradients but
         the masks are uniform in Z_n, so it learns nothing about them.
         prediction, two-party mode: each host's partial score u_h of every row it asks about; arbiter
-        mode: only each row's total score (:mod:`secureflhv.vertical.lr_scores`).
+        mode: only each row's total score (:mod:`secureflhv.vertical.lr_scores`), also when it deviates
+        (two or more hosts).
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, config, arbiter_id: str | None = None,
@@ -609,7 +636,8 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
     def _batch_arbiter(self, pub, Xb, Tb, u_g, reg_g, rnd):
         he, t, L = self.he, self.t, self.loss
         nb = Xb.shape[0]
-        quad = ("u2", "reg") + (("u1",) if L.k > 1 else ())
+        masked = self._masked()
+        quad = ("reg",) if masked else ("u2", "reg") + (("u1",) if L.k > 1 else ())
 
         def fwd_parser(h):
             def validate(m: messages_pb2.Bundle):
@@ -632,28 +660,52 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
             t.send(h, TAG_D, d_msg, round=rnd + S_D)
         # our gradient first, so the arbiter can start decrypting while we assemble the loss
         g_mask = self._ask_decrypt(pub, self._xt_enc(Xb, d_enc), self.arbiter_id, TAG_GRAD, rnd + S_GRAD)
-        # cross terms u_h H u_h' (h < h'), computed by host j on the encrypted sum of the earlier hosts' u
-        S = fwds[0][0]
-        for j, h in enumerate(self.host_ids[1:], start=1):
-            t.send(h, TAG_CROSS_IN, self.wire.to_proto(S), round=rnd + S_D)
-            S = S + fwds[j][0]
-        cross = [t.recv(h, TAG_CROSS, round=rnd + S_CROSS, parse=self._enc_parser(
-                     pub, (1,), f"{TAG_CROSS} from {h}", self._wire_exponent(TAG_CROSS))) for h in self.host_ids[1:]]
-        # n_b * loss = sum_i[c0 + a.u_g + u_g H u_g/2] + coef . U + 1/2 sum_h u_h H u_h + sum cross + n_b * reg
-        # (binary: coef = -y/2 + u_g/4, u_h H u_h / 2 = |u_h|^2 / 8; lr_tasks.TaylorLoss)
+        # n_b * loss = sum_i[c0 + a.u_g + u_g H u_g/2] + coef . U + 1/2 U H U + n_b * reg
+        # (binary: coef = -y/2 + u_g/4, U H U / 2 = |U|^2 / 8; lr_tasks.TaylorLoss)
         plain = float(np.sum(L.row_losses(Tb, L.rows(u_g)))) + nb * reg_g
         loss_enc = he.dot(coef.reshape(-1, 1), U.reshape(-1)) + np.array([plain])
-        for f in fwds:
-            loss_enc = loss_enc + he.mul_const(f[1], 0.5 * L.h) + f[2] * nb
-            if L.k > 1:  # - h beta / 2 * sum_i (sum_c u_ic)^2
-                loss_enc = loss_enc + he.mul_const(f[3], -0.5 * L.h * L.beta)
-        for c in cross:
-            loss_enc = loss_enc + he.mul_const(c, L.h)
+        if masked:
+            loss_enc = loss_enc + self._masked_quadratic(pub, fwds, rnd) + reduce(lambda a, b: a + b,
+                                                                                   [f[1] for f in fwds]) * nb
+        else:
+            # cross terms u_h H u_h' (h < h'), computed by host j on the encrypted sum of the earlier hosts' u
+            S = fwds[0][0]
+            for j, h in enumerate(self.host_ids[1:], start=1):
+                t.send(h, TAG_CROSS_IN, self.wire.to_proto(S), round=rnd + S_D)
+                S = S + fwds[j][0]
+            cross = [t.recv(h, TAG_CROSS, round=rnd + S_CROSS, parse=self._enc_parser(
+                         pub, (1,), f"{TAG_CROSS} from {h}", self._wire_exponent(TAG_CROSS)))
+                     for h in self.host_ids[1:]]
+            for f in fwds:
+                loss_enc = loss_enc + he.mul_const(f[1], 0.5 * L.h) + f[2] * nb
+                if L.k > 1:  # - h beta / 2 * sum_i (sum_c u_ic)^2
+                    loss_enc = loss_enc + he.mul_const(f[3], -0.5 * L.h * L.beta)
+            for c in cross:
+                loss_enc = loss_enc + he.mul_const(c, L.h)
         l_mask = self._ask_decrypt(pub, loss_enc, self.arbiter_id, TAG_LOSS, rnd + S_GRAD)
         g_sum = self._take_decrypted(pub, g_mask, self.arbiter_id, TAG_GRAD_DEC, rnd + S_DEC,
                                      self._grad_shape(Xb.shape[1]))
         loss_b = float(self._take_decrypted(pub, l_mask, self.arbiter_id, TAG_LOSS_DEC, rnd + S_DEC, (1,))[0]) / nb
         return g_sum.T, loss_b
+
+    def _masked_quadratic(self, pub, fwds, rnd):
+        """[[1/2 U H U]] from masked parts (arbiter mode, >= 2 hosts): host j gets [[V_j]] =
+        [[2 sum_{h<j} u~_h + u~_j]] and returns [[u~_j . V_j]] (K > 1: also the rowsums' product); since
+        sum_j u~_j . V_j = (sum_j u~_j)^2 = U.U exactly, no host's own |u_h|^2 (nor anything else of a
+        single host) is ever a ciphertext the guest holds."""
+        he, t, L = self.he, self.t, self.loss
+        S = None
+        for j, h in enumerate(self.host_ids):
+            V = fwds[j][0] if S is None else S + S + fwds[j][0]
+            t.send(h, TAG_CROSS_IN, self.wire.to_proto(V), round=rnd + S_D)
+            S = fwds[j][0] if S is None else S + fwds[j][0]
+        shape, e = (2 if L.k > 1 else 1,), self._wire_exponent(TAG_CROSS)
+        cross = reduce(lambda a, b: a + b, [t.recv(h, TAG_CROSS, round=rnd + S_CROSS, parse=self._enc_parser(
+            pub, shape, f"{TAG_CROSS} from {h}", e)) for h in self.host_ids])
+        out = he.mul_const(cross[0:1], 0.5 * L.h)
+        if L.k > 1:  # - h beta / 2 * sum_i (sum_c U_ic)^2
+            out = out + he.mul_const(cross[1:2], -0.5 * L.h * L.beta)
+        return out
 
     def _batch_two_party(self, pub, priv, Xb, Tb, u_g, reg_g, rnd, host_dims):
         he, t, L = self.he, self.t, self.loss
@@ -747,6 +799,9 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
     scores), so it learns nothing about labels, the guest's features or other hosts.
     In two-party mode it reveals to the guest its partial scores u_h per batch row and ||w_h||^2, and
     per prediction row; in arbiter mode prediction sends u_h encrypted (:mod:`~secureflhv.vertical.lr_scores`).
+    In arbiter mode with two or more hosts it masks every value it sends the guest (zero-sum over the
+    hosts, :mod:`~secureflhv.vertical.host_masks`), after a key agreement with the other hosts of
+    ``host_ids`` over their direct channels; ValueError if a partial score reaches 2^SCORE_BITS.
     """
 
     def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], X, config,
@@ -800,6 +855,9 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
         t.send(self.guest_id, TAG_HELLO, hello, round=0)
         if arbiter:
             t.send(self.arbiter_id, TAG_HELLO, hello, round=0)
+        masked = self._masked()
+        if masked:
+            self._agree_masks()
         w = np.zeros((d_h,) + L.cols)
         v = np.zeros_like(w)
         seconds, stopped, kept = [], False, _BestWeights()
@@ -816,7 +874,9 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
                 nb = len(idx)
                 u = Xb @ w
                 reg = 0.5 * cfg.l2 * float(np.sum(w * w))
-                if arbiter:
+                if masked:  # zero-sum masks; no per-host quadratic: the cross step below carries it
+                    fwd, u_masked = self._masked_forward(pub, u, reg, rnd, idx)
+                elif arbiter:
                     fwd = messages_pb2.Bundle()
                     fwd.encrypted["u"].CopyFrom(self.wire.to_proto(he.encrypt(pub, u)))
                     fwd.encrypted["u2"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([np.sum(u * u)]))))
@@ -832,14 +892,16 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
                                parse=self._enc_parser(pub, (nb,) + L.cols, f"{TAG_D} from {self.guest_id}",
                                                       self._wire_exponent(TAG_D)))
                 g_mask = self._ask_decrypt(pub, self._xt_enc(Xb, d_enc), key_holder, TAG_GRAD, rnd + S_GRAD)
-                if arbiter and self.index > 0:
+                if arbiter and (masked or self.index > 0):
                     S = t.recv(self.guest_id, TAG_CROSS_IN, round=rnd + S_D,
                                parse=self._enc_parser(pub, (nb,) + L.cols, f"{TAG_CROSS_IN} from {self.guest_id}",
                                                       self._wire_exponent(TAG_CROSS_IN)))
-                    # sum_i u_i (I - beta 1 1^T) S_i; the guest multiplies by h
-                    uP = u - L.beta * u.sum(axis=1, keepdims=True) if L.k > 1 else u
-                    t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(he.dot(uP.reshape(-1, 1), S.reshape(-1))),
-                           round=rnd + S_CROSS)
+                    if masked:  # u~_j . V_j (and rowsums), V_j = 2 sum_{h<j} u~_h + u~_j: the sum over j is U.U
+                        cross = cross_terms(he, S, u_masked, L.k, self._wire_exponent(TAG_CROSS))
+                    else:  # sum_i u_i (I - beta 1 1^T) S_i; the guest multiplies by h
+                        uP = u - L.beta * u.sum(axis=1, keepdims=True) if L.k > 1 else u
+                        cross = he.dot(uP.reshape(-1, 1), S.reshape(-1))
+                    t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(cross), round=rnd + S_CROSS)
                 g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, self._grad_shape(d_h))
                 w, v = cfg.step(w, v, g_sum.T / nb + cfg.l2 * w, lr)
             kept.record(w)
@@ -856,9 +918,39 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
     def _prediction_matrix(self, X) -> np.ndarray:
         return self._prediction_features(X, self.weights.shape[0])
 
+    _host_masks: HostMasks | None = None  # this session's pair seeds (arbiter mode, >= 2 hosts)
+
+    def _agree_masks(self) -> None:
+        """Key agreement with the other hosts of the job (once per session: training and the in-job
+        prediction share it; a prediction job starts its own)."""
+        if self._host_masks is None:
+            self._host_masks = HostMasks(self.t, self.host_ids, self.he.precision_bits).agree()
+
+    def _masked_forward(self, pub, u, reg, rnd, idx):
+        """Arbiter mode, >= 2 hosts: the batch's [[u~]] and [[reg~]] (zero-sum masks over the hosts,
+        fresh per batch and row) and u~ as ints (this host's cross-term multiplier)."""
+        check_scores(u, self.party_id)
+        width = self.loss.k
+        m_u = self._host_masks.masks(("train-u", rnd), idx, width)
+        m_reg = self._host_masks.masks(("train-reg", rnd), [0], 1)
+        fwd = messages_pb2.Bundle()
+        fwd.encrypted["u"].CopyFrom(self.wire.to_proto(encrypt_masked(self.he, pub, u, m_u)))
+        fwd.encrypted["reg"].CopyFrom(self.wire.to_proto(encrypt_masked(self.he, pub, np.array([reg]), m_reg)))
+        return fwd, masked_mantissas(self.he, u, m_u)
+
+    def _serve(self, X, max_requests):
+        if self._masked():
+            self._agree_masks()
+        return super()._serve(X, max_requests)
+
     def _answer(self, X, rows, rnd):
         if self.arbiter_id is not None:
-            self._send_encrypted_scores((X[rows] @ self.weights).ravel(), rnd)
+            u = X[rows] @ self.weights
+            masks = None
+            if self._masked():  # keyed by the row index: asking hosts for different rows gives noise too
+                check_scores(u, self.party_id)
+                masks = self._host_masks.masks(("pred", rnd, X.shape[0]), rows, 1 if u.ndim == 1 else u.shape[1])
+            self._send_encrypted_scores(u.ravel(), rnd, masks)
         else:
             self.t.send(self.guest_id, TAG_PRED, tensor_to_proto(X[rows] @ self.weights), round=rnd)
 

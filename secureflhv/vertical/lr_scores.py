@@ -8,6 +8,8 @@ and the job's deadline fits)::
 
     arbiter -> guest, hosts : public key pk                      (once; a fresh key pair, or the training one)
     host h  -> guest        : [[u_h]] = Enc_pk(X_h[rows] w_h)    (k,)  at exponent -precision_bits
+                              (two or more hosts: [[enc(u_h) + m_h]], zero-sum masks over the hosts keyed by
+                              the host's request counter and the row index, :mod:`.host_masks`)
     guest                   : [[s]] = sum_h [[u_h]] + (X_g[rows] w_g + b)
     guest   -> arbiter      : [[s + r]]   r fresh per row, uniform in Z_n (OU: statistical, 2^40 wider)
     arbiter -> guest        : s + r mod n                         guest removes r -> s (float64, (k,))
@@ -32,7 +34,8 @@ rejected, logged, and the receiver keeps waiting until its deadline, which then 
 What each role learns (semi-honest, the arbiter does not collude with the guest: DESIGN.md):
     guest: the total score s_i of every row it asks about, hence sum_h u_h,i (with one host that is the
         host's u_h,i itself: inherent to the guest learning the score). With several hosts, no single
-        host's u_h: each arrives encrypted under a key it does not hold.
+        host's u_h: each arrives encrypted under a key it does not hold, and masked so that a guest asking
+        the arbiter to decrypt one host's part (or parts of different rows) gets noise.
     host: the row indices asked about and the public key; nothing about the guest, other hosts or scores.
     arbiter: the number of requests and rows per request; each value it decrypts carries a fresh
         uniform mask (Paillier; OU: statistically hiding), so nothing about scores, weights or data.
@@ -45,6 +48,7 @@ import numpy as np
 
 from ..proto import messages_pb2
 from ..transport import ProtocolError, parse_message
+from .host_masks import encrypt_masked
 
 TAG_PRED_KEY = "vlr.pred_key"
 TAG_PRED_ENC = "vlr.pred_enc"
@@ -88,9 +92,12 @@ class ScoreGuest(_ScoreKey):
 class ScoreHost(_ScoreKey):
     """Host side: its partial scores go to the guest only encrypted under the arbiter's key."""
 
-    def _send_encrypted_scores(self, u: np.ndarray, rnd: int) -> None:
+    def _send_encrypted_scores(self, u: np.ndarray, rnd: int, masks: list[int] | None = None) -> None:
+        """Send [[u]] (k,), or with ``masks`` (two or more hosts) [[enc(u) + masks]]: zero-sum over the
+        hosts (:mod:`~secureflhv.vertical.host_masks`), so only the guest's total decrypts to scores."""
         pub = self._score_key()
-        self.t.send(self.guest_id, TAG_PRED_ENC, self.wire.to_proto(self.he.encrypt(pub, u)), round=rnd)
+        enc = self.he.encrypt(pub, u) if masks is None else encrypt_masked(self.he, pub, u, masks)
+        self.t.send(self.guest_id, TAG_PRED_ENC, self.wire.to_proto(enc), round=rnd)
 
 
 class ScoreArbiter:

@@ -1,8 +1,10 @@
 """Private set intersection (ECDH-PSI) to align the guest's and hosts' ID columns before training.
 
-Vertical jobs use it with ``job.psi_protocol: ecdh``. The default, the OT-extension protocol
-:mod:`secureflhv.vertical.psi_kkrt` (``kkrt``), gives the same result with the same leakage for ~15x
-less CPU; it reuses this module's result type, hello, ordering and intersection step.
+The default of vertical jobs (``job.psi_security: malicious``, the default, makes ``job.psi_protocol``
+resolve to ``ecdh``). The OT-extension protocol :mod:`secureflhv.vertical.psi_kkrt` (``kkrt``) gives the
+same result for ~15x less CPU, but a guest that deviates from it learns every host ID, so a job runs it
+only when it declares ``job.psi_security: semi_honest``; it reuses this module's result type, hello,
+ordering, set-size bounds and intersection step.
 
 Protocol (Meadows 1986; Huberman, Franklin & Hogg 1999; here over Curve25519, Bernstein 2006 -- the
 primitives and their references are in :mod:`secureflhv.crypto.psi`). For one guest G (IDs X,
@@ -34,9 +36,28 @@ What each role learns (semi-honest parties, DDH hard on Curve25519, H a random o
 * Hash points are restricted to the curve (not its twist), so a blinded value does not even leak
   one bit of H(x); see :mod:`secureflhv.crypto.psi`.
 * Fresh scalars and a fresh salt per run: values from different runs cannot be linked.
-* Not covered (semi-honest model): a malicious guest can insert IDs it guesses to test membership,
-  or tell a host a wrong intersection; a malicious host can return wrong values. Colluding hosts
-  learn nothing about X beyond what each learns (they all receive the same H(x)^a).
+* Colluding hosts learn nothing about X beyond what each learns (they all receive the same H(x)^a).
+
+What a party that lies can still do (the protocol is semi-honest; these are its limits against any
+message a lying party may send, DDH and H a random oracle as above):
+
+* **A lying guest** learns whether a guessed ID is in Y_j: it sends H(g) (or H(g)^a) for guesses g
+  among its points, one point per guess, so at most ``max_ids`` (``job.psi_max_ids``) guesses per run.
+  Nothing else: every point it sends comes back raised to b_j, and b_j stays hidden (the points it can
+  craft are on the curve or its twist; clamped scalars are multiples of the cofactor, and the discrete
+  logarithm is hard in both prime-order subgroups), so no value of Y_j outside its guesses can be
+  recognised. It can also tell a host a wrong intersection (rows it did not match, still in the agreed
+  order): the host learns nothing from that, but the job then uses the rows the guest named.
+* **A lying host** learns whether a guessed ID is in the final intersection: it can list H(g) for
+  guesses among its points (or answer a guest point with anything), and the guest reports what
+  matched. It cannot make a guest ID it has not guessed match: a match needs the guest's a-th power of
+  a point the host chose, and the host knows a-th powers only of the guest's own hashed IDs, which it
+  cannot tell apart without guessing them. So the intersection the guest sends (the only message that
+  depends on the guest's ID order) holds true common IDs and guessed ones only; a host that repeats a
+  value makes the run fail (``match_positions``), never match more.
+* **Set sizes are bounded by the job** (``max_ids``): a hello, point list or value list announcing
+  more IDs than that is refused with :class:`PsiSetTooLarge` naming the sender, before anything sized
+  by it is allocated or computed; a party with more IDs refuses before it sends anything.
 
 Cost: X25519 operations (libsodium; ~23-32 us each on the 2-core reference machine, depending on
 its load) -- guest |X| + sum_j |Y_j|, host j |Y_j| + |X| -- plus hashing |own set| IDs to the
@@ -74,10 +95,11 @@ from ..transport.role import ProtocolRole
 
 log = logging.getLogger("secureflhv.vertical.psi")
 
-__all__ = ["PsiResult", "PsiGuest", "PsiHost", "align_ids_guest", "align_ids_host", "PROTOCOL_VERSION",
-           "TAG_HELLO", "TAG_POINTS", "TAG_DOUBLE", "TAG_INTERSECTION"]
+__all__ = ["PsiResult", "PsiGuest", "PsiHost", "PsiSetTooLarge", "align_ids_guest", "align_ids_host",
+           "PROTOCOL_VERSION", "DEFAULT_MAX_IDS", "TAG_HELLO", "TAG_POINTS", "TAG_DOUBLE", "TAG_INTERSECTION"]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # ECDH-PSI's PsiHello.version (KKRT-PSI has its own: psi_kkrt.PROTOCOL_VERSION)
+DEFAULT_MAX_IDS = 10_000_000  # = the default of job.psi_max_ids: the largest set any party may announce
 SALT_BYTES = 32
 TAG_HELLO = "psi/hello"
 TAG_POINTS = "psi/points"
@@ -86,6 +108,20 @@ TAG_INTERSECTION = "psi/intersection"
 # Default waits grow with the work the peer may still be doing (~60 core-us per ID here, 2x margin
 # for a loaded machine): 1M + 1M IDs allow 200 s even if the transport's deadline is shorter.
 WAIT_S_PER_ID = 100e-6
+
+
+class PsiSetTooLarge(ProtocolError):
+    """A party announced (or holds) more IDs than the job allows (``job.psi_max_ids``).
+
+    Raised by the receiver of the announcement (never caught by the transport's parse step: the run
+    fails and the peers are told). Attributes: ``sender`` (the party that announced the set), ``size``,
+    ``limit``.
+    """
+
+    def __init__(self, sender: str, size: int, limit: int, what: str):
+        super().__init__(f"{what} from {sender!r} announces {size:,} IDs, above this job's limit of {limit:,} "
+                         f"(job.psi_max_ids): refused before any work sized by it")
+        self.sender, self.size, self.limit = sender, size, limit
 
 
 @dataclass(frozen=True)
@@ -141,16 +177,19 @@ def _check_ids(ids: Sequence[str], party: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ parse callbacks
-def _hello_parser(sender: str, protocol: str = "ecdh", max_set_size: int | None = None):
-    """Parse PsiHello; ``protocol``: the PSI protocol this host runs (the guest's must match it)."""
+def _hello_parser(sender: str, protocol: str = "ecdh", max_set_size: int | None = None,
+                  version: int = PROTOCOL_VERSION):
+    """Parse PsiHello; ``protocol``: the PSI protocol this host runs (the guest's must match it), ``version``
+    its PsiHello.version; ``max_set_size``: the protocol's own bound (the job's is checked by the role)."""
     def validate(msg: psi_pb2.PsiHello):
         if (msg.protocol or "ecdh") != protocol:
             raise ProtocolError(f"PsiHello from {sender!r}: protocol {msg.protocol!r}, this party runs {protocol!r} "
                                 f"(every party needs the same psi_protocol)")
         if max_set_size is not None and msg.set_size > max_set_size:
             raise ProtocolError(f"PsiHello from {sender!r}: set_size {msg.set_size} above {max_set_size}")
-        if msg.version != PROTOCOL_VERSION:
-            raise ProtocolError(f"PsiHello from {sender!r}: version {msg.version}, expected {PROTOCOL_VERSION}")
+        if msg.version != version:
+            raise ProtocolError(f"PsiHello from {sender!r}: version {msg.version}, expected {version} (every party "
+                                f"needs the same secureflhv release)")
         if len(msg.salt) != SALT_BYTES:
             raise ProtocolError(f"PsiHello from {sender!r}: salt has {len(msg.salt)} bytes, expected {SALT_BYTES}")
         if not MIN_TRUNCATE_BYTES <= msg.truncate_bytes <= POINT_BYTES:
@@ -211,9 +250,12 @@ class _PsiRole(ProtocolRole):
     psi_protocol = "ecdh"  # the PsiHello.protocol of this role's runs
 
     def __init__(self, transport: Transport, ids: Sequence[str], *, round_base: int, workers: int | None,
-                 timeout: float | None):
+                 timeout: float | None, max_ids: int = DEFAULT_MAX_IDS):
         super().__init__(transport)
+        if int(max_ids) < 1:
+            raise ValueError(f"max_ids must be >= 1, got {max_ids}")
         self.ids = ids
+        self.max_ids = int(max_ids)
         self.round_base = round_base
         self.workers = workers
         self.timeout = timeout
@@ -227,9 +269,22 @@ class _PsiRole(ProtocolRole):
             return None
         return f"PSI failed at {self.party_id!r}: {exc}"
 
+    def _check_own_ids(self) -> None:
+        """Check our ID column (unique str) and its size against ``max_ids``, before anything is sent."""
+        self.ids = _check_ids(self.ids, self.party_id)
+        if len(self.ids) > self.max_ids:
+            raise ValueError(f"party {self.party_id!r} has {len(self.ids):,} IDs, above this job's limit of "
+                             f"{self.max_ids:,} (job.psi_max_ids; every party refuses a larger set): raise it at "
+                             f"every party")
+
+    def _check_peer_size(self, peer: str, size: int, what: str) -> None:
+        """Refuse a set ``peer`` announced above ``max_ids`` (:class:`PsiSetTooLarge`), before any work sized by it."""
+        if size > self.max_ids:
+            raise PsiSetTooLarge(peer, int(size), self.max_ids, what)
+
     def _start_engine(self, engine: PsiEngine) -> None:
         """Check the IDs, then spawn the workers (for large sets) while the peers get going."""
-        self.ids = _check_ids(self.ids, self.party_id)
+        self._check_own_ids()
         self.engine = engine
         if len(self.ids) >= engine.min_parallel:
             engine.start()
@@ -267,14 +322,14 @@ class PsiGuest(_PsiRole):
 
     def __init__(self, transport: Transport, ids: Sequence[str], hosts: Sequence[str], *, round_base: int = 0,
                  workers: int | None = None, truncate_bytes: int = DEFAULT_TRUNCATE_BYTES,
-                 timeout: float | None = None):
+                 timeout: float | None = None, max_ids: int = DEFAULT_MAX_IDS):
         hosts = list(hosts)
         me = transport.party_id
         if not hosts or len(set(hosts)) != len(hosts) or me in hosts:
             raise ValueError(f"hosts must be distinct party ids other than the guest {me!r}, got {hosts}")
         if not MIN_TRUNCATE_BYTES <= truncate_bytes <= POINT_BYTES:
             raise ValueError(f"truncate_bytes must be in [{MIN_TRUNCATE_BYTES}, {POINT_BYTES}], got {truncate_bytes}")
-        super().__init__(transport, ids, round_base=round_base, workers=workers, timeout=timeout)
+        super().__init__(transport, ids, round_base=round_base, workers=workers, timeout=timeout, max_ids=max_ids)
         self.hosts = hosts
         self.truncate_bytes = truncate_bytes
         self.sizes: dict[str, int] = {}
@@ -320,6 +375,7 @@ class PsiGuest(_PsiRole):
         """
         n, width = len(self.ids), self.truncate_bytes
         theirs = self._recv(host, TAG_POINTS, n, _points_parser(host, POINT_BYTES, None, points=True))
+        self._check_peer_size(host, len(theirs) // POINT_BYTES, "blinded points")
         self.sizes[host] = len(theirs) // POINT_BYTES
         self.clock.lap("wait")
         try:
@@ -370,8 +426,8 @@ class PsiHost(_PsiRole):
     """
 
     def __init__(self, transport: Transport, ids: Sequence[str], guest: str, *, round_base: int = 0,
-                 workers: int | None = None, timeout: float | None = None):
-        super().__init__(transport, ids, round_base=round_base, workers=workers, timeout=timeout)
+                 workers: int | None = None, timeout: float | None = None, max_ids: int = DEFAULT_MAX_IDS):
+        super().__init__(transport, ids, round_base=round_base, workers=workers, timeout=timeout, max_ids=max_ids)
         self.guest = guest
 
     def _peers(self) -> list[str]:
@@ -398,6 +454,7 @@ class PsiHost(_PsiRole):
     def receive_hello(self) -> psi_pb2.PsiHello:
         """Step 1: the guest's salt, set size and truncation width."""
         hello = self._recv(self.guest, TAG_HELLO, None, _hello_parser(self.guest, self.psi_protocol))
+        self._check_peer_size(self.guest, hello.set_size, "PsiHello")
         self.clock.lap("wait")
         return hello
 
@@ -429,7 +486,7 @@ class PsiHost(_PsiRole):
 
 def align_ids_guest(transport: Transport, ids: Sequence[str], hosts: Sequence[str], *, round_base: int = 0,
                     workers: int | None = None, truncate_bytes: int = DEFAULT_TRUNCATE_BYTES,
-                    timeout: float | None = None) -> PsiResult:
+                    timeout: float | None = None, max_ids: int = DEFAULT_MAX_IDS) -> PsiResult:
     """Run PSI as the guest with every host; return the IDs common to all parties.
 
     Args:
@@ -443,35 +500,43 @@ def align_ids_guest(transport: Transport, ids: Sequence[str], hosts: Sequence[st
             :mod:`secureflhv.crypto.psi`).
         timeout: seconds to wait for each peer message (default: the transport's deadline, stretched
             by ``WAIT_S_PER_ID`` per ID of the sets involved, so large sets need no tuning).
+        max_ids: the largest set any party may hold (``job.psi_max_ids``, the same at every party): a
+            larger own set is refused before anything is sent, a larger announced one on arrival.
 
     Returns:
         :class:`PsiResult` with ``rows`` into ``ids``; ``peer_sizes`` holds each host's set size.
 
     Raises:
-        ValueError/TypeError: duplicate or non-str IDs (nothing is sent; hosts are told to abort).
+        ValueError/TypeError: duplicate or non-str IDs, or more than ``max_ids`` (nothing is sent; hosts are
+            told to abort).
+        PsiSetTooLarge: a host announced more than ``max_ids`` IDs (names it; the hosts are told).
         ProtocolError: a host sent a low-order point (after the message was accepted).
         PeerTimeout, JobAborted: from the transport.
     """
     return PsiGuest(transport, ids, hosts, round_base=round_base, workers=workers, truncate_bytes=truncate_bytes,
-                    timeout=timeout).run()
+                    timeout=timeout, max_ids=max_ids).run()
 
 
 def align_ids_host(transport: Transport, ids: Sequence[str], guest: str, *, round_base: int = 0,
-                   workers: int | None = None, timeout: float | None = None) -> PsiResult:
+                   workers: int | None = None, timeout: float | None = None,
+                   max_ids: int = DEFAULT_MAX_IDS) -> PsiResult:
     """Run PSI as a host with the guest; return the IDs common to all parties and this host's rows.
 
     Args:
         transport: this party's transport.
         ids: this party's ID column (str, unique), in row order.
         guest: the guest's party id (it runs :func:`align_ids_guest`).
-        round_base, workers, timeout: as in :func:`align_ids_guest` (same ``round_base`` on all parties).
+        round_base, workers, timeout, max_ids: as in :func:`align_ids_guest` (same ``round_base`` and
+            ``max_ids`` on all parties).
 
     Returns:
         :class:`PsiResult` with ``rows`` into ``ids``; ``peer_sizes`` holds the guest's set size.
 
     Raises:
-        ValueError/TypeError: duplicate or non-str IDs (the guest is told to abort).
+        ValueError/TypeError: duplicate or non-str IDs, or more than ``max_ids`` (the guest is told to abort).
+        PsiSetTooLarge: the guest announced more than ``max_ids`` IDs (names it; it is told).
         ProtocolError: the guest sent a low-order point (after the message was accepted).
         PeerTimeout, JobAborted: from the transport.
     """
-    return PsiHost(transport, ids, guest, round_base=round_base, workers=workers, timeout=timeout).run()
+    return PsiHost(transport, ids, guest, round_base=round_base, workers=workers, timeout=timeout,
+                   max_ids=max_ids).run()

@@ -1,12 +1,17 @@
 """KKRT-PSI: private set intersection from OT extension, a drop-in for the ECDH-PSI of :mod:`.psi`.
 
-The default ID alignment of vertical jobs (job file ``job.psi_protocol: kkrt``; ``ecdh`` selects
-:mod:`.psi`): ~8x faster than ECDH-PSI at 1M x 1M. :func:`align_ids_guest` / :func:`align_ids_host`
+The ID alignment of vertical jobs that declare their parties follow the protocol (job file
+``job.psi_security: semi_honest``; ``job.psi_protocol`` then defaults to ``kkrt``): ~8x faster than
+ECDH-PSI at 1M x 1M. Under the default ``job.psi_security: malicious`` jobs run ECDH-PSI, and an
+explicit ``psi_protocol: kkrt`` is refused when the job file is read, because a guest that deviates
+from this protocol learns every host ID (below). :func:`align_ids_guest` / :func:`align_ids_host`
 take the same arguments as :mod:`.psi`'s. Same :class:`~secureflhv.vertical.psi.PsiResult` (same
 ``ids`` in the same agreed order, same ``rows``), same final step (``psi/intersection``) and the
-same leakage profile as ECDH-PSI. Source: Kolesnikov, Kumaresan, Rosulek & Trieu, "Efficient
-Batched Oblivious PRF with Applications to Private Set Intersection", ACM CCS 2016, sections 3
-and 5 (semi-honest); primitives, parameters and their reasons in :mod:`secureflhv.crypto.kkrt`.
+same leakage profile as ECDH-PSI against parties that follow the protocol. Source: Kolesnikov,
+Kumaresan, Rosulek & Trieu, "Efficient Batched Oblivious PRF with Applications to Private Set
+Intersection", ACM CCS 2016, sections 3 and 5 (semi-honest), plus a choice-bit swap that takes the
+host's base-OT choice bits out of its hands; primitives, parameters and their reasons in
+:mod:`secureflhv.crypto.kkrt`.
 
 Protocol for the guest G (IDs X, n = |X|) and each host H_j (IDs Y_j), over :class:`Transport`:
 
@@ -15,12 +20,16 @@ Protocol for the guest G (IDs X, n = |X|) and each host H_j (IDs Y_j), over :cla
    fails, before anything is sent).
 1. G -> H_j ``psi/hello`` (PsiHello, protocol "kkrt"): salt, n, truncation width t.
 2. H_j -> G ``psi/kkrt/base_ot`` (KkrtBaseOt): H_j's 512 base-OT receiver points, for random
-   secret choice bits s (the OT-extension secret).
-3. G -> H_j ``psi/kkrt/matrix`` (KkrtMatrix), in parts: the OT-extension matrix U (m rows of 64
-   bytes) encoding the codewords C(x, i) of its bins' contents. Part k travels in round
-   ``round_base * 2**32 + k`` and holds rows [k R, min((k + 1) R, m)), R = the rows of part 0 (a
-   multiple of 128; :func:`matrix_parts`: at most 16 MiB and a quarter of ``job.max_message_mb``);
-   part 0 also holds G's 512 base-OT sender points. A part's row range follows from its round, so a
+   secret choice bits s' (they fix which key of each pair H_j can compute).
+3. G -> H_j ``psi/kkrt/matrix`` (KkrtMatrix), in parts. Only after step 2's points arrived, G draws
+   fresh random bits delta (512, from the OS) and swaps its base-OT key pairs where delta_i = 1
+   (:func:`~secureflhv.crypto.kkrt.swap_base_ot_keys`): H_j's effective choice bits are s = s' xor delta
+   (the OT-extension secret), uniform whatever s' it picked (its points fixed s' before it saw delta).
+   Then the OT-extension matrix U (m rows of 64 bytes) encoding the codewords C(x, i) of its bins'
+   contents, under the swapped keys. Part k travels in round ``round_base * 2**32 + k`` and holds rows
+   [k R, min((k + 1) R, m)), R = the rows of part 0 (a multiple of 128; :func:`matrix_parts`: at most
+   16 MiB and a quarter of ``job.max_message_mb``); part 0 also holds G's 512 base-OT sender points and
+   delta (64 bytes; H_j refuses a part 0 without it). A part's row range follows from its round, so a
    guest cannot send overlapping, missing or out-of-order rows: any other row count or byte length
    is rejected. H_j acknowledges each part on receipt (``psi/kkrt/matrix_ack``, same round: a
    KkrtMatrix with only ``rows`` = the rows received so far) and computes its rows of Q while the
@@ -47,8 +56,27 @@ What each role learns (semi-honest; AES a PRP, BLAKE2b a random oracle, CDH in E
   X (statistical distance <= the cuckoo failure probability, crypto.kkrt).
 * Fresh salt, base OTs and choice bits per run and per host: nothing links two runs; hosts never talk,
   and each host's OT extension uses its own seeds.
-* Not covered (semi-honest model): a malicious guest can choose U to learn more than the intersection
-  (KKRT's protocol is semi-honest), a malicious host can send wrong values.
+
+What a party that lies can still do:
+
+* **A lying host** (any base-OT points, any OPRF values): learns whether guessed IDs are in the final
+  intersection, as in ECDH-PSI -- a value matches a guest bin j only if it equals H(j || t_j), i.e. the
+  host's q_j xor (C(g) AND s) for a guess g with C(g) = the bin's codeword on the ~256 positions where
+  s is 1; the codewords are pseudo-random, so without the ID nothing matches. Before the swap a host
+  with s' = 0 had q_j = t_j and made *every* guest item match; the guest then sent the matched bins in
+  ID order and a dictionary walk recovered its IDs. Now s = s' xor delta has ~256 ones whatever s' was
+  (fewer than 128 with probability < 2**-96). Guessing costs the host 3 values per guess (more to
+  cover other bins), within ``max_ids`` IDs (``job.psi_max_ids``).
+* **A lying guest** is *not* caught: it chooses U freely, so it can set row j to G(k0')_j xor G(k1')_j
+  xor C(y) xor e_i for a known common ID y and read bit i of s from whether H_j's value for y matches;
+  ~171 known IDs give all 512 bits, after which it evaluates F on any guess and recovers Y_j by
+  dictionary. An actively secure extension needs a consistency check on U (Orrù, Orsini & Scholl,
+  CT-RSA 2017), which needs a linear code (KKRT's pseudo-random code is not) and is not implemented.
+  Hence the job setting: KKRT only with ``job.psi_security: semi_honest``; ECDH-PSI otherwise.
+* **Set sizes are bounded by the job** (``max_ids``): a hello (the guest's n) or OPRF values
+  (3 |Y_j|) announcing more than that is refused with :class:`~secureflhv.vertical.psi.PsiSetTooLarge`
+  naming the sender before Q or any value list is allocated; a party with more IDs refuses before it
+  sends anything.
 
 Cost at 1M x 1M (one host): ~1M + 3M BLAKE2b calls, 1 + 3 AES passes over 64 bytes per item, 512 x
 1.48M-bit PRG columns and bit transposes per side, 1,536 + 1,024 Ed25519 scalar multiplications.
@@ -73,7 +101,6 @@ were sent, an invalid or small-order Ed25519 point) is rejected with
 from __future__ import annotations
 
 import logging
-import os
 from typing import Sequence
 
 import numpy as np
@@ -82,14 +109,15 @@ from nacl.bindings import crypto_core_ed25519_is_valid_point, crypto_core_ed2551
 from ..crypto import kkrt
 from ..proto import psi_pb2
 from ..transport import ProtocolError, Transport, parse_message
-from .psi import (DEFAULT_TRUNCATE_BYTES, PROTOCOL_VERSION, TAG_HELLO, PsiGuest, PsiHost, PsiResult, _check_ids,
-                  _hello_parser)
+from .psi import DEFAULT_MAX_IDS, DEFAULT_TRUNCATE_BYTES, TAG_HELLO, PsiGuest, PsiHost, PsiResult, _hello_parser
 
 log = logging.getLogger("secureflhv.vertical.psi")
 
 __all__ = ["KkrtGuest", "KkrtHost", "align_ids_guest", "align_ids_host", "matrix_parts", "value_parts", "part_round",
            "TAG_BASE_OT", "TAG_MATRIX", "TAG_MATRIX_ACK", "TAG_OPRF", "TAG_OPRF_ACK", "MAX_SET_SIZE", "MAX_HOST_IDS",
-           "PART_BYTES", "MAX_WINDOW"]
+           "PART_BYTES", "MAX_WINDOW", "PROTOCOL_VERSION"]
+
+PROTOCOL_VERSION = 2         # PsiHello.version of KKRT-PSI runs: 2 = with the choice-bit swap (delta in part 0)
 
 TAG_BASE_OT = "psi/kkrt/base_ot"
 TAG_MATRIX = "psi/kkrt/matrix"
@@ -170,7 +198,8 @@ def _base_ot_parser(sender: str, cp: bytes):
 
 
 def _matrix_parser(sender: str, rows: int, part: int = 0, part_rows: int | None = None):
-    """KkrtMatrix part ``part`` of U -> part 0: ``(sender points, U rows (R, 64) uint8)``, else the U rows.
+    """KkrtMatrix part ``part`` of U -> part 0: ``(sender points, delta (512,) bool, U rows (R, 64) uint8)``,
+    else the U rows.
 
     ``rows`` = cuckoo_bins(hello.set_size); ``part_rows`` = R, the rows of part 0 (its own row count, a
     multiple of 128 in [128, rows], sets it); part k holds rows [k R, min((k + 1) R, rows)), exactly.
@@ -183,6 +212,10 @@ def _matrix_parser(sender: str, rows: int, part: int = 0, part_rows: int | None 
                 raise ProtocolError(f"{what}: {n} rows, expected a multiple of {kkrt.ROW_ALIGN} in "
                                     f"[{kkrt.ROW_ALIGN}, {rows}] ({rows} cuckoo bins for the hello's set size)")
             points = _check_ot_points(msg.ot_points, sender, "base-OT sender points")
+            if len(msg.delta) != kkrt.DELTA_BYTES:
+                raise ProtocolError(f"{what}: delta of {len(msg.delta)} bytes, expected {kkrt.DELTA_BYTES} (the "
+                                    f"guest's choice-bit swap; a guest without it runs an older protocol)")
+            delta = kkrt.mask_to_bits(msg.delta, kkrt.BASE_OTS)
         else:
             first = part * part_rows
             n = min(part_rows, rows - first)
@@ -191,11 +224,12 @@ def _matrix_parser(sender: str, rows: int, part: int = 0, part_rows: int | None 
                                     f"{rows}, parts of {part_rows} rows)")
             if msg.ot_points:
                 raise ProtocolError(f"{what}: base-OT points belong in part 0 only")
-            points = None
+            if msg.delta:
+                raise ProtocolError(f"{what}: delta belongs in part 0 only")
         if len(msg.matrix) != n * kkrt.CODE_BYTES:
             raise ProtocolError(f"{what}: {len(msg.matrix)} bytes for {n} rows of {kkrt.CODE_BYTES} bytes")
         U = np.frombuffer(msg.matrix, np.uint8).reshape(n, kkrt.CODE_BYTES)
-        return U if part else (points, U)
+        return U if part else (points, delta, U)
     return parse_message(psi_pb2.KkrtMatrix, validate)
 
 
@@ -203,9 +237,10 @@ def _ack_parser(sender: str, part: int, received: int):
     """The host's acknowledgement of part ``part``: a KkrtMatrix holding only ``rows`` = ``received``, the
     rows of parts 0..``part``; anything else is a lie (rejected)."""
     def validate(msg: psi_pb2.KkrtMatrix):
-        if msg.rows != received or msg.matrix or msg.ot_points:
+        if msg.rows != received or msg.matrix or msg.ot_points or msg.delta:
             raise ProtocolError(f"acknowledgement of matrix part {part} from {sender!r}: {msg.rows} rows and "
-                                f"{len(msg.matrix) + len(msg.ot_points)} other bytes, expected only rows = {received}")
+                                f"{len(msg.matrix) + len(msg.ot_points) + len(msg.delta)} other bytes, expected only "
+                                f"rows = {received}")
         return received
     return parse_message(psi_pb2.KkrtMatrix, validate)
 
@@ -292,7 +327,7 @@ class KkrtGuest(_PartsSender, PsiGuest):
     psi_protocol = "kkrt"
 
     def _align(self) -> np.ndarray:
-        self.ids = _check_ids(self.ids, self.party_id)
+        self._check_own_ids()
         if len(self.ids) > MAX_SET_SIZE:
             raise ValueError(f"KKRT-PSI takes at most {MAX_SET_SIZE} guest IDs, got {len(self.ids)}")
         part_rows, _ = matrix_parts(kkrt.cuckoo_bins(len(self.ids)), self.t.max_payload_bytes)
@@ -320,8 +355,12 @@ class KkrtGuest(_PartsSender, PsiGuest):
         points = self._recv(host, TAG_BASE_OT, None, _base_ot_parser(host, kkrt.base_ot_cp(ctx)))
         self.clock.lap("wait")
         k0, k1 = sender.keys(points)
+        # drawn only now, after the host's points fixed its choice bits s': s' xor delta is uniform
+        delta = kkrt.random_bits(kkrt.BASE_OTS)
+        k0, k1 = kkrt.swap_base_ot_keys(k0, k1, delta)
         self.clock.lap("base_ot")
-        T, unacked, part_rows = self._send_matrix(host, sender.points(), k0, k1, codewords)
+        T, unacked, part_rows = self._send_matrix(host, sender.points(), kkrt.bits_to_mask(delta).tobytes(), k0, k1,
+                                                  codewords)
         del k0, k1
         values = kkrt.guest_values(ctx, T, cand, index, self.truncate_bytes)
         self.clock.lap("oprf")
@@ -330,9 +369,10 @@ class KkrtGuest(_PartsSender, PsiGuest):
             self._await_ack(host, k, part_rows, m)
         return values
 
-    def _send_matrix(self, host: str, ot_points: bytes, k0: np.ndarray, k1: np.ndarray,
+    def _send_matrix(self, host: str, ot_points: bytes, delta: bytes, k0: np.ndarray, k1: np.ndarray,
                      codewords: np.ndarray) -> tuple[np.ndarray, range, int]:
-        """Step 3: compute and send U in parts (module docstring), at most W unacknowledged.
+        """Step 3: compute and send U in parts (module docstring), at most W unacknowledged; part 0 carries our
+        base-OT points and ``delta`` (64 bytes); ``k0``, ``k1``: the swapped key pairs.
 
         Returns T ``(m, 64) uint8``, the parts whose acknowledgement is still to be taken and R (rows per part).
         """
@@ -344,7 +384,8 @@ class KkrtGuest(_PartsSender, PsiGuest):
             a, b = k * part_rows, min(m, (k + 1) * part_rows)
             T[a:b], U = kkrt.receiver_rows(k0, k1, codewords[a:b], start_row=a)
             self.clock.lap("extend")
-            return psi_pb2.KkrtMatrix(ot_points=b"" if k else ot_points, rows=b - a, matrix=U.tobytes())
+            return psi_pb2.KkrtMatrix(ot_points=b"" if k else ot_points, delta=b"" if k else delta, rows=b - a,
+                                      matrix=U.tobytes())
 
         unacked = self._send_parts(host, TAG_MATRIX, -(-m // part_rows), window, make_part,
                                    lambda k: self._await_ack(host, k, part_rows, m))
@@ -368,6 +409,7 @@ class KkrtGuest(_PartsSender, PsiGuest):
         """Step 4: ``host``'s OPRF values, part by part (module docstring), each acknowledged on receipt."""
         total, part = self._recv(host, TAG_OPRF, n_items, _oprf_parser(host, width),
                                  round=part_round(self.round_base, 0))
+        self._check_peer_size(host, total // kkrt.N_HASHES, "OPRF values")  # before taking more parts
         per_part, parts, got, k = len(part) // width, [part], len(part) // width, 0
         while True:
             self._send(host, TAG_OPRF_ACK, psi_pb2.PsiPoints(item_bytes=width, count=got),
@@ -391,29 +433,44 @@ class KkrtHost(_PartsSender, PsiHost):
     psi_protocol = "kkrt"
 
     def _align(self):
-        self.ids = _check_ids(self.ids, self.party_id)
+        self._check_own_ids()
         hello = self._recv(self.guest, TAG_HELLO, None,
-                           _hello_parser(self.guest, self.psi_protocol, max_set_size=MAX_SET_SIZE))
+                           _hello_parser(self.guest, self.psi_protocol, max_set_size=MAX_SET_SIZE,
+                                         version=PROTOCOL_VERSION))
+        self._check_peer_size(self.guest, hello.set_size, "PsiHello")  # before Q (64 bytes per bin) exists
         self.clock.lap("wait")
         width, n_values = hello.truncate_bytes, kkrt.N_HASHES * len(self.ids)
         _check_message_size(self.t, value_parts(n_values, width, self.t.max_payload_bytes)[0] * width
                             + _PART_OVERHEAD, "a part of the OPRF values")
         ctx = kkrt.session_context(self.t.job_id, hello.salt)
         rows = kkrt.cuckoo_bins(hello.set_size)
-        choices = np.unpackbits(np.frombuffer(os.urandom(kkrt.BASE_OTS // 8), np.uint8)).astype(bool)
-        receiver = kkrt.BaseOtReceiver(ctx, choices)
+        receiver = kkrt.BaseOtReceiver(ctx, self._choice_bits())
         self._send(self.guest, TAG_BASE_OT, psi_pb2.KkrtBaseOt(points=receiver.points()))
         self.clock.lap("base_ot")
         items, cand = kkrt.hash_ids(self.ids, ctx, rows)
         self.clock.lap("hash")
-        Q = self._receive_matrix(rows, len(self.ids) + hello.set_size, receiver, choices)
+        Q, choices = self._receive_matrix(rows, len(self.ids) + hello.set_size, receiver)
         self.clock.lap("extend")
-        values = kkrt.host_values(ctx, Q, choices, items, cand, hello.truncate_bytes)
+        values = self._oprf_values(ctx, Q, choices, items, cand, hello.truncate_bytes)
         del Q
         self.clock.lap("oprf")
         self._send_values(values, width, len(self.ids) + hello.set_size)
         del values
         return (hello, *self.receive_intersection(hello))
+
+    def _choice_bits(self) -> np.ndarray:
+        """s': our base-OT choice bits, ``(512,) bool`` (uniform; the guest's delta makes them so anyway)."""
+        return kkrt.random_bits(kkrt.BASE_OTS)
+
+    @staticmethod
+    def _effective_choices(chosen: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        """s = s' xor delta: the choice bits the guest's swapped keys give us (crypto.kkrt: choice-bit swap)."""
+        return np.logical_xor(chosen, delta)
+
+    def _oprf_values(self, ctx: bytes, Q: np.ndarray, choices: np.ndarray, items: np.ndarray, cand: np.ndarray,
+                     width: int) -> bytes:
+        """Step 4's values: :func:`~secureflhv.crypto.kkrt.host_values` with the effective choice bits."""
+        return kkrt.host_values(ctx, Q, choices, items, cand, width)
 
     def _send_values(self, values: bytes, width: int, n_items: int) -> None:
         """Step 4: send our OPRF values in parts (module docstring), at most W unacknowledged, and take every
@@ -433,15 +490,16 @@ class KkrtHost(_PartsSender, PsiHost):
         for k in self._send_parts(self.guest, TAG_OPRF, max(1, -(-total // per_part)), window, make_part, await_ack):
             await_ack(k)
 
-    def _receive_matrix(self, rows: int, n_items: int, receiver: kkrt.BaseOtReceiver,
-                        choices: np.ndarray) -> np.ndarray:
+    def _receive_matrix(self, rows: int, n_items: int,
+                        receiver: kkrt.BaseOtReceiver) -> tuple[np.ndarray, np.ndarray]:
         """Step 3: take U part by part (module docstring), acknowledge each on receipt, and compute its rows
-        of Q while the next part travels; returns Q ``(rows, 64) uint8``. Holds Q and one part (plus those
-        queued in the mailbox), never all of U."""
-        points, U = self._recv(self.guest, TAG_MATRIX, n_items, _matrix_parser(self.guest, rows),
-                               round=part_round(self.round_base, 0))
+        of Q while the next part travels; returns Q ``(rows, 64) uint8`` and the effective choice bits s =
+        s' xor delta ``(512,) bool``. Holds Q and one part (plus those queued in the mailbox), never all of U."""
+        points, delta, U = self._recv(self.guest, TAG_MATRIX, n_items, _matrix_parser(self.guest, rows),
+                                      round=part_round(self.round_base, 0))
         self.clock.lap("wait")
         keys = receiver.keys(points)
+        choices = self._effective_choices(receiver.choices, delta)
         part_rows = U.shape[0]
         Q = np.empty((rows, kkrt.CODE_BYTES), np.uint8)  # pages are touched only as parts arrive
         a = 0
@@ -455,12 +513,12 @@ class KkrtHost(_PartsSender, PsiHost):
             kkrt.sender_rows(keys, choices, U, start_row=a, out=Q[a:b])
             self.clock.lap("extend")
             a = b
-        return Q
+        return Q, choices
 
 
 def align_ids_guest(transport: Transport, ids: Sequence[str], hosts: Sequence[str], *, round_base: int = 0,
                     workers: int | None = None, truncate_bytes: int = DEFAULT_TRUNCATE_BYTES,
-                    timeout: float | None = None) -> PsiResult:
+                    timeout: float | None = None, max_ids: int = DEFAULT_MAX_IDS) -> PsiResult:
     """KKRT-PSI as the guest with every host (each runs this module's :func:`align_ids_host`).
 
     Arguments, result and errors as in :func:`secureflhv.vertical.psi.align_ids_guest` (``workers``
@@ -468,13 +526,15 @@ def align_ids_guest(transport: Transport, ids: Sequence[str], hosts: Sequence[st
     ValueError for more than ``MAX_SET_SIZE`` IDs.
     """
     return KkrtGuest(transport, ids, hosts, round_base=round_base, workers=workers, truncate_bytes=truncate_bytes,
-                     timeout=timeout).run()
+                     timeout=timeout, max_ids=max_ids).run()
 
 
 def align_ids_host(transport: Transport, ids: Sequence[str], guest: str, *, round_base: int = 0,
-                   workers: int | None = None, timeout: float | None = None) -> PsiResult:
+                   workers: int | None = None, timeout: float | None = None,
+                   max_ids: int = DEFAULT_MAX_IDS) -> PsiResult:
     """KKRT-PSI as a host with the guest (which runs this module's :func:`align_ids_guest`).
 
     Arguments, result and errors as in :func:`secureflhv.vertical.psi.align_ids_host` (``workers`` ignored).
     """
-    return KkrtHost(transport, ids, guest, round_base=round_base, workers=workers, timeout=timeout).run()
+    return KkrtHost(transport, ids, guest, round_base=round_base, workers=workers, timeout=timeout,
+                    max_ids=max_ids).run()

@@ -119,6 +119,30 @@ def test_ot_extension_identity(base_ot):
         kkrt.sender_rows(ks, choices, U[:128], start_row=64)
 
 
+def test_choice_bit_swap_makes_the_effective_bits_s_prime_xor_delta():
+    """After the guest's swap the identity holds with s = s' xor delta; with s' = 0 (a host's attack) s = delta."""
+    rng = np.random.default_rng(4)
+    codewords = rng.integers(0, 256, size=(256, 64), dtype=np.uint8)
+    for chosen in (np.zeros(kkrt.BASE_OTS, bool), rand_bits(rng, kkrt.BASE_OTS)):
+        receiver = kkrt.BaseOtReceiver(CTX, chosen)
+        sender = kkrt.BaseOtSender(CTX)
+        k0, k1 = sender.keys(receiver.points())  # the receiver's points are fixed before delta is drawn
+        ks = receiver.keys(sender.points())
+        delta = kkrt.random_bits()
+        assert delta.shape == (512,) and delta.dtype == bool and 128 < delta.sum() < 384
+        s = chosen ^ delta
+        T, U = kkrt.receiver_rows(*kkrt.swap_base_ot_keys(k0, k1, delta), codewords)
+        Q = kkrt.sender_rows(ks, s, U)
+        assert (Q == T ^ (codewords & kkrt.bits_to_mask(s))).all()
+        # the host's own bits no longer work: with s' = 0 it would have had Q = T for every row
+        assert not (kkrt.sender_rows(ks, chosen, U) == T).all(axis=1).any()
+    assert (kkrt.mask_to_bits(kkrt.bits_to_mask(delta).tobytes(), 512) == delta).all()
+    with pytest.raises(ValueError, match="63 bytes for 512 bits"):
+        kkrt.mask_to_bits(bytes(63), 512)
+    with pytest.raises(ValueError, match="delta has 511 bits"):
+        kkrt.swap_base_ot_keys(k0, k1, delta[:511])
+
+
 def test_prc_distinct_inputs_far_apart_and_deterministic():
     prc = kkrt.Prc(CTX)
     items = np.frombuffer(os.urandom(15 * 100), np.uint8).reshape(100, 15)

@@ -175,7 +175,8 @@ def run_sb_horizontal(net_cls):
         parts.append((X, (X[:, 0] > 0).astype(float)))
     params = SecureBoostParams(n_trees=1, max_depth=2, max_bin=4, sketch_bins=16, learning_rate=0.3)
     with _patched(sb_harness, net_cls):
-        run = sb_harness.horizontal_run(parts, params, deadline=DEADLINE)
+        run = sb_harness.horizontal_run(parts, params, deadline=DEADLINE,
+                                        agg_kw=dict(min_clients=2, max_colluders=0))  # the two-client opt-in
     return fingerprint((run["server_model"], run["client_models"])), run["errors"], [run["net"]]
 
 
@@ -184,7 +185,8 @@ def run_fl(net_cls, fl_kw=None):
     spec = ModelSpec(name="mlp", n_features=3, n_classes=2)
     with _patched(fl_harness, net_cls):
         server, clients, errors = fl_harness.run_fl(shards, (test[0][:10], test[1][:10]), spec, rounds=2,
-                                                    deadline=DEADLINE, fl_kw=fl_kw)
+                                                    deadline=DEADLINE, fl_kw=fl_kw,
+                                                    agg_kw=dict(min_clients=2, max_colluders=0))  # 2-client opt-in
     fp = fingerprint((server.global_vec, [c.global_vec for c in clients],
                       [{k: v for k, v in vars(r).items() if "second" not in k} for r in server.history]))
     nets = net_cls.instances[-1:]
@@ -259,7 +261,8 @@ def run_fed_stats(net_cls):
         X = np.column_stack([rng.normal(3, 2, 8), rng.normal(-1, 5, 8), rng.integers(0, 2, 8)]).astype(float)
         X[0, 1] = np.nan
         tables[c] = X
-    cfg = stats_aggregation_config("plain_quantised", seed=1, stage_timeout_s=DEADLINE, input_timeout_s=DEADLINE)
+    cfg = stats_aggregation_config("plain_quantised", seed=1, stage_timeout_s=DEADLINE, input_timeout_s=DEADLINE,
+                                   min_clients=2, max_colluders=0)  # the two-client opt-in
     net = net_cls("fuzz-fpp", ["server", *tables], deadline=DEADLINE)
     targets = {"server": lambda: FederatedStatsServer(net.transport("server"), list(tables), cfg,
                                                       timeout_s=DEADLINE).run().to_dict()}

@@ -17,7 +17,10 @@ def _transport(pid, addrs, cert_dir):
     return GrpcTransport(pid, "job-secagg-mp", addrs[pid], addrs, tls=tls, insecure=tls is None, deadline=60)
 
 
-def client_main(pid, addrs, cert_dir, cfg_kw, round_id, participants, x, w, stall_stage, queue):
+def client_main(pid, addrs, cert_dir, cfg_kw, round_id, participants, x, w, stall_stage, queue, unclipped=False):
+    """One client's round; ``stall_stage``: hang before sending that stage; ``unclipped``: skip clipping
+    (quantise with a clip 10^4 times the job's, a dishonest client)."""
+    from secureflhv.crypto.quantise import QuantParams, quantise, rounding_rng
     from secureflhv.secagg import AggregationConfig, make_aggregation
     _log_to_stderr(pid)
     cfg = AggregationConfig(**cfg_kw)
@@ -29,6 +32,12 @@ def client_main(pid, addrs, cert_dir, cfg_kw, round_id, participants, x, w, stal
             if stage == stall_stage:
                 queue.put(("stalled", pid))
                 time.sleep(600)  # the parent kills this process now
+
+        def _encode(self, x, weight, qp, round_id):
+            if not unclipped:
+                return super()._encode(x, weight, qp, round_id)
+            wide = QuantParams(qp.clip * 1e4, qp.scale, qp.max_weight, qp.k_bits)
+            return quantise(x * 1e4, weight, wide, rounding_rng(None, round_id, self.party_id))[0]
 
     try:
         Client(tr, "server", cfg).submit(round_id, participants, x, w)

@@ -135,7 +135,8 @@ def test_a_lying_client_is_rejected_never_nan(which, caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="secureflhv.horizontal.contribution")
     shards, test = blobs(24, 2, n_features=6, n_classes=3, seed=3)
     server, clients, errors = run_fl(shards, test, SPEC, "fedavg", "secagg", rounds=1, seed=1, local=LOCAL,
-                                     fl_kw={"contribution_temperature": T})
+                                     fl_kw={"contribution_temperature": T},
+                                     agg_kw=dict(min_clients=2, max_colluders=0))  # two clients: the opt-in
     assert not errors, errors
     assert server.history[0].contribution["status"] == "rejected"
     assert "a client lied" in caplog.text

@@ -32,10 +32,10 @@ def spec_of(ds, **kw) -> StatsSpec:
     return StatsSpec(tuple(ds.feature_names), {k: tuple(v) for k, v in ds.categories.items()}, **kw)
 
 
-def run(shards, spec, *, kind="secagg", specs=None, recording=False, absent=()):
+def run(shards, spec, *, kind="secagg", specs=None, recording=False, absent=(), agg_kw=None):
     ids = [f"client{i}" for i in range(len(shards))]
     net = InProcessNetwork("job-fpp", ["server", *ids], deadline=20, cert_dir=secagg_harness.CERT_DIR)
-    cfg = stats_aggregation_config(kind, seed=3, stage_timeout_s=10, input_timeout_s=10)
+    cfg = stats_aggregation_config(kind, seed=3, stage_timeout_s=10, input_timeout_s=10, **(agg_kw or {}))
     st = secagg_harness.RecordingTransport(net, "server") if recording else net.transport("server")
     out, errors = {}, {}
 
@@ -176,7 +176,8 @@ def test_clients_with_different_vocabularies_are_named():
 
 def test_an_absent_client_is_left_out_and_the_others_get_their_sums():
     ds, shards = penguin_shards()
-    out, errors, _ = run(shards, spec_of(ds), absent=("client2",))
+    # two of three remain: the explicit two-client opt-in (each learns the other's statistics)
+    out, errors, _ = run(shards, spec_of(ds), absent=("client2",), agg_kw=dict(min_clients=2, max_colluders=0))
     assert not errors, errors
     res = out["server"]
     assert res.participants == ["client0", "client1"] == out["client0"].participants

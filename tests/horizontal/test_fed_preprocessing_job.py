@@ -17,6 +17,7 @@ from secureflhv.data.loaders import PENGUIN_SCHEMA
 from secureflhv.runtime.config import parse_job
 from secureflhv.runtime.data_prep import local_split, split_rows
 from secureflhv.runtime.registry import job_params
+from secureflhv.transport.certs import generate_certificates
 
 from fl_harness import run_job_threads
 from test_fl_job import job_dict, run_grpc_job, run_in_process
@@ -60,12 +61,13 @@ def with_schema(job: dict) -> dict:
 def check_bundles_predict_as_in_job(out: Path, csvs: list[Path], params: dict) -> None:
     """Every client's bundle scores its raw held-out rows with the accuracy the job measured on them, and
     the server's bundle (same global model and preprocessor) gives the same predictions."""
-    server = secureflhv.load_model(out / "server")
+    ca = out.parent / "certs" / "ca.pem"  # bundles are signed by their party's certificate under the job CA
+    server = secureflhv.load_model(out / "server", ca=ca)
     pre = server.bundle.manifest["preprocessing"]
     assert pre["federated_statistics"]["n_rows"] < 344 and pre["preprocessor"]["categories"]["island"]
     for i, path in enumerate(csvs, start=1):
         cid = f"client-{i}"
-        model = secureflhv.load_model(out / cid)
+        model = secureflhv.load_model(out / cid, ca=ca)
         assert model.bundle.manifest["preprocessing"]["preprocessor"] == pre["preprocessor"]
         table = load_table(path, label_column="species", schema=SCHEMA)
         test = local_split(table.n_rows, params["test_fraction"], params["seed"], cid).test
@@ -118,7 +120,8 @@ def check_predict_job(tmp_path: Path, csvs: list[Path]) -> None:
         predict.run(cfg, party, None, job_params(cfg))
         got = pd.read_csv(pjob.parent / "predictions" / party.id / "predictions.csv")
         table = load_table(csvs[int(party.id[-1]) - 1], label_column="species", schema=SCHEMA)
-        want = secureflhv.load_model(tmp_path / "out" / party.id).predict_proba(table.X)
+        model = secureflhv.load_model(tmp_path / "out" / party.id, ca=tmp_path / "certs" / "ca.pem")
+        want = model.predict_proba(table.X)
         np.testing.assert_allclose(got[[f"p{k}" for k in range(3)]].to_numpy(), want, rtol=0, atol=1e-6)
 
 
@@ -131,7 +134,9 @@ def test_secureboost_job_bins_on_the_federated_range_sketch(tmp_path):
     csvs = penguin_csvs(tmp_path)
     params = {"n_trees": 3, "max_depth": 3, "max_bin": 16, "sketch_bins": 256, "test_fraction": 0.25,
               "split_seed": 2, "objective": "multiclass", "n_classes": 3}
-    cfg = parse_job(with_schema(job_dict(csvs, params, algorithm="secureboost_horizontal")), tmp_path)
+    # certificates: every party signs its model bundle with its certificate key
+    generate_certificates(tmp_path / "certs", ["server", "client-1", "client-2", "client-3"])
+    cfg = parse_job(with_schema(job_dict(csvs, params, algorithm="secureboost_horizontal", tls=True)), tmp_path)
     seen = []
 
     class Recording(InProcessTransport):
@@ -143,12 +148,12 @@ def test_secureboost_job_bins_on_the_federated_range_sketch(tmp_path):
                               if spec.role == "server" else net.transport(spec.id))
     assert "fpp.hello" in seen and "hsb.ranges" not in seen
     out = tmp_path / "out"
-    server = secureflhv.load_model(out / "server")
+    server = secureflhv.load_model(out / "server", ca=tmp_path / "certs" / "ca.pem")
     stats = server.bundle.manifest["preprocessing"]["federated_statistics"]
     assert stats["range_source"].startswith("log-magnitude")
     for i, path in enumerate(csvs, start=1):
         table = load_table(path, label_column="species", schema=SCHEMA)
-        model = secureflhv.load_model(out / f"client-{i}")
+        model = secureflhv.load_model(out / f"client-{i}", ca=tmp_path / "certs" / "ca.pem")
         for j, name in enumerate(table.feature_names):
             lo, hi = stats["ranges"][name]
             assert lo <= np.nanmin(table.X[:, j]) and np.nanmax(table.X[:, j]) <= hi

@@ -102,7 +102,7 @@ def test_model_is_required(tmp_path):
 
 
 def test_client_data_mismatch_names_the_party(tmp_path):
-    npz, _ = shards(tmp_path, 2)
+    npz, _ = shards(tmp_path, 3)
     bad = {**PARAMS, "model": {"name": "mlp", "n_features": 15, "n_classes": 10}}
     cfg = parse_job(job_dict(npz, bad), tmp_path)
     with pytest.raises(JobConfigError, match=r"parties\[1\]\.data \(party '\S+'\): .* 16 feature columns, params\.model\.n_features"):
@@ -111,7 +111,7 @@ def test_client_data_mismatch_names_the_party(tmp_path):
     cfg = parse_job(job_dict(npz, few), tmp_path)
     with pytest.raises(JobConfigError, match=r"parties\[2\]\.data \(party '\S+'\): labels .* \(params\.model\.n_classes\)"):
         hj.load_client_data(cfg, cfg.parties[2], job_params(cfg))
-    cfg = parse_job(job_dict([tmp_path / "missing.npz", npz[1]]), tmp_path)
+    cfg = parse_job(job_dict([tmp_path / "missing.npz", npz[1], npz[2]]), tmp_path)
     with pytest.raises(JobConfigError, match=r"parties\[1\]\.data \(party '\S+'\): .*missing\.npz"):
         hj.load_client_data(cfg, cfg.parties[1], job_params(cfg))
 

@@ -81,7 +81,7 @@ def test_regression_job_over_grpc_tls(tmp_path):
         assert metrics["test"]["r2"] == pytest.approx(r2_score(y, value), rel=1e-12)
         assert (out / c / "predicted_vs_true.png").stat().st_size > 1000
         # the bundle carries the task: load_model returns the values, unchanged, equal to the in-job ones
-        model = secureflhv.load_model(out / c, expect_party=c, expect_job="h-reg")
+        model = secureflhv.load_model(out / c, ca=job.parent / "certs" / "ca.pem", expect_party=c, expect_job="h-reg")
         assert model.task == "regression" and model.describe()["task"] == "regression"
         table = pd.read_csv(data[c])
         got = model.predict(table[FEATURES].to_numpy()[pred["row"].to_numpy()])

@@ -118,7 +118,7 @@ def test_grpc_tls_peers_reach_the_models_of_an_in_process_run(tmp_path):
         X, y = load_client_data(cfg, spec, params)
         test = local_split(len(y), params.test_fraction, params.seed, spec.id).test
         final = json.loads((tmp_path / "out" / spec.id / "metrics.json").read_text())["final"]
-        acc = float(np.mean(load_model(tmp_path / "out" / spec.id).predict(X[test]) == y[test]))
+        acc = float(np.mean(load_model(tmp_path / "out" / spec.id, ca=tmp_path / "certs" / "ca.pem").predict(X[test]) == y[test]))
         assert acc == pytest.approx(final["test_accuracy"], abs=1e-12) and final["test_n"] == len(test)
 
 

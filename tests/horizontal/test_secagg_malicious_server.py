@@ -194,37 +194,47 @@ def msg_is_abort(payload) -> bool:
 
 
 # ------------------------------------------------------------------ configuration floors
-def test_threshold_at_most_half_is_a_configuration_error():
+def test_threshold_below_the_collusion_bound_is_a_configuration_error():
     with pytest.raises(ValueError, match=r"threshold fraction must be in \(1/2, 1\]"):
         AggregationConfig(threshold=0.5)
     with pytest.raises(ValueError, match="threshold must be >= 2"):
         AggregationConfig(threshold=1)
-    cfg = config(threshold=3)
-    with pytest.raises(ValueError, match=r"threshold t=3 is invalid for n=6 .* minimum 4"):
+    with pytest.raises(ValueError, match="max_colluders must be an int >= 0"):
+        AggregationConfig(max_colluders=-1)
+    cfg = config(threshold=3)  # max_colluders = 1 by default: n = 6 needs t >= 4 (1 < 2t - 6)
+    with pytest.raises(ValueError, match=r"threshold t=3 is invalid for n=6 .*max_colluders=1.* \[4, 6\]"):
         cfg.resolve_threshold(6)
     ids, xs, ws = make_inputs(N, D)
     net = network(ids)
-    with pytest.raises(ValueError, match="threshold t=3"):
+    with pytest.raises(AggregationError, match="threshold t=3"):
         SecAggServer(net.transport("server"), cfg).aggregate(1, ids, D)
-    with pytest.raises(ValueError, match="threshold t=3"):
+    with pytest.raises(AggregationError, match="threshold t=3"):
         SecAggClient(net.transport(ids[0]), "server", cfg).submit(1, ids, xs[ids[0]], ws[ids[0]])
     assert net.sent_bytes == 0  # refused before anything was sent
-    for n in range(2, 40):  # every default is t > n/2 (n = 2: t = 2)
-        t = AggregationConfig().resolve_threshold(n)
-        assert n / 2 < t <= n and t == math.ceil(2 * n / 3)
+    for c in range(0, 4):  # every default t is the smallest with n_C < 2t - n (Bonawitz et al. Thm 6.5)
+        for n in range(max(3, c + 2), 40):
+            t = AggregationConfig(max_colluders=c).resolve_threshold(n)
+            assert c < 2 * t - n and not c < 2 * (t - 1) - n and t <= n, (c, n, t)
 
 
-def test_a_round_of_one_client_is_refused_by_server_and_client():
+def test_a_round_too_small_for_the_job_is_refused_by_server_and_client():
     with pytest.raises(ValueError, match="min_clients must be an int >= 2"):
         AggregationConfig(min_clients=1)
-    ids, xs, ws = make_inputs(1, D)
-    net = network(ids)
-    cfg = config()
-    with pytest.raises(AggregationError, match="fewer than min_clients=2"):
-        SecAggServer(net.transport("server"), cfg).aggregate(1, ids, D)
-    with pytest.raises(AggregationError, match="fewer than min_clients=2"):
-        SecAggClient(net.transport(ids[0]), "server", cfg).submit(1, ids, xs[ids[0]], ws[ids[0]])
-    assert net.sent_bytes == 0
+    for n, cfg, why in [(1, config(), "at least 3 are needed"), (2, config(), "at least 3 are needed"),
+                        (3, config(min_clients=2, max_colluders=2), "at least 4 are needed"),
+                        (1, config(min_clients=2, max_colluders=0), "at least 2 are needed")]:
+        ids, xs, ws = make_inputs(n, D)
+        net = network(ids)
+        with pytest.raises(AggregationError, match=why):
+            SecAggServer(net.transport("server"), cfg).aggregate(1, ids, D)
+        with pytest.raises(AggregationError, match=why):
+            SecAggClient(net.transport(ids[0]), "server", cfg).submit(1, ids, xs[ids[0]], ws[ids[0]])
+        assert net.sent_bytes == 0
+    ids, xs, ws = make_inputs(2, D)  # the explicit opt-in: two clients, no colluder tolerated
+    cfg = config(min_clients=2, max_colluders=0)
+    res, errors, *_ = run_round(cfg, ids, xs, ws)
+    total, weight, _ = expected_quantised(cfg, 1, ids, ids, xs, ws)
+    assert not isinstance(res, Exception) and np.array_equal(res.total, total) and res.weight == weight
 
 
 def test_a_round_left_with_one_client_is_aborted():

@@ -123,7 +123,7 @@ def test_the_cnn_trains_one_step_on_tiny_images():
 def test_the_cnn_trains_through_secure_aggregation():
     spec = ModelSpec(name="cnn", n_features=16 * 16, n_classes=3)
     rng = np.random.default_rng(1)
-    data = [(rng.normal(0, 1, (16, 256)).astype(np.float32), rng.integers(0, 3, 16)) for _ in range(2)]
+    data = [(rng.normal(0, 1, (16, 256)).astype(np.float32), rng.integers(0, 3, 16)) for _ in range(3)]
     runs = {}
     for kind in ("secagg", "plain_quantised"):
         server, _, errors = run_fl(data, None, spec, "fedavg", kind, rounds=1, seed=3,

@@ -46,12 +46,15 @@ def make_job(tmp_path, n_hosts=1, mode="arbiter", params=PARAMS, deadline=60, ps
     if psi_protocol is not None:
         doc = yaml.safe_load(job.read_text())
         doc["job"]["psi_protocol"] = psi_protocol
+        if psi_protocol == "kkrt":  # allowed only when the job declares its parties semi-honest
+            doc["job"]["psi_security"] = "semi_honest"
         job.write_text(yaml.safe_dump(doc))
     return job, guest_csv, host_csvs
 
 
-# the two-host run aligns its ids with the default KKRT-PSI, the one-host run with ECDH-PSI (job.psi_protocol)
-@pytest.mark.parametrize("n_hosts, mode, psi", [(1, "arbiter", "ecdh"), (2, "two_party", None)])
+# the one-host run aligns its ids with the default ECDH-PSI, the two-host run with KKRT-PSI (job.psi_protocol,
+# with job.psi_security: semi_honest)
+@pytest.mark.parametrize("n_hosts, mode, psi", [(1, "arbiter", None), (2, "two_party", "kkrt")])
 def test_trained_model_and_psi_match_centralised(tmp_path, n_hosts, mode, psi):
     job, guest_csv, host_csvs = make_job(tmp_path, n_hosts, mode, psi_protocol=psi)
     proc = secureflhv("run", str(job), "--timeout", "240")
@@ -106,7 +109,7 @@ def test_trained_model_and_psi_match_centralised(tmp_path, n_hosts, mode, psi):
         assert d["sent"] < PARAMS["epochs"] * len(split["train"]) * 300 + 10_000 * d["messages_sent"], d
         assert 0 < d["sent_framing"] < d["sent"]
     tags = set(wire["guest"]["peers"]["host-1"]["by_tag"])
-    assert ("psi/kkrt/matrix" in tags) == (psi is None) and ("psi/points" in tags) == (psi == "ecdh"), tags
+    assert ("psi/kkrt/matrix" in tags) == (psi == "kkrt") and ("psi/points" in tags) == (psi is None), tags
     assert "bytes on the wire" in out and re.search(r"guest finished in [\d.]+s; sent [\d.]+ [kMG]?B \(\+", out)
 
 

@@ -36,8 +36,8 @@ def test_good_job_loads_and_resolves_paths_against_its_folder(tmp_path):
     assert cfg.resolve(cfg.guest.data.path) == (tmp_path / "g.csv").resolve()
     assert cfg.output_dir("guest") == (tmp_path / "out" / "guest").resolve()
     assert job_params(cfg).epochs == 3
-    assert cfg.job.psi_protocol == "kkrt"  # the default ID alignment; ecdh only when asked for
-    assert load_job(write(tmp_path, mutate("job.psi_protocol", "ecdh"))).job.psi_protocol == "ecdh"
+    assert cfg.job.psi_protocol == "ecdh"  # the default (psi_security: malicious); see test_psi_job_settings.py
+    assert load_job(write(tmp_path, mutate("job.psi_security", "semi_honest"))).job.psi_protocol == "kkrt"
 
 
 def mutate(path_expr: str, value):

@@ -1,4 +1,7 @@
-"""Model bundles (write / verify / refuse) and the notebook API ``secureflhv.load_model`` — no network."""
+"""Model bundles (write / verify / refuse) and the notebook API ``secureflhv.load_model`` — no network.
+
+Bundles are signed with the party's certificate key (test certificates from ``generate_certificates``);
+attacks on the signature are in ``test_bundle_signature.py``."""
 from __future__ import annotations
 
 import json
@@ -9,11 +12,24 @@ import numpy as np
 import pytest
 
 import secureflhv
-from secureflhv.runtime.model_bundle import FORMAT_VERSION, ModelBundleError, read_bundle, write_bundle
+from secureflhv.runtime.model_bundle import FORMAT_VERSION, ModelBundleError, read_bundle as _read_bundle, write_bundle
+from secureflhv.transport.certs import generate_certificates, load_party_credentials
 
 
-def _write(tmp_path, **kw):
-    args = dict(job_id="job-a", algorithm="vertical_lr", party_id="guest", role="guest",
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """A job CA and certificates for the parties these tests' bundles belong to."""
+    d = tmp_path_factory.mktemp("certs")
+    generate_certificates(d, ["guest", "host-1", "c1"])
+    return d
+
+
+def read_bundle(path, certs, **kw):
+    return _read_bundle(path, ca=certs / "ca.pem", **kw)
+
+
+def _write(tmp_path, certs, **kw):
+    args = dict(credentials=load_party_credentials(certs, "guest"), job_id="job-a", algorithm="vertical_lr", party_id="guest", role="guest",
                 files={"weights.npy": np.array([0.1, -2.5, 1e-300]), "meta.json": {"a": [1, 2]},
                        "state.safetensors": {"layer.weight": np.arange(6, dtype=np.float32).reshape(2, 3)},
                        "model.xgboost.json": '{"learner": {}}'},
@@ -23,10 +39,10 @@ def _write(tmp_path, **kw):
     return write_bundle(tmp_path / "guest", **args)
 
 
-def test_round_trip_is_exact_and_complete(tmp_path):
-    where = _write(tmp_path)
+def test_round_trip_is_exact_and_complete(tmp_path, certs):
+    where = _write(tmp_path, certs)
     assert where == tmp_path / "guest" / "model"
-    b = read_bundle(tmp_path / "guest", expect_party="guest", expect_job="job-a", expect_role="guest")
+    b = read_bundle(tmp_path / "guest", certs, expect_party="guest", expect_job="job-a", expect_role="guest")
     np.testing.assert_array_equal(b.file("weights.npy"), [0.1, -2.5, 1e-300])
     assert b.file("weights.npy").dtype == np.float64
     assert b.file("meta.json") == {"a": [1, 2]}
@@ -41,27 +57,27 @@ def test_round_trip_is_exact_and_complete(tmp_path):
         b.file("nope.npy")
 
 
-def test_rewrite_replaces_atomically(tmp_path):
-    _write(tmp_path)
-    _write(tmp_path, files={"weights.npy": np.ones(2)})
+def test_rewrite_replaces_atomically(tmp_path, certs):
+    _write(tmp_path, certs)
+    _write(tmp_path, certs, files={"weights.npy": np.ones(2)})
     assert sorted(p.name for p in (tmp_path / "guest").iterdir()) == ["model"]  # no temporary folder left
-    assert list(read_bundle(tmp_path / "guest").files) == ["weights.npy"]
+    assert list(read_bundle(tmp_path / "guest", certs).files) == ["weights.npy"]
 
 
 @pytest.mark.parametrize("change, message", [
     (lambda d: (d / "weights.npy").write_bytes((d / "weights.npy").read_bytes()[:-8] + b"\0" * 8),
      r"files\[weights.npy\].sha256: the file does not match"),
     (lambda d: (d / "meta.json").unlink(), r"files\[meta.json\]: cannot read it"),
-    (lambda d: _edit(d, metrics={"test": {"auc": 0.99}}), "content_sha256: the manifest does not match"),
-    (lambda d: _edit(d, format_version=FORMAT_VERSION + 1), "format_version: 2 is not supported"),
+    (lambda d: _edit(d, metrics={"test": {"auc": 0.99}}), "signature: signature of 'guest' does not verify"),
+    (lambda d: _edit(d, format_version=FORMAT_VERSION + 1), "format_version: 3 is not supported"),
     (lambda d: _edit(d, format="something"), "format: 'something' is not a secureflhv model bundle"),
     (lambda d: (d / "manifest.json").write_text("{"), "manifest.json: not valid JSON"),
     (lambda d: (d / "manifest.json").unlink(), "no readable manifest.json"),
 ])
-def test_damage_is_refused_naming_the_field(tmp_path, change, message):
-    change(_write(tmp_path))
+def test_damage_is_refused_naming_the_field(tmp_path, certs, change, message):
+    change(_write(tmp_path, certs))
     with pytest.raises(ModelBundleError, match=message):
-        read_bundle(tmp_path / "guest")
+        read_bundle(tmp_path / "guest", certs)
 
 
 def _edit(d, **fields):
@@ -75,33 +91,34 @@ def _edit(d, **fields):
     ({"expect_job": "job-b"}, "job_id: this bundle belongs to job 'job-a', not 'job-b'"),
     ({"expect_role": "host"}, "role: this bundle belongs to role 'guest', not 'host'"),
 ])
-def test_foreign_bundle_is_refused(tmp_path, kw, message):
-    _write(tmp_path)
+def test_foreign_bundle_is_refused(tmp_path, certs, kw, message):
+    _write(tmp_path, certs)
     with pytest.raises(ModelBundleError, match=message):
-        read_bundle(tmp_path / "guest", **kw)
+        read_bundle(tmp_path / "guest", certs, **kw)
 
 
-def test_unsafe_content_is_never_written(tmp_path):
+def test_unsafe_content_is_never_written(tmp_path, certs):
     with pytest.raises(ValueError, match="object arrays"):
-        _write(tmp_path, files={"w.npy": np.array([{"a": 1}], dtype=object)})
+        _write(tmp_path, certs, files={"w.npy": np.array([{"a": 1}], dtype=object)})
     with pytest.raises(ValueError, match="parameter file name"):
-        _write(tmp_path, files={"../w.npy": np.ones(1)})
+        _write(tmp_path, certs, files={"../w.npy": np.ones(1)})
     with pytest.raises(ValueError, match="use .npy"):
-        _write(tmp_path, files={"w.pkl": np.ones(1)})
+        _write(tmp_path, certs, files={"w.pkl": np.ones(1)})
     assert not (tmp_path / "guest" / "model").exists()
 
 
 # --------------------------------------------------------------------------------- load_model
-def test_horizontal_torch_model_scores_locally(tmp_path):
+def test_horizontal_torch_model_scores_locally(tmp_path, certs):
     import torch
 
     from secureflhv.horizontal.models import ModelSpec, build_model, named_arrays
 
     spec = ModelSpec(name="mlp", n_features=5, n_classes=3, hidden=(4,))
     net = build_model(spec, seed=3)
-    write_bundle(tmp_path / "c1", job_id="fl", algorithm="horizontal", party_id="c1", role="host",
+    write_bundle(tmp_path / "c1", credentials=load_party_credentials(certs, "c1"),
+                 job_id="fl", algorithm="horizontal", party_id="c1", role="host",
                  files={"model.safetensors": named_arrays(net)}, config={"model": spec.model_dump(mode="json")})
-    model = secureflhv.load_model(tmp_path / "c1", expect_party="c1")
+    model = secureflhv.load_model(tmp_path / "c1", ca=certs / "ca.pem", expect_party="c1")
     X = np.random.default_rng(0).normal(size=(7, 5))
     with torch.no_grad():
         want = torch.softmax(net(torch.from_numpy(X.astype(np.float32))), 1).numpy()
@@ -110,7 +127,7 @@ def test_horizontal_torch_model_scores_locally(tmp_path):
     assert model.describe()["local"] is True and model.describe()["algorithm"] == "horizontal"
 
 
-def test_horizontal_trees_score_locally_and_match_xgboost(tmp_path):
+def test_horizontal_trees_score_locally_and_match_xgboost(tmp_path, certs):
     import pandas as pd
     import xgboost
 
@@ -127,10 +144,11 @@ def test_horizontal_trees_score_locally_and_match_xgboost(tmp_path):
     ref = fit_reference(X, y, fit_cuts(X, prm.max_bin), prm)
     ref = getattr(ref, "model", ref)
     names = ["a", "b", "c", "d"]
-    write_bundle(tmp_path / "c1", job_id="hsb", algorithm="secureboost_horizontal", party_id="c1", role="guest",
+    write_bundle(tmp_path / "c1", credentials=load_party_credentials(certs, "c1"),
+                 job_id="hsb", algorithm="secureboost_horizontal", party_id="c1", role="guest",
                  files={"model.json": model_to_dict(ref), "model.xgboost.json": json.dumps(to_xgboost_json(ref))},
                  feature_names=names)
-    model = secureflhv.load_model(tmp_path / "c1" / "model")
+    model = secureflhv.load_model(tmp_path / "c1" / "model", ca=certs / "ca.pem")
     p = model.predict_proba(pd.DataFrame(X[:, ::-1], columns=names[::-1]))  # columns taken by name
     np.testing.assert_array_equal(p, ref.predict(X))
     booster = xgboost.Booster()
@@ -140,9 +158,9 @@ def test_horizontal_trees_score_locally_and_match_xgboost(tmp_path):
         model.predict(pd.DataFrame(X[:, 1:], columns=names[1:]))
 
 
-def test_vertical_model_points_to_the_prediction_job(tmp_path):
-    _write(tmp_path)
-    model = secureflhv.load_model(tmp_path / "guest")
+def test_vertical_model_points_to_the_prediction_job(tmp_path, certs):
+    _write(tmp_path, certs)
+    model = secureflhv.load_model(tmp_path / "guest", ca=(certs / "ca.pem").read_bytes())
     assert model.describe()["local"] is False and model.describe()["feature_names"] == ["f1", "f2", "f3"]
     with pytest.raises(ModelBundleError, match="job.algorithm: predict"):
         model.predict(np.zeros((1, 3)))

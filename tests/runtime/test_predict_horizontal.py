@@ -4,6 +4,7 @@ exactly, without the federation, and (b) a prediction job scores every client's 
 global model; a bundle of another party or job is refused."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -73,10 +74,11 @@ def test_load_model_reproduces_in_job_metrics(trained):
     algorithm, _, job, data = trained
     out = job.parent / "out"
     params = FAMILIES[algorithm]
-    server = secureflhv.load_model(out / "server", expect_job="h-train")
+    server = secureflhv.load_model(out / "server", ca=job.parent / "certs" / "ca.pem", expect_job="h-train")
     assert server.describe()["role"] == "server" and server.describe()["algorithm"] == algorithm
     for c in CLIENTS:
-        model = secureflhv.load_model(out / c, expect_party=c, expect_job="h-train")
+        model = secureflhv.load_model(out / c, ca=job.parent / "certs" / "ca.pem", expect_party=c,
+                                      expect_job="h-train")
         assert model.describe()["local"] and model.describe()["algorithm"] == algorithm
         df = pd.read_csv(data[c])
         X, y = df[[f"f{j}" for j in range(6)]].to_numpy(), df["y"].to_numpy()
@@ -113,7 +115,7 @@ def test_predict_job_scores_every_client_locally(trained):
     assert code == 0, log[-4000:]
     for c in CLIENTS:
         pred = pd.read_csv(tmp / "predict" / "predictions" / c / "predictions.csv")
-        model = secureflhv.load_model(job.parent / "out" / c)
+        model = secureflhv.load_model(job.parent / "out" / c, ca=job.parent / "certs" / "ca.pem")
         want = model.predict_proba(pd.read_csv(new[c])[[f"f{j}" for j in range(6)]].to_numpy())
         got = pred["score"].to_numpy() if want.ndim == 1 else pred[[f"p{k}" for k in range(want.shape[1])]].to_numpy()
         if algorithm == "horizontal":  # float32 torch: kernels may sum in another order in another process
@@ -139,6 +141,8 @@ def test_bundle_of_another_party_is_refused(trained):
 @pytest.mark.parametrize("damage, expected", [
     ("tamper", ".sha256: the file does not match the manifest's hash"),
     ("other_job", "job_id: this bundle belongs to job 'h-train', not 'another-job'"),
+    ("rehashed", "signature: signature of 'client-2' does not verify"),  # file edited, its hash recomputed
+    ("no_ca", "ca_sha256 missing"),
 ])
 def test_tampered_or_foreign_job_bundle_is_refused(trained, tmp_path, damage, expected):
     """Checked when the prediction job is loaded (``secureflhv validate`` / ``run``), before anyone starts."""
@@ -149,12 +153,21 @@ def test_tampered_or_foreign_job_bundle_is_refused(trained, tmp_path, damage, ex
     models = tmp_path / "models"
     shutil.copytree(job.parent / "out", models)
     pjob = write_predict_job(job, tmp_path / "p" / "job.yaml", data=data, model_dir=models)
-    if damage == "tamper":
-        target = next(f for f in sorted((models / "client-2" / "model").iterdir()) if f.name != "manifest.json")
+    bundle = models / "client-2" / "model"
+    if damage in ("tamper", "rehashed"):
+        target = next(f for f in sorted(bundle.iterdir()) if f.name != "manifest.json")
         target.write_bytes(target.read_bytes() + b" ")
-    else:
+    if damage in ("rehashed", "no_ca"):  # what someone without client-2's key can do to its manifest
+        doc = json.loads((bundle / "manifest.json").read_text())
+        if damage == "no_ca":
+            del doc["ca_sha256"]
+        else:
+            doc["files"][target.name]["sha256"] = hashlib.sha256(target.read_bytes()).hexdigest()
+            doc["files"][target.name]["bytes"] = target.stat().st_size
+        (bundle / "manifest.json").write_text(json.dumps(doc))
+    elif damage == "other_job":
         pjob.write_text(pjob.read_text().replace("model_job_id: h-train", "model_job_id: another-job"))
     with pytest.raises(JobConfigError) as err:
         load_job_params(pjob)
-    who = "client-2" if damage == "tamper" else "client-1"
+    who = "client-1" if damage == "other_job" else "client-2"
     assert f"params.model_dir (party '{who}')" in str(err.value) and expected in str(err.value), str(err.value)

@@ -209,7 +209,8 @@ def arbiter_keys():
 
 def test_arbiter_mode_guest_gets_only_totals(arbiter_keys):
     """Scores equal the plaintext model to the fixed-point bound; the guest receives each host's part only
-    as ciphertexts under the arbiter's key, and the arbiter sees only uniformly masked totals."""
+    as ciphertexts under the arbiter's key, each alone decrypting to noise (zero-sum host masks) and both
+    together to exactly the sum, and the arbiter sees only uniformly masked totals."""
     from secureflhv.crypto.he import ldexp_int
     from secureflhv.vertical import lr_scores
 
@@ -224,13 +225,19 @@ def test_arbiter_mode_guest_gets_only_totals(arbiter_keys):
     to_guest = {(s, tag) for s, r, tag, _, _ in log if r == "guest"}
     assert to_guest == {("host-1", lr_scores.TAG_PRED_ENC), ("host-2", lr_scores.TAG_PRED_ENC),
                         ("server", lr_scores.TAG_PRED_KEY), ("server", lr_scores.TAG_PRED_TOTAL)}
+    parts: dict = {}
     for sender, _, tag, rnd, data in log:
-        if tag == lr_scores.TAG_PRED_ENC:  # a ciphertext of exactly the host's partial score of the rows asked
+        if tag == lr_scores.TAG_PRED_ENC:  # one host's part alone decrypts to noise (two hosts: zero-sum masks)
             i = HOSTS.index(sender)
             rows = {1: np.arange(3), 2: np.arange(3, 4), 3: np.arange(4, 6)}[rnd]
             enc = guest.wire.from_proto(messages_pb2.EncryptedTensor.FromString(data), pub, (len(rows),), "t",
                                         exponent=-40)
-            np.testing.assert_allclose(he.decrypt(priv, enc), Xh[i][rows] @ wh[i], rtol=0, atol=2.0 ** -40)
+            assert np.all(np.abs(he.decrypt(priv, enc) - Xh[i][rows] @ wh[i]) > 2.0 ** 40)
+            parts.setdefault(rnd, []).append((enc, Xh[i][rows] @ wh[i]))
+    for rnd, pair in parts.items():  # both hosts' parts together: exactly the sum of the rounded scores
+        assert len(pair) == 2
+        exact = sum(np.ldexp(np.rint(np.ldexp(u, 40)), -40) for _, u in pair)
+        np.testing.assert_array_equal(he.decrypt(priv, pair[0][0] + pair[1][0]), exact)
         if tag == lr_scores.TAG_PRED_TOTAL:  # what the arbiter decrypted: s + r mod n, r uniform in Z_n
             vals = guest.wire.masked_from_proto(messages_pb2.MaskedValues.FromString(data), pub, None, "t",
                                                 exponent=-40).values

@@ -84,7 +84,7 @@ def test_predict_job_equals_in_job_predictions(trained):
     assert sorted(pred.id) == shared                       # PSI: only ids every party holds
     merged = pred.merge(in_job, on="id")
     assert len(merged) == len(shared)
-    if read_bundle(job.parent / "out" / "guest").algorithm in EXACT:
+    if read_bundle(job.parent / "out" / "guest", ca=job.parent / "certs" / "ca.pem").algorithm in EXACT:
         np.testing.assert_array_equal(merged.score.to_numpy(), merged.probability.to_numpy())
     else:
         np.testing.assert_allclose(merged.score.to_numpy(), merged.probability.to_numpy(), rtol=0, atol=1e-9)
@@ -92,7 +92,7 @@ def test_predict_job_equals_in_job_predictions(trained):
     metrics = json.loads((tmp / "predict" / "predictions" / "guest" / "metrics.json").read_text())["metrics"]
     assert metrics["rows_scored"] == len(shared) and metrics["ids_without_partner"] == 4 + 5
     assert 0.5 < metrics["auc"] <= 1.0
-    if read_bundle(out / "guest").algorithm == "vertical_lr":  # arbiter mode, in the job and in the prediction job:
+    if read_bundle(out / "guest", ca=out.parent / "certs" / "ca.pem").algorithm == "vertical_lr":  # arbiter mode:
         for run in (out / "guest", tmp / "predict" / "predictions" / "guest"):
             wire = json.loads((run / "metrics.json").read_text())["wire"]["peers"]
             from_host = {tag for tag, c in wire["host-1"]["by_tag"].items() if c.get("messages_received")}
@@ -102,13 +102,14 @@ def test_predict_job_equals_in_job_predictions(trained):
 
 def test_bundle_manifest(trained):
     _, job, _, _ = trained
-    b = read_bundle(job.parent / "out" / "guest", expect_party="guest", expect_job="model-train")
+    ca = job.parent / "certs" / "ca.pem"  # bundles are signed: read under the training job's CA
+    b = read_bundle(job.parent / "out" / "guest", ca=ca, expect_party="guest", expect_job="model-train")
     algorithm = b.algorithm
     assert algorithm in FAMILIES and b.role == "guest" and b.feature_names
     peers = {"host-1": "host", **({"server": "server"} if FAMILIES[algorithm][1] else {})}
     assert {p["id"]: p["role"] for p in b.peers} == peers
     assert all(p["cert_sha256"] and len(p["cert_sha256"]) == 64 for p in b.peers)
-    host = read_bundle(job.parent / "out" / "host-1" / "model", expect_party="host-1")
+    host = read_bundle(job.parent / "out" / "host-1" / "model", ca=ca, expect_party="host-1")
     if algorithm != "vertical_nn":
         assert len(b.paillier_key_sha256) == 64
         assert host.paillier_key_sha256 == b.paillier_key_sha256  # the key every party used in training
@@ -124,13 +125,13 @@ def test_bundle_manifest(trained):
         assert nodes and all("threshold" not in n and n["feature"] == -1 for n in nodes)
         assert all(len(r) == 4 for r in host.file("split_table.json"))  # feature, bin, threshold, default_left
     if algorithm == "vertical_lr":  # the arbiter's bundle: the config a prediction job needs, no key, no parameters
-        server = read_bundle(job.parent / "out" / "server", expect_party="server", expect_role="server")
+        server = read_bundle(job.parent / "out" / "server", ca=ca, expect_party="server", expect_role="server")
         assert server.config["mode"] == "arbiter" and server.config["key_bits"] == 1024 and not server.files
     for party in ["guest", "host-1"] + (["server"] if FAMILIES[algorithm][1] else []):  # the notebook API
-        model = load_model(job.parent / "out" / party, expect_party=party, expect_job="model-train")
+        model = load_model(job.parent / "out" / party, ca=ca, expect_party=party, expect_job="model-train")
         d = model.describe()
         assert (d["algorithm"], d["party_id"], d["local"]) == (algorithm, party, False)
-        assert d["feature_names"] == read_bundle(job.parent / "out" / party).feature_names
+        assert d["feature_names"] == read_bundle(job.parent / "out" / party, ca=ca).feature_names
         assert party == "server" or d["feature_names"]
         with pytest.raises(ModelBundleError, match=r"job.algorithm: predict"):
             model.predict_proba(np.zeros((1, len(d["feature_names"]))))
@@ -178,7 +179,7 @@ def test_arbiter_model_is_never_scored_without_its_server(trained, tmp_path):
     doc = yaml.safe_load(pjob.read_text())
     doc["parties"] = [p for p in doc["parties"] if p["role"] != "server"]
     pjob.write_text(yaml.safe_dump(doc, sort_keys=False))
-    if FAMILIES[read_bundle(job.parent / "out" / "guest").algorithm][1]:
+    if FAMILIES[read_bundle(job.parent / "out" / "guest", ca=job.parent / "certs" / "ca.pem").algorithm][1]:
         with pytest.raises(JobConfigError, match=r"\(party 'guest'\).*arbiter mode with server 'server'.*needs that "
                                                  r"party \(role: server\)"):
             load_job_params(pjob)

@@ -92,16 +92,17 @@ def vertical_structure(guest, hosts, tree, col_groups) -> list[tuple]:
 
 
 def horizontal_run(parts, params, *, kind="plain_quantised", deadline=60.0, val_parts=None, feature_ranges=None,
-                   stage_timeout=None, threshold=None, vanish=None):
+                   stage_timeout=None, threshold=None, vanish=None, agg_kw=None):
     """parts: list of (X_i, y_i). Returns dict(server_model, client_models, errors, net, server, clients).
 
     ``stage_timeout``: the aggregation's stage and input timeouts (default ``deadline``);
-    ``threshold``: the aggregation threshold (default ceil(2n/3)); ``vanish``: client index ->
-    (tree, stage) at which that client dies (:func:`vanish_at`).
+    ``threshold``: the aggregation threshold (default: from max_colluders); ``vanish``: client index ->
+    (tree, stage) at which that client dies (:func:`vanish_at`); ``agg_kw``: more aggregation settings
+    (e.g. the two-client opt-in ``min_clients=2, max_colluders=0``).
     """
     ids = [f"client-{i}" for i in range(len(parts))]
     net = InProcessNetwork("hsb-test", ["server", *ids], deadline=deadline)
-    extra = {} if threshold is None else {"threshold": threshold}
+    extra = {**({} if threshold is None else {"threshold": threshold}), **(agg_kw or {})}
     st = deadline if stage_timeout is None else stage_timeout
     cfg = tree_aggregation_config(kind, seed=7, stage_timeout_s=st, input_timeout_s=st, **extra)
     server = HorizontalSecureBoostServer(net.transport("server"), ids, params, aggregation=cfg,

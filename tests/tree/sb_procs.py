@@ -82,7 +82,10 @@ def horizontal_party(pid: str, addresses: dict, cert_dir: str, queue, kill_at_tr
         # is 10 + 4 = 14 s, well inside the survivors' patience for the server: their secagg wait
         # (client_timeout_s = input + 5 * stage = 24 s) and their transport deadline (45 s). With 15 + 3 s
         # against 18 s a survivor gave up first on a loaded CI machine.
-        short = {} if kill_at_tree is None else {"stage_timeout_s": 4.0, "input_timeout_s": 4.0}
+        # With a death 2 of 3 clients finish: t = 2 and two-client rounds, the explicit opt-in (no colluder
+        # tolerated; each survivor learns the other's histograms)
+        short = {} if kill_at_tree is None else {"stage_timeout_s": 4.0, "input_timeout_s": 4.0, "max_colluders": 0,
+                                                 "min_clients": 2}
         cfg = tree_aggregation_config("secagg", **short)
         t = _transport(pid, addresses, cert_dir, 120 if kill_at_tree is None else 10 if pid == "server" else 45)
         if pid == "server":

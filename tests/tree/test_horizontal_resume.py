@@ -88,7 +88,8 @@ def test_foreign_checkpoint_is_rejected():
     for match, bad in cases.items():
         net = InProcessNetwork("hsb-bad", ["server", "client-1"], deadline=5)
         client = HorizontalSecureBoostClient(net.transport("client-1"), "server", ["client-1", "client-2"],
-                                             X[50:90], y[50:90], params, X_val=X[90:100], y_val=y[90:100])
+                                             X[50:90], y[50:90], params, X_val=X[90:100], y_val=y[90:100],
+                                             aggregation=tree_aggregation_config(min_clients=2, max_colluders=0))
         client.resume_from = bad
         client.binning = lambda c=client: _binning_of(saved, c)  # skip the server: the binning it would send
         client.hello = lambda: None
@@ -104,7 +105,9 @@ def _binning_of(saved, client):
     return Binning(model.cuts, model.base_margin, 150, np.isnan(client.X).any(axis=0) | True)
 
 
-PROC_PARAMS = {"n_trees": 5, "max_depth": 2, "learning_rate": 0.5, "test_fraction": 0.2, "split_seed": 3}
+# two clients: the explicit opt-in (each learns the other's histograms; docs/security.md)
+PROC_PARAMS = {"n_trees": 5, "max_depth": 2, "learning_rate": 0.5, "test_fraction": 0.2, "split_seed": 3,
+               "min_clients": 2, "max_colluders": 0}
 
 
 def _proc_job(tmp: Path) -> Path:

@@ -140,6 +140,7 @@ def _point(byte0):
 
 
 OT_BYTES = kkrt.BASE_OTS * 32
+DELTA = bytes(range(64))  # the guest's swap bits in part 0 of U
 
 
 def test_parsers_reject_hostile_messages():
@@ -157,13 +158,17 @@ def test_parsers_reject_hostile_messages():
     rows = kkrt.cuckoo_bins(10)
     matrix = vk._matrix_parser("guest", rows)
     u = bytes(range(64)) * rows
-    pts, U = matrix(psi_pb2.KkrtMatrix(ot_points=good, rows=rows, matrix=u).SerializeToString())
+    pts, delta, U = matrix(psi_pb2.KkrtMatrix(ot_points=good, rows=rows, matrix=u, delta=DELTA).SerializeToString())
     assert pts == good and U.shape == (rows, 64) and U.tobytes() == u
+    assert delta.dtype == bool and delta.shape == (512,) and kkrt.bits_to_mask(delta).tobytes() == DELTA
     for msg, why in [(dict(ot_points=good, rows=rows + 128, matrix=u), "rows, expected"),
                      (dict(ot_points=good, rows=rows, matrix=u[:-1]), "bytes for"),
                      (dict(ot_points=good, rows=rows, matrix=u + u), "bytes for"),
                      (dict(ot_points=good[:-1], rows=rows, matrix=u), "bytes, expected"),
-                     (dict(ot_points=_point(2) + good[32:], rows=rows, matrix=u), "not a valid")]:
+                     (dict(ot_points=_point(2) + good[32:], rows=rows, matrix=u), "not a valid"),
+                     (dict(ot_points=good, rows=rows, matrix=u, delta=b""), "delta of 0 bytes, expected 64"),
+                     (dict(ot_points=good, rows=rows, matrix=u, delta=DELTA[:-1]), "delta of 63 bytes")]:
+        msg.setdefault("delta", DELTA)
         with pytest.raises(ProtocolError, match=why):
             matrix(psi_pb2.KkrtMatrix(**msg).SerializeToString())
     oprf = vk._oprf_parser("host", 16)
@@ -320,15 +325,16 @@ def test_flow_control_keeps_a_slow_host_within_its_mailbox_limits(monkeypatch):
     assert "flood" in str(errors["host"])
 
 
-def _part(rows, matrix_rows=None, points=b""):
-    return psi_pb2.KkrtMatrix(ot_points=points, rows=rows,
+def _part(rows, matrix_rows=None, points=b"", delta=None):
+    delta = (DELTA if points else b"") if delta is None else delta
+    return psi_pb2.KkrtMatrix(ot_points=points, rows=rows, delta=delta,
                               matrix=bytes(64 * (rows if matrix_rows is None else matrix_rows))).SerializeToString()
 
 
 def test_part_and_ack_parsers_reject_lies():
     good = kkrt.BaseOtReceiver(kkrt.session_context(JOB, b""), np.zeros(kkrt.BASE_OTS, bool)).points()
     rows = 1024  # parts of 384 rows: 0..383, 384..767, 768..1023
-    pts, U = vk._matrix_parser("guest", rows)(_part(384, points=good))
+    pts, _, U = vk._matrix_parser("guest", rows)(_part(384, points=good))
     assert pts == good and U.shape == (384, 64)
     assert vk._matrix_parser("guest", rows, 2, 384)(_part(256)).shape == (256, 64)
     for part, part_rows, payload, why in [
@@ -341,7 +347,9 @@ def test_part_and_ack_parsers_reject_lies():
             (1, 384, _part(512), "512 rows, expected 384"),                    # too many: an overlap
             (2, 384, _part(384), "384 rows, expected 256 .rows 768..1023"),    # beyond the bins
             (1, 384, _part(384, 385), "bytes for 384 rows"),
-            (1, 384, _part(384, points=good), "points belong in part 0 only")]:
+            (1, 384, _part(384, points=good), "points belong in part 0 only"),
+            (1, 384, _part(384, delta=DELTA), "delta belongs in part 0 only"),
+            (0, None, _part(384, points=good, delta=b""), "delta of 0 bytes")]:
         with pytest.raises(ProtocolError, match=why):
             vk._matrix_parser("guest", rows, part, part_rows)(payload)
     oprf = vk._oprf_parser("host", 16, 2, 300, 750)  # values 600..749 of 750 in parts of 300
@@ -362,7 +370,8 @@ def test_part_and_ack_parsers_reject_lies():
             vack(psi_pb2.PsiPoints(**bad).SerializeToString())
     ack = vk._ack_parser("host", 1, 768)
     assert ack(psi_pb2.KkrtMatrix(rows=768).SerializeToString()) == 768
-    for bad in (dict(rows=384), dict(rows=1024), dict(rows=768, matrix=b"x"), dict(rows=768, ot_points=good)):
+    for bad in (dict(rows=384), dict(rows=1024), dict(rows=768, matrix=b"x"), dict(rows=768, ot_points=good),
+                dict(rows=768, delta=DELTA)):
         with pytest.raises(ProtocolError, match="acknowledgement of matrix part 1 from 'host'"):
             ack(psi_pb2.KkrtMatrix(**bad).SerializeToString())
 
@@ -371,6 +380,7 @@ def _rows(n, matrix_rows=None, points=False):
     def bad(payload):
         msg = psi_pb2.KkrtMatrix.FromString(payload)
         return psi_pb2.KkrtMatrix(ot_points=(msg.ot_points or bytes(OT_BYTES)) if points else b"", rows=n,
+                                  delta=(msg.delta or DELTA) if points else b"",
                                   matrix=bytes(64 * (n if matrix_rows is None else matrix_rows))).SerializeToString()
     return bad
 

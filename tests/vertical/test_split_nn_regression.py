@@ -119,5 +119,5 @@ def test_regression_job_guest_and_host_processes_on_diabetes(tmp_path):
     assert test["r2"] == pytest.approx(r2_score(pred["label"], pred["value"]), rel=1e-9)
     assert test["r2"] > 0.2, test  # predicting the mean scores 0
     assert (out / "predicted_vs_true.png").stat().st_size > 1000
-    model = secureflhv.load_model(out)
+    model = secureflhv.load_model(out, ca=job.parent / "certs" / "ca.pem")
     assert model.task == "regression" and model.bundle.extra["n_classes"] is None

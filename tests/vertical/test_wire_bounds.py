@@ -105,7 +105,7 @@ def test_vertical_lr_rejects_bad_exponents_counts_and_ranges_and_trains_exactly(
                    (vlr.TAG_GRAD, r0 + vlr.S_GRAD): "tiny_exponent"},
         "host-2": {(vlr.TAG_CROSS, r0 + vlr.S_CROSS): "zero"},
         "guest": {(vlr.TAG_D, r0 + vlr.S_D): "extra_ciphertext",  # to both hosts
-                  (vlr.TAG_CROSS_IN, r1 + vlr.S_D): "out_of_range",
+                  ("host-2", vlr.TAG_CROSS_IN, r1 + vlr.S_D): "out_of_range",  # every host gets one
                   (vlr.TAG_LOSS, r1 + vlr.S_GRAD): "off_by_one_exponent"},
         "server": {("host-1", vlr.TAG_GRAD_DEC, r0 + vlr.S_DEC): "huge_exponent"},  # masked values back
     }  # (in-process injection blocks the sender: no two parties wait on each other's rejection at once)

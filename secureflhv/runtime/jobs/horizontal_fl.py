@@ -99,7 +99,10 @@ class AggregationParams(BaseModel):
     precision_bits: int = Field(default=16, ge=0, le=40)
     max_weight: float = Field(default=float(1 << 20), gt=0)
     consistency_check: bool = True
-    min_clients: int = Field(default=2, ge=2, description="fewest clients a secure sum may hold")
+    min_clients: int = Field(default=3, ge=2, description="fewest clients a round may sum; 2 is an explicit opt-in "
+                             "(each of two clients learns the other's update from the sum) and needs max_colluders 0")
+    max_colluders: int = Field(default=1, ge=0, description="clients that may collude with a malicious server; t is "
+                               "derived so that n_C < 2t − n (Bonawitz et al. 2017, Thm 6.5)")
     stage_timeout_s: float = Field(default=30.0, gt=0)
     input_timeout_s: float | None = Field(default=None, gt=0)
     seed: int | None = Field(default=None, ge=0, description="stochastic rounding seed (tests)")
@@ -164,18 +167,21 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     try:
         agg = fl_config(cfg, params).aggregation
     except ValueError as exc:
-        field = next((f".{f}" for f in ("threshold", "min_clients") if str(exc).startswith(f)), "")
+        field = next((f".{f}" for f in ("threshold", "min_clients", "max_colluders") if str(exc).startswith(f)), "")
         raise JobConfigError(f"params.aggregation{field}: {exc}") from None
     n = len(cfg.clients)
     m = max(1, int(n * params.fraction))
+    if m < agg.smallest_round():
+        raise JobConfigError(f"params.fraction: selects {m} of {n} clients per round, fewer than the {agg.smallest_round()} "
+                             f"a round needs (params.aggregation.min_clients={agg.min_clients}, max_colluders="
+                             f"{agg.max_colluders}: a sum of fewer reveals a client's update to the server and the "
+                             f"colluders); add clients, raise the fraction, or see docs/security.md on two-client "
+                             f"rounds")
     try:
         agg.resolve_threshold(m)
     except ValueError as exc:
         raise JobConfigError(f"params.aggregation.threshold: {exc} (fraction {params.fraction} of {n} clients)") \
             from None
-    if m < 2 and agg.kind == "secagg":
-        raise JobConfigError(f"params.fraction: selects {m} client per round; secure aggregation of one client "
-                             f"would reveal its update (select at least 2)")
     if params.strategy == "ifca" and params.contribution_temperature is not None:
         raise JobConfigError("params.contribution_temperature: contribution normalisation re-weights sample-weighted "
                              "updates (FedAvg family, FedPer); IFCA's cluster averages are unweighted (set it to null)")
@@ -188,7 +194,7 @@ def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConf
     a = params.aggregation.model_dump()
     if a["input_timeout_s"] is None:
         a["input_timeout_s"] = cfg.job.deadline_s
-    return AggregationConfig(**a)
+    return AggregationConfig(**a, job_clients=tuple(c.id for c in cfg.clients))
 
 
 def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:

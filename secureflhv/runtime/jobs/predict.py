@@ -2,9 +2,10 @@
 
 The same party processes as training (gRPC + mutual TLS, the same certificates) meet again; each data
 party reads its own bundle from ``<params.model_dir>/<party id>/model/``
-(:mod:`secureflhv.runtime.model_bundle`), checks that it belongs to this party (id and role), to the
+(:mod:`secureflhv.runtime.model_bundle`), checks that it is signed by this party's certificate under
+this job's CA (``security.ca``: required), that it belongs to this party (id and role), to the
 training job ``params.model_job_id`` (when given: set it, so every party is sure to load the same
-model), that the job's CA is the one the model was trained under and that this job's data parties
+model), and that this job's data parties
 are the model's, then runs the prediction protocol of the bundle's algorithm on its new table:
 
 * ``vertical_lr``: PSI aligns the new ids; each party applies its saved standardisation; the guest
@@ -99,9 +100,12 @@ def check(cfg: JobConfig, params: PredictJobParams) -> None:
 
 def load_party_bundle(cfg: JobConfig, party: PartySpec, params: PredictJobParams) -> ModelBundle:
     """This party's verified bundle; JobConfigError naming ``params.model_dir`` / the mismatching field."""
+    if cfg.security.ca is None:  # bundles are signed: only the job CA can say by whom
+        raise JobConfigError(f"security.ca: required to verify party {party.id!r}'s model bundle, which its "
+                             f"certificate signed (the training job's CA)")
     try:
-        bundle = read_bundle(cfg.resolve(params.model_dir) / party.id, expect_party=party.id,
-                             expect_job=params.model_job_id, expect_role=party.role)
+        bundle = read_bundle(cfg.resolve(params.model_dir) / party.id, ca=cfg.resolve(cfg.security.ca),
+                             expect_party=party.id, expect_job=params.model_job_id, expect_role=party.role)
     except ModelBundleError as exc:
         raise JobConfigError(f"params.model_dir (party {party.id!r}): {exc}") from None
     _check_federation(cfg, party, bundle)
@@ -109,12 +113,8 @@ def load_party_bundle(cfg: JobConfig, party: PartySpec, params: PredictJobParams
 
 
 def _check_federation(cfg: JobConfig, party: PartySpec, bundle: ModelBundle) -> None:
-    """Same CA as in training, and (vertical models) exactly the model's data parties in their roles."""
+    """(Vertical models) exactly the model's data parties in their roles (read_bundle checked the CA)."""
     where = f"params.model_dir (party {party.id!r}): {bundle.path}"
-    ca = certificate_sha256(cfg.resolve(cfg.security.ca))
-    if ca and bundle.manifest.get("ca_sha256") and ca != bundle.manifest["ca_sha256"]:
-        raise JobConfigError(f"{where}: ca_sha256: the model was trained under another CA than this job's "
-                             f"security.ca; a model is used only by the federation that trained it")
     if bundle.algorithm not in VERTICAL:
         return
     want = {p["id"]: p["role"] for p in bundle.manifest.get("peers", []) if p.get("role") in ("guest", "host")}

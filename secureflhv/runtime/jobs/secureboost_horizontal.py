@@ -57,22 +57,33 @@ class HorizontalSecureBoostJobParams(SecureBoostJobParams):
         default="federated", description="without feature_ranges: the federated range sketch (the server learns "
                                          "pooled bucket counts only) or each client's min/max (revealed)")
     threshold: int | float | None = Field(default=None, gt=0, description="clients that must remain (t): a count "
-                                          "or a fraction of the clients; default ceil(2n/3); must be > n/2")
+                                          "or a fraction of the clients; default: the smallest t with "
+                                          "max_colluders < 2t − n")
+    max_colluders: int = Field(default=1, ge=0, description="clients that may collude with a malicious server "
+                               "(Bonawitz et al. 2017, Thm 6.5: n_C < 2t − n)")
+    min_clients: int = Field(default=3, ge=2, description="fewest clients a histogram sum may hold; 2 is an explicit "
+                             "opt-in (each then learns the other's histograms) and needs max_colluders 0")
 
 
 def aggregation_config(cfg: JobConfig, params: HorizontalSecureBoostJobParams) -> AggregationConfig:
-    """The job's histogram aggregation settings (:func:`tree_aggregation_config`; timeouts: the job deadline)."""
+    """The job's histogram aggregation settings (:func:`tree_aggregation_config`; timeouts: the job deadline;
+    the job's clients as the only allowed participants)."""
     threshold = {} if params.threshold is None else {"threshold": params.threshold}
     return tree_aggregation_config(params.aggregation, stage_timeout_s=cfg.job.deadline_s,
-                                   input_timeout_s=cfg.job.deadline_s, **threshold)
+                                   input_timeout_s=cfg.job.deadline_s, max_colluders=params.max_colluders,
+                                   min_clients=params.min_clients, job_clients=tuple(c.id for c in cfg.clients),
+                                   **threshold)
 
 
 def check(cfg: JobConfig, params: HorizontalSecureBoostJobParams) -> None:
-    """The threshold fits the job's clients (t > n/2, t >= 2); JobConfigError names ``params.threshold``."""
+    """The threshold fits the job's clients (n_C < 2t − n, enough clients); JobConfigError names the field."""
     try:
-        job_threshold(aggregation_config(cfg, params), len(cfg.clients))
+        job_threshold(aggregation_config(cfg, params), [c.id for c in cfg.clients])
     except ValueError as exc:
-        raise JobConfigError(f"params.threshold: {exc}") from None
+        msg = str(exc)
+        field = next((f for f in ("max_colluders", "min_clients") if msg.startswith(f)),
+                     "min_clients" if msg.startswith("a round of") else "threshold")
+        raise JobConfigError(f"params.{field}: {exc}") from None
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalSecureBoostJobParams) -> dict:
