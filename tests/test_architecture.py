@@ -2,7 +2,7 @@
 
 1. The import graph of ``secureflhv`` modules has no cycle. Every ``import`` / ``from ... import``
    counts, absolute or relative, at module level or inside functions, classes and ``if`` blocks.
-2. Layers, bottom to top (DESIGN.md "Layers"): crypto -> transport (with ``secureflhv.proto``, the
+2. Layers, bottom to top (docs/architecture.md): crypto -> transport (with ``secureflhv.proto``, the
    generated wire schema) -> data -> algorithms (vertical, horizontal, tree, secagg) -> runtime ->
    cli / ``__main__``. No module imports a module of a higher layer; ``secureflhv.proto`` is not
    imported by crypto/ or data/ (they know no wire schema).
@@ -198,7 +198,7 @@ def test_no_import_cycles():
 def test_layers_import_only_downward():
     edges, _ = import_graph()
     bad = layer_violations(edges)
-    assert not bad, "imports that break the layer rule (DESIGN.md 'Layers'):\n" + "\n".join(bad)
+    assert not bad, "imports that break the layer rule (docs/architecture.md):\n" + "\n".join(bad)
 
 
 def test_grpc_only_in_transport():

@@ -1,6 +1,6 @@
 """Party data: loaders, non-IID partitioners (horizontal and vertical), statistics and plots.
 
-Layer 3 of secureflhv (DESIGN.md): imports nothing from the algorithm, runtime or CLI layers.
+Layer 3 of secureflhv (docs/architecture.md): imports nothing from the algorithm, runtime or CLI layers.
 
 Quick tour::
 

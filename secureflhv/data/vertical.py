@@ -1,6 +1,6 @@
 """Vertical (feature) partitioners: which columns and which ids each party holds.
 
-A vertical job has one guest (holds the label) and H hosts (features only); see DESIGN.md "Roles".
+A vertical job has one guest (holds the label) and H hosts (features only); see docs/architecture.md "Protocol roles".
 Column schemes (Zhu et al. survey, section 4.2; SecureBoost / FATE practice):
 
 * ``even``: columns in order, cut into H+1 near-equal contiguous blocks (guest first);

@@ -6,7 +6,7 @@ Two implementations share this interface: :class:`~secureflhv.transport.inproces
 (unit tests, one process) and :class:`~secureflhv.transport.grpc_transport.GrpcTransport`
 (real deployments: gRPC with mutual TLS).
 
-Wire rules enforced here (DESIGN.md, "Wire rules"):
+Wire rules enforced here (docs/architecture.md, "One message, from the job file to the wire"; docs/security.md):
 
 * a message for another job or another receiver is rejected;
 * a message from a party that is not in the job is rejected;

@@ -1,4 +1,5 @@
-"""Tensors on the wire: dtype + shape + raw little-endian bytes (DESIGN.md, wire rules).
+"""Tensors on the wire: dtype + shape + raw little-endian bytes
+(docs/architecture.md, "One message, from the job file to the wire").
 
 Every algorithm sends plaintext arrays as ``messages_pb2.Tensor`` through these two functions, so a
 peer's array is checked the same way everywhere (dtype, shape, byte count, finiteness) and a bad one

@@ -1,4 +1,5 @@
-"""Homomorphic values on the wire: Paillier / OU public keys, ciphertexts and masked plaintexts (DESIGN.md, wire rules).
+"""Homomorphic values on the wire: Paillier / OU public keys, ciphertexts and masked plaintexts
+(docs/architecture.md, "One message, from the job file to the wire").
 
 OU (``he_scheme: ou``): :class:`OUCodec` below, the same messages with ``PaillierPublicKey.scheme = "ou"``.
 

@@ -49,8 +49,8 @@ Training (identical for every role; the batches come from a seed every party hol
         names that epoch to the hosts (``vlr.best``). Without restore_best: the last epoch's weights.
 
 Momentum and the update are local to each party's block of w, so the federation follows exactly the
-same path as centralised mini-batch GD on the joined table. Defaults (momentum 0.9, lr 0.2 with a
-cosine decay, batch 32, l2 0.0025 ~ scikit-learn's C=1 for 400 training rows, 20 epochs) were chosen on
+same path as centralised mini-batch GD on the joined table. The defaults (:class:`VerticalLRConfig`:
+heavy-ball momentum, a cosine-decayed learning rate, small batches, l2 near scikit-learn's C=1) were chosen on
 breast cancer: the Taylor loss is a convex quadratic whose optimum is a ridge least-squares
 classifier, and plain GD from zero needs hundreds of epochs to get near it (condition number ~1e3).
 Weights start at zero.
@@ -968,7 +968,7 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
     What the arbiter learns: the number of rows, batches and epochs, each party's feature count and
     the epoch at which training stops. Every value it decrypts (gradients, loss) is masked with a
     fresh uniform element of Z_n by the party that asked, so it learns nothing about gradients, loss,
-    weights or data. Assumes it does not collude with the guest or a host (DESIGN.md threat model).
+    weights or data. Assumes it does not collude with the guest or a host (docs/security.md, "Who can attack, and how").
     Prediction (:meth:`serve_predictions`): the number of requests and rows per request only.
     """
 

@@ -31,7 +31,7 @@ key (fingerprint) with every ciphertext in Z*_{n^2}; the arbiter takes [[s + r]]
 minimum size. Anything else is a :class:`~secureflhv.transport.ProtocolError` in the parse callback:
 rejected, logged, and the receiver keeps waiting until its deadline, which then names the peer.
 
-What each role learns (semi-honest, the arbiter does not collude with the guest: DESIGN.md):
+What each role learns (semi-honest, the arbiter does not collude with the guest: docs/security.md):
     guest: the total score s_i of every row it asks about, hence sum_h u_h,i (with one host that is the
         host's u_h,i itself: inherent to the guest learning the score). With several hosts, no single
         host's u_h: each arrives encrypted under a key it does not hold, and masked so that a guest asking

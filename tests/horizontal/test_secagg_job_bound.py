@@ -150,46 +150,41 @@ class CollusionServer(SecAggServer):
         raise AggregationError("the colluding server collected what it could")
 
 
-def test_split_views_with_one_colluder_at_n3_fail_under_the_default_settings():
-    """Default max_colluders = 1 gives t = 3 at n = 3 (1 < 2t − 3): the victim sees only 2 valid
-    signatures of its view and stops before unmasking; the server holds 1 + at most 1 shares of each
-    kind of the victim's secrets, fewer than t, and recovers nothing."""
-    cfg = config(job_clients=("client0", "client1", "client2"))
-    assert cfg.resolve_threshold(3) == 3
-    server_holder = {}
+def _collusion_round(cfg):
+    """One round of 3 clients against :class:`CollusionServer` with client2 colluding; returns (server,
+    client errors, inputs, weights)."""
+    made = {}
 
-    class Recording(CollusionServer):
+    class Kept(CollusionServer):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            server_holder["s"] = self
+            made["server"] = self
             self.recovered, self.shares = None, (0, 0)
 
     Colluder.loot = {}
     ids, xs, ws = make_inputs(3, D, seed=9)
-    res, errors, *_ = run_round(cfg, ids, xs, ws, server_cls=Recording, client_classes={"client2": Colluder})
-    server = server_holder["s"]
-    assert server.recovered is None
+    _, errors, *_ = run_round(cfg, ids, xs, ws, server_cls=Kept, client_classes={"client2": Colluder})
+    return made["server"], errors, xs, ws
+
+
+def test_split_views_with_one_colluder_at_n3_fail_under_the_default_settings():
+    """Default max_colluders = 1 gives t = 3 at n = 3 (1 < 2t − 3): the victim sees only 2 valid
+    signatures of its view and the honest client a survivor list below t, so both stop before unmasking;
+    the server recovers nothing."""
+    cfg = config(job_clients=("client0", "client1", "client2"))
+    assert cfg.resolve_threshold(3) == 3
+    server, errors, _, _ = _collusion_round(cfg)
+    assert server.recovered is None and max(server.shares) < 3
     assert "consistency check failed" in str(errors["client0"]) and "fewer than t=3" in str(errors["client0"])
     assert "(U3), fewer than t=3" in str(errors["client1"])
-    assert max(server.shares) < 3
 
 
 def test_split_views_with_one_colluder_succeed_when_the_job_tolerates_none():
-    """The control: with max_colluders = 0 and min_clients = 2 (t = 2 at n = 3, the old defaults) the same server and colluder
-    rebuild the victim's exact quantised input, so the bound above is what stops the attack."""
+    """The control: with max_colluders = 0 and min_clients = 2 (t = 2 at n = 3, the old defaults) the same
+    server and colluder rebuild the victim's exact quantised input, so the bound above is what stops it."""
     cfg = config(max_colluders=0, min_clients=2, job_clients=("client0", "client1", "client2"))
     assert cfg.resolve_threshold(3) == 2
-    server_holder = {}
-
-    class Recording(CollusionServer):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            server_holder["s"] = self
-
-    Colluder.loot = {}
-    ids, xs, ws = make_inputs(3, D, seed=9)
-    run_round(cfg, ids, xs, ws, server_cls=Recording, client_classes={"client2": Colluder})
-    server = server_holder["s"]
+    server, _, xs, ws = _collusion_round(cfg)
     qp = cfg.quant_params(3, D)
     truth, _ = quantise(xs["client0"], ws["client0"], qp, rounding_rng(cfg.seed, 1, "client0"))
     assert server.recovered is not None and np.array_equal(server.recovered.astype(np.uint64), truth)

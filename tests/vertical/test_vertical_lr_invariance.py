@@ -1,4 +1,4 @@
-"""Non-IID invariance of vertical LR (DESIGN.md "Correctness that tests must show"; Zhu et al. 4.1.2):
+"""Non-IID invariance of vertical LR (Zhu et al. 4.1.2; README, non-IID claims):
 whatever the feature split and protocol mode, the federated weights equal an independent centralised
 plaintext implementation of the same Taylor-approximated LR with the same batches and seed."""
 import numpy as np
