@@ -12,7 +12,7 @@ from ..crypto.quantise import EXTRA_COORDS, dequantise
 from ..proto import secagg_pb2
 from ..transport.base import ProtocolError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
-from .bounds import check_each
+from .bounds import check_each, check_sum
 from .exchange import STAGES, TAG_PLAIN, check_round, collect, round_check
 from .result import AggregateResult, AggregationError, OutOfRangeRound, fail_message
 from .roles import AggregationClient, AggregationServer
@@ -50,11 +50,13 @@ class PlainServer(AggregationServer):
         if len(survivors) < t:
             raise AggregationError(fail_message("input", parts, survivors, t, dropped_at))
         if qp is not None:
-            check_each({c: got[c] for c in survivors}, qp, round_id, zero_weight_ok=cfg.zero_weight_ok)
+            check_each({c: got[c] for c in survivors}, qp, round_id)
             acc = np.zeros(dim + EXTRA_COORDS, dtype=np.uint64)
             for c in survivors:
                 acc += got[c]
-            total, weight, n_clipped = dequantise(acc & qp.modulus_mask, qp)
+            acc &= qp.modulus_mask
+            check_sum(acc, qp, len(survivors), round_id, zero_weight_ok=cfg.zero_weight_ok)
+            total, weight, n_clipped = dequantise(acc, qp)
             res = AggregateResult(total, weight, survivors, sorted(dropped_at), cfg.clip, cfg.scale, qp.k_bits,
                                   n_clipped, dropped_at)
         else:

@@ -285,3 +285,26 @@ def test_fl_server_refuses_an_out_of_range_round_and_keeps_its_model():
     assert np.array_equal(models[0], server.initial[0])        # round 1's sum was never used
     assert second.refused == "" and second.survivors == ["c0", "c1", "c2"]
     assert np.all(np.isfinite(models[1])) and not np.array_equal(models[1], models[0])
+
+
+def test_bounds_check_equals_the_signed_definition():
+    """The unsigned-residue comparison of ``range_violation`` against the bounds written on signed integers."""
+    from secureflhv.secagg.bounds import range_violation
+
+    rng = np.random.default_rng(5)
+    seen = set()
+    for trial in range(400):
+        n, d = int(rng.integers(1, 5)), 30
+        k = int(rng.integers((n * 4 * (50 * 16 + 1) + 20).bit_length() + 1, 40))   # no honest sum wraps
+        qp = QuantParams(clip=float(rng.choice([0.5, 1.0, 3.0])), scale=16.0, max_weight=50.0, k_bits=k)
+        modulus = 1 << k
+        weight = int(rng.integers(-5, n * (50 * 16 + 1) + 5))
+        bound = qp.clip * (max(weight, 0) + n) + n
+        signed = rng.integers(-int(bound) - 3, int(bound) + 4, d) if trial % 2 else rng.integers(-int(bound), int(bound) + 1, d)
+        clipped = int(rng.integers(-2, n * d + 3))
+        words = np.array([*(v % modulus for v in signed), weight % modulus, clipped % modulus], dtype=np.uint64)
+        honest = (0 < weight <= n * (50 * 16 + 1) and 0 <= clipped <= n * d
+                  and all(abs(int(v)) <= bound for v in signed))
+        assert (range_violation(words, qp, n) is None) == honest, (k, n, weight, clipped, signed)
+        seen.add(honest)
+    assert seen == {True, False}
