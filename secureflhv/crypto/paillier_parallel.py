@@ -9,6 +9,7 @@ per-key tables are rebuilt and cached inside each worker (see ``paillier_engine.
 use, or ahead of time with :func:`warm` (one call runs on every worker).  :func:`start` starts the
 workers in the background, so that a job's first batch does not wait for them: the forkserver
 preloads the task modules (``PRELOAD``), so each worker starts without importing numpy and gmpy2.
+The forkserver and the workers die with the party process, however it ends (:mod:`.lifeline`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from . import lifeline
+
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
@@ -33,8 +36,9 @@ _worker_barrier = None  # inside a worker: the barrier it was started with
 _worker_index = None  # inside a worker: see worker_index()
 _each_lock = threading.Lock()  # one on_each_worker call at a time
 # The modules whose task functions workers run: imported once in the forkserver, which every worker
-# is forked from (~0.17 s of imports a worker would otherwise pay in its first task).
-PRELOAD = ["secureflhv.crypto.paillier", "secureflhv.crypto.paillier_hist"]
+# is forked from (~0.17 s of imports a worker would otherwise pay in its first task). pool_forkserver
+# first: the forkserver then dies with the party (see lifeline) and its workers with it.
+PRELOAD = ["secureflhv.crypto.pool_forkserver", "secureflhv.crypto.paillier", "secureflhv.crypto.paillier_hist"]
 
 
 def get_workers() -> int:
@@ -91,8 +95,13 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-def _init_worker(barrier, counter) -> None:
+def _init_worker(barrier, counter, party_pid) -> None:
     global _worker_barrier, _worker_index
+    forkserver = sys.modules.get("secureflhv.crypto.pool_forkserver")
+    if forkserver is not None and forkserver.FORKSERVER_PID:  # forked by the forkserver's one thread
+        lifeline.die_with_parent(forkserver.FORKSERVER_PID)
+    else:  # spawned by one of the party's threads, which may end before the party
+        lifeline.die_with_parent(party_pid, pdeathsig=False)
     _worker_barrier = barrier
     with counter.get_lock():
         _worker_index, counter.value = counter.value, counter.value + 1
@@ -110,6 +119,8 @@ def mp_context():
     process that already runs gRPC threads) preloading ``PRELOAD``, else ``spawn``."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
+    if os.environ.get(lifeline.PARENT_ENV) != str(os.getpid()):  # read by pool_forkserver in the forkserver
+        os.environ[lifeline.PARENT_ENV] = str(os.getpid())
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # takes effect when the forkserver first starts
     return ctx
@@ -123,7 +134,7 @@ def _get_pool() -> ProcessPoolExecutor:
             w = get_workers()
             _barrier = ctx.Barrier(w)
             _pool = ProcessPoolExecutor(max_workers=w, mp_context=ctx, initializer=_init_worker,
-                                        initargs=(_barrier, ctx.Value("i", 0)))
+                                        initargs=(_barrier, ctx.Value("i", 0), os.getpid()))
         return _pool
 
 

@@ -106,6 +106,7 @@ from .binning import Binner, apply_bins, cuts_from_grid_counts, grid, grid_count
 from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children, sibling
 from .params import (SecureBoostParams, base_margin_from_sums, bound_log2, check_labels, dequantise, gradients,
                      loss, precision_bits_for, quantise)
+from .split import beats_gamma, candidate_gains, leaf_weight
 
 log = logging.getLogger("secureflhv.tree.horizontal")
 
@@ -477,9 +478,8 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
     def find_split(self, hist: np.ndarray, g: float, h: float, n_rows: int, p: int) -> HistSplit | None:
         """Best split of a node from its integer histogram (first maximum gain in (feature, bin) order).
 
-        The gain of a split is that of Chen & Guestrin 2016 (XGBoost, eq. 7) without gamma
-        (``_split_node`` compares it with gamma):
-        ``0.5 * (GL^2 / (HL + lambda) + GR^2 / (HR + lambda) - G^2 / (H + lambda))``.
+        The gain of a split is :func:`~secureflhv.tree.split.split_gain` (Chen & Guestrin 2016, eq. 7,
+        without gamma: ``_split_node`` compares it with gamma).
 
         Args:
             hist: float64 (3 * layout.n_cells,), integer-valued: ``[g | h | count]``, each part by
@@ -492,7 +492,7 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
             The best :class:`HistSplit`, or None: no split keeps rows on both sides and
             ``min_child_weight`` in each child.
         """
-        lam, mcw, lay = self.params.reg_lambda, self.params.min_child_weight, self.layout
+        lay = self.layout
         F = lay.n_cells
         g_all, h_all, c_all = hist[:F], hist[F:2 * F], hist[2 * F:]
         best_gain, best = -np.inf, None
@@ -502,12 +502,9 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
             cum_c = np.cumsum(cnt)[:-1]
             GL = dequantise(np.cumsum(g_all[sl])[:-1], p)
             HL = dequantise(np.cumsum(h_all[sl])[:-1], p)
-            GR, HR = g - GL, h - HL
-            gain = 0.5 * (GL * GL / (HL + lam) + GR * GR / (HR + lam) - g * g / (h + lam))
-            ok = (cnt[:-1] > 0) & (cum_c < n_rows) & (HL >= mcw) & (HR >= mcw)
-            if not ok.any():
+            gain = candidate_gains(GL, HL, g, h, self.params, cnt, n_rows)
+            if gain is None:
                 continue
-            gain = np.where(ok, gain, -np.inf)
             b = int(np.argmax(gain))
             if gain[b] > best_gain:
                 best_gain = float(gain[b])
@@ -530,7 +527,7 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
             for nid in level:
                 if nid not in split_now:
                     s = sums[nid]
-                    tree.nodes[nid] = Node(nid, value=self._leaf_value(s.g, s.h), sum_hess=s.h, n_rows=s.n_rows)
+                    tree.nodes[nid] = Node(nid, value=leaf_weight(s.g, s.h, prm), sum_hess=s.h, n_rows=s.n_rows)
             plan = plan_children(split_now, counts) if split_now else []
             msg = self._level_message(tree, seq, depth, p, e, plan, splits, done=not split_now)
             self._send_all(TAG_LEVEL, msg, slot * DEPTH_SLOTS + depth + 1, f"tree {seq} depth {depth}")
@@ -587,17 +584,14 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         node = Node(nid, sum_hess=h, n_rows=n_rows)
         tree.nodes[nid] = node
         best = self.find_split(hist, g, h, n_rows, p)
-        if best is not None and best.gain - self.params.gamma > 0:
+        if best is not None and beats_gamma(best.gain, self.params):
             node.leaf, node.gain = False, best.gain
             # virtual (column, bin) -> real split; never value bin -1 (its mirror, every value left and
             # missing right, has the same gain and comes first)
             node.feature, node.bin, node.threshold, node.default_left = self.binner.split(best.feature, best.bin)
             return best
-        node.value = self._leaf_value(g, h)
+        node.value = leaf_weight(g, h, self.params)
         return None
-
-    def _leaf_value(self, g: float, h: float) -> float:
-        return -self.params.learning_rate * g / (h + self.params.reg_lambda)
 
     # ------------------------------------------------------------------------------ messaging
     def _ranges(self, d: int) -> tuple[np.ndarray, np.ndarray]:

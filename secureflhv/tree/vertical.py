@@ -104,6 +104,7 @@ from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, pla
 from .routing import left_masks
 from .params import (SecureBoostParams, base_margin, bound_log2, check_labels, dequantise, gradients, loss,
                      precision_bits_for, quantise, transform)
+from .split import beats_gamma, candidate_gains, leaf_weight
 
 log = logging.getLogger("secureflhv.tree.vertical")
 
@@ -191,11 +192,6 @@ def unpack_mask(data: bytes, n: int, what: str) -> np.ndarray:
     if bits[n:].any():
         raise ProtocolError(f"{what}: mask has bits set beyond row {n}")
     return bits[:n].astype(bool)
-
-
-def _gains(GL, HL, G, H, lam):
-    GR, HR = G - GL, H - HL
-    return 0.5 * (GL * GL / (HL + lam) + GR * GR / (HR + lam) - G * G / (H + lam))
 
 
 def _leaf_values(tree: Tree, pos: np.ndarray, n_rows: int) -> np.ndarray:
@@ -520,7 +516,7 @@ class SecureBoostGuest(_Role):
 
     def _make_leaf(self, st: _GrowingTree, nid: int) -> None:
         G, H = st.totals[nid]
-        st.tree.nodes[nid].value = -self.params.learning_rate * G / (H + self.params.reg_lambda)
+        st.tree.nodes[nid].value = leaf_weight(G, H, self.params)
         st.leaf_rows[nid] = st.rows_of[nid]
 
     def _send_plan(self, st: _GrowingTree, depth: int, split_now: list[int]) -> None:
@@ -554,7 +550,6 @@ class SecureBoostGuest(_Role):
 
     def _guest_split(self, st: _GrowingTree, nid: int) -> SplitCandidate | None:
         """The guest's best (feature, bin) of node ``nid``: the first maximum in (feature, bin) order."""
-        lam, mcw = self.params.reg_lambda, self.params.min_child_weight
         rows = st.rows_of[nid]
         G, H = st.totals[nid]
         gq, hq = st.gq[rows].astype(np.float64), st.hq[rows].astype(np.float64)
@@ -564,9 +559,8 @@ class SecureBoostGuest(_Role):
             cnt = np.bincount(b_j, minlength=nb)
             GL = dequantise(np.cumsum(np.bincount(b_j, gq, nb))[:-1], st.p)
             HL = dequantise(np.cumsum(np.bincount(b_j, hq, nb))[:-1], st.p)
-            ok = (cnt[:-1] > 0) & (np.cumsum(cnt)[:-1] < len(rows)) & (HL >= mcw) & (H - HL >= mcw)
-            if ok.any():
-                gain = np.where(ok, _gains(GL, HL, G, H, lam), -np.inf)
+            gain = candidate_gains(GL, HL, G, H, self.params, cnt, len(rows))
+            if gain is not None:
                 b = int(np.argmax(gain))
                 if gain[b] > _gain_of(best):
                     best = SplitCandidate(float(gain[b]), "guest", feature=j, bin=b)
@@ -574,11 +568,9 @@ class SecureBoostGuest(_Role):
 
     def _host_split(self, host: str, GL, HL, G: float, H: float) -> SplitCandidate | None:
         """A host's best candidate of one node from its decrypted (G_L, H_L), with its exact ties."""
-        mcw = self.params.min_child_weight
-        ok = (HL >= mcw) & (H - HL >= mcw)
-        if not ok.any():
+        gain = candidate_gains(GL, HL, G, H, self.params)
+        if gain is None:
             return None
-        gain = np.where(ok, _gains(GL, HL, G, H, self.params.reg_lambda), -np.inf)
         c = int(np.argmax(gain))
         tied = np.flatnonzero(gain == gain[c])
         return SplitCandidate(float(gain[c]), host, candidate=c, tied=[int(x) for x in tied],
@@ -592,7 +584,7 @@ class SecureBoostGuest(_Role):
         chosen = {}
         for nid, cand in best.items():
             node = st.tree.nodes[nid]
-            if cand is None or not cand.gain - self.params.gamma > 0:
+            if cand is None or not beats_gamma(cand.gain, self.params):
                 self._make_leaf(st, nid)
                 continue
             node.leaf, node.gain, node.owner = False, cand.gain, cand.owner
