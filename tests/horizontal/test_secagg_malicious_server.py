@@ -3,7 +3,6 @@ attack on a real in-process round where every party has a CA-issued certificate 
 detect it and stop with an AggregationError naming the offence, the server never obtains both a
 b-share and an s-share of one client, nothing hangs; attacks the protocol tolerates end with the
 exact sum. Plus the configuration floors: t > n/2 and min_clients."""
-import math
 
 import numpy as np
 import pytest

@@ -14,8 +14,9 @@ from secureflhv.proto import transport_pb2_grpc as pb_grpc
 from secureflhv.transport import (InProcessNetwork, JobAborted, Mailbox, Message, MessageRejected, PeerTimeout,
                                   ProtocolError, Rejected, TransportError)
 from secureflhv.transport.certs import generate_certificates, load_party_credentials
-from secureflhv.transport.grpc_transport import GrpcTransport
 from secureflhv.transport.tls import channel_credentials, target_name_options
+
+from grpc_harness import grpc_factory, link
 
 PARTIES = ["guest", "host-1", "host-2"]
 
@@ -111,24 +112,8 @@ def certs(tmp_path_factory):
 
 @pytest.fixture
 def grpc_parties(certs):
-    made = []
-
-    def make(pid, **kw):
-        t = GrpcTransport(pid, "job-1", "127.0.0.1:0", {p: "127.0.0.1:1" for p in PARTIES},
-                          tls=load_party_credentials(certs, pid), deadline=kw.pop("deadline", 10.0), **kw)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        t.close(grace=0)
-
-
-def _link(*ts):
-    for a in ts:
-        for b in ts:
-            if a is not b:
-                a.set_peer_address(b.party_id, b.address)
+    with grpc_factory(certs, PARTIES) as make:
+        yield make
 
 
 def _raw_stub(certs, sender, receiver):
@@ -167,7 +152,7 @@ def test_payload_over_job_limit_is_refused_from_the_header(grpc_parties, certs):
 def test_stalled_stream_is_cut_within_the_deadline_and_receiver_keeps_serving(grpc_parties, certs, caplog):
     guest = grpc_parties("guest", stream_timeout=1.0)
     host2 = grpc_parties("host-2")
-    _link(guest, host2)
+    link(guest, host2)
     channel, stub = _raw_stub(certs, "host-1", guest)
     release = threading.Event()
     data = b"p" * 1000
@@ -212,7 +197,7 @@ def test_stalled_honest_transport_send_fails_with_an_error_naming_the_receiver(g
     """An ordinary GrpcTransport sender whose stream the receiver cuts gets a TransportError (no hang)."""
     guest = grpc_parties("guest", stream_timeout=0.5)
     host = grpc_parties("host-1", chunk_size=1024)
-    _link(guest, host)
+    link(guest, host)
     gate = threading.Event()
     orig = host._chunks
 

@@ -12,8 +12,9 @@ import pytest
 from secureflhv.proto import transport_pb2 as pb
 from secureflhv.proto import transport_pb2_grpc as pb_grpc
 from secureflhv.transport.certs import generate_certificates, load_party_credentials
-from secureflhv.transport.grpc_transport import GrpcTransport
 from secureflhv.transport.tls import channel_credentials, target_name_options
+
+from grpc_harness import grpc_factory, link
 
 PARTIES = ["guest", "host-1", "host-2", "server"]
 KiB = 1024
@@ -28,25 +29,8 @@ def certs(tmp_path_factory):
 
 @pytest.fixture
 def parties(certs):
-    made = []
-
-    def make(pid, *, tls=True, **kw):
-        t = GrpcTransport(pid, "job-1", "127.0.0.1:0", {p: "127.0.0.1:1" for p in PARTIES},
-                          tls=load_party_credentials(certs, pid) if tls else None, insecure=not tls,
-                          deadline=kw.pop("deadline", 10.0), **kw)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        t.close(grace=0)
-
-
-def _link(*ts):
-    for a in ts:
-        for b in ts:
-            if a is not b:
-                a.set_peer_address(b.party_id, b.address)
+    with grpc_factory(certs, PARTIES) as make:
+        yield make
 
 
 def _channel(certs, sender, receiver, tls=True):
@@ -88,7 +72,7 @@ def _wait(cond, seconds=5.0):
 def test_24_stalled_streams_from_one_peer_do_not_delay_another_peers_message(parties, certs, caplog):
     guest = parties("guest", first_chunk_timeout=2.0, stream_timeout=3.0)
     host2 = parties("host-2")
-    _link(guest, host2)
+    link(guest, host2)
     channel = _channel(certs, "host-1", guest)
     stub = pb_grpc.PartyServiceStub(channel)
     release = threading.Event()
@@ -125,7 +109,7 @@ def test_24_stalled_streams_from_one_peer_do_not_delay_another_peers_message(par
     assert "stream stalled" in caplog.text
     # the flooder's slots came back: it can deliver again
     host1 = parties("host-1")
-    _link(guest, host1)
+    link(guest, host1)
     host1.send("guest", "t", b"after", round=100)
     assert guest.recv("host-1", "t", round=100, timeout=2) == b"after"
 
@@ -198,7 +182,7 @@ def test_declared_sizes_in_flight_count_toward_the_senders_byte_cap(parties, cer
 def test_an_honest_sender_over_the_stream_cap_waits_and_delivers(parties):
     guest = parties("guest", max_streams_per_sender=1)
     host = parties("host-1", chunk_size=1024)
-    _link(guest, host)
+    link(guest, host)
     orig = host._chunks
 
     def slow_chunks(header, data, progress):  # each stream lasts ~0.3 s: concurrent sends overlap

@@ -4,7 +4,6 @@ import dataclasses
 import random
 import re
 import threading
-import time
 
 import numpy as np
 import pytest
