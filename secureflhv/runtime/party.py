@@ -38,6 +38,7 @@ def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transpor
     """Open this party's gRPC endpoint and channels to its peers as the job file describes."""
     from ..transport.certs import TlsConfig
     from ..transport.grpc_transport import GrpcTransport
+    from ..transport.wire import TRACE_ENV, WireTrace
 
     peers = {p.id: p.address for p in cfg.parties if p.id != spec.id}
     if insecure:
@@ -49,8 +50,10 @@ def build_transport(cfg: JobConfig, spec: PartySpec, insecure: bool) -> Transpor
             raise JobConfigError(f"TLS needs {', '.join(missing)} in the job file (or run with --insecure)")
         tls = TlsConfig.from_files(ca_cert=cfg.resolve(cfg.security.ca), cert=cfg.resolve(spec.cert),
                                    key=cfg.resolve(spec.key))
+    trace_dir = os.environ.get(TRACE_ENV)  # a per-message log, to compare a job's traffic across code changes
     return GrpcTransport(party_id=spec.id, job_id=cfg.job.id, listen=spec.listen or spec.address, peers=peers, tls=tls,
-                         insecure=insecure, deadline=cfg.job.deadline_s, max_payload_bytes=cfg.job.max_message_bytes)
+                         insecure=insecure, deadline=cfg.job.deadline_s, max_payload_bytes=cfg.job.max_message_bytes,
+                         trace=WireTrace(Path(trace_dir) / f"{spec.id}.jsonl") if trace_dir else None)
 
 
 def _report_wire(cfg: JobConfig, party_id: str, stats: dict) -> None:

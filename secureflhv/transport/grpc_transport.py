@@ -88,7 +88,7 @@ from .base import (DEFAULT_DEADLINE_S, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_PE
 from .certs import TlsConfig
 from .identity import PartyIdentity
 from .tls import channel_credentials, peer_identity, server_credentials, target_name_options
-from .wire import WireCounter, split_lengths
+from .wire import WireCounter, WireTrace, split_lengths
 
 log = logging.getLogger("secureflhv.transport.grpc")
 
@@ -288,7 +288,8 @@ class GrpcTransport(Transport):
                  max_pending: int = DEFAULT_MAX_PENDING, stream_timeout: float = DEFAULT_STREAM_TIMEOUT_S,
                  first_chunk_timeout: float = DEFAULT_FIRST_CHUNK_TIMEOUT_S,
                  max_streams_per_sender: int = DEFAULT_MAX_STREAMS_PER_SENDER,
-                 max_workers: int | None = None, close_grace: float = 2.0):
+                 max_workers: int | None = None, close_grace: float = 2.0,
+                 trace: WireTrace | None = None):
         _check_security(party_id, tls, insecure)
         if not MIN_CHUNK_SIZE <= int(chunk_size) <= MAX_CHUNK_SIZE:
             raise ValueError(f"chunk_size must be in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}] bytes, got {chunk_size}")
@@ -320,6 +321,7 @@ class GrpcTransport(Transport):
         self.sent_bytes = 0  # payload bytes accepted by receivers
         self.received_bytes = 0  # payload bytes queued in this party's mailbox
         self.wire = WireCounter(tls=tls is not None)  # per peer and tag: wire_stats() (transport/wire.py)
+        self.trace = trace  # a per-message log of sent messages (transport/wire.py WireTrace), or None
         self._tls = tls
         self.identity = PartyIdentity(tls) if tls is not None else None
         self._box = Mailbox(party_id, job_id, [*self._peers, party_id], max_payload_bytes=self.max_payload_bytes,
@@ -485,6 +487,8 @@ class GrpcTransport(Transport):
                 continue
             self._settle(ack, receiver, what, len(data), ambiguous)
             self.wire.record_grpc_sent(receiver, tag, header.ByteSize(), split_lengths(len(data), self.chunk_size))
+            if self.trace is not None:
+                self.trace.sent(header)
             return
 
     def _back_off_or_raise(self, err: grpc.RpcError, receiver: str, address: str, what: str, attempt: int,

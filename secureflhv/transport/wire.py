@@ -44,7 +44,9 @@ would add for the same message (estimated as above).
 """
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..proto import transport_pb2 as pb
@@ -195,3 +197,32 @@ def report(stats: Mapping[str, Mapping]) -> dict:
     return {"total": totals(stats), "peers": dict(stats),
             "counted": "payload bytes exact; framing: protobuf chunking and gRPC 5-byte prefixes exact, "
                        "HTTP/2 frame headers and TLS records estimated (secureflhv.transport.wire)"}
+
+
+TRACE_ENV = "SECUREFLHV_WIRE_TRACE"  # a folder: each party appends its sent messages to PARTY.jsonl there
+
+
+class WireTrace:
+    """A per-message log of what one party sent: one JSON line per message its receiver accepted.
+
+    Fields: ``to`` (receiver id), ``tag``, ``round`` (the transport's integer round), ``bytes`` (payload
+    length) and ``sha256`` (hex of the payload). Made to compare a job's traffic before and after a change
+    to the code: order across threads is not fixed, so compare the sorted lines; payload hashes repeat only
+    where the protocol is deterministic (no fresh keys or masks). Never enabled by default: a party writes
+    one only with ``SECUREFLHV_WIRE_TRACE=FOLDER`` in its environment.
+
+    Args:
+        path: the file to append to (its folder is created).
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def sent(self, header: pb.Envelope) -> None:
+        """Append the line of one accepted message (``header`` is its :class:`Envelope`)."""
+        line = json.dumps({"to": header.receiver, "tag": header.tag, "round": int(header.round),
+                           "bytes": int(header.payload_size), "sha256": header.payload_sha256.hex()})
+        with self._lock, self.path.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
