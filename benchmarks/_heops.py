@@ -1,6 +1,6 @@
 """Count the homomorphic operations a protocol run performs, to price them at the engine's own rates.
 
-:func:`counting_backend` wraps an :class:`~secureflhv.crypto.he.HEBackend` by name; every role of one run
+:func:`counting_backend` wraps an :class:`~secureflhv.crypto.homomorphic.backend.HEBackend` by name; every role of one run
 shares the instance, so ``backend.counts`` is the run's total (thread-safe). Units, one per kind:
 
 - ``encrypt``: values encrypted (public-key encryption);
@@ -17,7 +17,7 @@ from collections import Counter
 
 import numpy as np
 
-from secureflhv.crypto.he import make_backend
+from secureflhv.crypto.homomorphic.backend import make_backend
 
 
 def counting_backend(scheme: str, precision_bits: int | None = None, dot_precision_bits: int | None = None):

@@ -46,7 +46,7 @@ def _machine() -> str:
 
 def _gmp() -> str:
     """The GMP that gmpy2 (our engines, phe) runs on: the wheel's own, or the system's after ``make gmp``."""
-    from secureflhv.crypto.paillier_engine import gmp_version
+    from secureflhv.crypto.homomorphic.paillier_engine import gmp_version
 
     maps = Path("/proc/self/maps")
     lib = next((m for m in maps.read_text().splitlines() if "libgmp" in m), "") if maps.exists() else ""

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The complete grid: every horizontal strategy × every horizontal partition, through secure aggregation.
 
-Strategies (secureflhv/horizontal/registry.py): FedAvg, FedProx, SCAFFOLD, FedNova, FedAvg with client
+Strategies (secureflhv/horizontal/strategy_registry.py): FedAvg, FedProx, SCAFFOLD, FedNova, FedAvg with client
 contribution normalisation (``fedavg+ccn``, temperature ``--temperature``), IFCA (``--clusters`` k), FedPer, and
 MultiConfederated learning (``multiconfederated``, column MC: decentralised peers, no server and no secure
 aggregation, run by :func:`run_mc`; its accuracy is the mean of the peers' personal models on the test rows).
@@ -123,7 +123,7 @@ def run_fl(shards, spec, strategy, fl_cfg, mu, deadline=900.0, *, tests=None, te
     import dataclasses
 
     from secureflhv.horizontal.fl import HorizontalClient, HorizontalServer
-    from secureflhv.horizontal.registry import make_strategy
+    from secureflhv.horizontal.strategy_registry import make_strategy
     from secureflhv.transport.inprocess import InProcessNetwork
 
     if strategy.endswith("+ccn"):
@@ -151,7 +151,7 @@ def run_mc(shards, spec, local, rounds: int, seed: int, test_X, test_y, *, tests
            wire_out: dict | None = None) -> dict:
     """One MultiConfederated run (Duchesne et al. 2024): one peer per shard, each in its own thread over an
     InProcessNetwork (the protocol code of a gRPC run), default hyperparameters of
-    :class:`~secureflhv.horizontal.multiconfederated.MultiConfederated`; no server, no secure aggregation.
+    :class:`~secureflhv.horizontal.mc_rules.MultiConfederated`; no server, no secure aggregation.
 
     Returns ``accuracy`` — the mean over the peers of their personal model's (best of the peer's pool on its
     own training rows) accuracy on the common test set (``test_X`` (n, features) float32, ``test_y`` ints) —,
@@ -160,7 +160,7 @@ def run_mc(shards, spec, local, rounds: int, seed: int, test_X, test_y, *, tests
     Raises RuntimeError naming the first peer that failed."""
     from secureflhv.horizontal.mc_peer import MultiConfederatedPeer
     from secureflhv.horizontal.models import build_model, evaluate, set_flat
-    from secureflhv.horizontal.multiconfederated import MultiConfederated
+    from secureflhv.horizontal.mc_rules import MultiConfederated
     from secureflhv.transport.inprocess import InProcessNetwork
 
     strategy = MultiConfederated()
@@ -297,7 +297,7 @@ def main(argv=None) -> int:
     from secureflhv.horizontal.fl import FLConfig
     from secureflhv.horizontal.models import ModelSpec, build_model, evaluate, set_flat
     from secureflhv.horizontal.strategies import LocalTrainConfig
-    from secureflhv.runtime.data_prep import local_split
+    from secureflhv.runtime.job.data_prep import local_split
     from secureflhv.secagg import AggregationConfig
 
     torch.set_num_threads(1)  # the client threads share the cores
@@ -878,7 +878,7 @@ def _context(grids, names, st) -> dict:
     digits = next((b for g in grids.values() for d, b in g["baselines"].items() if d == "digits"), None)
     n_runs = sum(len(c.get("seeds", [])) for g in grids.values() for row in g["results"].values()
                  for c in row.values())
-    from secureflhv.horizontal.multiconfederated import MultiConfederated
+    from secureflhv.horizontal.mc_rules import MultiConfederated
     mc_hparams = ", ".join(f"{k} {v}" for k, v in MultiConfederated().hyperparameters().items())
     return dict(st, local_test_pct=f"{st['local_test']:.0%}", seeds=", ".join(map(str, st["seeds"])),
                 fmnist_fraction=round(60000 / st["rows"]), digits_rows=digits["train_rows"] if digits else "–",

@@ -34,10 +34,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's secureflhv, not an installed one
 
-from secureflhv.crypto import paillier as P  # noqa: E402
-from secureflhv.crypto import paillier_engine as E  # noqa: E402
-from secureflhv.crypto import paillier_hist as H  # noqa: E402
-from secureflhv.crypto import paillier_parallel as _par  # noqa: E402
+from secureflhv.crypto.homomorphic import paillier as P  # noqa: E402
+from secureflhv.crypto.homomorphic import paillier_engine as E  # noqa: E402
+from secureflhv.crypto.homomorphic import paillier_hist as H  # noqa: E402
+from secureflhv.compute import pool as _par  # noqa: E402
 
 
 CLOCK = time.process_time  # one-core rows: ops per CPU-second of this process, best of 3 (robust to a busy machine)
@@ -174,7 +174,7 @@ def _control_batch(pk, count: int) -> None:
     """The control row: the same pool, chunking and result path as the crypto rows, with a task that
     touches no table and no big data; its scaling is what the cores themselves give two processes (on a
     VM whose two vCPUs share a physical core, or on a busy machine, it falls short of 2)."""
-    from secureflhv.crypto import executor as ex
+    from secureflhv.compute import executor as ex
 
     parts = ex.parallel_chunks(count, 1)
     ex.run(_control_task, (int(pk.nsquare), int(pk.n) - 12345), [(count // parts,)] * parts)
@@ -218,7 +218,7 @@ def bench_scaling(pk, sk, workers: int, N, rng, rounds: int = 2, reps: int = 2) 
     for rnd in range(rounds):
         for w in (1, workers):
             P.set_workers(w, pool_for_one=True)
-            start = _par.warm(pk.n, (sk.p, sk.q))
+            start = E.warm(pk.n, (sk.p, sk.q))
             if rnd == 0:
                 print(f"[{bits}] pool of {w}: start-up + worker tables {start:.2f}s (one-off, not in the rates)",
                       flush=True)
@@ -295,7 +295,7 @@ def bench_our_ou(bits: int, quick: bool) -> dict | None:
     """Our OU backend (crypto.ou: HEU's key, gmpy2 arithmetic, 256-bit randomness), one core:
     {"encrypt", "decrypt", "add", "keygen_s"}; None without sf-heu."""
     try:
-        from secureflhv.crypto import ou
+        from secureflhv.crypto.homomorphic import ou
         t0 = time.perf_counter()
         pub, priv = ou.generate_keypair(bits, insecure_test_key=bits < 2048)
     except ImportError:
@@ -417,7 +417,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=2, help="scaling rows: alternating rounds per pool size")
     args = ap.parse_args(argv)
     bits_list = args.bits or ([1024] if args.quick else [1024, 2048, 3072])
-    for name in ("secureflhv.crypto.paillier", "secureflhv.crypto.ou"):
+    for name in ("secureflhv.crypto.homomorphic.paillier", "secureflhv.crypto.homomorphic.ou"):
         logging.getLogger(name).addFilter(_OwnKeyWarnings())
     print("key sizes: " + "; ".join(key_note(b) for b in bits_list), flush=True)
     if args.scaling_only:

@@ -50,7 +50,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from secureflhv.crypto.psi import blind, hash_context, hash_to_points, new_scalar  # noqa: E402
+from secureflhv.crypto.ecdh_psi import blind, hash_context, hash_to_points, new_scalar  # noqa: E402
 from secureflhv.transport import InProcessNetwork  # noqa: E402
 from secureflhv.vertical import psi as psi_ecdh, psi_kkrt  # noqa: E402
 

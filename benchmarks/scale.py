@@ -106,7 +106,7 @@ class Meter:
         self.engine, self.temp = engine, temp
 
     def cpu(self) -> float:
-        from secureflhv.crypto import paillier_parallel as par
+        from secureflhv.compute import pool as par
 
         own = time.process_time()
         if self.temp:
@@ -122,9 +122,9 @@ class Meter:
 
 
 def secureboost_tree(keys, n: int, bins: np.ndarray, depth: int, rng, label: str) -> dict:
-    from secureflhv.crypto import he
-    from secureflhv.crypto import paillier as pl
-    from secureflhv.crypto import paillier_hist as ph
+    from secureflhv.crypto.homomorphic import backend as he
+    from secureflhv.crypto.homomorphic import paillier as pl
+    from secureflhv.crypto.homomorphic import paillier_hist as ph
 
     pub, priv = keys
     d_host = bins.shape[1]
@@ -162,7 +162,7 @@ def secureboost_tree(keys, n: int, bins: np.ndarray, depth: int, rng, label: str
 
 
 def lr_epoch(keys, Xh: np.ndarray, resid: np.ndarray, batch: int, label: str) -> dict:
-    from secureflhv.crypto import paillier as pl
+    from secureflhv.crypto.homomorphic import paillier as pl
 
     pub, priv = keys
     n = len(resid)
@@ -199,13 +199,13 @@ def _units(name: str, count: int, run, meter: Meter) -> dict:
 
 
 def child(args) -> None:
-    from secureflhv.crypto import executor as ex
-    from secureflhv.crypto import paillier as pl
-    from secureflhv.crypto import paillier_parallel as par
+    from secureflhv.compute import executor as ex
+    from secureflhv.crypto.homomorphic import paillier as pl
+    from secureflhv.compute import pool as par
 
     executor, engine = None, args.engine
     if args.address:
-        from secureflhv.crypto.executor_ray import RayExecutor
+        from secureflhv.compute.ray_executor import RayExecutor
 
         executor = RayExecutor(args.address, owner="bench")
     elif engine in ("local1", "local2"):

@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from secureflhv.runtime.demo import free_ports  # noqa: E402
+from secureflhv.runtime.job.demo import free_ports  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _report  # noqa: E402

@@ -220,8 +220,8 @@ def main(argv=None) -> None:
     ap.add_argument("--plot", metavar="PNG", help="write a bar chart of seconds per tree (e.g. docs/img/secureboost_bench.png)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from secureflhv.crypto import paillier_parallel
-    from secureflhv.crypto.paillier import get_workers
+    from secureflhv.compute import pool as paillier_parallel
+    from secureflhv.crypto.homomorphic.paillier import get_workers
     from secureflhv.tree.params import SecureBoostParams
 
     quick = args.quick

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     from sklearn.model_selection import train_test_split
     from sklearn.preprocessing import StandardScaler
 
-    from secureflhv.crypto import paillier
+    from secureflhv.crypto.homomorphic import paillier
     from secureflhv.vertical.split_nn import SplitNNConfig
 
     import logging

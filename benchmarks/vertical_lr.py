@@ -40,11 +40,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from secureflhv.crypto import paillier  # noqa: E402
-from secureflhv.crypto.he import make_backend  # noqa: E402
+from secureflhv.crypto.homomorphic import paillier  # noqa: E402
+from secureflhv.crypto.homomorphic.backend import make_backend  # noqa: E402
 from secureflhv.transport import InProcessNetwork  # noqa: E402
-from secureflhv.vertical.lr import (VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest,  # noqa: E402
-                                    VerticalLRHost)
+from secureflhv.vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _heops  # noqa: E402

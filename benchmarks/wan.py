@@ -50,7 +50,7 @@ import netbed  # noqa: E402
 from wan_harness import run_local, run_on_bed  # noqa: E402
 
 from secureflhv.data import Dataset, partition, write_shards  # noqa: E402
-from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job  # noqa: E402
+from secureflhv.runtime.job.demo import breast_cancer_tables, vertical_parties, write_job  # noqa: E402
 
 DOC_JSON = ROOT / "docs" / "wan.json"
 DOC_MD = ROOT / "docs" / "wan.md"

@@ -3,7 +3,7 @@
 Each example is a script (``python examples/<name>.py``), so this folder is on ``sys.path`` and
 ``import _common`` finds this module; importing it puts the repository root on ``sys.path`` too, so
 the examples run from a checkout without installing ``secureflhv``. The job files themselves are
-written by :mod:`secureflhv.runtime.demo` (shared with the end-to-end tests).
+written by :mod:`secureflhv.runtime.job.demo` (shared with the end-to-end tests).
 """
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def launch(job_path: Path, work: Path, console, *, parties: str, party: str, tim
     on ``console`` first. Returns (the job's exit code, the ``metrics.json`` that ``party`` wrote under
     ``work/out``, or None when the job failed, which is then said on ``console``).
     """
-    from secureflhv.runtime.config import load_job
-    from secureflhv.runtime.launcher import Launcher
+    from secureflhv.runtime.job.load import load_job
+    from secureflhv.runtime.process.launcher import Launcher
 
     console.print(f"{intro}job file {job_path}; certificates in {work / 'certs'}; {parties}")
     rc = Launcher(job_path, load_job(job_path)).run(timeout_s=timeout_s)

@@ -11,7 +11,7 @@ aggregation. The script
 2. creates a CA and one certificate per party (:func:`secureflhv.transport.certs.generate_certificates`)
    and the job file ``job.yaml`` (``algorithm: horizontal``; parties ``server`` + ``client-1..5``);
 3. starts the server and the 5 clients as separate processes (``secureflhv party``) with
-   :class:`secureflhv.runtime.launcher.Launcher`;
+   :class:`secureflhv.runtime.process.launcher.Launcher`;
 4. prints the per-round accuracy the clients reported on their local test splits, then loads the saved
    global model (``out/server/global_model.npz``) and computes its accuracy on the held-out test set,
    next to a centralised baseline: the same torch model, trained in one place on the pooled training
@@ -77,7 +77,7 @@ def centralised_baseline(train, test, model: dict, args) -> dict:
 
 def write_job(work: Path, shard_paths, params: dict, deadline_s: float) -> Path:
     """Certificates and ``job.yaml`` for ``server`` + ``client-1..N`` (one shard each)."""
-    from secureflhv.runtime.demo import write_job as write_demo_job
+    from secureflhv.runtime.job.demo import write_job as write_demo_job
 
     parties = [{"id": "server", "role": "server"}]
     parties += [{"id": f"client-{i}", "role": "host",
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
     from secureflhv.data import partition, write_shards
     from secureflhv.horizontal.models import ModelSpec, build_model, evaluate, flatten_named, set_flat
-    from secureflhv.runtime.artifacts import load_model
+    from secureflhv.runtime.store.artifacts import load_model
 
     console, work = start(args.work_dir)
     train, test, model = prepare_data(args)

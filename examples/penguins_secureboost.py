@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     add_run_arguments(ap, timeout_s=1200)
     args = ap.parse_args(argv)
 
-    from secureflhv.runtime.data_prep import split_rows
-    from secureflhv.runtime.demo import write_job
+    from secureflhv.runtime.job.data_prep import split_rows
+    from secureflhv.runtime.job.demo import write_job
 
     console, work = start(args.work_dir)
     params = {"objective": "multiclass", "n_classes": 3, "n_trees": args.trees, "max_depth": args.max_depth,

@@ -82,10 +82,10 @@ def main(argv=None) -> int:
     add_run_arguments(ap, timeout_s=1800)
     args = ap.parse_args(argv)
 
-    from secureflhv.runtime.config import load_job
-    from secureflhv.runtime.demo import breast_cancer_tables, write_vertical_lr_job
-    from secureflhv.runtime.jobs.predict import write_predict_job
-    from secureflhv.runtime.launcher import Launcher
+    from secureflhv.runtime.job.load import load_job
+    from secureflhv.runtime.job.demo import breast_cancer_tables, write_vertical_lr_job
+    from secureflhv.runtime.algorithms.predict import write_predict_job
+    from secureflhv.runtime.process.launcher import Launcher
 
     console, work = start(args.work_dir)
     if args.reuse:

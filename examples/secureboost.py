@@ -40,8 +40,8 @@ def xgb_auc(X_train, y_train, X_test, y_test, params: dict) -> float:
 
 def vertical(work: Path, console, params: dict, args) -> tuple[float, float] | None:
     """Run the vertical job; return (federated test AUC, XGBoost test AUC on the same rows)."""
-    from secureflhv.runtime.data_prep import split_rows
-    from secureflhv.runtime.demo import vertical_parties, breast_cancer_tables, write_job
+    from secureflhv.runtime.job.data_prep import split_rows
+    from secureflhv.runtime.job.demo import vertical_parties, breast_cancer_tables, write_job
 
     guest_csv, host_csvs = breast_cancer_tables(work / "data", 2, args.seed)
     parties = vertical_parties(guest_csv, host_csvs, server=False, id_column="id", label_column="label")
@@ -67,7 +67,7 @@ def horizontal(work: Path, console, params: dict, args) -> tuple[float, float] |
     from sklearn.metrics import roc_auc_score
 
     from secureflhv.data import load_sklearn, partition, write_shards
-    from secureflhv.runtime.demo import write_job
+    from secureflhv.runtime.job.demo import write_job
 
     ds = load_sklearn("breast_cancer")
     perm = np.random.default_rng(args.seed).permutation(len(ds.y))

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 
     from rich.table import Table
 
-    from secureflhv.runtime.demo import breast_cancer_tables, write_vertical_lr_job
+    from secureflhv.runtime.job.demo import breast_cancer_tables, write_vertical_lr_job
 
     console, work = start(args.work_dir)
     if args.guest_csv:

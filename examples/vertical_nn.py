@@ -36,7 +36,7 @@ from _common import add_run_arguments, example_parser, launch, start
 
 def centralised_baseline(work: Path, job_params: dict, n_hosts: int) -> dict:
     """The same split architecture trained in one place with torch on the joined table, same split."""
-    from secureflhv.runtime.reports import classification_metrics
+    from secureflhv.runtime.observe.reports import classification_metrics
     from secureflhv.vertical.split_nn import CentralisedSplitNN, SplitNNConfig
 
     split = json.loads((work / "out" / "guest" / "split.json").read_text())
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     from secureflhv.data import load_shuttle, load_sklearn
-    from secureflhv.runtime.demo import write_vertical_nn_job
+    from secureflhv.runtime.job.demo import write_vertical_nn_job
 
     console, work = start(args.work_dir)
     ds = load_sklearn("breast_cancer") if args.dataset == "breast_cancer" else load_shuttle()

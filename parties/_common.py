@@ -2,7 +2,7 @@
 import argparse
 
 from secureflhv.cli import main
-from secureflhv.runtime.config import JobConfigError, load_job
+from secureflhv.runtime.job.load import JobConfigError, load_job
 
 
 def run_role(role: str, argv: list[str]) -> int:

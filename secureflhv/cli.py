@@ -16,7 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-from . import __version__
+from ._version import __version__
 
 log = logging.getLogger("secureflhv")
 
@@ -47,7 +47,7 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
     parties, cfg = list(args.parties), None
     if args.job:
-        from .runtime.config import load_job
+        from .runtime.job.load import load_job
 
         cfg = load_job(args.job)
         parties += [p.id for p in cfg.parties]
@@ -70,9 +70,9 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from .runtime.config import load_job_params
-    from .runtime.preflight import preflight
-    from .runtime.registry import job_spec
+    from .runtime.job.load import load_job_params
+    from .runtime.job.preflight import preflight
+    from .runtime.job.registry import job_spec
 
     cfg, params = load_job_params(args.job)
     spec = job_spec(cfg.job.algorithm)
@@ -97,11 +97,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from .runtime.config import load_job_params
-    from .runtime.party import build_transport
-    from .runtime.preflight import require_preflight
-    from .runtime.registry import job_spec
-    from .runtime.rendezvous import partners, probe
+    from .runtime.job.load import load_job_params
+    from .runtime.process.party import build_transport
+    from .runtime.job.preflight import require_preflight
+    from .runtime.job.registry import job_spec
+    from .runtime.process.rendezvous import partners, probe
 
     cfg, params = load_job_params(args.job)
     spec = cfg.party(args.party)
@@ -128,7 +128,7 @@ def _with_job_page(args: argparse.Namespace, cfg, run, party_ids=None, exit_code
     """``run()`` with the job page served (``--dashboard``) until the job ends, plus ``--dashboard-wait``."""
     if args.dashboard is None:
         return run()
-    from .runtime.dashboard import open_job_page
+    from .runtime.observe.dashboard import open_job_page
 
     try:
         page = open_job_page(cfg, party_ids, host=args.dashboard_host, port=args.dashboard, exit_codes=exit_codes)
@@ -145,11 +145,11 @@ def _with_job_page(args: argparse.Namespace, cfg, run, party_ids=None, exit_code
 
 
 def _cmd_party(args: argparse.Namespace) -> int:
-    from .runtime.party import run_party
+    from .runtime.process.party import run_party
 
     cfg = None
     if args.dashboard is not None:
-        from .runtime.config import load_job
+        from .runtime.job.load import load_job
 
         cfg = load_job(args.job)
     return _with_job_page(args, cfg, lambda: run_party(Path(args.job), args.party, insecure=args.insecure,
@@ -158,8 +158,8 @@ def _cmd_party(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .runtime.config import load_job
-    from .runtime.launcher import Launcher
+    from .runtime.job.load import load_job
+    from .runtime.process.launcher import Launcher
 
     cfg = load_job(args.job)
     extra = ["--log-level", args.log_level] + (["--insecure"] if args.insecure else []) + \
@@ -182,8 +182,8 @@ def _add_job_page_options(p: argparse.ArgumentParser, whom: str) -> None:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from .runtime.config import load_job
-    from .runtime.jobs.predict import write_predict_job
+    from .runtime.job.load import load_job
+    from .runtime.algorithms.predict import write_predict_job
 
     data = {}
     for value in args.data:
@@ -207,7 +207,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 def _version_line() -> str:
     """``secureflhv X (gmpy2 Y on GMP Z)``: the GMP decides the homomorphic layer's speed (``make gmp``)."""
-    from .crypto.paillier_engine import gmp_version
+    from .crypto.homomorphic.paillier_engine import gmp_version
 
     return f"secureflhv {__version__} ({gmp_version()})"
 
@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default="predictions", help="its output_dir (default %(default)s)")
     p.set_defaults(func=_cmd_predict)
 
-    from .data import partition_cli
+    from .data.partition import command as partition_cli
 
     p = sub.add_parser("partition", help="split a dataset into non-IID party shards",
                        description="Partition a dataset over parties with a non-IID scheme (NIID-Bench and the "
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     level = getattr(args, "log_level", "INFO")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stdout)
-    from .runtime.config import JobConfigError
+    from .runtime.job.load import JobConfigError
 
     try:
         return int(args.func(args) or 0)

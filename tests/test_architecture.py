@@ -2,10 +2,10 @@
 
 1. The import graph of ``secureflhv`` modules has no cycle. Every ``import`` / ``from ... import``
    counts, absolute or relative, at module level or inside functions, classes and ``if`` blocks.
-2. Layers, bottom to top (docs/architecture.md): crypto -> transport (with ``secureflhv.proto``, the
-   generated wire schema) -> data -> algorithms (vertical, horizontal, tree, secagg) -> runtime ->
-   cli / ``__main__``. No module imports a module of a higher layer; ``secureflhv.proto`` is not
-   imported by crypto/ or data/ (they know no wire schema).
+2. Layers, bottom to top (docs/architecture.md): compute -> crypto -> transport (with ``secureflhv.proto``,
+   the generated wire schema) -> data -> algorithms (vertical, horizontal, tree, secagg, fedstats) ->
+   runtime -> cli / ``__main__``. No module imports a module of a higher layer; ``secureflhv.proto`` is not
+   imported by compute/, crypto/ or data/ (they know no wire schema).
 3. grpc is imported only in ``secureflhv/transport`` (and by the generated ``proto/*_pb2_grpc.py``
    stubs, which are transport-level by rule 2).
 
@@ -22,15 +22,16 @@ PACKAGE = "secureflhv"
 SRC = Path(__file__).resolve().parents[1] / PACKAGE
 
 # first component below secureflhv -> layer (the package root ``secureflhv`` itself is below everything)
-LAYERS = {"crypto": 0, "transport": 1, "proto": 1, "data": 2,
-          "vertical": 3, "horizontal": 3, "tree": 3, "secagg": 3,
-          "runtime": 4, "cli": 5, "__main__": 5}
-LAYER_NAMES = {-1: "package root", 0: "crypto", 1: "transport", 2: "data", 3: "algorithms", 4: "runtime", 5: "cli"}
-NO_WIRE_SCHEMA = ("crypto", "data")  # must not import secureflhv.proto
+LAYERS = {"_version": -1, "compute": 0, "crypto": 1, "transport": 2, "proto": 2, "data": 3,
+          "vertical": 4, "horizontal": 4, "tree": 4, "secagg": 4, "fedstats": 4,
+          "runtime": 5, "cli": 6, "__main__": 6}
+LAYER_NAMES = {-1: "package root", 0: "compute", 1: "crypto", 2: "transport", 3: "data", 4: "algorithms",
+               5: "runtime", 6: "cli"}
+NO_WIRE_SCHEMA = ("compute", "crypto", "data")  # must not import secureflhv.proto
 GRPC_ALLOWED = ("transport", "proto")
 # the package root's lazy exports (PEP 562 ``__getattr__``): imported on first use of the name, never when
 # ``secureflhv`` is imported, so they neither layer the root above runtime nor close an import cycle
-LAZY_EXPORTS = {("secureflhv", "secureflhv.runtime.model_api")}
+LAZY_EXPORTS = {("secureflhv", "secureflhv.runtime.store.model_api")}
 
 
 def module_files(src: Path = SRC) -> dict[str, Path]:

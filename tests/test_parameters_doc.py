@@ -1,8 +1,8 @@
 """``docs/parameters.md`` lists every job-file setting with the code's default, and nothing else.
 
-The code side is walked from the pydantic models: :class:`~secureflhv.runtime.job_file.JobConfig` (the
+The code side is walked from the pydantic models: :class:`~secureflhv.runtime.job.job_file.JobConfig` (the
 ``job``, ``security`` and ``parties[i]`` sections, nested models such as ``parties[i].data`` by dotted
-path) and, for every algorithm of :data:`secureflhv.runtime.registry.JOBS`, its ``params`` model (nested
+path) and, for every algorithm of :data:`secureflhv.runtime.job.registry.JOBS`, its ``params`` model (nested
 models such as ``params.aggregation`` by dotted path). The doc side is every table of the page whose header
 is ``| name | type | default | meaning |``. Its scope is read from the code spans of the nearest heading
 above it:
@@ -31,8 +31,8 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from secureflhv.runtime.job_file import JobConfig
-from secureflhv.runtime.registry import JOBS
+from secureflhv.runtime.job.job_file import JobConfig
+from secureflhv.runtime.job.registry import JOBS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "parameters.md"
 HEADER = ("name", "type", "default", "meaning")

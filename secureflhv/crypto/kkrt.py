@@ -4,7 +4,7 @@ The protocol that uses these pieces is :mod:`secureflhv.vertical.psi_kkrt`; this
 Source: Kolesnikov, Kumaresan, Rosulek & Trieu, "Efficient Batched Oblivious PRF with Applications to
 Private Set Intersection", ACM CCS 2016 (KKRT) -- section 3 (batched OPRF from OT extension with a
 pseudo-random code), section 5 (PSI with cuckoo hashing). Semi-honest security, like the ECDH-PSI of
-:mod:`secureflhv.crypto.psi`. Roles: the **receiver** R (our PSI guest, set X) obtains, for each of
+:mod:`secureflhv.crypto.ecdh_psi`. Roles: the **receiver** R (our PSI guest, set X) obtains, for each of
 its ``m`` cuckoo bins j, the value F(j, r_j) of an OPRF on its bin content r_j; the **sender** S (a
 PSI host, set Y) can evaluate F(j, .) anywhere but learns nothing about the r_j.
 

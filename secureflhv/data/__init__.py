@@ -17,50 +17,20 @@ Quick tour::
     guest = load_party_csv("vfl/guest.csv", id_column="id", label_column="y")
 """
 from .dataset import DataError, Dataset
-from .fcube import make_fcube, octant_pair
-from .horizontal import (
-    ALIASES,
-    SCHEMES,
-    HorizontalPartition,
-    SchemeSpec,
-    apply_feature_noise,
-    available_schemes,
-    feature_natural,
-    feature_noise,
-    feature_synthetic,
-    iid,
-    label_dirichlet,
-    label_dirichlet_feature_noise,
-    label_noise,
-    label_quantity,
-    label_quantity_dirichlet,
-    noise_levels,
-    partition,
-    quantity_dirichlet,
-    resolve_scheme,
-    temporal,
-)
-from .loaders import (
-    BUILTIN_DATASETS,
-    PENGUIN_SCHEMA,
-    load_dataset,
-    load_diabetes,
-    load_fashion_mnist,
-    load_idx,
-    load_mnist_5k,
-    load_party_csv,
-    load_penguins,
-    load_shuttle,
-    load_sklearn,
-    load_table,
-    read_idx,
-    with_missing_cells,
-)
-from .plots import plot_label_distribution
+from .partition.fcube import make_fcube, octant_pair
+from .partition.samples import (ALIASES, SCHEMES, HorizontalPartition, SchemeSpec, apply_feature_noise,
+                                available_schemes, feature_natural, feature_noise, feature_synthetic, iid,
+                                label_dirichlet, label_dirichlet_feature_noise, label_noise, label_quantity,
+                                label_quantity_dirichlet, noise_levels, partition, quantity_dirichlet,
+                                resolve_scheme, temporal)
+from .loaders import (BUILTIN_DATASETS, PENGUIN_SCHEMA, load_dataset, load_diabetes, load_fashion_mnist,
+                      load_idx, load_mnist_5k, load_party_csv, load_penguins, load_shuttle, load_sklearn,
+                      load_table, read_idx, with_missing_cells)
+from .partition.plots import plot_label_distribution
 from .schema import ColumnSchema, SchemaError, TableSchema, parse_schema
-from .shards import write_shards
-from .stats import PartitionStats, divergences, partition_stats, print_stats, stats_markdown, stats_table
-from .vertical import VerticalPartition, default_ids, vertical_split, write_vertical_csvs
+from .partition.shards import write_shards
+from .partition.stats import PartitionStats, divergences, partition_stats, print_stats, stats_markdown, stats_table
+from .partition.features import VerticalPartition, default_ids, vertical_split, write_vertical_csvs
 
 __all__ = [
     "ALIASES", "BUILTIN_DATASETS", "PENGUIN_SCHEMA", "SCHEMES", "ColumnSchema", "DataError", "Dataset", "HorizontalPartition", "PartitionStats",

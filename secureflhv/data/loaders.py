@@ -434,7 +434,7 @@ def load_dataset(name: str, *, fmnist_dir=None, seed: int = 0) -> Dataset:
     if name == "shuttle":
         return load_shuttle()
     if name in ("fcube", "fcube_test"):
-        from .fcube import make_fcube
+        from .partition.fcube import make_fcube
 
         train, test = make_fcube(seed=seed)
         return train if name == "fcube" else test

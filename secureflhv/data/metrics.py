@@ -42,7 +42,7 @@ def task_plots(y: np.ndarray, scores: np.ndarray, task: str, out_dir, *, title: 
     """Write the plots of ``task`` (see the module docstring) for ``scores`` against ``y`` into
     ``out_dir``; returns the paths written (none for zero rows; no ROC/KS when ``y`` has one class).
     Raises ValueError for an unknown task."""
-    from .plots import plot_confusion_matrix, plot_predicted_vs_true
+    from .partition.plots import plot_confusion_matrix, plot_predicted_vs_true
 
     out_dir = Path(out_dir)
     y, scores = np.asarray(y), np.asarray(scores, dtype=np.float64)

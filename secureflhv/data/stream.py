@@ -10,7 +10,7 @@ Memory: O(batch_rows x columns + sketch_bins x columns).
 Used by the jobs (``data.max_memory_mb``): :func:`load_table_batched` builds a party's table batch by
 batch (no whole-table DataFrame), and :func:`batched_quantile_cuts` gives SecureBoost exactly the
 in-memory quantile cuts from row batches (radix selection), so a streamed job trains the same model.
-A vertical party reads its table in two passes (``secureflhv.runtime.data_prep.prepare_vertical``):
+A vertical party reads its table in two passes (``secureflhv.runtime.job.data_prep.prepare_vertical``):
 :func:`load_ids_batched` (the id and label columns only) for PSI, then ``load_table_batched(rows=psi.rows)``,
 which copies each batch's common rows straight to their aligned places. Its peak is then the aligned
 matrix (common rows x features x 8 bytes), plus the whole table's ids and labels, plus one batch (its

@@ -39,7 +39,7 @@ little-endian bytes (:mod:`secureflhv.transport.codec`) and are checked against 
 names and shapes (float32, finite) — a bad payload is rejected by the transport and the wait goes on.
 
 Checkpoints (``on_checkpoint(rounds_done, arrays, state)`` after every round, ``resume_from = (arrays,
-state)`` to continue after one; the job wires both to :mod:`secureflhv.runtime.checkpoint`): the server
+state)`` to continue after one; the job wires both to :mod:`secureflhv.runtime.store.checkpoint`): the server
 stores the global model (float32), the strategy's server state (SCAFFOLD's c, IFCA's cluster models)
 and the round records; a client stores its strategy state (SCAFFOLD's c_i, FedPer's head), the last
 global model it received and its metrics history. No RNG state: client sampling, batch orders and the

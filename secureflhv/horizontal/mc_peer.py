@@ -34,7 +34,7 @@ state — ``arrays["pool"]`` float32 (|pool|, dim), the pool's models in pool or
 ids, the announced ids, last round's popularity, its pending fork and its round records (plain JSON, no
 pickle). Nothing else carries over between rounds: batches come from ``batch_rng(seed, round, ...)`` and
 the torch module is reloaded from the pool before every use, so a peer built with ``resume_from`` = the
-states of round k (every peer the same k, agreed by :func:`secureflhv.runtime.resume.agree_step`) runs
+states of round k (every peer the same k, agreed by :func:`secureflhv.runtime.store.resume.agree_step`) runs
 rounds k+1.. exactly as the uninterrupted run does.
 
 What each peer learns: see :mod:`.multiconfederated` — every other peer's trained weights of the
@@ -57,8 +57,8 @@ from ..transport.codec import whole_count
 from ..transport.role import ProtocolRole
 from .model_wire import model_bundle, model_tensors
 from .models import ModelSpec, build_model, check_local_data, evaluate, get_flat, set_flat
-from .multiconfederated import (MODEL_ID, MCConfig, divergence, divergence_filter, initial_ids, max_selected,
-                                may_fork, merge_pool, select, weighted_mean)
+from .mc_rules import (MODEL_ID, MCConfig, divergence, divergence_filter, initial_ids, max_selected, may_fork,
+                       merge_pool, select, weighted_mean)
 from .strategies import FedAvg, batch_rng
 
 log = logging.getLogger("secureflhv.horizontal.mc")

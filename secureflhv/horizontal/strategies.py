@@ -357,7 +357,7 @@ class FedNova(Strategy):
 def make_strategy(name: str, *, mu: float = 0.01) -> Strategy:
     """A fresh FedAvg-family strategy by name (``mu`` is used by FedProx only). Raises ValueError.
 
-    :func:`secureflhv.horizontal.registry.make_strategy` also builds IFCA and FedPer."""
+    :func:`secureflhv.horizontal.strategy_registry.make_strategy` also builds IFCA and FedPer."""
     if name == "fedavg":
         return FedAvg()
     if name == "fedprox":

@@ -27,14 +27,14 @@ import numpy as np
 
 from ..crypto import shamir
 from ..crypto.quantise import QuantParams
-from ..crypto.secagg_primitives import (InvalidTag, KeyPair, SigningKey, decrypt_share, encrypt_share, new_seed,
-                                        private_to_int, prg, verify_signature)
+from ..crypto.secagg_primitives import (InvalidTag, KeyPair, SigningKey, decrypt_share, encrypt_share,
+                                        new_seed, private_to_int, prg, verify_signature)
 from ..proto import secagg_pb2 as pb
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
 from ..transport.codec import tensor_to_proto
-from .bonawitz import (SHARE_PLAINTEXT, STAGE_NAMES, TAG_ADVERTISE, TAG_MASKED, TAG_SHARE, TAG_SIGN, TAG_UNMASK,
-                       advert_bytes, check_advert, mask_seed, seed_commitment, share_commitment, share_key,
-                       share_pair_ad, share_points, survivors_bytes, warn_unauthenticated)
+from .bonawitz import (SHARE_PLAINTEXT, STAGE_NAMES, TAG_ADVERTISE, TAG_MASKED, TAG_SHARE, TAG_SIGN,
+                       TAG_UNMASK, advert_bytes, check_advert, mask_seed, seed_commitment, share_commitment,
+                       share_key, share_pair_ad, share_points, survivors_bytes, warn_unauthenticated)
 from .config import AggregationConfig
 from .exchange import STAGES, TAG_SERVER, check_round, round_check
 from .result import AggregationError

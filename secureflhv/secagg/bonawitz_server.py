@@ -30,9 +30,9 @@ from ..crypto.secagg_primitives import private_from_int, prg, verify_signature
 from ..proto import secagg_pb2 as pb
 from ..transport.base import ProtocolError, parse_message
 from ..transport.codec import tensor_from_proto
-from .bonawitz import (SHARE_CIPHERTEXT, STAGE_NAMES, TAG_ADVERTISE, TAG_MASKED, TAG_SHARE, TAG_SIGN, TAG_UNMASK,
-                       check_advert, mask_seed, seed_commitment, share_commitment, share_points, survivors_bytes,
-                       warn_unauthenticated)
+from .bonawitz import (SHARE_CIPHERTEXT, STAGE_NAMES, TAG_ADVERTISE, TAG_MASKED, TAG_SHARE, TAG_SIGN,
+                       TAG_UNMASK, check_advert, mask_seed, seed_commitment, share_commitment, share_points,
+                       survivors_bytes, warn_unauthenticated)
 from .bounds import check_sum
 from .config import AggregationConfig
 from .exchange import STAGES, TAG_SERVER, check_round, collect, collect_each, round_check, send_all

@@ -307,7 +307,7 @@ class Mailbox:
                 if self._abort is not None:
                     who, why = self._abort
                     aborted = JobAborted(f"party {who!r} aborted the job: {why}")
-                    aborted.waiting_for = sender  # what this party was blocked on (runtime/blame.py)
+                    aborted.waiting_for = sender  # what this party was blocked on (runtime/process/blame.py)
                     raise aborted
                 msg = self._pending.pop(key, None)
                 if msg is not None:

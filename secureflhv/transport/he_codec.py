@@ -22,7 +22,7 @@ agreed for that message, the byte counts, every ciphertext in Z*_{n^2}, every re
 packing metadata, a peer's modulus (odd, not a square, no small factor, not prime, at least 2048 bits
 unless the job allows test keys). The exponent check matters: aligning two ciphertexts of exponents e1 <
 e2 costs an exponentiation by 2^(e2 - e1), so a peer-chosen exponent of 2^31 would stall the receiver for
-hours; the codecs' ``exponent`` argument is therefore required (identity backend: always 0). The primitive functions raise :class:`~secureflhv.crypto.paillier.CiphertextError`; the
+hours; the codecs' ``exponent`` argument is therefore required (identity backend: always 0). The primitive functions raise :class:`~secureflhv.crypto.homomorphic.paillier.CiphertextError`; the
 backend codecs (:func:`codec_for`) raise :class:`~secureflhv.transport.base.ProtocolError`, which makes
 ``Transport.recv`` reject and log the message and keep waiting.
 """
@@ -33,11 +33,12 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from ..crypto import ou
-from ..crypto import paillier as pl
-from ..crypto.he import VERTICAL_DOT_PRECISION_BITS, HEBackend, IdentityKey, MaskedValues, PairSums, make_backend
-from ..crypto.paillier import CiphertextError, PackingSpec
-from ..crypto.paillier_engine import from_blob, to_blob
+from ..crypto.homomorphic import ou
+from ..crypto.homomorphic import paillier as pl
+from ..crypto.homomorphic.backend import (VERTICAL_DOT_PRECISION_BITS, HEBackend, IdentityKey, MaskedValues,
+                                          PairSums, make_backend)
+from ..crypto.homomorphic.paillier import CiphertextError, PackingSpec
+from ..crypto.homomorphic.paillier_engine import from_blob, to_blob
 from ..proto import messages_pb2
 from .base import ProtocolError, parse_message
 from .codec import check_shape, shape_of, tensor_from_proto, tensor_to_proto
@@ -47,7 +48,7 @@ from .codec import check_shape, shape_of, tensor_from_proto, tensor_to_proto
 def public_key_to_proto(pub: pl.PublicKey) -> messages_pb2.PaillierPublicKey:
     """``PaillierPublicKey`` of ``pub``: n as minimal big-endian bytes and its SHA-256 fingerprint.
 
-    Raises nothing for a valid :class:`~secureflhv.crypto.paillier.PublicKey`; AttributeError for
+    Raises nothing for a valid :class:`~secureflhv.crypto.homomorphic.paillier.PublicKey`; AttributeError for
     anything else (an identity key is encoded by :class:`IdentityCodec`).
     """
     return messages_pb2.PaillierPublicKey(n=pl.int_to_bytes(pub.n), fingerprint=pub.fingerprint)
@@ -79,7 +80,7 @@ def encrypted_from_proto(msg, public_key: pl.PublicKey, expected_shape=None,
 
     Checks: key fingerprint, shape (if ``expected_shape``), exponent (if ``expected_exponent``), byte
     width, every ciphertext in Z*_{n^2}, packing metadata (see
-    :meth:`~secureflhv.crypto.paillier.EncryptedArray.from_peer`). Protocol receivers go through
+    :meth:`~secureflhv.crypto.homomorphic.paillier.EncryptedArray.from_peer`). Protocol receivers go through
     :class:`PaillierCodec`, which requires the shape and exponent.
     """
     pk = public_key
@@ -109,13 +110,13 @@ def encrypted_from_proto(msg, public_key: pl.PublicKey, expected_shape=None,
 
 
 def _split(data: bytes, width: int, count: int) -> list[int]:
-    """Python ints (what :class:`~secureflhv.crypto.he.MaskedValues` holds), not from_blob's mpz."""
+    """Python ints (what :class:`~secureflhv.crypto.homomorphic.backend.MaskedValues` holds), not from_blob's mpz."""
     return [int.from_bytes(data[i * width:(i + 1) * width], "big") for i in range(count)]
 
 
 # --------------------------------------------------------------------------- backend codecs
 class HECodec(ABC):
-    """Encoding of one :class:`~secureflhv.crypto.he.HEBackend`'s keys and values.
+    """Encoding of one :class:`~secureflhv.crypto.homomorphic.backend.HEBackend`'s keys and values.
 
     ``*_from_proto`` and the parsers raise ProtocolError naming ``what`` for a payload under another
     key, of the wrong shape or size, at another fixed-point exponent than ``exponent`` (the one the
@@ -287,9 +288,9 @@ class PaillierCodec(HECodec):
 
 
 class OUCodec(PaillierCodec):
-    """Okamoto-Uchiyama (:mod:`secureflhv.crypto.ou`): the key as ``PaillierPublicKey`` with
+    """Okamoto-Uchiyama (:mod:`secureflhv.crypto.homomorphic.ou`): the key as ``PaillierPublicKey`` with
     ``scheme = "ou"``, n, G, H (big-endian) and ``plain_bits``, fingerprint
-    :func:`~secureflhv.crypto.ou.key_fingerprint`; ciphertexts fixed-width big-endian in Z*_n (width =
+    :func:`~secureflhv.crypto.homomorphic.ou.key_fingerprint`; ciphertexts fixed-width big-endian in Z*_n (width =
     bytes of n); masked values non-negative integers below n, like Paillier's. Packing metadata must
     fit the key's plaintext bits (SecureBoost's pair sums); the protocol then compares it with its own."""
 
@@ -392,7 +393,7 @@ def codec_for(backend: HEBackend) -> HECodec:
     """The codec of ``backend``, chosen by its ``name`` (a new instance each call).
 
     Raises ValueError for a backend whose name has no codec in :data:`CODECS` (e.g. a custom
-    :class:`~secureflhv.crypto.he.HEBackend` subclass: register its codec there first).
+    :class:`~secureflhv.crypto.homomorphic.backend.HEBackend` subclass: register its codec there first).
     """
     try:
         codec = CODECS[backend.name]
@@ -404,7 +405,7 @@ def codec_for(backend: HEBackend) -> HECodec:
 
 def backend_and_codec(backend=None, precision_bits: int | None = None,
                       dot_precision_bits: int = VERTICAL_DOT_PRECISION_BITS) -> tuple[HEBackend, HECodec]:
-    """``(he, wire)``: :func:`~secureflhv.crypto.he.make_backend` of the arguments and its codec.
+    """``(he, wire)``: :func:`~secureflhv.crypto.homomorphic.backend.make_backend` of the arguments and its codec.
 
     Raises ValueError for an unknown backend name or a backend without a codec.
     """

@@ -71,7 +71,7 @@ What each role learns:
   which clients dropped out.
 
 Checkpoints (``on_checkpoint(rounds_done, arrays, state)``, ``resume_from = (arrays, state)``; the job
-wires both to :mod:`secureflhv.runtime.checkpoint`): the server saves the model after each boosting
+wires both to :mod:`secureflhv.runtime.store.checkpoint`): the server saves the model after each boosting
 round (trees, base margin, cuts, validation losses, best round: :func:`~.model.model_to_dict`) and its
 tree times; a client saves the same model and its margins at the start of the next round (``margin``,
 ``vmargin``), when the server's first hsb.tree of that round confirms the round was kept with this
@@ -104,8 +104,8 @@ from ..transport.codec import tensor_from_proto, tensor_to_proto
 from ..transport.role import ProtocolRole
 from .binning import Binner, apply_bins, cuts_from_grid_counts, grid, grid_counts, missing_bin
 from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children, sibling
-from .params import (SecureBoostParams, base_margin_from_sums, bound_log2, check_labels, dequantise, gradients,
-                     loss, precision_bits_for, quantise)
+from .params import (SecureBoostParams, base_margin_from_sums, bound_log2, check_labels, dequantise,
+                     gradients, loss, precision_bits_for, quantise)
 from .split import beats_gamma, candidate_gains, leaf_weight
 
 log = logging.getLogger("secureflhv.tree.horizontal")

@@ -3,7 +3,7 @@
 SecureBoost routes rows in two places: a split's owner partitions the node's training rows
 (``bins[rows, v] <= b``) and, in prediction, answers which way the queried rows go
 (:func:`~secureflhv.tree.binning.goes_left` on the raw column). On an executor that keeps row shards
-(Ray, :mod:`secureflhv.crypto.executor_ray`) one batch of such queries runs as one task per shard,
+(Ray, :mod:`secureflhv.compute.ray_executor`) one batch of such queries runs as one task per shard,
 next to the shard of the party's own matrix; only the packed left/right bits come back. On the local
 pool (or below ``ROUTE_MIN`` rows) it is the same numpy comparison in this process. Either way the
 masks are identical: the rule is :func:`goes_left` / ``<=`` element by element.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..crypto import executor as _ex
+from ..compute import executor as _ex
 from .binning import _f32, goes_left
 
 ROUTE_MIN = 100_000  # rows per batch below which routing stays a numpy comparison here (it is cheap)

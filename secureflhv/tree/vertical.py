@@ -46,7 +46,7 @@ SbRowPart), ``_open_level`` / ``_send_plan`` (SbLevelPlan), ``_find_splits`` (Sb
 :class:`SplitCandidate` per node), ``_apply_splits`` (SbDecision, SbSplitResults); host
 ``_receive_rows``, ``_apply_partitions``, ``_aggregate_histograms``, ``_send_candidates``,
 ``_apply_decision``. Encryption and the encrypted histogram arithmetic are
-:class:`secureflhv.crypto.he.PairSums` (Paillier or, for the plaintext baseline, identity); their wire
+:class:`secureflhv.crypto.homomorphic.backend.PairSums` (Paillier or, for the plaintext baseline, identity); their wire
 encoding is :mod:`secureflhv.transport.he_codec`.
 Each role's ``phases`` (:class:`PhaseLog`) records wall and CPU seconds per tree, phase and depth
 (``benchmarks/secureboost.py --phases`` prints them).
@@ -91,9 +91,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..crypto import executor as _ex
-from ..crypto.he import PairSums
-from ..crypto.key_prefetch import resolve_keypair
+from ..compute import executor as _ex
+from ..crypto.homomorphic.backend import PairSums
+from ..crypto.homomorphic.key_prefetch import resolve_keypair
 from ..data.dataset import check_matrix
 from ..proto import tree_pb2
 from ..transport.he_codec import backend_and_codec
@@ -268,7 +268,7 @@ class _GrowingTree:
 
 class _Role(ProtocolRole):
     protocol = "SecureBoost"
-    # checkpoints (runtime/resume.py): state after each boosting round (step = rounds done); the key is
+    # checkpoints (runtime/store/resume.py): state after each boosting round (step = rounds done); the key is
     # not kept: a resumed session makes a fresh one, which changes no tree (every decryption is exact)
     resume_from: tuple[dict, dict] | None = None
     on_checkpoint = None  # callback(rounds_done, arrays, state)
@@ -306,7 +306,7 @@ class SecureBoostGuest(_Role):
         X_val, y_val: optional validation rows (aligned with the hosts' validation rows).
         cuts: guest bin cuts (default: :func:`~secureflhv.tree.binning.fit_cuts` of X, NaN ignored).
         keypair: (public, private) of ``params.he_scheme``, or a Future of one
-            (:func:`~secureflhv.crypto.key_prefetch.prefetch_keypair`); default: generated with ``params.key_bits``.
+            (:func:`~secureflhv.crypto.homomorphic.key_prefetch.prefetch_keypair`); default: generated with ``params.key_bits``.
         backend: None (default: ``params.he_scheme``, "paillier" or "ou") or "identity" (NO encryption:
             the plaintext baseline of ``benchmarks/secureboost.py``; never use it with real data).
     """

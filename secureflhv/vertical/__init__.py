@@ -3,7 +3,7 @@
 Modules:
 
 * ``psi`` — ECDH private set intersection that aligns the parties' rows before training;
-* ``common`` — the role base both use: homomorphic backend (:mod:`secureflhv.crypto.he`), wire codec,
+* ``common`` — the role base both use: homomorphic backend (:mod:`secureflhv.crypto.homomorphic.backend`), wire codec,
   masked decryption; ``prediction`` — the federated prediction service both use;
 * ``lr`` — Paillier-protected logistic regression (Hardy et al. 2017);
 * ``split_nn`` — split neural network with a Paillier-protected

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..crypto.he import Mask
-from ..crypto.paillier_encoding import DEFAULT_SCALAR_PRECISION_BITS
+from ..crypto.homomorphic.backend import Mask
+from ..crypto.homomorphic.paillier_encoding import DEFAULT_SCALAR_PRECISION_BITS
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.he_codec import backend_and_codec
@@ -22,12 +22,12 @@ def control_parser(epoch: int):
 
 class VerticalRole(ProtocolRole):
     """Base of the vertical LR and split-NN roles: a homomorphic backend, its wire codec, and the masked
-    decryption exchange both protocols use (Hardy et al. 2017 sec. 3; :mod:`secureflhv.crypto.he`).
+    decryption exchange both protocols use (Hardy et al. 2017 sec. 3; :mod:`secureflhv.crypto.homomorphic.backend`).
 
     Args:
         transport: this party's transport.
         backend: "paillier" (default, also for None), "identity" (NO encryption: benchmark baseline
-            only) or an :class:`~secureflhv.crypto.he.HEBackend` instance.
+            only) or an :class:`~secureflhv.crypto.homomorphic.backend.HEBackend` instance.
         precision_bits, dot_precision_bits: fixed-point precision of encrypted values / plaintext factors.
     """
 

@@ -18,7 +18,7 @@ uniform in Z_n: OU's plaintext order is secret, and integer masks keep the cross
 loss (:mod:`secureflhv.vertical.lr`) cheap (W-bit exponents instead of |n|-bit ones). A host refuses
 to send a score with |u| >= 2^SCORE_BITS, so each masked value is within statistical distance
 2^-HIDE_BITS of a distribution independent of u_h (the same statistical hiding as OU's decryption
-masks, :class:`secureflhv.crypto.he.OUHE`).
+masks, :class:`secureflhv.crypto.homomorphic.backend.OUHE`).
 
 Key agreement: each host draws a fresh X25519 key pair per session (a training run, or a prediction
 service) and sends the public key *directly* to every other host listed in the job file (tag
@@ -45,8 +45,8 @@ from typing import Sequence
 import gmpy2
 import numpy as np
 
-from ..crypto import paillier as pl
-from ..crypto.paillier_encoding import encode_mantissas
+from ..crypto.homomorphic import paillier as pl
+from ..crypto.homomorphic.paillier_encoding import encode_mantissas
 from ..crypto.secagg_primitives import KeyPair, agree, check_public_key, derive_key, prg
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
@@ -167,7 +167,7 @@ def int_dot(he, enc, ints: list, exponent: int):
     any size and sign, read at ``exponent`` (the identity backend: the plain float dot).
 
     The ints are cut into signed 62-bit limbs, x_i = sum_l x_il 2^(62 l), so the multi-exponentiation is
-    :func:`secureflhv.crypto.paillier.dot`'s (bucket method, worker pool) once per limb; the limbs' results
+    :func:`secureflhv.crypto.homomorphic.paillier.dot`'s (bucket method, worker pool) once per limb; the limbs' results
     are then combined with one power of two each."""
     if he.name == "identity":
         return np.array([float(np.dot(np.asarray(enc, dtype=np.float64).ravel(), np.asarray(ints, dtype=float)))])

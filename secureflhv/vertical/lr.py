@@ -4,9 +4,9 @@ After Hardy et al. 2017, "Private federated learning on vertically partitioned d
 resolution and additively homomorphic encryption" (arXiv 1711.10677, sections 3-4) and FATE's hetero
 LR, with one change: no party, in particular not the key holder, ever decrypts a plaintext gradient or
 loss; every decryption is of a value masked with a uniform element of Z_n (see
-:mod:`secureflhv.crypto.he`).
+:mod:`secureflhv.crypto.homomorphic.backend`).
 
-``he_scheme: ou`` runs the same messages and rounds under Okamoto-Uchiyama (:class:`secureflhv.crypto.he.OUHE`):
+``he_scheme: ou`` runs the same messages and rounds under Okamoto-Uchiyama (:class:`secureflhv.crypto.homomorphic.backend.OUHE`):
 there the masks are statistical (uniform integers 2^40 times wider than any masked value) instead of
 uniform in Z_n, because OU's plaintext order p is secret; the guest's setup names the scheme and a
 party configured with the other one stops with a ProtocolError.
@@ -119,9 +119,9 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..crypto.he import VERTICAL_DOT_PRECISION_BITS
-from ..crypto.he import constant_shift_bits as _shift_bits
-from ..crypto.key_prefetch import resolve_keypair
+from ..crypto.homomorphic.backend import VERTICAL_DOT_PRECISION_BITS
+from ..crypto.homomorphic.backend import constant_shift_bits as _shift_bits
+from ..crypto.homomorphic.key_prefetch import resolve_keypair
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
@@ -450,9 +450,9 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
         config: :class:`VerticalLRConfig` (or a dict of its fields).
         arbiter_id: the arbiter's party id (``mode="arbiter"``), else None.
         keypair: (public, private) key of ``config.he_scheme`` to use in two-party mode, or a Future of one
-            (:func:`~secureflhv.crypto.key_prefetch.prefetch_keypair`; default: generated).
+            (:func:`~secureflhv.crypto.homomorphic.key_prefetch.prefetch_keypair`; default: generated).
         backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
-            :class:`~secureflhv.crypto.he.HEBackend`.
+            :class:`~secureflhv.crypto.homomorphic.backend.HEBackend`.
         on_epoch: optional ``callback(epoch, loss)`` called after each epoch (progress reporting).
         n_classes: K for ``task: multiclass`` (default: largest label + 1); sent to every party in the setup.
 
@@ -963,7 +963,7 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
         transport, config, backend: as for :class:`VerticalLRGuest`.
         guest_id, host_ids: the data parties (hosts in the guest's order).
         keypair: (public, private) key of ``config.he_scheme``, or a Future of one
-            (:func:`~secureflhv.crypto.key_prefetch.prefetch_keypair`; default: generated with ``config.key_bits``).
+            (:func:`~secureflhv.crypto.homomorphic.key_prefetch.prefetch_keypair`; default: generated with ``config.key_bits``).
 
     What the arbiter learns: the number of rows, batches and epochs, each party's feature count and
     the epoch at which training stops. Every value it decrypts (gradients, loss) is masked with a

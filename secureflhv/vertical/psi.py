@@ -7,7 +7,7 @@ only when it declares ``job.psi_security: semi_honest``; it reuses this module's
 ordering, set-size bounds and intersection step.
 
 Protocol (Meadows 1986; Huberman, Franklin & Hogg 1999; here over Curve25519, Bernstein 2006 -- the
-primitives and their references are in :mod:`secureflhv.crypto.psi`). For one guest G (IDs X,
+primitives and their references are in :mod:`secureflhv.crypto.ecdh_psi`). For one guest G (IDs X,
 secret scalar a) and each host H_j (IDs Y_j, secret scalar b_j), all over :class:`Transport`:
 
 1. G -> H_j  ``psi/hello``  (PsiHello): fresh 32-byte salt, |X|, truncation width t.
@@ -34,7 +34,7 @@ What each role learns (semi-honest parties, DDH hard on Curve25519, H a random o
   its pairwise intersection with the guest, nothing about X outside the final intersection
   (it sees only H(x)^a for an unknown a), nothing about other hosts (hosts never talk).
 * Hash points are restricted to the curve (not its twist), so a blinded value does not even leak
-  one bit of H(x); see :mod:`secureflhv.crypto.psi`.
+  one bit of H(x); see :mod:`secureflhv.crypto.ecdh_psi`.
 * Fresh scalars and a fresh salt per run: values from different runs cannot be linked.
 * Colluding hosts learn nothing about X beyond what each learns (they all receive the same H(x)^a).
 
@@ -87,8 +87,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..crypto.psi import (DEFAULT_TRUNCATE_BYTES, MIN_TRUNCATE_BYTES, POINT_BYTES, LowOrderPointError,
-                          PsiEngine, check_points, find_duplicate, hash_context, match_positions, new_scalar)
+from ..crypto.ecdh_psi import (DEFAULT_TRUNCATE_BYTES, MIN_TRUNCATE_BYTES, POINT_BYTES, LowOrderPointError,
+                               PsiEngine, check_points, find_duplicate, hash_context, match_positions,
+                               new_scalar)
 from ..proto import psi_pb2
 from ..transport import JobAborted, ProtocolError, Transport, parse_message
 from ..transport.role import ProtocolRole
@@ -497,7 +498,7 @@ def align_ids_guest(transport: Transport, ids: Sequence[str], hosts: Sequence[st
             in the same job (rounds per (sender, tag) must increase).
         workers: processes for the X25519 work (``None``: all CPUs; ``1``: in this process).
         truncate_bytes: width of the doubly blinded values (12..32; collision bound in
-            :mod:`secureflhv.crypto.psi`).
+            :mod:`secureflhv.crypto.ecdh_psi`).
         timeout: seconds to wait for each peer message (default: the transport's deadline, stretched
             by ``WAIT_S_PER_ID`` per ID of the sets involved, so large sets need no tuning).
         max_ids: the largest set any party may hold (``job.psi_max_ids``, the same at every party): a

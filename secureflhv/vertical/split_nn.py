@@ -74,7 +74,7 @@ a dead peer surfaces as :class:`~secureflhv.transport.PeerTimeout` naming it.
 
 Cost per mini-batch of b rows and host h (k = k_h, o = interactive_units): host h encrypts b*k + k*o
 values and decrypts b*o + k*o + b*k; the guest computes three plaintext-ciphertext products of b*k*o
-exponentiations in all (multi-exponentiation, :class:`~secureflhv.crypto.he.PaillierHE`)
+exponentiations in all (multi-exponentiation, :class:`~secureflhv.crypto.homomorphic.backend.PaillierHE`)
 and b*o + k*o fresh encryptions for the masks. Decryption dominates: keep k and o small (4-8).
 Not done yet: packing several masked values into one plaintext before decryption (would cut the
 host's decryptions ~15x with 2048-bit keys at the price of statistical instead of perfect masking).
@@ -83,7 +83,7 @@ Checkpoints (``checkpoint_dir``): after every epoch each party writes ``<party>-
 (numpy arrays only, loaded with ``allow_pickle=False``) and a JSON sidecar; never torch.load.
 
 Resume (``on_checkpoint(epochs_done, arrays, state)`` at the end of every epoch, ``resume_from =
-(arrays, state)`` to continue after one; the job wires both to :mod:`secureflhv.runtime.checkpoint`):
+(arrays, state)`` to continue after one; the job wires both to :mod:`secureflhv.runtime.store.checkpoint`):
 every array is plain float/int numpy, no pickle. The guest stores W_g, c, its shares V_h, the top and
 bottom ``state_dict`` entries, the torch optimiser state (``opt.<param index>.<key>``: Adam's step,
 exp_avg, exp_avg_sq; SGD has none) and the loss history; a host stores E_h, its bottom ``state_dict``
@@ -109,8 +109,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..crypto.he import VERTICAL_DOT_PRECISION_BITS
-from ..crypto.key_prefetch import resolve_keypair
+from ..crypto.homomorphic.backend import VERTICAL_DOT_PRECISION_BITS
+from ..crypto.homomorphic.key_prefetch import resolve_keypair
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import whole_count
@@ -394,7 +394,7 @@ class SplitNNGuest(PredictionGuest, _Role):
         y: (n,) integer labels 0..C-1 (``task: regression``: finite float targets).
         config: :class:`SplitNNConfig` or a dict of its fields.
         backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
-            :class:`~secureflhv.crypto.he.HEBackend`.
+            :class:`~secureflhv.crypto.homomorphic.backend.HEBackend`.
         checkpoint_dir: write a checkpoint after every epoch there (optional).
 
     After ``fit``: ``bottom`` (torch, or None), ``W_g`` (d_alpha_g, o), ``bias`` (o,), ``V`` {host: (k_h, o)},
@@ -679,7 +679,7 @@ class SplitNNHost(PredictionHost, _Role):
         host_ids: every host in the guest's order (this party included).
         X: float64 (n, d_h) features aligned with the guest's rows.
         keypair: (public, private) key of ``config.he_scheme``, or a Future of one
-            (:func:`~secureflhv.crypto.key_prefetch.prefetch_keypair`; default: generated with ``config.key_bits``).
+            (:func:`~secureflhv.crypto.homomorphic.key_prefetch.prefetch_keypair`; default: generated with ``config.key_bits``).
         record_gradients: keep the per-row norm of the plaintext gradient received in the last epoch
             (``gradient_norms``: (n,) array) -- what an honest-but-curious host can look at; used to
             measure label leakage.

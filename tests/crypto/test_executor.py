@@ -9,11 +9,11 @@ import gmpy2
 import numpy as np
 import pytest
 
-from secureflhv.crypto import executor as ex
-from secureflhv.crypto import paillier as pl
-from secureflhv.crypto.executor_ray import IntBlock, decode, encode
-from secureflhv.runtime.compute import make_executor, reachable
-from secureflhv.runtime.job_file import ComputeSpec, JobConfigError, parse_job_file
+from secureflhv.compute import executor as ex
+from secureflhv.crypto.homomorphic import paillier as pl
+from secureflhv.compute.ray_executor import IntBlock, decode, encode
+from secureflhv.runtime.process.party_compute import make_executor, reachable
+from secureflhv.runtime.job.job_file import ComputeSpec, JobConfigError, parse_job_file
 
 
 
@@ -194,7 +194,7 @@ class _FakeRay:
 
 
 def test_shared_task_arguments_go_through_the_object_store_only_when_big():
-    from secureflhv.crypto.executor_ray import INLINE_COMMON_BYTES, RayExecutor
+    from secureflhv.compute.ray_executor import INLINE_COMMON_BYTES, RayExecutor
 
     executor = RayExecutor.__new__(RayExecutor)  # no cluster: only the choice is tested
     executor._ray = _FakeRay()

@@ -3,8 +3,8 @@ multiply; constant_shift_bits predicts the exponent either way (the receivers' w
 import numpy as np
 import pytest
 
-from secureflhv.crypto.he import OUHE, IdentityHE, PaillierHE, constant_shift_bits
-from secureflhv.crypto.paillier_encoding import DEFAULT_SCALAR_PRECISION_BITS
+from secureflhv.crypto.homomorphic.backend import OUHE, IdentityHE, PaillierHE, constant_shift_bits
+from secureflhv.crypto.homomorphic.paillier_encoding import DEFAULT_SCALAR_PRECISION_BITS
 
 
 @pytest.mark.parametrize("c,bits", [(0.25, 2), (-0.125, 3), (1.0, 0), (3.0, 0), (1 / 3, DEFAULT_SCALAR_PRECISION_BITS),

@@ -3,9 +3,9 @@ caller (a role given the Future: tests/tree/test_secureboost_vertical.py)."""
 import numpy as np
 import pytest
 
-from secureflhv.crypto import paillier as pl
-from secureflhv.crypto.key_prefetch import prefetch_keypair, resolve_keypair
-from secureflhv.crypto.he import make_backend
+from secureflhv.crypto.homomorphic import paillier as pl
+from secureflhv.crypto.homomorphic.key_prefetch import prefetch_keypair, resolve_keypair
+from secureflhv.crypto.homomorphic.backend import make_backend
 
 
 @pytest.fixture(autouse=True, scope="module")

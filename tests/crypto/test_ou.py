@@ -5,9 +5,9 @@ import gmpy2
 import numpy as np
 import pytest
 
-from secureflhv.crypto import ou
-from secureflhv.crypto import paillier as P
-from secureflhv.crypto.he import make_backend
+from secureflhv.crypto.homomorphic import ou
+from secureflhv.crypto.homomorphic import paillier as P
+from secureflhv.crypto.homomorphic.backend import make_backend
 from secureflhv.proto import messages_pb2
 from secureflhv.transport import ProtocolError
 from secureflhv.transport import he_codec as C
@@ -58,7 +58,7 @@ def test_racing_key_generations_take_the_first_key_and_fall_back_when_every_race
     assert priv.p ** 2 * priv.q == pub.n and (priv.p - 1) % priv.t == 0
     probe = [0, 5, -7, 2 ** 200, -(2 ** 300)]
     assert ou.decrypt_ints(priv, ou.encrypt_ints(pub, probe)) == probe
-    with caplog.at_level("WARNING", logger="secureflhv.crypto.ou"):
+    with caplog.at_level("WARNING", logger="secureflhv.crypto.homomorphic.ou"):
         assert ou._race_keygen(64, 2) is None  # below HEU's minimum: both children raise and exit
     assert "failed in every racer" in caplog.text
 

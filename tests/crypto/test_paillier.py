@@ -5,8 +5,8 @@ import gmpy2
 import numpy as np
 import pytest
 
-from secureflhv.crypto import paillier as P
-from secureflhv.crypto import paillier_engine as E
+from secureflhv.crypto.homomorphic import paillier as P
+from secureflhv.crypto.homomorphic import paillier_engine as E
 from secureflhv.proto import messages_pb2
 from secureflhv.transport import he_codec as C
 
@@ -348,7 +348,7 @@ def test_real_2048_bit_key_round_trip():
 
 def test_masked_decryption_round_trip_through_the_codec(keys, other_keys):
     """crypto.he masking + transport.he_codec MaskedValues: exact, and a receiver's checks still hold."""
-    from secureflhv.crypto.he import make_backend
+    from secureflhv.crypto.homomorphic.backend import make_backend
     from secureflhv.transport import ProtocolError
 
     pk, sk = keys

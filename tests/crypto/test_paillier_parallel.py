@@ -10,10 +10,10 @@ import gmpy2
 import numpy as np
 import pytest
 
-from secureflhv.crypto import executor as ex
-from secureflhv.crypto import paillier as P
-from secureflhv.crypto import paillier_engine as E
-from secureflhv.crypto import paillier_parallel as par
+from secureflhv.compute import executor as ex
+from secureflhv.crypto.homomorphic import paillier as P
+from secureflhv.crypto.homomorphic import paillier_engine as E
+from secureflhv.compute import pool as par
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_warm_builds_the_large_tables_in_every_worker(keys):
     pk, sk = keys
     try:
         P.set_workers(2)
-        seconds = par.warm(pk.n, (sk.p, sk.q))
+        seconds = E.warm(pk.n, (sk.p, sk.q))
         states = par.on_each_worker(_tables_state, int(pk.n), (int(sk.p), int(sk.q)))
         cpu = par.worker_cpu_seconds()
     finally:
@@ -193,7 +193,7 @@ def test_crt_halves_with_tables_of_different_windows_are_discarded(keys, caplog)
     try:
         P.set_workers(2)
         par.on_each_worker(_large_half_table_on_worker_0, int(sk.p), int(sk.q))
-        with caplog.at_level("WARNING", logger="secureflhv.crypto.paillier"):
+        with caplog.at_level("WARNING", logger="secureflhv.crypto.homomorphic.paillier"):
             enc = P.encrypt(sk, x)
     finally:
         P.set_workers(1)

@@ -1,4 +1,4 @@
-"""ECDH-PSI primitives (secureflhv.crypto.psi) on real X25519 keys."""
+"""ECDH-PSI primitives (secureflhv.crypto.ecdh_psi) on real X25519 keys."""
 import hashlib
 import os
 import random
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from secureflhv.crypto import psi
+from secureflhv.crypto import ecdh_psi as psi
 
 P = 2**255 - 19
 A = 486662

@@ -6,9 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from secureflhv.data import (
-    DataError, load_dataset, load_fashion_mnist, load_idx, load_mnist_5k, load_shuttle, load_sklearn, load_table,
-)
+from secureflhv.data import (DataError, load_dataset, load_fashion_mnist, load_idx, load_mnist_5k,
+                             load_shuttle, load_sklearn, load_table)
 
 
 @pytest.mark.parametrize("name,shape,n_classes", [("breast_cancer", (569, 30), 2), ("digits", (1797, 64), 10),

@@ -4,7 +4,7 @@ import json
 import numpy as np
 
 from secureflhv.data import load_sklearn, load_table
-from secureflhv.data.partition_cli import build_parser, main
+from secureflhv.data.partition.command import build_parser, main
 
 
 def test_help_lists_schemes():

@@ -3,9 +3,7 @@ determinism per seed, and clear errors for bad input."""
 import numpy as np
 import pytest
 
-from secureflhv.data import (
-    Dataset, apply_feature_noise, available_schemes, make_fcube, octant_pair, partition,
-)
+from secureflhv.data import Dataset, apply_feature_noise, available_schemes, make_fcube, octant_pair, partition
 
 RNG = np.random.default_rng(2024)
 Y = RNG.integers(0, 10, 6000)

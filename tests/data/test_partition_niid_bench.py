@@ -3,7 +3,7 @@ give exactly the shards of NIID-Bench's partition_data (Li et al., ICDE 2022).
 
 The reference functions below are an independent, deliberately plain transcription of NIID-Bench's
 algorithm (Python lists, one np.where per label, the global np.random / random functions seeded with
-np.random.seed(s) and random.seed(s)), written separately from secureflhv.data.horizontal.
+np.random.seed(s) and random.seed(s)), written separately from secureflhv.data.partition.samples.
 """
 import random
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from secureflhv.data import divergences, partition, partition_stats, plot_label_distribution, print_stats, \
-    stats_markdown
+from secureflhv.data import (divergences, partition, partition_stats, plot_label_distribution, print_stats,
+                             stats_markdown)
 
 
 def test_divergences_hand_computed():

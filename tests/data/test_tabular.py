@@ -6,11 +6,10 @@ import pandas as pd
 import pytest
 from scipy.stats import ks_2samp
 
-from secureflhv.data import (DataError, SchemaError, load_dataset, load_table, parse_schema,
-                             with_missing_cells)
+from secureflhv.data import DataError, SchemaError, load_dataset, load_table, parse_schema, with_missing_cells
 from secureflhv.data.metrics import infer_task, ks_statistic, plot_roc_ks, task_metrics
 from secureflhv.data.tabular import Preprocessor, sufficient_statistics
-from secureflhv.runtime.data_prep import standardise
+from secureflhv.runtime.job.data_prep import standardise
 
 SCHEMA = {"id": "id", "y": "label", "age": "numeric",
           "region": {"kind": "categorical", "categories": ["north", "south"], "other": "other"}}

@@ -26,9 +26,9 @@ class Entry(NamedTuple):
 
 E = Entry
 INVENTORY: dict[str, Entry] = {
-    # rendezvous before every protocol (runtime/rendezvous.py)
+    # rendezvous before every protocol (runtime/process/rendezvous.py)
     "__hello__": E("rendezvous", ("guest", "host-1"), m.Bundle, "rendezvous._parse_hello"),
-    # checkpoint step agreement at start-up (runtime/resume.py)
+    # checkpoint step agreement at start-up (runtime/store/resume.py)
     "resume.steps": E("resume", ("guest", "host-1", "server"), m.Bundle, "resume.parse_steps"),
     # ECDH-PSI (vertical/psi.py)
     "psi/hello": E("psi", ("host-1",), p.PsiHello, "psi._hello_parser"),
@@ -107,7 +107,7 @@ INVENTORY: dict[str, Entry] = {
     "fl.exp_sum": E("fl_contrib", ("c0", "c1"), m.Bundle, "ContributionClient._exp_parser"),
     # MultiConfederated learning, peer to peer (horizontal/mc_peer.py)
     "mc.update": E("mc", ("p0", "p1", "p2"), m.Bundle, "MultiConfederatedPeer.parser"),
-    # federated preprocessing statistics (horizontal/preprocessing.py)
+    # federated preprocessing statistics (fedstats/preprocessing.py)
     "fpp.hello": E("fed_stats", ("server",), m.Bundle, "parse_message(Bundle, _layout_check)"),
     "fpp.ranges": E("fed_stats", ("client-0", "client-1"), m.Bundle, "_vector_parser(dim_a)"),
     "fpp.stats": E("fed_stats", ("client-0", "client-1"), m.Bundle, "_vector_parser(dim_b)"),
@@ -130,9 +130,9 @@ RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("horizontal/contribution.py", "factor_for", "TAG_LATENT_SUM"): ("fl.latent_sum",),
     ("horizontal/fl.py", "_collect_metrics", "TAG_METRICS"): ("fl.metrics",),
     ("horizontal/mc_peer.py", "run_round", "TAG_UPDATE"): ("mc.update",),
-    ("horizontal/preprocessing.py", "_hello", "TAG_HELLO"): ("fpp.hello",),
-    ("horizontal/preprocessing.py", "_run", "TAG_RANGES"): ("fpp.ranges",),
-    ("horizontal/preprocessing.py", "_run", "TAG_STATS"): ("fpp.stats",),
+    ("fedstats/preprocessing.py", "_hello", "TAG_HELLO"): ("fpp.hello",),
+    ("fedstats/preprocessing.py", "_run", "TAG_RANGES"): ("fpp.ranges",),
+    ("fedstats/preprocessing.py", "_run", "TAG_STATS"): ("fpp.stats",),
     ("horizontal/fl.py", "run", "TAG_EVAL"): ("fl.eval",),
     ("horizontal/fl.py", "run", "TAG_ROUND"): ("fl.round",),
     ("secagg/bonawitz_client.py", "_from_server", "TAG_SERVER"): ("agg.server",),
@@ -157,8 +157,8 @@ RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("vertical/lr.py", "_batch_arbiter", "TAG_FWD"): ("vlr.fwd",),
     ("vertical/lr.py", "_batch_two_party", "TAG_FWD"): ("vlr.fwd",),
     ("vertical/lr.py", "_end_epoch", "TAG_CTL"): ("vlr.ctl",),
-    ("runtime/rendezvous.py", "_await", "TAG_HELLO"): ("__hello__",),
-    ("runtime/resume.py", "agree_step", "TAG_STEPS"): ("resume.steps",),
+    ("runtime/process/rendezvous.py", "_await", "TAG_HELLO"): ("__hello__",),
+    ("runtime/store/resume.py", "agree_step", "TAG_STEPS"): ("resume.steps",),
     ("vertical/lr.py", "_fit", "TAG_BEST"): ("vlr.best",),
     ("vertical/lr.py", "_fit", "TAG_CROSS_IN"): ("vlr.cross_in",),
     ("vertical/lr.py", "_fit", "TAG_D"): ("vlr.d",),

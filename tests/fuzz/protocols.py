@@ -27,7 +27,7 @@ import secagg_harness  # noqa: E402
 import snn_harness  # noqa: E402
 import vlr_harness  # noqa: E402
 
-from secureflhv.crypto import paillier as pl  # noqa: E402
+from secureflhv.crypto.homomorphic import paillier as pl  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec  # noqa: E402
 from secureflhv.tree.params import SecureBoostParams  # noqa: E402
 from secureflhv.vertical import psi_kkrt  # noqa: E402
@@ -221,10 +221,10 @@ def run_secagg(net_cls):
 
 
 def run_rendezvous(net_cls):
-    """Two parties meet (runtime/rendezvous.py) with a minimal job description (duck-typed JobConfig)."""
+    """Two parties meet (runtime/process/rendezvous.py) with a minimal job description (duck-typed JobConfig)."""
     from types import SimpleNamespace as NS
 
-    from secureflhv.runtime.rendezvous import meet
+    from secureflhv.runtime.process.rendezvous import meet
 
     parties = [NS(id="guest", role="guest", address="10.0.0.1:1"), NS(id="host-1", role="host", address="10.0.0.2:1")]
     cfg = NS(job=NS(id="fuzz-meet", algorithm="vertical_lr", startup_timeout_s=DEADLINE, startup_log_interval_s=1.0),
@@ -237,8 +237,8 @@ def run_rendezvous(net_cls):
 
 
 def run_resume(net_cls):
-    """Three parties agree on a checkpoint step (runtime/resume.py): honest answer step 4."""
-    from secureflhv.runtime.resume import agree_step
+    """Three parties agree on a checkpoint step (runtime/store/resume.py): honest answer step 4."""
+    from secureflhv.runtime.store.resume import agree_step
 
     held = {"guest": [3, 4], "host-1": [4, 5], "server": [2, 4]}
     net = net_cls("fuzz-resume", list(held), deadline=DEADLINE)
@@ -249,10 +249,9 @@ def run_resume(net_cls):
 
 
 def run_fed_stats(net_cls):
-    """Federated preprocessing statistics (horizontal/preprocessing.py), two clients, both rounds."""
-    from secureflhv.data.fedstats import StatsSpec
-    from secureflhv.horizontal.preprocessing import (FederatedStatsClient, FederatedStatsServer,
-                                                     stats_aggregation_config)
+    """Federated preprocessing statistics (fedstats/preprocessing.py), two clients, both rounds."""
+    from secureflhv.fedstats.statistics import StatsSpec
+    from secureflhv.fedstats.preprocessing import FederatedStatsClient, FederatedStatsServer, stats_aggregation_config
 
     rng = np.random.default_rng(5)
     spec = StatsSpec(("a", "b", "c"), {"c": ("x", "y")})

@@ -20,10 +20,10 @@ from fuzz_net import Attack, network_class
 from inventory import INVENTORY
 from mutations import is_value_lie, mutate, mutation_plans
 from protocols import PROTOCOLS, same
-from secureflhv.crypto.paillier import CiphertextError
-from secureflhv.crypto.psi import LowOrderPointError
-from secureflhv.horizontal.preprocessing import FederatedStatsError
-from secureflhv.runtime.job_file import JobConfigError
+from secureflhv.crypto.homomorphic.paillier import CiphertextError
+from secureflhv.crypto.ecdh_psi import LowOrderPointError
+from secureflhv.fedstats.preprocessing import FederatedStatsError
+from secureflhv.runtime.job.job_file import JobConfigError
 from secureflhv.secagg.result import AggregationError
 from secureflhv.transport.base import ProtocolError, TransportError
 from secureflhv.tree.horizontal import HorizontalSecureBoostError

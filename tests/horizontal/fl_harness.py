@@ -11,7 +11,7 @@ import yaml
 from secureflhv.secagg import AggregationConfig
 from secureflhv.horizontal.fl import FLConfig, HorizontalClient, HorizontalServer
 from secureflhv.horizontal.models import ModelSpec
-from secureflhv.horizontal.registry import make_strategy
+from secureflhv.horizontal.strategy_registry import make_strategy
 from secureflhv.horizontal.strategies import LocalTrainConfig
 from secureflhv.transport.inprocess import InProcessNetwork
 
@@ -124,7 +124,7 @@ def write_grpc_job(tmp_path: Path, data_paths, params: dict, *, edit=None, **job
     """:func:`job_dict` over gRPC with mutual TLS: free loopback ports, certificates for every party under
     ``tmp_path/certs``; ``edit(job)`` may change the document in place before it is written to
     ``tmp_path/job.yaml``. Returns (document, path)."""
-    from secureflhv.runtime.demo import free_ports
+    from secureflhv.runtime.job.demo import free_ports
     from secureflhv.transport.certs import generate_certificates
 
     n_parties = len(data_paths) + (1 if job_kw.get("server", True) else 0)
@@ -142,7 +142,7 @@ def run_job_threads(cfg, run, *, transport=None, deadline: float = 60.0, join_s:
     own thread over one InProcessNetwork; ``transport(net, spec)`` may build a party's transport (default
     ``net.transport(spec.id)``). No party may fail (AssertionError listing the errors). Returns each
     party's result."""
-    from secureflhv.runtime.registry import job_params
+    from secureflhv.runtime.job.registry import job_params
 
     net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=deadline)
     params = job_params(cfg)

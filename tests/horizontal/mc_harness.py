@@ -7,7 +7,7 @@ import numpy as np
 
 from secureflhv.horizontal.mc_peer import MultiConfederatedPeer
 from secureflhv.horizontal.models import ModelSpec
-from secureflhv.horizontal.multiconfederated import MCConfig
+from secureflhv.horizontal.mc_rules import MCConfig
 from secureflhv.horizontal.strategies import LocalTrainConfig
 from secureflhv.transport.inprocess import InProcessNetwork
 

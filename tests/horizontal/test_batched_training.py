@@ -14,10 +14,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from secureflhv.horizontal.batched import (BatchedTrainer, TrainRequest, batch_plan,  # noqa: E402
-                                           batched_local_sgd, resolve_device)
+from secureflhv.horizontal.batched import BatchedTrainer, TrainRequest, batch_plan, batched_local_sgd, resolve_device
 from secureflhv.horizontal.models import ModelSpec, build_model, get_flat, set_flat  # noqa: E402
-from secureflhv.horizontal.registry import make_strategy  # noqa: E402
+from secureflhv.horizontal.strategy_registry import make_strategy  # noqa: E402
 from secureflhv.horizontal.strategies import LocalTrainConfig, batch_rng, local_sgd  # noqa: E402
 
 CFG = LocalTrainConfig(epochs=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=1e-4)

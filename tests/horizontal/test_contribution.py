@@ -181,9 +181,9 @@ def test_client_accepts_a_good_exp_sum_and_refuses_bad_latent_sums():
 def test_job_file_turns_it_on_and_runs_through_secagg(tmp_path):
     from test_fl_job import PARAMS, check_artifacts, job_dict, run_in_process, shards as job_shards
 
-    from secureflhv.runtime.config import JobConfigError, parse_job
-    from secureflhv.runtime.jobs import horizontal_fl as hj
-    from secureflhv.runtime.registry import job_params
+    from secureflhv.runtime.job.load import JobConfigError, parse_job
+    from secureflhv.runtime.algorithms import horizontal_fl as hj
+    from secureflhv.runtime.job.registry import job_params
 
     npz, _ = job_shards(tmp_path, 3)
     with pytest.raises(JobConfigError, match=r"params\.contribution_temperature"):
@@ -225,7 +225,7 @@ def test_multiprocess_grpc_tls_job_with_contribution_normalisation(tmp_path):
 
     from test_fl_job import GRPC_JOB_PARTIES as ids, PARAMS, check_artifacts, run_grpc_job
 
-    from secureflhv.runtime.config import parse_job
+    from secureflhv.runtime.job.load import parse_job
 
     job, out = run_grpc_job(tmp_path, {**PARAMS, "strategy": "scaffold", "contribution_temperature": 1.0})
     metrics = check_artifacts(parse_job(job, tmp_path), tmp_path / "out", 2)

@@ -1,4 +1,4 @@
-"""Federated preprocessing (horizontal/preprocessing.py, data/fedstats.py): the statistics summed by secure
+"""Federated preprocessing (fedstats/preprocessing.py, fedstats/statistics.py): the statistics summed by secure
 aggregation equal the pooled-data values — counts exactly, means and variances within the stated
 fixed-point bound — and the server's transcript holds no client's own statistics."""
 from __future__ import annotations
@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 import secagg_harness
-from secureflhv.data.fedstats import (BUCKETS_PER_OCTAVE, EXP_MIN, N_MAG, StatsError, StatsSpec, bucket_bounds,
-                                      magnitude_bucket, round_a_vector, round_b_vector, decode_round_a)
+from secureflhv.fedstats.statistics import (BUCKETS_PER_OCTAVE, EXP_MIN, N_MAG, StatsError, StatsSpec,
+                                            bucket_bounds, magnitude_bucket, round_a_vector, round_b_vector,
+                                            decode_round_a)
 from secureflhv.data.loaders import load_penguins
 from secureflhv.data.tabular import Preprocessor
-from secureflhv.horizontal.preprocessing import (FederatedStatsClient, FederatedStatsError, FederatedStatsServer,
-                                                 stats_aggregation_config)
+from secureflhv.fedstats.preprocessing import (FederatedStatsClient, FederatedStatsError,
+                                               FederatedStatsServer, stats_aggregation_config)
 from secureflhv.transport.inprocess import InProcessNetwork
 
 GAMMA = 2 ** (1 / BUCKETS_PER_OCTAVE)

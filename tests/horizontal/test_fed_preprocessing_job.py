@@ -1,4 +1,4 @@
-"""Federated preprocessing in the horizontal jobs (runtime/fed_prep.py): Palmer Penguins with its missing
+"""Federated preprocessing in the horizontal jobs (runtime/job/fed_prep.py): Palmer Penguins with its missing
 cells and categorical columns left in, split over 3 clients; the bundles carry the global preprocessor
 and predict from raw rows exactly what the job measured. The FL run is real party processes over gRPC with
 mutual TLS; horizontal SecureBoost (in-process) takes its ranges from the federated sketch (no client min/max)."""
@@ -14,9 +14,9 @@ import yaml
 import secureflhv
 from secureflhv.data import load_table
 from secureflhv.data.loaders import PENGUIN_SCHEMA
-from secureflhv.runtime.config import parse_job
-from secureflhv.runtime.data_prep import local_split, split_rows
-from secureflhv.runtime.registry import job_params
+from secureflhv.runtime.job.load import parse_job
+from secureflhv.runtime.job.data_prep import local_split, split_rows
+from secureflhv.runtime.job.registry import job_params
 from secureflhv.transport.certs import generate_certificates
 
 from fl_harness import run_job_threads
@@ -88,7 +88,7 @@ def test_wrong_model_width_names_the_expected_width(tmp_path):
 
 
 def test_bad_public_ranges_are_named(tmp_path):
-    from secureflhv.runtime.config import JobConfigError
+    from secureflhv.runtime.job.load import JobConfigError
 
     job = with_schema(job_dict(penguin_csvs(tmp_path), fl_params(preprocessing={"ranges": [[1, 0]]})))
     with pytest.raises(JobConfigError, match=r"params\.preprocessing\.ranges.*finite lo < hi"):
@@ -109,7 +109,7 @@ def test_fl_job_over_grpc_tls_with_federated_preprocessing(tmp_path):
 def check_predict_job(tmp_path: Path, csvs: list[Path]) -> None:
     """The prediction job (each client scores locally with its bundle) reads the raw table with the training
     schema and applies the saved preprocessor: the same scores as load_model."""
-    from secureflhv.runtime.jobs import predict
+    from secureflhv.runtime.algorithms import predict
 
     import pandas as pd
 
@@ -128,7 +128,7 @@ def check_predict_job(tmp_path: Path, csvs: list[Path]) -> None:
 def test_secureboost_job_bins_on_the_federated_range_sketch(tmp_path):
     """No client sends its min/max (no hsb.ranges reaches the server); the trees' ranges are the range
     sketch's, which contain every training value; the bundle predicts raw rows (NaN, codes) as in the job."""
-    from secureflhv.runtime.jobs import secureboost_horizontal as sbj
+    from secureflhv.runtime.algorithms import secureboost_horizontal as sbj
     from secureflhv.transport.inprocess import InProcessTransport
 
     csvs = penguin_csvs(tmp_path)

@@ -15,7 +15,7 @@ from test_ifca import two_tasks  # noqa: E402
 
 from secureflhv.horizontal.fedper import FedPer, personal_mask  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec, build_model, evaluate, set_flat  # noqa: E402
-from secureflhv.horizontal.registry import make_strategy  # noqa: E402
+from secureflhv.horizontal.strategy_registry import make_strategy  # noqa: E402
 from secureflhv.horizontal.strategies import LocalTrainConfig  # noqa: E402
 
 SPEC = ModelSpec(name="mlp", n_features=4, n_classes=2, hidden=(16,))

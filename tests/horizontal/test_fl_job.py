@@ -14,12 +14,12 @@ import pytest
 
 from secureflhv.data import Dataset, partition, write_shards
 from secureflhv.horizontal.models import ModelSpec, build_model, evaluate, flatten_named, set_flat
-from secureflhv.runtime.data_prep import local_split
-from secureflhv.runtime.jobs import horizontal_fl as hj
-from secureflhv.runtime.job_file import parse_job_file
-from secureflhv.runtime.registry import job_params
-from secureflhv.runtime.artifacts import load_model
-from secureflhv.runtime.config import JobConfigError, parse_job
+from secureflhv.runtime.job.data_prep import local_split
+from secureflhv.runtime.algorithms import horizontal_fl as hj
+from secureflhv.runtime.job.job_file import parse_job_file
+from secureflhv.runtime.job.registry import job_params
+from secureflhv.runtime.store.artifacts import load_model
+from secureflhv.runtime.job.load import JobConfigError, parse_job
 
 import fl_harness
 from fl_harness import run_job_threads, write_grpc_job
@@ -207,8 +207,8 @@ def test_killed_client_is_a_dropout_the_job_survives(tmp_path):
     import signal
     import time
 
-    from secureflhv.runtime.config import load_job
-    from secureflhv.runtime.launcher import Launcher
+    from secureflhv.runtime.job.load import load_job
+    from secureflhv.runtime.process.launcher import Launcher
 
     npz, _ = shards(tmp_path, 4)
     params = {**PARAMS, "rounds": 3, "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 20,

@@ -15,9 +15,9 @@ from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
 
 import secureflhv
 from secureflhv.data import load_dataset
-from secureflhv.runtime.config import JobConfigError, load_job
-from secureflhv.runtime.demo import write_job
-from secureflhv.runtime.registry import job_params
+from secureflhv.runtime.job.load import JobConfigError, load_job
+from secureflhv.runtime.job.demo import write_job
+from secureflhv.runtime.job.registry import job_params
 
 CLIENTS = ["client-1", "client-2", "client-3"]
 FEATURES = [f"f{j}" for j in range(10)]

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fl_harness import blobs, run_fl  # noqa: E402
 
 from secureflhv.horizontal.models import ModelSpec  # noqa: E402
-from secureflhv.horizontal.registry import make_strategy  # noqa: E402
+from secureflhv.horizontal.strategy_registry import make_strategy  # noqa: E402
 from secureflhv.horizontal.strategies import LocalTrainConfig  # noqa: E402
 
 SPEC = ModelSpec(name="mlp", n_features=6, n_classes=3, hidden=(8,))

@@ -16,7 +16,7 @@ from secagg_harness import RecordingTransport  # noqa: E402
 
 from secureflhv.horizontal.ifca import IFCA  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec  # noqa: E402
-from secureflhv.horizontal.registry import make_strategy  # noqa: E402
+from secureflhv.horizontal.strategy_registry import make_strategy  # noqa: E402
 from secureflhv.horizontal.strategies import LocalTrainConfig  # noqa: E402
 from secureflhv.proto import secagg_pb2  # noqa: E402
 
@@ -156,9 +156,9 @@ def test_two_tasks_separate_into_two_clusters():
 def test_job_params_pick_ifca_and_bound_the_clusters(tmp_path):
     from test_fl_job import PARAMS, job_dict
 
-    from secureflhv.runtime.config import JobConfigError, parse_job
-    from secureflhv.runtime.jobs import horizontal_fl as hj
-    from secureflhv.runtime.registry import job_params
+    from secureflhv.runtime.job.load import JobConfigError, parse_job
+    from secureflhv.runtime.algorithms import horizontal_fl as hj
+    from secureflhv.runtime.job.registry import job_params
 
     paths = [tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.npz"]
     cfg = parse_job(job_dict(paths, {**PARAMS, "strategy": "ifca", "clusters": 3}), tmp_path)
@@ -174,8 +174,8 @@ def test_job_params_pick_ifca_and_bound_the_clusters(tmp_path):
 def test_ifca_job_saves_every_cluster_model(tmp_path):
     from test_fl_job import PARAMS, job_dict, run_in_process, shards as job_shards
 
-    from secureflhv.runtime.artifacts import load_model
-    from secureflhv.runtime.config import parse_job
+    from secureflhv.runtime.store.artifacts import load_model
+    from secureflhv.runtime.job.load import parse_job
 
     npz, _ = job_shards(tmp_path, 3)
     cfg = parse_job(job_dict(npz, {**PARAMS, "strategy": "ifca", "clusters": 3, "rounds": 1}), tmp_path)

@@ -19,12 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
 
 from secureflhv import load_model  # noqa: E402
-from secureflhv.runtime.config import JobConfigError, parse_job  # noqa: E402
-from secureflhv.runtime.data_prep import local_split  # noqa: E402
-from secureflhv.runtime.jobs.horizontal_fl import load_client_data  # noqa: E402
-from secureflhv.runtime.jobs import multiconfederated as mcj  # noqa: E402
-from secureflhv.runtime.registry import job_params, job_spec  # noqa: E402
-from secureflhv.runtime.rendezvous import partners  # noqa: E402
+from secureflhv.runtime.job.load import JobConfigError, parse_job  # noqa: E402
+from secureflhv.runtime.job.data_prep import local_split  # noqa: E402
+from secureflhv.runtime.algorithms.horizontal_fl import load_client_data  # noqa: E402
+from secureflhv.runtime.algorithms import multiconfederated as mcj  # noqa: E402
+from secureflhv.runtime.job.registry import job_params, job_spec  # noqa: E402
+from secureflhv.runtime.process.rendezvous import partners  # noqa: E402
 
 MODEL = {"name": "mlp", "n_features": 30, "n_classes": 2, "hidden": [8]}
 PARAMS = {"model": MODEL, "rounds": 2, "batch_size": 32, "lr": 0.05, "seed": 4, "test_fraction": 0.2,

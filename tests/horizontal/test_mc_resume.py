@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mc_harness import LOCAL, SPEC, cancer_shards, config, run_peers  # noqa: E402
 
 from secureflhv.horizontal.mc_peer import MultiConfederatedPeer  # noqa: E402
-from secureflhv.runtime.checkpoint import CheckpointStore  # noqa: E402
+from secureflhv.runtime.store.checkpoint import CheckpointStore  # noqa: E402
 from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
 
 CFG = config(rounds=4, fork_margin=0.05, max_models=7, merge_tolerance=0.05,

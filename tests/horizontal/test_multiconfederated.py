@@ -17,9 +17,8 @@ from secureflhv.horizontal.fl import check_slots  # noqa: E402
 from secureflhv.horizontal.fl import FLConfig  # noqa: E402
 from secureflhv.horizontal.mc_peer import TAG_UPDATE, MultiConfederatedPeer  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec  # noqa: E402
-from secureflhv.horizontal.multiconfederated import (divergence, divergence_filter, merge_pool,  # noqa: E402
-                                                     select)
-from secureflhv.horizontal.registry import make_strategy  # noqa: E402
+from secureflhv.horizontal.mc_rules import divergence, divergence_filter, merge_pool, select
+from secureflhv.horizontal.strategy_registry import make_strategy  # noqa: E402
 from secureflhv.proto import messages_pb2  # noqa: E402
 from secureflhv.transport.base import JobAborted, PeerTimeout, PeerUnavailable, ProtocolError  # noqa: E402
 from secureflhv.transport.codec import tensor_to_proto  # noqa: E402

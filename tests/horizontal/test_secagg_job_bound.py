@@ -19,8 +19,8 @@ from secureflhv.horizontal.fl import PARTS_PER_ROUND, FLConfig, HorizontalClient
 from secureflhv.horizontal.models import ModelSpec, build_model, get_flat, param_shapes
 from secureflhv.horizontal.strategies import LocalTrainConfig, make_strategy
 from secureflhv.proto import secagg_pb2 as pb
-from secureflhv.secagg import (AggregationConfig, AggregationError, OutOfRangeRound, PlainClient, SecAggClient,
-                               SecAggServer)
+from secureflhv.secagg import (AggregationConfig, AggregationError, OutOfRangeRound, PlainClient,
+                               SecAggClient, SecAggServer)
 from secureflhv.secagg.bonawitz import TAG_MASKED, TAG_SIGN, TAG_UNMASK, mask_seed, share_points, survivors_bytes
 from secureflhv.secagg.exchange import TAG_SERVER, collect
 from secureflhv.transport.base import parse_message

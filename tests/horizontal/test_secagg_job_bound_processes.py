@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from secureflhv.runtime.demo import free_ports
+from secureflhv.runtime.job.demo import free_ports
 from secureflhv.transport.certs import generate_certificates
 
 from secagg_procs import client_main, server_main

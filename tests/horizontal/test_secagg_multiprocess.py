@@ -11,7 +11,7 @@ from secureflhv.crypto.quantise import EXTRA_COORDS, dequantise, quantise, round
 from secureflhv.secagg import AggregationConfig
 from secureflhv.transport.certs import generate_certificates
 
-from secureflhv.runtime.demo import free_ports
+from secureflhv.runtime.job.demo import free_ports
 
 from secagg_procs import client_main, server_main
 

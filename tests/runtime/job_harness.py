@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from secureflhv.runtime.demo import write_vertical_lr_job
+from secureflhv.runtime.job.demo import write_vertical_lr_job
 
 GUEST = "id,label,f1,f2\n" + "".join(f"u{i},{i % 2},{i * 0.5},{10 - i}\n" for i in range(8))
 HOST = "id,h1,h2\n" + "".join(f"u{i},{i * 2},{i + 0.25}\n" for i in range(8))

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from rich.console import Console
 
-from secureflhv.runtime.blame import Blame, Failure, Stopped, clean, parse_reported, root_cause
-from secureflhv.runtime.config import load_job
-from secureflhv.runtime.launcher import Launcher
+from secureflhv.runtime.process.blame import Blame, Failure, Stopped, clean, parse_reported, root_cause
+from secureflhv.runtime.job.load import load_job
+from secureflhv.runtime.process.launcher import Launcher
 from secureflhv.transport import InProcessNetwork, JobAborted, PeerLost, PeerTimeout, PeerUnavailable
 from secureflhv.transport.role import ProtocolRole
 
@@ -187,7 +187,7 @@ def test_killed_party_is_named_by_every_other_party_and_the_launcher(tmp_path):
             assert f"{child.party_id} stopped because host-1 failed: was killed by signal 9" in child.lines[-1], \
                 child.lines[-5:]
     # the job page tells the same story: the killed party (no last status) failed, the others name it
-    from secureflhv.runtime.dashboard import JobPage, entries
+    from secureflhv.runtime.observe.dashboard import JobPage, entries
 
     page = JobPage("j", entries(load_job(job)), since=started - 60,
                    exit_codes=lambda: {c.party_id: c.proc.returncode for c in launcher.children})

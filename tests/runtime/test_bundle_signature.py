@@ -11,9 +11,9 @@ import logging
 import numpy as np
 import pytest
 
-from secureflhv.runtime import model_bundle as mb
-from secureflhv.runtime.job_file import parse_job_file
-from secureflhv.runtime.model_bundle import ModelBundleError, read_bundle, save_job_bundle, write_bundle
+from secureflhv.runtime.store import model_bundle as mb
+from secureflhv.runtime.job.job_file import parse_job_file
+from secureflhv.runtime.store.model_bundle import ModelBundleError, read_bundle, save_job_bundle, write_bundle
 from secureflhv.transport.certs import generate_certificates, load_party_credentials
 from secureflhv.transport.identity import PartyIdentity
 
@@ -187,6 +187,6 @@ def test_job_bundle_is_signed_with_the_partys_certificate(tmp_path, pki):
 
 def test_job_without_certificates_writes_no_bundle(tmp_path, caplog):
     cfg = _job(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="secureflhv.runtime.model_bundle"):
+    with caplog.at_level(logging.WARNING, logger="secureflhv.runtime.store.model_bundle"):
         assert save_job_bundle(cfg, cfg.party("guest"), files={"weights.npy": WEIGHTS}) is None
     assert "no model bundle written" in caplog.text and not (tmp_path / "out" / "guest" / "model").exists()

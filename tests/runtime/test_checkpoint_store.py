@@ -8,9 +8,9 @@ import stat
 import numpy as np
 import pytest
 
-from secureflhv.runtime import checkpoint as ck
-from secureflhv.runtime.artifacts import sha256_hex
-from secureflhv.runtime.checkpoint import CheckpointError, CheckpointStore, store_for
+from secureflhv.runtime.store import checkpoint as ck
+from secureflhv.runtime.store.artifacts import sha256_hex
+from secureflhv.runtime.store.checkpoint import CheckpointError, CheckpointStore, store_for
 
 
 def _store(tmp_path, **kw):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from secureflhv.cli import build_parser
-from secureflhv.runtime import progress
-from secureflhv.runtime.dashboard import DashboardServer, JobPage, PartyEntry
-from secureflhv.runtime.status import STATUS_FILE, PartyStatus, read_status
+from secureflhv.runtime.process import progress
+from secureflhv.runtime.observe.dashboard import DashboardServer, JobPage, PartyEntry
+from secureflhv.runtime.observe.status import STATUS_FILE, PartyStatus, read_status
 
 SECRET = "TOP-SECRET-ROW-4242"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from secureflhv.runtime.demo import breast_cancer_tables, write_vertical_lr_job
+from secureflhv.runtime.job.demo import breast_cancer_tables, write_vertical_lr_job
 
 pytestmark = pytest.mark.slow
 

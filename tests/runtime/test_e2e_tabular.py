@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from secureflhv.data import load_dataset
-from secureflhv.runtime.artifacts import load_model
-from secureflhv.runtime.demo import write_vertical_lr_job
-from secureflhv.runtime.jobs.predict import write_predict_job
+from secureflhv.runtime.store.artifacts import load_model
+from secureflhv.runtime.job.demo import write_vertical_lr_job
+from secureflhv.runtime.algorithms.predict import write_predict_job
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vertical"))
 from vlr_harness import reference_taylor_lr  # noqa: E402  (independent numpy reference)

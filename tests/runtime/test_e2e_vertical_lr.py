@@ -18,10 +18,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from secureflhv.runtime.artifacts import load_model
-from secureflhv.runtime.config import load_job
-from secureflhv.runtime.demo import breast_cancer_tables, write_vertical_lr_job
-from secureflhv.runtime.launcher import Launcher
+from secureflhv.runtime.store.artifacts import load_model
+from secureflhv.runtime.job.load import load_job
+from secureflhv.runtime.job.demo import breast_cancer_tables, write_vertical_lr_job
+from secureflhv.runtime.process.launcher import Launcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vertical"))
 from vlr_harness import reference_taylor_lr  # noqa: E402  (independent numpy reference)

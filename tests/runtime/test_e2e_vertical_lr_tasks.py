@@ -20,10 +20,10 @@ import pandas as pd
 import pytest
 
 from secureflhv.data import load_dataset
-from secureflhv.runtime.artifacts import load_model
-from secureflhv.runtime.demo import vertical_tables, write_vertical_lr_job
-from secureflhv.runtime.config import load_job_params
-from secureflhv.runtime.jobs import predict
+from secureflhv.runtime.store.artifacts import load_model
+from secureflhv.runtime.job.demo import vertical_tables, write_vertical_lr_job
+from secureflhv.runtime.job.load import load_job_params
+from secureflhv.runtime.algorithms import predict
 from secureflhv.transport.inprocess import InProcessNetwork
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vertical"))

@@ -5,8 +5,8 @@ import pytest
 import yaml
 
 from secureflhv.cli import main
-from secureflhv.runtime.config import JobConfigError, load_job
-from secureflhv.runtime.registry import job_params
+from secureflhv.runtime.job.load import JobConfigError, load_job
+from secureflhv.runtime.job.registry import job_params
 
 
 def good_job() -> dict:
@@ -146,7 +146,7 @@ def test_family_role_rules_come_from_the_registry(tmp_path, algorithm, roles, ex
 
 
 def test_every_registered_algorithm_is_known_to_validation_and_documented():
-    from secureflhv.runtime.registry import JOBS, job_spec
+    from secureflhv.runtime.job.registry import JOBS, job_spec
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
     for name, spec in JOBS.items():

@@ -3,8 +3,8 @@ import socket
 
 import pytest
 
-from secureflhv.runtime.job_file import JobConfigError, parse_job_file
-from secureflhv.runtime.party import build_transport
+from secureflhv.runtime.job.job_file import JobConfigError, parse_job_file
+from secureflhv.runtime.process.party import build_transport
 from secureflhv.transport import DEFAULT_MAX_PAYLOAD_BYTES, MessageRejected
 from secureflhv.transport.grpc_transport import GrpcTransport
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import secureflhv
-from secureflhv.runtime.model_bundle import FORMAT_VERSION, ModelBundleError, read_bundle as _read_bundle, write_bundle
+from secureflhv.runtime.store.model_bundle import (FORMAT_VERSION, ModelBundleError,
+                                                   read_bundle as _read_bundle, write_bundle)
 from secureflhv.transport.certs import generate_certificates, load_party_credentials
 
 
@@ -168,5 +169,5 @@ def test_vertical_model_points_to_the_prediction_job(tmp_path, certs):
 
 def test_load_model_is_a_lazy_export():
     code = "import sys, secureflhv; assert 'secureflhv.runtime' not in sys.modules; secureflhv.load_model; " \
-           "assert 'secureflhv.runtime.model_api' in sys.modules"
+           "assert 'secureflhv.runtime.store.model_api' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

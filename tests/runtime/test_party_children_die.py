@@ -1,4 +1,4 @@
-"""A party killed with SIGKILL leaves no process behind (issue 42; :mod:`secureflhv.crypto.lifeline`).
+"""A party killed with SIGKILL leaves no process behind (issue 42; :mod:`secureflhv.compute.lifeline`).
 
 A real party (``secureflhv party job.yaml --party guest``) starts its Paillier pool while it waits for its
 peers: the multiprocessing resource tracker, the forkserver and the workers. Killed with SIGKILL, it used to
@@ -108,7 +108,7 @@ def test_a_killed_party_takes_its_worker_pool_with_it(tmp_path):
 SCRIPT = """
 import sys, threading, time
 from secureflhv.crypto import paillier_parallel as par
-from secureflhv.crypto.psi import PsiEngine
+from secureflhv.crypto.ecdh_psi import PsiEngine
 
 par.set_workers(2)
 t = threading.Thread(target=par.start, kwargs={"wait": True})  # the forkserver's launching thread ends
@@ -157,11 +157,11 @@ RAY_DRIVER = """
 import sys, time
 import numpy as np
 from secureflhv.crypto import executor as ex
-from secureflhv.runtime.compute import party_executor
-from secureflhv.runtime.job_file import ComputeSpec
+from secureflhv.runtime.process.party_compute import party_executor
+from secureflhv.runtime.job.job_file import ComputeSpec
 
 spec = ComputeSpec(engine="ray", address=sys.argv[1], min_batch=1, ship_code=False)
-with party_executor(spec, "guest", start=True):  # as a party does (runtime/party.py)
+with party_executor(spec, "guest", start=True):  # as a party does (runtime/process/party.py)
     print(ex.run(np.atleast_1d, (), [(np.arange(3),), (np.arange(2),)]), flush=True)
     print("ready", flush=True)
     time.sleep(120)

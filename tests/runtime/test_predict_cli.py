@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from secureflhv.cli import main
-from secureflhv.runtime.config import load_job, load_job_params
-from secureflhv.runtime.demo import write_vertical_lr_job
+from secureflhv.runtime.job.load import load_job, load_job_params
+from secureflhv.runtime.job.demo import write_vertical_lr_job
 
 
 def test_predict_writes_a_valid_prediction_job(tmp_path, capsys):

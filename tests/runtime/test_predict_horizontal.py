@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 import secureflhv
-from secureflhv.runtime.data_prep import local_split, split_rows
-from secureflhv.runtime.demo import write_job
-from secureflhv.runtime.jobs.predict import write_predict_job
-from secureflhv.runtime.reports import objective_metrics
+from secureflhv.runtime.job.data_prep import local_split, split_rows
+from secureflhv.runtime.job.demo import write_job
+from secureflhv.runtime.algorithms.predict import write_predict_job
+from secureflhv.runtime.observe.reports import objective_metrics
 
 pytestmark = pytest.mark.slow
 CLIENTS = ["client-1", "client-2", "client-3"]
@@ -146,8 +146,8 @@ def test_bundle_of_another_party_is_refused(trained):
 ])
 def test_tampered_or_foreign_job_bundle_is_refused(trained, tmp_path, damage, expected):
     """Checked when the prediction job is loaded (``secureflhv validate`` / ``run``), before anyone starts."""
-    from secureflhv.runtime.config import load_job_params
-    from secureflhv.runtime.job_file import JobConfigError
+    from secureflhv.runtime.job.load import load_job_params
+    from secureflhv.runtime.job.job_file import JobConfigError
 
     algorithm, tmp, job, data = trained
     models = tmp_path / "models"

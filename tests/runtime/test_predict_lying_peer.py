@@ -201,7 +201,7 @@ def _score_with_arbiter(guest, hosts, arbiter, Xg, Xh, rows_batches):
 
 @pytest.fixture(scope="module")
 def arbiter_keys():
-    from secureflhv.crypto.he import PaillierHE
+    from secureflhv.crypto.homomorphic.backend import PaillierHE
 
     he = PaillierHE()
     return he, he.generate_keypair(512, True), he.generate_keypair(512, True)
@@ -211,7 +211,7 @@ def test_arbiter_mode_guest_gets_only_totals(arbiter_keys):
     """Scores equal the plaintext model to the fixed-point bound; the guest receives each host's part only
     as ciphertexts under the arbiter's key, each alone decrypting to noise (zero-sum host masks) and both
     together to exactly the sum, and the arbiter sees only uniformly masked totals."""
-    from secureflhv.crypto.he import ldexp_int
+    from secureflhv.crypto.homomorphic.backend import ldexp_int
     from secureflhv.vertical import lr_scores
 
     he, (pub, priv), _ = arbiter_keys
@@ -262,7 +262,7 @@ def _honest_run_with(liar_pid, tag, lie, arbiter_keys):
 
 def _enc(keypair, k, exponent=-40):
     from secureflhv.transport.he_codec import encrypted_to_proto
-    from secureflhv.crypto.he import PaillierHE
+    from secureflhv.crypto.homomorphic.backend import PaillierHE
 
     he = PaillierHE()
     enc = he.encrypt(keypair[0], np.zeros(k))

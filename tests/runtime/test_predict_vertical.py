@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job
-from secureflhv.runtime.jobs.predict import write_predict_job
+from secureflhv.runtime.job.demo import breast_cancer_tables, vertical_parties, write_job
+from secureflhv.runtime.algorithms.predict import write_predict_job
 from secureflhv import load_model
-from secureflhv.runtime.model_bundle import ModelBundleError, read_bundle
+from secureflhv.runtime.store.model_bundle import ModelBundleError, read_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -171,8 +171,8 @@ def test_bad_bundle_is_refused(trained, tmp_path, damage, expected):
 def test_arbiter_model_is_never_scored_without_its_server(trained, tmp_path):
     """A model trained in arbiter mode needs its server in the prediction job (the hosts' scores travel only
     under its key); a model trained without one needs none. Checked before any process starts."""
-    from secureflhv.runtime.config import load_job_params
-    from secureflhv.runtime.job_file import JobConfigError
+    from secureflhv.runtime.job.load import load_job_params
+    from secureflhv.runtime.job.job_file import JobConfigError
 
     tmp, job, guest_csv, host_csv = trained
     pjob = write_predict_job(job, tmp_path / "job.yaml", data={"guest": guest_csv, "host-1": host_csv})

@@ -16,10 +16,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from secureflhv.cli import main
-from secureflhv.runtime import launcher as launcher_mod
-from secureflhv.runtime.config import load_job
-from secureflhv.runtime.os_errors import plain_error, port_problem
-from secureflhv.runtime.preflight import preflight
+from secureflhv.runtime.process import launcher as launcher_mod
+from secureflhv.runtime.job.load import load_job
+from secureflhv.runtime.process.os_errors import plain_error, port_problem
+from secureflhv.runtime.job.preflight import preflight
 from secureflhv.transport.certs import _issue_party, generate_certificates, load_party_credentials
 
 from job_harness import GUEST, HOST, edit, make_job

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from secureflhv.runtime.config import load_job_params
-from secureflhv.runtime.preflight import preflight
+from secureflhv.runtime.job.load import load_job_params
+from secureflhv.runtime.job.preflight import preflight
 
 from job_harness import HOST, make_job
 

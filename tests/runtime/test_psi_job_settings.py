@@ -7,8 +7,8 @@ import types
 import numpy as np
 import pytest
 
-from secureflhv.runtime import data_prep
-from secureflhv.runtime.job_file import JobConfigError, parse_job_file
+from secureflhv.runtime.job import data_prep
+from secureflhv.runtime.job.job_file import JobConfigError, parse_job_file
 from secureflhv.vertical import psi as vpsi
 from secureflhv.vertical import psi_kkrt as vk
 

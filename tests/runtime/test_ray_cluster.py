@@ -27,11 +27,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from secureflhv.crypto import executor as ex
-from secureflhv.crypto import paillier as pl
-from secureflhv.crypto import paillier_hist as ph
-from secureflhv.crypto.executor import ComputeError
-from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job
+from secureflhv.compute import executor as ex
+from secureflhv.crypto.homomorphic import paillier as pl
+from secureflhv.crypto.homomorphic import paillier_hist as ph
+from secureflhv.compute.executor import ComputeError
+from secureflhv.runtime.job.demo import breast_cancer_tables, vertical_parties, write_job
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def executor(cluster):
     """This test process as a Ray driver (everything to Ray: min_batch=1)."""
-    from secureflhv.crypto.executor_ray import RayExecutor
+    from secureflhv.compute.ray_executor import RayExecutor
 
     r = RayExecutor(cluster["address"], owner="host-1", min_batch=1)
     yield r
@@ -254,7 +254,7 @@ def test_killed_worker_is_retried_and_the_result_is_exact(executor, cluster, big
 
 
 def test_killed_worker_without_retries_fails_naming_party_and_step(executor, cluster, big_batch):
-    from secureflhv.crypto.executor_ray import RayExecutor
+    from secureflhv.compute.ray_executor import RayExecutor
 
     no_retry = RayExecutor(cluster["address"], owner="host-1", min_batch=1, max_retries=0, task_timeout_s=120)
     started = time.monotonic()
@@ -325,8 +325,8 @@ def test_split_nn_on_ray_equals_the_local_pool(executor):
 _LOST_DRIVER = """
 import sys, time
 from secureflhv.crypto import executor as ex
-from secureflhv.crypto.executor import ComputeError
-from secureflhv.crypto.executor_ray import RayExecutor
+from secureflhv.compute.executor import ComputeError
+from secureflhv.compute.ray_executor import RayExecutor
 
 r = RayExecutor(sys.argv[1], owner="host-1", min_batch=1, cluster_lost_s=3)
 print("submitting", flush=True)

@@ -11,10 +11,10 @@ import time
 import pytest
 import yaml
 
-from secureflhv.runtime.config import load_job
-from secureflhv.runtime.job_file import JobConfigError
-from secureflhv.runtime.party import build_transport
-from secureflhv.runtime.rendezvous import PartnerMissing, meet
+from secureflhv.runtime.job.load import load_job
+from secureflhv.runtime.job.job_file import JobConfigError
+from secureflhv.runtime.process.party import build_transport
+from secureflhv.runtime.process.rendezvous import PartnerMissing, meet
 
 from job_harness import make_job
 

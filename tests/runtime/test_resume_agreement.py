@@ -1,4 +1,4 @@
-"""Step agreement at start-up (runtime/resume.py): honest parties, malformed and lying peers."""
+"""Step agreement at start-up (runtime/store/resume.py): honest parties, malformed and lying peers."""
 from __future__ import annotations
 
 import threading
@@ -6,8 +6,8 @@ import threading
 import pytest
 
 from secureflhv.proto import messages_pb2
-from secureflhv.runtime import resume
-from secureflhv.runtime.resume import TAG_STEPS, agree_step, parse_steps
+from secureflhv.runtime.store import resume
+from secureflhv.runtime.store.resume import TAG_STEPS, agree_step, parse_steps
 from secureflhv.transport import ProtocolError
 from secureflhv.transport.base import PeerTimeout
 from secureflhv.transport.inprocess import InProcessNetwork

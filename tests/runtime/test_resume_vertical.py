@@ -65,7 +65,7 @@ SB_PARAMS = {"n_trees": 6, "max_depth": 3, "key_bits": 1024, "shuffle_seed": 3, 
 
 
 def _sb_job(tmp: Path) -> Path:
-    from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job
+    from secureflhv.runtime.job.demo import breast_cancer_tables, vertical_parties, write_job
 
     guest_csv, host_csvs = breast_cancer_tables(tmp / "data", 1, seed=3, scheme="random")
     parties = vertical_parties(guest_csv, host_csvs, server=False, id_column="id", label_column="label")

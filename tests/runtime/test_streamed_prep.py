@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from secureflhv.runtime.data_prep import (StandardisedSplitParams, ValidationSplitParams, prepare_vertical,
-                                          streamed_batch_rows)
-from secureflhv.runtime.job_file import parse_job_file
+from secureflhv.runtime.job.data_prep import (StandardisedSplitParams, ValidationSplitParams,
+                                              prepare_vertical, streamed_batch_rows)
+from secureflhv.runtime.job.job_file import parse_job_file
 from secureflhv.transport import InProcessNetwork
 
 SCHEMA_G = {"colour": {"kind": "categorical", "categories": ["red", "green", "blue"]},
@@ -127,8 +127,8 @@ def test_streamed_preparation_equals_the_whole_table(tmp_path, fmt, preprocess):
 
 def test_a_file_that_changes_between_the_passes_is_refused(tmp_path, monkeypatch):
     """Pass 2 checks that its ids are the ones PSI aligned."""
-    from secureflhv.runtime import data_prep
-    from secureflhv.runtime.job_file import JobConfigError
+    from secureflhv.runtime.job import data_prep
+    from secureflhv.runtime.job.job_file import JobConfigError
 
     paths = _tables(tmp_path, "parquet")
     cfg = _config(tmp_path, paths, True)
@@ -158,8 +158,8 @@ def test_streamed_preflight_finds_what_the_whole_table_check_finds(tmp_path, fmt
     the whole table), with the same findings: first bad row of the table, counts over all batches,
     a duplicate id across batches, a schema break."""
     from secureflhv.data import loaders
-    from secureflhv.runtime import preflight as preflight_mod
-    from secureflhv.runtime.preflight import preflight
+    from secureflhv.runtime.job import preflight as preflight_mod
+    from secureflhv.runtime.job.preflight import preflight
 
     rng = np.random.default_rng(5)
     n = 60

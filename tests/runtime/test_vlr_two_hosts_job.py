@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from secureflhv.runtime.demo import breast_cancer_tables, write_vertical_lr_job
-from secureflhv.runtime.jobs import predict
+from secureflhv.runtime.job.demo import breast_cancer_tables, write_vertical_lr_job
+from secureflhv.runtime.algorithms import predict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_e2e_vertical_lr_tasks import _predict_in_process, _secureflhv  # noqa: E402

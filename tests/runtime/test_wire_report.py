@@ -5,10 +5,10 @@ import json
 from rich.console import Console
 
 from job_harness import make_job
-from secureflhv.runtime.config import load_job
-from secureflhv.runtime.launcher import Launcher, _Child
-from secureflhv.runtime.progress import WIRE_PREFIX
-from secureflhv.runtime.reports import human_bytes, save_wire_report, wire_line
+from secureflhv.runtime.job.load import load_job
+from secureflhv.runtime.process.launcher import Launcher, _Child
+from secureflhv.runtime.process.progress import WIRE_PREFIX
+from secureflhv.runtime.observe.reports import human_bytes, save_wire_report, wire_line
 from secureflhv.transport.wire import WireCounter
 
 STATS = {"host-1": {"sent": 2_500_000, "received": 1234, "sent_framing": 3000, "received_framing": 40,
@@ -59,7 +59,7 @@ def test_live_events_follow_the_counts_without_per_tag_detail(capsys, monkeypatc
     import threading
     import time
 
-    from secureflhv.runtime import party
+    from secureflhv.runtime.process import party
     from secureflhv.transport import InProcessNetwork
 
     monkeypatch.setattr(party, "WIRE_EVERY_S", 0.02)

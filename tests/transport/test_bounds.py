@@ -11,8 +11,8 @@ import pytest
 
 from secureflhv.proto import transport_pb2 as pb
 from secureflhv.proto import transport_pb2_grpc as pb_grpc
-from secureflhv.transport import (InProcessNetwork, JobAborted, Mailbox, Message, MessageRejected, PeerTimeout,
-                                  ProtocolError, Rejected, TransportError)
+from secureflhv.transport import (InProcessNetwork, JobAborted, Mailbox, Message, MessageRejected,
+                                  PeerTimeout, ProtocolError, Rejected, TransportError)
 from secureflhv.transport.certs import generate_certificates, load_party_credentials
 from secureflhv.transport.tls import channel_credentials, target_name_options
 

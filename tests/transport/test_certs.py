@@ -10,8 +10,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from secureflhv.transport.certs import (CertificateError, TlsConfig, certificate_identity, generate_certificates,
-                                        load_party_credentials)
+from secureflhv.transport.certs import (CertificateError, TlsConfig, certificate_identity,
+                                        generate_certificates, load_party_credentials)
 
 PARTIES = ["guest", "host-1", "server"]
 

@@ -12,8 +12,7 @@ import pytest
 from secureflhv.proto import messages_pb2
 from secureflhv.proto import transport_pb2 as pb
 from secureflhv.proto import transport_pb2_grpc as pb_grpc
-from secureflhv.transport import (JobAborted, MessageRejected, PeerUnavailable, TransportError,
-                                  parse_message)
+from secureflhv.transport import JobAborted, MessageRejected, PeerUnavailable, TransportError, parse_message
 from secureflhv.transport.certs import TlsConfig, generate_certificates, load_party_credentials
 from secureflhv.transport.grpc_transport import GrpcTransport
 from secureflhv.transport.tls import channel_credentials, target_name_options

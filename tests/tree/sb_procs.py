@@ -37,7 +37,7 @@ def _transport(pid, addresses, cert_dir, deadline=120):
 
 
 def vertical_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
-    from secureflhv.crypto import paillier as pl
+    from secureflhv.crypto.homomorphic import paillier as pl
     from secureflhv.tree.vertical import SecureBoostGuest, SecureBoostHost
 
     pl.set_workers(1)
@@ -72,7 +72,7 @@ def horizontal_party(pid: str, addresses: dict, cert_dir: str, queue, kill_at_tr
     """One party of the horizontal run; ``kill_at_tree``: client -> tree at whose first histogram
     submission that client SIGKILLs itself (a real process death: no message, no clean-up)."""
     from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer,
-                                             tree_aggregation_config)
+                                            tree_aggregation_config)
 
     t = None
     try:

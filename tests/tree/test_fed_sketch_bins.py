@@ -1,4 +1,4 @@
-"""Horizontal SecureBoost's bin edges from the federated sketch (range sketch of data/fedstats.py, then the
+"""Horizontal SecureBoost's bin edges from the federated sketch (range sketch of fedstats/statistics.py, then the
 trees' grid counts over that range) are within the sketch's stated error of the pooled-data quantiles:
 every cut is the upper boundary of the grid cell that holds the pooled order statistic of its target rank
 k * N / max_bin, so 0 < cut - quantile <= w = (hi - lo) / sketch_bins."""
@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from secureflhv.data.fedstats import StatsSpec, decode_round_a, round_a_vector
+from secureflhv.fedstats.statistics import StatsSpec, decode_round_a, round_a_vector
 from secureflhv.data.loaders import load_dataset
 from secureflhv.tree.params import SecureBoostParams
 

@@ -21,8 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
 
 from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
-from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer,  # noqa: E402
-                                        tree_aggregation_config)
+from secureflhv.tree.horizontal import HorizontalSecureBoostClient, HorizontalSecureBoostServer, tree_aggregation_config
 from secureflhv.tree.model import model_to_dict  # noqa: E402
 
 IDS = ["client-0", "client-1", "client-2"]
@@ -111,7 +110,7 @@ PROC_PARAMS = {"n_trees": 5, "max_depth": 2, "learning_rate": 0.5, "test_fractio
 
 
 def _proc_job(tmp: Path) -> Path:
-    from secureflhv.runtime.demo import write_job
+    from secureflhv.runtime.job.demo import write_job
 
     X, y = _data(2)
     parties = [{"id": "server", "role": "server"}]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from secureflhv.runtime.data_prep import split_rows
+from secureflhv.runtime.job.data_prep import split_rows
 from secureflhv.tree.binning import fit_cuts
 from secureflhv.tree.params import SecureBoostParams
 from secureflhv.tree.reference import fit_reference

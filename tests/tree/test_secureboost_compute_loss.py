@@ -2,7 +2,7 @@
 at once naming it (the role's abort), not at their deadline and not with a bare exception.
 
 The host's executor here stands in for a Ray cluster that is lost during its first histogram step; it
-raises exactly the error :class:`~secureflhv.crypto.executor_ray.RayExecutor` raises then (the real
+raises exactly the error :class:`~secureflhv.compute.ray_executor.RayExecutor` raises then (the real
 cluster death is in ``tests/runtime/test_ray_cluster.py``). Everything else runs inline.
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from sb_harness import vertical_run
-from secureflhv.crypto import executor as ex
-from secureflhv.crypto import paillier as pl
-from secureflhv.crypto.executor import ComputeError
-from secureflhv.crypto.executor_ray import RayExecutor
+from secureflhv.compute import executor as ex
+from secureflhv.crypto.homomorphic import paillier as pl
+from secureflhv.compute.executor import ComputeError
+from secureflhv.compute.ray_executor import RayExecutor
 from secureflhv.tree.params import SecureBoostParams
 
 

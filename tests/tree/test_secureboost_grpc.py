@@ -11,7 +11,7 @@ import pytest
 
 import sb_procs
 from sb_harness import two_phase_reference
-from secureflhv.runtime.demo import free_ports
+from secureflhv.runtime.job.demo import free_ports
 from secureflhv.transport.certs import generate_certificates
 from secureflhv.tree.binning import fit_cuts
 from secureflhv.tree.model import BoostedModel

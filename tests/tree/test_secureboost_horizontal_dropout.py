@@ -12,7 +12,7 @@ from sklearn.datasets import load_iris, make_classification
 from sb_harness import horizontal_run, two_phase_reference
 from secureflhv.transport import InProcessNetwork
 from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostError,
-                                         HorizontalSecureBoostServer, tree_aggregation_config)
+                                        HorizontalSecureBoostServer, tree_aggregation_config)
 from secureflhv.tree.params import SecureBoostParams
 from secureflhv.tree.reference import fit_reference
 
@@ -92,7 +92,7 @@ def test_threshold_of_at_most_half_the_clients_is_refused(threshold):
 def test_job_params_threshold_is_checked_against_the_clients(tmp_path, threshold, ok):
     import yaml
 
-    from secureflhv.runtime.config import JobConfigError, load_job_params
+    from secureflhv.runtime.job.load import JobConfigError, load_job_params
 
     parties = [{"id": "server", "role": "server", "address": "127.0.0.1:5100", "cert": "c", "key": "k"}]
     parties += [{"id": f"c{i}", "role": "host", "address": f"127.0.0.1:{5101 + i}", "cert": "c", "key": "k",

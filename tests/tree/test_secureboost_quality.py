@@ -17,7 +17,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import train_test_split
 
 from sb_harness import vertical_run
-from secureflhv.crypto import paillier as pl
+from secureflhv.crypto.homomorphic import paillier as pl
 from secureflhv.data import load_shuttle
 from secureflhv.tree.binning import fit_cuts
 from secureflhv.tree.params import SecureBoostParams, transform

@@ -12,7 +12,7 @@ import pytest
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris
 
 from sb_harness import vertical_run, vertical_structure
-from secureflhv.crypto import paillier as pl
+from secureflhv.crypto.homomorphic import paillier as pl
 from secureflhv.data import load_sklearn, vertical_split
 from secureflhv.proto import tree_pb2
 from secureflhv.transport import Message
@@ -290,7 +290,7 @@ def test_guest_cuts_are_float32_quantiles():
 def test_okamoto_uchiyama_equals_centralised_twin():
     """he_scheme: ou: GH packing, histogram subtraction and compression under OU give the twin's trees."""
     pytest.importorskip("heu", reason="sf-heu is a linux dependency of the OU scheme")
-    from secureflhv.crypto import ou
+    from secureflhv.crypto.homomorphic import ou
     keypair = ou.generate_keypair(1024, insecure_test_key=True)
     ds = load_sklearn("breast_cancer")
     vp = vertical_split(ds, 2, "random", seed=5)
@@ -310,7 +310,7 @@ def test_okamoto_uchiyama_equals_centralised_twin():
 
 def test_a_guest_given_a_prefetched_key_trains_under_it():
     """The job runner hands the guest a Future of its key pair (generated while PSI runs)."""
-    from secureflhv.crypto.key_prefetch import prefetch_keypair
+    from secureflhv.crypto.homomorphic.key_prefetch import prefetch_keypair
 
     rng = np.random.default_rng(5)
     X = rng.normal(size=(200, 4))

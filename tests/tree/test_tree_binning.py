@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from secureflhv.crypto import paillier as pl
-from secureflhv.crypto import paillier_hist as vh
-from secureflhv.tree.binning import (Binner, apply_bins, cuts_from_grid_counts, fit_cuts, goes_left, grid, grid_counts,
-                                     missing_bin, quantile_cuts)
+from secureflhv.crypto.homomorphic import paillier as pl
+from secureflhv.crypto.homomorphic import paillier_hist as vh
+from secureflhv.tree.binning import (Binner, apply_bins, cuts_from_grid_counts, fit_cuts, goes_left, grid,
+                                     grid_counts, missing_bin, quantile_cuts)
 from secureflhv.tree.params import precision_bits_for, quantise
-from secureflhv.crypto.he import compressed_packing, gh_packing
+from secureflhv.crypto.homomorphic.backend import compressed_packing, gh_packing
 
 
 def test_quantile_cuts_and_bin_rule():
@@ -172,7 +172,7 @@ def test_row_ciphertexts_are_sent_to_the_workers_once_and_again_after_a_worker_l
     """The pool's workers keep a tree's row ciphertexts: a second node of the same list sends row indices
     only; a worker that lost the list (evicted here, as a restarted pool would) is sent it again, and
     every result equals the inline histograms."""
-    from secureflhv.crypto import paillier_parallel as par
+    from secureflhv.compute import pool as par
 
     pub, _ = pl.generate_keypair(512, insecure_test_key=True)
     rng = np.random.default_rng(7)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from secureflhv.crypto.psi import hash_context, hash_to_points, split_items
+from secureflhv.crypto.ecdh_psi import hash_context, hash_to_points, split_items
 from secureflhv.proto import psi_pb2
 from secureflhv.transport import InProcessNetwork, JobAborted, Message, ProtocolError
 from secureflhv.vertical import psi as vpsi

@@ -78,7 +78,7 @@ def test_host_only_decrypts_uniformly_masked_interactive_values():
     """The forward product [[A V]] and the weight gradient [[A^T delta]] reach the host (key holder) only
     as (m + r) mod n with r uniform in Z_n: the decrypted residues are spread over Z_n, never the small
     fixed-point mantissas (|m| << n) they hide."""
-    from secureflhv.crypto.he import PaillierHE
+    from secureflhv.crypto.homomorphic.backend import PaillierHE
 
     seen, ns = [], []
     orig = PaillierHE.decrypt_masked

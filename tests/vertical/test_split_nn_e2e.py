@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from secureflhv.data import load_sklearn
-from secureflhv.runtime.artifacts import load_model
-from secureflhv.runtime.config import JobConfigError, load_job
-from secureflhv.runtime.demo import write_vertical_nn_job
-from secureflhv.runtime.registry import job_params
-from secureflhv.runtime.checkpoint import CheckpointStore
+from secureflhv.runtime.store.artifacts import load_model
+from secureflhv.runtime.job.load import JobConfigError, load_job
+from secureflhv.runtime.job.demo import write_vertical_nn_job
+from secureflhv.runtime.job.registry import job_params
+from secureflhv.runtime.store.checkpoint import CheckpointStore
 
 PARAMS = {"epochs": 1, "batch_size": 128, "host_bottom": [8, 4], "guest_bottom": [8], "interactive_units": 4,
           "key_bits": 1024, "learning_rate": 0.02, "test_fraction": 0.25, "split_seed": 3, "seed": 1}

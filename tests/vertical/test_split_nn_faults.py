@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from secureflhv.crypto import paillier
+from secureflhv.crypto.homomorphic import paillier
 from secureflhv.transport.he_codec import encrypted_to_proto
 from secureflhv.proto import messages_pb2
 from secureflhv.transport import InProcessTransport, Message, PeerTimeout, PeerUnavailable, TransportError

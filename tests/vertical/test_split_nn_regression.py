@@ -102,7 +102,7 @@ def _predict_from_state(guest, hosts, Xg, Xhs, cfg):
 @pytest.mark.slow
 def test_regression_job_guest_and_host_processes_on_diabetes(tmp_path):
     import secureflhv
-    from secureflhv.runtime.demo import write_vertical_nn_job
+    from secureflhv.runtime.job.demo import write_vertical_nn_job
 
     params = {"task": "regression", "epochs": 4, "batch_size": 128, "host_bottom": [8, 4], "guest_bottom": [8],
               "interactive_units": 4, "key_bits": 512, "learning_rate": 0.05, "interactive_lr": 0.2,

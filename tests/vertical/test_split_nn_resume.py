@@ -19,7 +19,7 @@ import torch
 from safetensors.numpy import load_file
 
 from secureflhv.data import load_sklearn
-from secureflhv.runtime.demo import write_vertical_nn_job
+from secureflhv.runtime.job.demo import write_vertical_nn_job
 from secureflhv.vertical.split_nn import SplitNNConfig
 from snn_harness import make_roles, run_roles, toy
 

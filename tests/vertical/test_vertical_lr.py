@@ -11,14 +11,14 @@ from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
-from secureflhv.crypto import paillier
+from secureflhv.crypto.homomorphic import paillier
 from secureflhv.transport.he_codec import encrypted_to_proto
 from secureflhv.proto import messages_pb2
 from secureflhv.transport import (InProcessTransport, JobAborted, Message, MessageRejected, PeerTimeout,
                                   PeerUnavailable, TransportError)
 from secureflhv.vertical import lr as vlr
 from secureflhv.vertical.lr import VerticalLRConfig
-from secureflhv.crypto.he import PaillierHE
+from secureflhv.crypto.homomorphic.backend import PaillierHE
 from vlr_harness import reference_taylor_lr, run_vertical_lr
 
 KEY = {"key_bits": 512, "insecure_test_key": True}

@@ -13,7 +13,7 @@ import pytest
 
 import vlr_procs
 from vlr_procs import HOSTS, IsolatingGuest, exact_scores, model
-from secureflhv.crypto import paillier as pl
+from secureflhv.crypto.homomorphic import paillier as pl
 from secureflhv.crypto.secagg_primitives import KeyPair
 from secureflhv.proto import messages_pb2
 from secureflhv.transport import InProcessNetwork, ProtocolError
@@ -220,7 +220,7 @@ def test_a_bad_host_key_is_rejected_naming_the_sender(text, why):
 # ------------------------------------------------------------------------------------------ gRPC + mTLS
 @pytest.mark.slow
 def test_prediction_attack_over_grpc_tls_processes(tmp_path):
-    from secureflhv.runtime.demo import free_ports
+    from secureflhv.runtime.job.demo import free_ports
     from secureflhv.transport.certs import generate_certificates
 
     parties = ["guest", *HOSTS, "server"]

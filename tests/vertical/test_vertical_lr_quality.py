@@ -1,6 +1,6 @@
 """Vertical LR with its default parameters reaches centralised quality on breast cancer (issue 17).
 
-Same held-out rows for both models: the job's own split (:func:`secureflhv.runtime.data_prep.split_rows`
+Same held-out rows for both models: the job's own split (:func:`secureflhv.runtime.job.data_prep.split_rows`
 with the job defaults test_fraction 0.3, split_seed 0) and per-column standardisation with the training
 rows' statistics (what every party does to its own columns). The federation runs in-process (threads over
 InProcessNetwork, real Paillier with the smallest key the explicit test-only setting allows, 256 bits) under four feature splits; the
@@ -12,7 +12,7 @@ from sklearn.datasets import load_breast_cancer
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from secureflhv.runtime.data_prep import split_rows, standardise
+from secureflhv.runtime.job.data_prep import split_rows, standardise
 from secureflhv.vertical.lr import VerticalLRConfig
 from vlr_harness import run_vertical_lr
 

@@ -115,8 +115,8 @@ def test_bad_labels_and_a_hostile_class_count_are_rejected():
 
 
 def test_job_class_count_comes_from_every_aligned_row_and_needs_class_ids():
-    from secureflhv.runtime.job_file import JobConfigError
-    from secureflhv.runtime.jobs.vertical_lr import _n_classes
+    from secureflhv.runtime.job.job_file import JobConfigError
+    from secureflhv.runtime.algorithms.vertical_lr import _n_classes
 
     assert _n_classes(np.array([0, 2, 1, 2]), "multiclass") == 3
     assert _n_classes(np.array([0.5, 2.0]), "regression") is None

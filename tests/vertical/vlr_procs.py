@@ -60,7 +60,7 @@ def exact_scores(X, w, b, precision_bits: int = 40) -> np.ndarray:
 def prediction_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
     """Guest: an honest prediction of every row, then the isolating attack on every row; hosts and
     arbiter serve."""
-    from secureflhv.crypto import paillier as pl
+    from secureflhv.crypto.homomorphic import paillier as pl
     from secureflhv.transport.certs import load_party_credentials
     from secureflhv.transport.grpc_transport import GrpcTransport
 

@@ -30,8 +30,8 @@ from netbed import NetBed  # noqa: E402
 from wan_harness import Loopback, failures, run_on_bed  # noqa: E402
 
 from secureflhv.data import Dataset, partition, write_shards  # noqa: E402
-from secureflhv.runtime.artifacts import load_model  # noqa: E402
-from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job  # noqa: E402
+from secureflhv.runtime.store.artifacts import load_model  # noqa: E402
+from secureflhv.runtime.job.demo import breast_cancer_tables, vertical_parties, write_job  # noqa: E402
 
 WHY = netbed.unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY is not None, reason=WHY or "")]

@@ -21,7 +21,7 @@ from netbed import NetBed  # noqa: E402
 from test_wan_horizontal_tree import HFL, SB, blob_shards  # noqa: E402
 from wan_harness import failures, run_on_bed  # noqa: E402
 
-from secureflhv.runtime.demo import breast_cancer_tables, vertical_parties, write_job  # noqa: E402
+from secureflhv.runtime.job.demo import breast_cancer_tables, vertical_parties, write_job  # noqa: E402
 
 WHY = netbed.unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY is not None, reason=WHY or "")]

@@ -1,0 +1,2 @@
+"""Research partitioners (NIID-Bench and the survey's non-IID settings): who gets which rows or columns, FCUBE,
+partition statistics, pictures, shard files and the ``secureflhv partition`` command."""

@@ -1,0 +1,429 @@
+"""Horizontal FL as a job (``job.algorithm: horizontal``): FedAvg / FedProx / SCAFFOLD / FedNova, each
+optionally with client contribution normalisation (``contribution_temperature``); IFCA (clustered) and
+FedPer (personal head); all through the job's aggregation (secure by default).
+
+Clients are the job's guest and hosts (``cfg.clients``); the server aggregates and holds no data.
+Each client reads ``parties[i].data.path`` — an ``.npz`` shard written by ``secureflhv partition``
+(:func:`secureflhv.data.write_shards`; label array ``y``) or a CSV / Parquet table (label column
+``parties[i].data.label_column``, else ``params.label_column``; the id column, if present, is not a
+feature) — and holds out ``params.test_fraction`` of its rows as its local test split.
+
+Example ``params``::
+
+    params:
+      strategy: fedprox          # fedavg | fedprox | scaffold | fednova | ifca | fedper
+      mu: 0.01                   # FedProx only
+      clusters: 2                # IFCA only: k cluster models (Ghosh et al. 2020)
+      personal_layers: 1         # FedPer only: final linear layers kept local
+      contribution_temperature: 1.0   # client contribution normalisation (Kundalwal et al.), T; null = off
+      model: {name: cnn, n_features: 784, n_classes: 10}   # or {name: mlp, n_features: 54, n_classes: 7}
+      # regression: model: {name: mlp, task: regression, n_features: 10, target_mean: 150, target_std: 75}
+      rounds: 20
+      fraction: 1.0              # clients sampled per round
+      local_epochs: 2
+      batch_size: 64
+      lr: 0.01
+      momentum: 0.9
+      seed: 0
+      aggregation: {kind: secagg, clip: 1.0, precision_bits: 16}
+      test_fraction: 0.2
+      preprocessing: {standardize: true, missing_indicator: false}   # optional: federated preprocessing
+
+With ``params.preprocessing`` (:mod:`secureflhv.runtime.job.fed_prep`) the clients first compute global
+statistics of their training rows through the job's aggregation (the server learns only pooled counts
+and sums), build the same imputation / one-hot / standardisation and train on its output; tables may
+then have missing cells and categorical columns (declared in ``data.schema``), and
+``params.model.n_features`` is the width after one-hot encoding. The bundles record the preprocessor.
+
+Artifacts under ``<output_dir>/<party id>/``: at the server ``global_model.npz`` (named float32
+arrays, ``np.load(..., allow_pickle=False)``; IFCA: the most chosen cluster, and every cluster in
+``cluster_models.npz``), ``model.json`` (architecture, parameter shapes, the npz's
+SHA-256, params, final metrics), ``metrics.json`` (per round, with each client's own accuracy and the
+worst client's) and ``accuracy.png`` (overall and worst client); at each client
+``metrics.json`` (its local test metrics per round, and under ``final`` the task's metrics of the last
+global model on its local test rows: :func:`secureflhv.data.metrics.task_metrics`), ``predictions.csv``
+(those rows: ``row`` = row number in its data file, ``label``, then ``value`` / ``probability`` /
+``p0..``) and that task's plots (``roc_ks.png`` and ``confusion.png``; ``confusion.png``; ``predicted_vs_true.png``). A regression
+head (``model.task: regression``) reports pooled RMSE / MAE / R² per round (``test_metrics``) and draws
+``r2.png`` at the server instead of the accuracy curve. The server and every client also write the final
+global model as a bundle (``model/``, :mod:`secureflhv.runtime.store.model_bundle`: ``model.safetensors``),
+which :func:`secureflhv.load_model` scores locally.
+
+Checkpoints (:mod:`secureflhv.runtime.store.checkpoint`): the server and every client save their state after
+each round under ``<output_dir>/<party>/checkpoints/step-<rounds done>/`` (what is stored:
+:mod:`secureflhv.horizontal.fl`). At start-up (clients: after loading their data) all parties agree on a
+step (:mod:`secureflhv.runtime.store.resume`); with ``--resume`` they continue after it. With a fixed
+``aggregation.seed`` the finished model equals an uninterrupted run's exactly. What a peer learns from the
+agreement: which rounds the others completed, nothing else.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...secagg import AggregationConfig
+from ...horizontal.fl import (DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, HorizontalClient,
+                              HorizontalServer, RoundRecord)
+from ...data.metrics import task_metrics
+from ...horizontal.models import ModelSpec, build_model, named_arrays, set_flat
+from ...horizontal.strategy_registry import make_strategy
+from ...horizontal.strategies import LocalTrainConfig
+from ...transport import Transport
+from ..store.artifacts import plot_curves, save_model, write_json
+from ..job.data_prep import load_party_table, local_split
+from ..job import fed_prep
+from ..job.job_file import JobConfig, JobConfigError, PartySpec
+from ..store.model_bundle import save_job_bundle
+from ..process.progress import emit_progress
+from ..observe.reports import save_task_plots
+from ..store.resume import attach_checkpoints
+
+log = logging.getLogger("secureflhv.job")
+
+
+class AggregationParams(BaseModel):
+    """``params.aggregation``: see :class:`secureflhv.secagg.AggregationConfig`.
+
+    ``input_timeout_s`` defaults to ``job.deadline_s`` (it covers the clients' local training).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["secagg", "plain", "plain_quantised"] = "secagg"
+    threshold: int | float | None = Field(default=None, description="t, or a fraction of the selected clients")
+    clip: float = Field(default=1.0, gt=0)
+    precision_bits: int = Field(default=16, ge=0, le=40)
+    max_weight: float = Field(default=float(1 << 20), gt=0)
+    consistency_check: bool = True
+    min_clients: int = Field(default=3, ge=2, description="fewest clients a round may sum; 2 is an explicit opt-in "
+                             "(each of two clients learns the other's update from the sum) and needs max_colluders 0")
+    max_colluders: int = Field(default=1, ge=0, description="clients that may collude with a malicious server; t is "
+                               "derived so that n_C < 2t − n (Bonawitz et al. 2017, Thm 6.5)")
+    stage_timeout_s: float = Field(default=30.0, gt=0)
+    input_timeout_s: float | None = Field(default=None, gt=0)
+    seed: int | None = Field(default=None, ge=0, description="stochastic rounding seed (tests)")
+
+
+class LocalTrainingParams(BaseModel):
+    """The ``params`` that the horizontal jobs with a torch model share (``algorithm: horizontal`` and
+    ``multiconfederated``): the model, rounds, each client's local SGD and its data (label column, local
+    test split). Every field: ``docs/parameters.md``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelSpec
+    rounds: int = Field(default=10, ge=1)
+    local_epochs: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=64, ge=1)
+    lr: float = Field(default=0.01, gt=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    weight_decay: float = Field(default=1e-5, ge=0)
+    seed: int = Field(default=0, ge=0)
+    test_fraction: float = Field(default=0.2, ge=0, lt=1, description="local test split of each client (peer)")
+    label_column: str = Field(default="y", description="label column when parties[i].data.label_column is unset")
+    round_timeout_s: float | None = Field(default=None, gt=0, description="default: job.deadline_s")
+
+    @property
+    def raw_features(self) -> bool:
+        """Whether a client's table columns are the model's inputs as they are (no federated preprocessing
+        makes them): then their count must be ``model.n_features``."""
+        return True
+
+
+class HorizontalJobParams(LocalTrainingParams):
+    """The job file's ``params`` for ``algorithm: horizontal``."""
+
+    strategy: Literal["fedavg", "fedprox", "scaffold", "fednova", "ifca", "fedper"] = "fedavg"
+    clusters: int = Field(default=2, ge=2, description="IFCA: number of cluster models k (at most 8)")
+    personal_layers: int = Field(default=1, ge=1, description="FedPer: final linear layers kept local")
+    mu: float = Field(default=0.01, ge=0, description="FedProx proximal weight")
+    contribution_temperature: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="T of client contribution normalisation (secureflhv.horizontal.contribution); null = off")
+    fraction: float = Field(default=1.0, gt=0, le=1, description="share of clients sampled per round")
+    aggregation: AggregationParams = AggregationParams()
+    part_clips: dict[Literal["control", "nova"], float] = Field(
+        default_factory=dict, description="clip of SCAFFOLD's control / FedNova's a_i parts")
+    preprocessing: fed_prep.FederatedPreprocessingParams | None = Field(
+        default=None, description="federated imputation / one-hot / standardisation before training")
+
+    @property
+    def raw_features(self) -> bool:
+        return self.preprocessing is None
+
+    @property
+    def accepts_missing_values(self) -> bool:
+        """Preflight: empty cells are fine when the federated preprocessing imputes them."""
+        return self.preprocessing is not None
+
+
+def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
+    """The aggregation settings fit the job: a valid threshold for the clients sampled per round, and
+    never a secure aggregate of one client (it would reveal that client's update)."""
+    try:
+        agg = fl_config(cfg, params).aggregation
+    except ValueError as exc:
+        field = next((f".{f}" for f in ("threshold", "min_clients", "max_colluders") if str(exc).startswith(f)), "")
+        raise JobConfigError(f"params.aggregation{field}: {exc}") from None
+    n = len(cfg.clients)
+    m = max(1, int(n * params.fraction))
+    if m < agg.smallest_round():
+        raise JobConfigError(f"params.fraction: selects {m} of {n} clients per round, fewer than the {agg.smallest_round()} "
+                             f"a round needs (params.aggregation.min_clients={agg.min_clients}, max_colluders="
+                             f"{agg.max_colluders}: a sum of fewer reveals a client's update to the server and the "
+                             f"colluders); add clients, raise the fraction, or see docs/security.md on two-client "
+                             f"rounds")
+    try:
+        agg.resolve_threshold(m)
+    except ValueError as exc:
+        raise JobConfigError(f"params.aggregation.threshold: {exc} (fraction {params.fraction} of {n} clients)") \
+            from None
+    if params.strategy == "ifca" and params.contribution_temperature is not None:
+        raise JobConfigError("params.contribution_temperature: contribution normalisation re-weights sample-weighted "
+                             "updates (FedAvg family, FedPer); IFCA's cluster averages are unweighted (set it to null)")
+    if params.strategy == "ifca" and params.clusters > PARTS_PER_ROUND:
+        raise JobConfigError(f"params.clusters: {params.clusters} IFCA clusters exceed the {PARTS_PER_ROUND} "
+                             f"aggregations of a round")
+
+
+def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConfig:
+    a = params.aggregation.model_dump()
+    if a["input_timeout_s"] is None:
+        a["input_timeout_s"] = cfg.job.deadline_s
+    return AggregationConfig(**a, job_clients=tuple(c.id for c in cfg.clients))
+
+
+def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
+    local = LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.lr,
+                             momentum=params.momentum, weight_decay=params.weight_decay)
+    timeout = params.round_timeout_s or cfg.job.deadline_s
+    return FLConfig(rounds=params.rounds, fraction=params.fraction, seed=params.seed, local=local,
+                    aggregation=_aggregation(cfg, params), part_clips={**DEFAULT_PART_CLIPS, **params.part_clips},
+                    contribution_temperature=params.contribution_temperature,
+                    # a send may retry for a quarter of a client's wait, so a slow delivery to one
+                    # client never makes the others give up on the server
+                    round_timeout_s=timeout, send_timeout_s=min(30.0, timeout / 4))
+
+
+def load_client_data(cfg: JobConfig, party: PartySpec, params: LocalTrainingParams) -> tuple[np.ndarray, np.ndarray]:
+    """(X float32 (n, n_features), y int64 (n,); regression: float64 targets) of a client; JobConfigError
+    naming the party's data."""
+    table = load_party_table(cfg, party, label_column=party.data.label_column or params.label_column,
+                             require_label=True, id_required=False)
+    where, path = cfg.where(party, "data"), cfg.resolve(party.data.path)
+    y = np.asarray(table.y)
+    if params.model.task == "regression":
+        if not np.issubdtype(y.dtype, np.number) or not np.all(np.isfinite(np.asarray(y, float))):
+            raise JobConfigError(f"{where}: regression targets in {path} must be finite numbers")
+        y = np.asarray(y, np.float64)
+    elif not np.issubdtype(y.dtype, np.number) or not np.all(np.asarray(y, float) == np.round(np.asarray(y, float))):
+        raise JobConfigError(f"{where}: labels in {path} must be integer class ids 0..n_classes-1")
+    else:
+        y = y.astype(np.int64)
+    if params.raw_features and table.n_features != params.model.n_features:
+        raise JobConfigError(f"{where}: {path} has {table.n_features} feature columns, params.model.n_features is "
+                             f"{params.model.n_features}")
+    if params.model.task == "classification" and len(y) and (y.min() < 0 or y.max() >= params.model.n_classes):
+        raise JobConfigError(f"{where}: labels in {path} range {y.min()}..{y.max()}, outside 0.."
+                             f"{params.model.n_classes - 1} (params.model.n_classes)")
+    return np.asarray(table.X, dtype=np.float32), y
+
+
+def _finite(obj):
+    """JSON-safe copy: non-finite floats (no test rows, no clip) become None."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _record_json(rec: RoundRecord) -> dict:
+    return _finite(dict(vars(rec)))
+
+
+def _save_bundle(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, arrays: dict, metrics: dict,
+                 prep: dict | None = None) -> None:
+    """The global model as a bundle: ``model.safetensors`` (the torch ``state_dict``, float32) and the
+    architecture in the config (:func:`secureflhv.load_model` rebuilds and runs it); with federated
+    preprocessing its state (``prep``: input columns, preprocessor, pooled statistics)."""
+    spec = params.model
+    task = "regression" if spec.task == "regression" else ("binary" if spec.n_classes == 2 else "multiclass")
+    save_job_bundle(cfg, party, files={"model.safetensors": arrays}, config=params.model_dump(mode="json"),
+                    metrics=metrics, extra={"n_features": spec.n_features}, task=task,
+                    feature_names=prep["input_features"] if prep else None, preprocessing=prep)
+
+
+def _check_width(params: HorizontalJobParams, pre, where: str) -> None:
+    if len(pre.output_names) != params.model.n_features:
+        raise JobConfigError(f"{where}: the federated preprocessing gives {len(pre.output_names)} features "
+                             f"{pre.output_names[:8]}{'...' if len(pre.output_names) > 8 else ''}; set "
+                             f"params.model.n_features to {len(pre.output_names)}")
+
+
+def _preprocess_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
+                       config: FLConfig) -> dict | None:
+    """The server's part of the federated preprocessing (before training); its bundle state or None."""
+    if params.preprocessing is None:
+        return None
+    stats = fed_prep.run_server(cfg, party, transport, config.aggregation, ranges=params.preprocessing.ranges)
+    pre = fed_prep.preprocessor_of(stats, params.preprocessing, "params.preprocessing")
+    _check_width(params, pre, "params.model.n_features")
+    return fed_prep.bundle_state(stats, pre, cfg.clients[0].data.table_schema)   # clients agreed on the columns
+
+
+def _preprocess_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
+                       config: FLConfig, X: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, dict | None]:
+    """Federated preprocessing of this client's rows (statistics of its training rows); returns the
+    transformed float32 features and the bundle state, or ``X`` unchanged and None when it is off."""
+    if params.preprocessing is None:
+        return X, None
+    # the float64 table (X was cast to float32): the bundle scores raw float64 rows the same way
+    table = load_party_table(cfg, party, label_column=party.data.label_column or params.label_column,
+                             require_label=True, id_required=False)
+    X64 = np.asarray(table.X, dtype=np.float64)
+    stats = fed_prep.run_client(cfg, party, transport, config.aggregation, X64[train], table.feature_names,
+                                table.categories, ranges=params.preprocessing.ranges)
+    pre = fed_prep.preprocessor_of(stats, params.preprocessing, cfg.where(party, "data"))
+    _check_width(params, pre, "params.model.n_features")
+    return pre.transform(X64).astype(np.float32), fed_prep.bundle_state(stats, pre, party.data.table_schema)
+
+
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams) -> dict:
+    """Run this party's role of a horizontal job; return a summary (also saved as artifacts).
+
+    Raises JobConfigError for bad data, TransportError when the server or too many clients fail,
+    AggregationError when a round keeps fewer than t clients.
+    """
+    config = fl_config(cfg, params)
+    strategy = make_strategy(params.strategy, mu=params.mu, clusters=params.clusters,
+                             personal_layers=params.personal_layers)
+    if config.aggregation.kind in ("plain", "plain_quantised"):
+        log.warning("%s: aggregation kind %r: the server sees every client's update", party.id,
+                    config.aggregation.kind)
+    if party.role == "server":
+        return _run_server(cfg, party, transport, params, config, strategy)
+    return _run_client(cfg, party, transport, params, config, strategy)
+
+
+def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
+                config: FLConfig, strategy) -> dict:
+    regression = params.model.task == "regression"
+
+    def on_round(rec: RoundRecord, _vec) -> None:
+        if regression and rec.test_metrics:
+            r2 = rec.test_metrics["r2"]
+            emit_progress("rounds", rec.round, params.rounds, f"R² {r2:.4f}", {"train loss": rec.train_loss,
+                                                                               "test R²": r2})
+            return
+        emit_progress("rounds", rec.round, params.rounds,
+                      f"accuracy {rec.test_accuracy:.4f}" if rec.test_n else f"loss {rec.train_loss:.4f}",
+                      {"train loss": rec.train_loss, **({"test accuracy": rec.test_accuracy} if rec.test_n else {})})
+
+    clients = [p.id for p in cfg.clients]
+    prep = _preprocess_server(cfg, party, transport, params, config)
+    server = HorizontalServer(transport, clients, params.model, strategy, config, on_round=on_round)
+    history = attach_checkpoints(cfg, party, transport, server).run()
+    out_dir = cfg.output_dir(party.id)
+    arrays = named_arrays(build_model(params.model), server.global_vec)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    npz = out_dir / "global_model.npz"
+    np.savez(npz, **arrays)
+    final = _record_json(history[-1]) if history else {}
+    extra_meta = {}
+    if params.strategy == "ifca":  # every cluster model (the global one is the most chosen cluster)
+        blank = build_model(params.model)
+        cl = out_dir / "cluster_models.npz"
+        np.savez(cl, **{f"cluster{j}/{k}": v for j, vec in enumerate(strategy.clusters)
+                        for k, v in named_arrays(blank, vec).items()})
+        extra_meta["cluster_models"] = {"file": cl.name, "sha256": hashlib.sha256(cl.read_bytes()).hexdigest(),
+                                        "k": len(strategy.clusters), "format": "npz, arrays 'cluster<j>/<name>'"}
+    write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "strategy": params.strategy,
+                                          "rounds": [_record_json(r) for r in history], "final": final})
+    acc = [r.test_accuracy for r in history]
+    plot = None
+    r2 = [r.test_metrics.get("r2", float("nan")) for r in history]
+    if regression and any(math.isfinite(v) for v in r2):
+        plot = plot_curves(out_dir / "r2.png", {"R² over the clients' local test rows": r2},
+                           title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="R²")
+    elif any(math.isfinite(a) for a in acc):
+        plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc,
+                                                      "worst client": [r.worst_client_accuracy for r in history]},
+                           title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="accuracy")
+    save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm="horizontal",
+               model={"file": npz.name, "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
+                      "format": "npz (named float32 arrays)",
+                      "parameters": {k: list(v.shape) for k, v in arrays.items()}},
+               metadata={"architecture": params.model.model_dump(mode="json"),
+                         "params": params.model_dump(mode="json"), "clients": clients, "final_metrics": final,
+                         **extra_meta})
+    _save_bundle(cfg, party, params, arrays, final, prep)
+    log.info("%s: done: %d rounds, final %s; model %s; plot %s", party.id, len(history),
+             (f"R² {r2[-1]:.4f}" if regression else f"accuracy {history[-1].test_accuracy:.4f}") if history else "-",
+             npz, plot)
+    return final
+
+
+def _final_metrics(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, client: HorizontalClient,
+                   X_test: np.ndarray, y_test: np.ndarray, rows: np.ndarray) -> dict:
+    """The task's metrics of the last global model on this client's local test rows (numbers ``rows`` of
+    its data file), ``predictions.csv`` and the plots (:func:`secureflhv.data.metrics.task_metrics`); ``{}``
+    without test rows. The model is the one :func:`secureflhv.load_model` rebuilds from the bundle
+    (IFCA / FedPer clients: their global part)."""
+    import pandas as pd
+    import torch
+
+    if not len(y_test):
+        return {}
+    model = build_model(params.model)
+    set_flat(model, client.global_vec)
+    model.train(False)  # inference mode
+    with torch.no_grad():
+        out = model(torch.from_numpy(np.asarray(X_test, np.float32)))
+    if params.model.task == "regression":
+        scores, task = out[:, 0].double().numpy(), "regression"
+    else:
+        p = torch.softmax(out.double(), dim=1).numpy()  # float64: rows sum to 1 for log loss
+        scores, task = (p[:, 1], "binary") if p.shape[1] == 2 else (p, "multiclass")
+    metrics = task_metrics(y_test, scores, task)
+    cols = {"row": rows, "label": y_test}
+    if scores.ndim == 2:
+        cols.update({f"p{c}": scores[:, c] for c in range(scores.shape[1])})
+    else:
+        cols["value" if task == "regression" else "probability"] = scores
+    pd.DataFrame(cols).to_csv(cfg.output_dir(party.id) / "predictions.csv", index=False, float_format="%.17g")
+    save_task_plots(cfg.output_dir(party.id), y_test, scores, task,
+                    f"{params.strategy}, job {cfg.job.id}, {party.id} local test rows")
+    return {"task": task, "test": metrics}
+
+
+def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
+                config: FLConfig, strategy) -> dict:
+    X, y = load_client_data(cfg, party, params)
+    split = local_split(len(y), params.test_fraction, params.seed, party.id)
+    train, test = split.train, split.test
+    X, prep = _preprocess_client(cfg, party, transport, params, config, X, train)
+    log.info("%s: %d rows (%d train, %d local test) x %d features from %s", party.id, len(y), len(train), len(test),
+             X.shape[1], cfg.resolve(party.data.path))
+    try:
+        client = HorizontalClient(transport, cfg.server.id, X[train], y[train], X[test], y[test], params.model,
+                                  strategy, config)
+    except ValueError as exc:
+        raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
+    history = attach_checkpoints(cfg, party, transport, client).run()
+    final = {}
+    if client.global_vec is not None:  # the last global model the server sent: every client can score with it
+        _save_bundle(cfg, party, params, named_arrays(build_model(params.model), client.global_vec),
+                     _finite(history[-1]) if history else {}, prep)
+        final = _final_metrics(cfg, party, params, client, X[test], y[test], test)
+    write_json(cfg.output_dir(party.id) / "metrics.json",
+               {"job_id": cfg.job.id, "party_id": party.id, "n_train": len(train), "n_test": len(test),
+                "rounds": _finite(history), "final": final})
+    return history[-1] if history else {}

@@ -1,0 +1,112 @@
+"""Vertical split neural network as a job: prepare data, train, predict, save.
+
+Guest and hosts (no server) first run the shared preparation
+(:func:`secureflhv.runtime.job.data_prep.prepare_vertical`: load, PSI, split, standardise), then training
+(:mod:`secureflhv.vertical.split_nn`), then federated prediction of the training and test rows. Artifacts: every party's ``model.json`` (and its
+last checkpoint); at the guest ``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``.
+Guest and hosts also write their model bundle (:mod:`secureflhv.runtime.store.model_bundle`):
+``state.safetensors`` (float64 arrays of :meth:`state_arrays`: bottom / top torch ``state_dict`` entries,
+interactive-layer shares), the standardisation state and the config, for the prediction job.
+
+Labels at the guest must be integers 0..C-1 (C = 2: binary with AUC; C > 2: multi-class accuracy), or
+with ``task: regression`` finite numbers (one output, MSE; RMSE / MAE / R² and ``predicted_vs_true.png``).
+
+Checkpoints (:mod:`secureflhv.runtime.store.checkpoint`): guest and hosts save their training state after each
+epoch under ``<output_dir>/<party>/checkpoints/step-<epochs done>/`` (what is stored: the split NN
+module docstring). At start-up (after PSI) they agree on a step (:mod:`secureflhv.runtime.store.resume`); with
+``--resume`` they continue after it, and the finished model equals an uninterrupted run's (to ~1e-12).
+What a peer learns from the agreement: which epochs the others completed, nothing else.
+"""
+from __future__ import annotations
+
+import numpy as np
+from pydantic import ConfigDict
+
+from ...crypto.homomorphic.key_prefetch import prefetch_keypair
+from ...transport import Transport
+from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
+from ..store.artifacts import save_model
+from ..job.data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
+from ..store.model_bundle import save_job_bundle
+from ..job.job_file import JobConfig, JobConfigError, PartySpec
+from ..process.progress import emit_progress
+from ..store.resume import attach_checkpoints
+from ..observe.reports import (classification_metrics, evaluate_split, log_summary, regression_metrics,
+                               save_guest_reports)
+
+
+class VerticalNNJobParams(SplitNNConfig, StandardisedSplitParams):
+    """The job file's ``params`` for ``algorithm: vertical_nn``: :class:`SplitNNConfig` plus the split.
+
+    ``insecure_test_key`` is not set here: it follows ``security.insecure_test_keys``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def check(cfg: JobConfig, params: VerticalNNJobParams) -> None:
+    """Split NN runs between guest and hosts only."""
+    if cfg.server is not None:
+        raise JobConfigError("parties: vertical_nn runs between guest and hosts only; remove the server party")
+
+
+def _bundle_fields(data, config: SplitNNConfig) -> dict:
+    return {"feature_names": data.feature_names, "config": config.model_dump(mode="json"),
+            "preprocessing": preprocessing_state(data)}
+
+
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalNNJobParams) -> dict:
+    """Run this party's role of a vertical NN job; return the guest's metrics (hosts: ``{}``).
+
+    Raises JobConfigError for bad data, TransportError when a peer fails or goes silent.
+    """
+    out_dir = cfg.output_dir(party.id)
+    host_ids = [h.id for h in cfg.hosts]
+    config = SplitNNConfig(**params.model_dump(exclude=set(StandardisedSplitParams.model_fields)))
+    # each host's key is generated while PSI and the split run (OU at 2048 bits: 0.3-5 s)
+    keys = prefetch_keypair(config.he_scheme, config.key_bits, config.insecure_test_key) \
+        if party.role == "host" else None
+    data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize, preprocess=True)
+    X, train = data.X, data.train
+
+    def save(model: dict, meta: dict) -> None:
+        save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role=party.role, algorithm="vertical_nn",
+                   model=model, metadata=meta)
+
+    if party.role == "host":
+        host = attach_checkpoints(cfg, party, transport,
+                                  SplitNNHost(transport, cfg.guest.id, host_ids, X[train], config, keypair=keys))
+        host.fit()
+        host.serve_predictions(X)
+        save({"state": host.state_arrays()}, data.meta)
+        save_job_bundle(cfg, party, files={"state.safetensors": host.state_arrays()}, **_bundle_fields(data, config))
+        return {}
+
+    regression = config.task == "regression"
+    if regression:
+        if not np.issubdtype(np.asarray(data.y).dtype, np.number) or not np.all(np.isfinite(data.y)):
+            raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: regression targets must be finite numbers")
+        data.y = np.asarray(data.y, dtype=np.float64)
+    elif not np.all(np.equal(np.mod(data.y, 1), 0)) or np.min(data.y) < 0:
+        raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: labels must be integers 0..C-1")
+    else:
+        data.y = data.y.astype(np.int64)
+    guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config)
+    guest.on_epoch = lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}",
+                                                       {"loss": loss})
+    result = attach_checkpoints(cfg, party, transport, guest).fit()
+    metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
+                                     regression_metrics if regression else classification_metrics)
+    guest.end_prediction()
+    history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds}
+    task = "regression" if regression else ("binary" if guest.n_classes == 2 else "multiclass")
+    plot = save_guest_reports(out_dir, cfg, data, metrics, history, p_test, "vertical NN",
+                              loss_label=("training MSE of the standardised target" if regression else
+                                          "training cross-entropy") + " (mean over the epoch's batches)",
+                              n_classes=guest.n_classes, task=task)
+    save({"state": guest.state_arrays(), "n_classes": guest.n_classes},
+         {**data.meta, "metrics": metrics})
+    save_job_bundle(cfg, party, files={"state.safetensors": guest.state_arrays()}, metrics=metrics,
+                    extra={"n_classes": guest.n_classes}, task=task, **_bundle_fields(data, config))
+    log_summary(party.id, metrics, result.losses, plot)
+    return metrics

@@ -1,6 +1,0 @@
-"""One module per algorithm of the job registry (:mod:`secureflhv.runtime.registry`).
-
-Each holds the pydantic model of the algorithm's ``params``, an optional ``check(cfg, params)`` of the
-whole job, and ``run(cfg, party, transport, params) -> metrics``, which runs one party's role: prepare
-its data (:mod:`secureflhv.runtime.data_prep`), run the protocol's role class, save its artifacts.
-"""

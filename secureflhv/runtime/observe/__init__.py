@@ -1,0 +1,1 @@
+"""Watching a job: the per-party status file, reports and metrics, and the job page."""
