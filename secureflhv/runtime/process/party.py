@@ -97,11 +97,9 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: boo
     Exit codes: 0 success, 1 the job failed (the log says which party and why), 2 bad job file, flags
     or preflight finding (nothing was sent to any party).
 
-    ``resume``: continue from the last checkpoint every party holds (:mod:`.resume`; jobs with checkpoints).
+    ``resume``: continue from the last checkpoint every party holds; passed to the job's run function
+    (:func:`~secureflhv.runtime.store.resume.role_lifecycle`; jobs with checkpoints).
     """
-    from ..store.resume import request_resume
-
-    request_resume(resume)
     try:
         cfg, params = load_job_params(job_path)  # every check, before any network traffic
         spec = cfg.party(party_id)
@@ -144,7 +142,7 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: boo
         with party_executor(spec.compute, party_id, cfg.where(spec, "compute"), start=job.family == "vertical"):
             meet(transport, cfg, partners(cfg, spec, job.family))
             status.set_state("running")
-            result = job.run(cfg, spec, transport, params)
+            result = job.run(cfg, spec, transport, params, resume=resume)
         stopping.set()
     except BaseException as exc:  # noqa: BLE001 - any failure must reach the peers, the log and the exit code
         stopping.set()
