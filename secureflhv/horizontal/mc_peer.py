@@ -29,8 +29,10 @@ failing peer tells every other peer (:meth:`Transport.abort`), so all stop at on
 failure. Rationale: the pool and the popularity counts stay the same at every honest peer only when
 every peer sees the same messages.
 
-Checkpoints (Issue 12): after each round ``r`` the peer runs its ``callbacks`` (:mod:`secureflhv.transport.lifecycle`;
-the job passes a Checkpointer) with its whole state as ``(arrays, state)`` — ``arrays["pool"]`` float32 (|pool|, dim), the pool's models in pool order, and in ``state`` the pool
+Checkpoints (Issue 12): after each round ``r`` the peer runs its ``callbacks``
+(:mod:`secureflhv.transport.lifecycle`; the job passes a Checkpointer) with its whole state as
+``(arrays, state)`` — ``arrays["pool"]`` float32 (|pool|, dim), the pool's models in pool order, and in
+``state`` the pool
 ids, the announced ids, last round's popularity, its pending fork and its round records (plain JSON, no
 pickle). Nothing else carries over between rounds: batches come from ``batch_rng(seed, round, ...)`` and
 the torch module is reloaded from the pool before every use, so a peer built with ``resume=`` the
@@ -320,7 +322,8 @@ class MultiConfederatedPeer(Lifecycle, ProtocolRole):
                  self.party_id, ", ".join(self.others), cfg.rounds, len(self.pool), self.dim)
         for r in range(self._restore() + 1, cfg.rounds + 1):
             rec = self.run_round(r)
-            self.callbacks.after_step(r, StepState(snapshot=lambda _step: self.checkpoint_state()))  # the rounds are fixed: no stop
+            # the rounds are fixed: a stop request is not taken
+            self.callbacks.after_step(r, StepState(snapshot=lambda _step: self.checkpoint_state()))
             log.info("%s: round %d/%d: trained %s; pool %s; personal model %s, local test accuracy %.4f (n=%d)%s%s",
                      self.party_id, r, cfg.rounds, ",".join(rec.trained), ",".join(rec.pool), rec.personal,
                      rec.test_accuracy, rec.test_n, f"; forked {rec.forked}" if rec.forked else "",

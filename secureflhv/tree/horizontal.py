@@ -71,7 +71,8 @@ What each role learns:
   which clients dropped out.
 
 Checkpoints (the constructor's ``callbacks`` run after each round, ``resume=(arrays, state)`` continues
-after one; :mod:`secureflhv.transport.lifecycle`, wired by :mod:`secureflhv.runtime.store.resume`): the server saves the model after each boosting
+after one; :mod:`secureflhv.transport.lifecycle`, wired by :mod:`secureflhv.runtime.store.resume`): the
+server saves the model after each boosting
 round (trees, base margin, cuts, validation losses, best round: :func:`~.model.model_to_dict`) and its
 tree times; a client saves the same model and its margins at the start of the next round (``margin``,
 ``vmargin``), when the server's first hsb.tree of that round confirms the round was kept with this

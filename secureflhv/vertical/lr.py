@@ -100,7 +100,8 @@ wrong-key or stale message is rejected and logged while training continues. Roun
 Progress is logged per epoch on logger ``secureflhv.vertical.lr``.
 
 Checkpoints (the constructor's ``callbacks``, :mod:`secureflhv.transport.lifecycle`, run by every role at the end
-of each epoch; the guest's first callback is its :class:`~secureflhv.transport.lifecycle.EarlyStopping`) hold what the next epoch needs: weights, momentum velocity, the end-of-epoch weights kept for
+of each epoch; the guest's first callback is its :class:`~secureflhv.transport.lifecycle.EarlyStopping`)
+hold what the next epoch needs: weights, momentum velocity, the end-of-epoch weights kept for
 ``restore_best``, loss history, epoch times and the early-stopping counters; a role built with
 ``resume=(arrays, state)`` continues after that epoch. The batch order needs no RNG state (it is drawn
 from ``[seed, epoch]``). The Paillier key is not checkpointed: a resumed session runs the usual setup
@@ -547,13 +548,12 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
         self.public_key = keys[0]
         w = np.zeros((Xd.shape[1],) + self.loss.cols)
         v = np.zeros_like(w)
-        losses, seconds, kept, stopping = [], [], _BestWeights(), self._stopping
-        stopped = False
+        losses, seconds, kept, stopped = [], [], _BestWeights(), False
         first, arr, st = self._restored_epochs(("w", "v", "kept", "losses", "seconds"), Xd.shape[1])
         if first:
             w, v, kept.history = arr["w"].copy(), arr["v"].copy(), [r.copy() for r in arr["kept"]]
             losses, seconds = arr["losses"].tolist(), arr["seconds"].tolist()
-            stopping.replay(losses)  # the same best and count as the checkpoint's "best" / "bad"
+            self._stopping.replay(losses)  # the same best and count as the checkpoint's "best" / "bad"
             stopped = bool(st.get("stopped", False))
         for epoch in range(first, first if stopped else cfg.epochs):
             t0 = time.perf_counter()
@@ -561,11 +561,8 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
             kept.record(w)
             losses.append(loss)
             seconds.append(time.perf_counter() - t0)
-            stop = self._after_step(epoch + 1, lambda step, w=w, v=v: (
-                {"w": w, "v": v, "kept": np.array(kept.history), "losses": np.array(losses),
-                 "seconds": np.array(seconds)},
-                {"best": None if math.isinf(stopping.best) else stopping.best, "bad": stopping.bad,
-                 "stopped": step.stop}), {"loss": loss})
+            stop = self._after_step(epoch + 1, lambda step, w=w, v=v: self._snapshot(step, w, v, kept, losses, seconds),
+                                    {"loss": loss})
             ctl = messages_pb2.Control(command="stop" if stop else "continue", epoch=epoch)
             for p in self._peers():
                 self.t.send(p, TAG_CTL, ctl, round=epoch + 1)
@@ -578,6 +575,20 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
                 log.info("%s: early stopping after epoch %d (no improvement > %g for %d epochs)",
                          self.party_id, epoch + 1, cfg.tol, cfg.patience)
                 break
+        best_epoch = self._keep(kept, losses)
+        return FitResult(self.weights, self.intercept, losses, seconds, stopped, best_epoch)
+
+    def _snapshot(self, step, w, v, kept: _BestWeights, losses: list, seconds: list) -> tuple[dict, dict]:
+        """The guest's checkpoint after an epoch: weights, velocity, kept weights, history, early-stopping state."""
+        stopping = self._stopping
+        return ({"w": w, "v": v, "kept": np.array(kept.history), "losses": np.array(losses),
+                 "seconds": np.array(seconds)},
+                {"best": None if math.isinf(stopping.best) else stopping.best, "bad": stopping.bad,
+                 "stopped": step.stop})
+
+    def _keep(self, kept: _BestWeights, losses: list) -> int:
+        """Name the kept epoch to the hosts (``vlr.best``) and set :attr:`weights` / :attr:`intercept`; returns it."""
+        cfg = self.config
         best_epoch = int(np.argmin(losses)) if cfg.restore_best else len(losses) - 1
         for h in self.host_ids:
             self.t.send(h, TAG_BEST, messages_pb2.Scalars(values={"epoch": best_epoch}), round=0)
@@ -586,7 +597,7 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
         w = kept.pick(best_epoch)
         self.weights = w[:-1].copy() if cfg.fit_intercept else w.copy()
         self.intercept = (float(w[-1]) if w.ndim == 1 else w[-1].copy()) if cfg.fit_intercept else None
-        return FitResult(self.weights, self.intercept, losses, seconds, stopped, best_epoch)
+        return best_epoch
 
     def _key_exchange(self, n: int, d_g: int):
         """Setup to every peer; the key pair (arbiter mode: the arbiter's public key); each host's width.

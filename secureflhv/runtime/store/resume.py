@@ -3,7 +3,8 @@
 ``secureflhv run JOB --resume`` / ``party --resume`` ask for a resume: ``run_party`` passes ``resume``
 to the job's run function, which calls :func:`role_lifecycle` before it builds its role; that calls
 :func:`agree_step` with the steps its :class:`~.checkpoint.CheckpointStore` holds (empty without
-``--resume``, so a party started without it makes everyone start from scratch rather than hang). Two rounds, tag ``resume.steps``, payload a protobuf ``Bundle`` (at most 1 KiB) with
+``--resume``, so a party started without it makes everyone start from scratch rather than hang).
+Two rounds, tag ``resume.steps``, payload a protobuf ``Bundle`` (at most 1 KiB) with
 ``text["steps"]`` = comma-separated step numbers:
 
 * round 0: every party sends every peer the steps it can load (at most :data:`MAX_ANNOUNCED`);
