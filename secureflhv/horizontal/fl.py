@@ -38,8 +38,10 @@ Wire: every payload is protobuf (``messages_pb2.Bundle`` / ``Scalars``); tensors
 little-endian bytes (:mod:`secureflhv.transport.codec`) and are checked against the model's parameter
 names and shapes (float32, finite) — a bad payload is rejected by the transport and the wait goes on.
 
-Checkpoints (``on_checkpoint(rounds_done, arrays, state)`` after every round, ``resume_from = (arrays,
-state)`` to continue after one; the job wires both to :mod:`secureflhv.runtime.store.checkpoint`): the server
+Checkpoints (the constructor's ``callbacks`` get ``after_step(rounds_done, state)`` after every round, whose
+``state.checkpoint()`` is ``(arrays, state)``; ``resume=(arrays, state)`` continues after one; the job passes a
+:class:`~secureflhv.transport.lifecycle.Checkpointer` and the agreed checkpoint, see
+:mod:`secureflhv.runtime.store.resume`; the round count is fixed, so a stop request is ignored): the server
 stores the global model (float32), the strategy's server state (SCAFFOLD's c, IFCA's cluster models)
 and the round records; a client stores its strategy state (SCAFFOLD's c_i, FedPer's head), the last
 global model it received and its metrics history. No RNG state: client sampling, batch orders and the
@@ -69,6 +71,7 @@ from ..proto import messages_pb2
 from ..secagg import AggregateResult, AggregationConfig, AggregationError, OutOfRangeRound, make_client, make_server
 from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
 from ..transport.codec import tensor_to_proto, whole_count
+from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
 from ..transport.role import ProtocolRole
 from .contribution import SLOTS, ContributionClient, ContributionServer, latent_dim
 from .model_wire import float32_tensor, model_bundle, read_model
@@ -209,36 +212,35 @@ def _parallel(fn, items) -> list:
 
 
 # ------------------------------------------------------------------------------------ server
-class _Resumable:
-    """Checkpoint hooks shared by server and client (see the module docstring)."""
+class _Resumable(Lifecycle):
+    """Checkpoint state of server and client (see the module docstring)."""
 
-    resume_from: tuple[dict, dict] | None = None  # (arrays, state) of a checkpoint to continue after
-    on_checkpoint = None  # callback(rounds_done, arrays, state) after each round
+    @property
+    def family(self) -> str:
+        return f"{self.strategy.name} horizontal FL"
 
-    def _restored(self, history_type) -> tuple[int, dict, list]:
-        """(rounds done, arrays, history) of ``resume_from`` ((0, {}, []) without one); the strategy's state
+    def _restored_rounds(self, history_type) -> tuple[int, dict, list]:
+        """(rounds done, arrays, history) of ``resume`` ((0, {}, []) without one); the strategy's state
         is loaded. ValueError when it is not a horizontal FL checkpoint of this configuration."""
-        if self.resume_from is None:
+        done, arrays, state = self._restored(self.config.rounds, check=lambda done, arrays, state: isinstance(
+            state.get("history"), list) and len(state["history"]) == done and all(
+            isinstance(h, dict) for h in state["history"]) and state.get("strategy") == self.strategy.name)
+        if not done:
             return 0, {}, []
-        arrays, state = self.resume_from
-        done, history = state.get("rounds_done"), state.get("history")
-        if not isinstance(done, int) or not 1 <= done <= self.config.rounds or not isinstance(history, list) \
-                or len(history) != done or not all(isinstance(h, dict) for h in history) \
-                or state.get("strategy") != self.strategy.name:
-            raise ValueError(f"checkpoint: not a {self.strategy.name} horizontal FL checkpoint of this configuration")
         try:
-            history = [history_type(**h) for h in history]
+            history = [history_type(**h) for h in state["history"]]
         except TypeError as exc:
             raise ValueError(f"checkpoint: malformed round history ({exc})") from None
         self.strategy.load_state({k[len("strategy."):]: v for k, v in arrays.items() if k.startswith("strategy.")},
                                  self.dim)
         return done, arrays, history
 
-    def _checkpoint(self, done: int, arrays: dict, history: list) -> None:
-        if self.on_checkpoint is not None:
-            arrays = {**arrays, **{f"strategy.{k}": v for k, v in self.strategy.state_arrays().items()}}
-            self.on_checkpoint(done, arrays, {"rounds_done": done, "strategy": self.strategy.name,
-                                              "history": history})
+    def _round_done(self, done: int, arrays: dict, history: list) -> None:
+        def snapshot(_step):
+            return ({**arrays, **{f"strategy.{k}": v for k, v in self.strategy.state_arrays().items()}},
+                    {"strategy": self.strategy.name, "history": history})
+
+        self._after_step(done, snapshot)
 
     def _restored_model(self, arrays: dict, name: str) -> np.ndarray:
         vec = arrays.get(name)
@@ -257,6 +259,7 @@ class HorizontalServer(_Resumable, ProtocolRole):
         strategy: the server's strategy instance.
         config: shared settings.
         on_round: optional callback ``(record, global_vector float32)`` after each round.
+        callbacks, resume: the role lifecycle (:mod:`secureflhv.transport.lifecycle`; Checkpoints above).
 
     Raises (from :meth:`run`, after telling every client): AggregationError when a round keeps fewer
     than t clients; TransportError when no client is left.
@@ -265,8 +268,10 @@ class HorizontalServer(_Resumable, ProtocolRole):
     protocol = "horizontal FL"
 
     def __init__(self, transport, clients: Sequence[str], spec: ModelSpec, strategy: Strategy, config: FLConfig,
-                 on_round: Callable[[RoundRecord, np.ndarray], None] | None = None):
+                 on_round: Callable[[RoundRecord, np.ndarray], None] | None = None, *,
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
         super().__init__(transport)
+        self._init_lifecycle(callbacks, resume)
         self.clients = list(clients)
         if len(set(self.clients)) != len(self.clients) or len(self.clients) < 1:
             raise ValueError(f"clients must be distinct and non-empty, got {self.clients}")
@@ -304,12 +309,12 @@ class HorizontalServer(_Resumable, ProtocolRole):
         cfg = self.config
         log.info("server: %s, %d clients, %d rounds, fraction %g, %d parameters, aggregation %s",
                  self.strategy.name, len(self.clients), cfg.rounds, cfg.fraction, self.dim, cfg.aggregation.kind)
-        done, arrays, self.history = self._restored(lambda **d: RoundRecord(**d))
+        done, arrays, self.history = self._restored_rounds(lambda **d: RoundRecord(**d))
         if done:
             self.global_vec = self._restored_model(arrays, "global")
         for r in range(done + 1, cfg.rounds + 1):
             record = self.run_round(r)
-            self._checkpoint(r, {"global": self.global_vec}, [dict(vars(h)) for h in self.history])
+            self._round_done(r, {"global": self.global_vec}, [dict(vars(h)) for h in self.history])
             tm = record.test_metrics
             quality = (f"test RMSE {tm.get('rmse', float('nan')):.4f}, R² {tm.get('r2', float('nan')):.4f} "
                        f"(n={record.test_n})" if self.spec.task == "regression" else
@@ -498,6 +503,7 @@ class HorizontalClient(_Resumable, ProtocolRole):
             (a regression head: finite float targets).
         X_test, y_test: local test rows for the per-round metrics (may be empty).
         spec, strategy, config: as at the server (the client owns its strategy instance).
+        callbacks, resume: the role lifecycle, as at the server.
 
     Raises ValueError for data that does not fit ``spec`` (names the mismatch).
     """
@@ -505,8 +511,10 @@ class HorizontalClient(_Resumable, ProtocolRole):
     protocol = "horizontal FL"
 
     def __init__(self, transport, server_id: str, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
-                 y_test: np.ndarray, spec: ModelSpec, strategy: Strategy, config: FLConfig):
+                 y_test: np.ndarray, spec: ModelSpec, strategy: Strategy, config: FLConfig, *,
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
         super().__init__(transport)
+        self._init_lifecycle(callbacks, resume)
         self.server_id = server_id
         check_local_data(self.party_id, spec, X_train, y_train, X_test, y_test)
         if spec.task == "regression":
@@ -582,7 +590,7 @@ class HorizontalClient(_Resumable, ProtocolRole):
     def run(self) -> list[dict]:
         """Serve rounds until the server says stop; return this client's per-round metrics."""
         timeout = self.config.round_timeout_s
-        done, arrays, self.history = self._restored(dict)
+        done, arrays, self.history = self._restored_rounds(dict)
         if done:
             self.global_vec = self._restored_model(arrays, "global")
         r = done + 1
@@ -615,7 +623,7 @@ class HorizontalClient(_Resumable, ProtocolRole):
             if self.spec.task == "regression":
                 quality = {"test_mse": metrics["loss"]}
             self.history.append({"round": r, **stats, **quality, **local})
-            self._checkpoint(r, {"global": self.global_vec}, self.history)
+            self._round_done(r, {"global": self.global_vec}, self.history)
             log.info("%s: round %d %s; local %s (n=%d)", self.party_id, r,
                      f"trained {int(stats['steps'])} steps, loss {stats['train_loss']:.4f}" if cmd == "train"
                      else "not selected", ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in quality.items()),

@@ -29,11 +29,13 @@ failing peer tells every other peer (:meth:`Transport.abort`), so all stop at on
 failure. Rationale: the pool and the popularity counts stay the same at every honest peer only when
 every peer sees the same messages.
 
-Checkpoints (Issue 12): after each round ``r`` the peer calls ``on_checkpoint(r, arrays, state)`` with its whole
-state — ``arrays["pool"]`` float32 (|pool|, dim), the pool's models in pool order, and in ``state`` the pool
+Checkpoints (Issue 12): after each round ``r`` the peer runs its ``callbacks``
+(:mod:`secureflhv.transport.lifecycle`; the job passes a Checkpointer) with its whole state as
+``(arrays, state)`` — ``arrays["pool"]`` float32 (|pool|, dim), the pool's models in pool order, and in
+``state`` the pool
 ids, the announced ids, last round's popularity, its pending fork and its round records (plain JSON, no
 pickle). Nothing else carries over between rounds: batches come from ``batch_rng(seed, round, ...)`` and
-the torch module is reloaded from the pool before every use, so a peer built with ``resume_from`` = the
+the torch module is reloaded from the pool before every use, so a peer built with ``resume=`` the
 states of round k (every peer the same k, agreed by :func:`secureflhv.runtime.store.resume.agree_step`) runs
 rounds k+1.. exactly as the uninterrupted run does.
 
@@ -48,12 +50,14 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
 from ..proto import messages_pb2
 from ..transport.base import ProtocolError, TransportError
 from ..transport.codec import whole_count
+from ..transport.lifecycle import Callback, Checkpoint, Lifecycle, StepState
 from ..transport.role import ProtocolRole
 from .model_wire import model_bundle, model_tensors
 from .models import ModelSpec, build_model, check_local_data, evaluate, get_flat, set_flat
@@ -100,7 +104,7 @@ def fork_id(peer: str, round_id: int) -> str:
     return f"{peer}@{round_id}"
 
 
-class MultiConfederatedPeer(ProtocolRole):
+class MultiConfederatedPeer(Lifecycle, ProtocolRole):
     """One MultiConfederated peer (see the module docstring).
 
     Args:
@@ -109,6 +113,7 @@ class MultiConfederatedPeer(ProtocolRole):
         X_train, y_train: local training rows (n, n_features) float32 and int labels in [0, n_classes).
         X_test, y_test: local test rows (may be empty).
         spec: model architecture; config: shared settings (:class:`MCConfig`).
+        callbacks, resume: the role lifecycle (Checkpoints in the module docstring); the rounds are fixed.
 
     Raises (constructor) ValueError for fewer than 2 peers, this party missing from ``peers`` or data
     that does not fit ``spec``; (:meth:`run`) PeerTimeout naming a silent peer, JobAborted when another
@@ -117,8 +122,10 @@ class MultiConfederatedPeer(ProtocolRole):
 
     protocol = "MultiConfederated learning"
 
-    def __init__(self, transport, peers, X_train, y_train, X_test, y_test, spec: ModelSpec, config: MCConfig):
+    def __init__(self, transport, peers, X_train, y_train, X_test, y_test, spec: ModelSpec, config: MCConfig, *,
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
         super().__init__(transport)
+        self._init_lifecycle(callbacks, resume)
         self.all_peers = list(peers)
         if len(set(self.all_peers)) != len(self.all_peers) or len(self.all_peers) < 2:
             raise ValueError(f"MultiConfederated learning needs at least 2 distinct peers, got {self.all_peers}")
@@ -144,9 +151,6 @@ class MultiConfederatedPeer(ProtocolRole):
         self.max_update_bytes = max_selected(config.max_models) * (4 * self.dim + 256) + 4096
         self.trainer = FedAvg()                      # plain local SGD (Strategy.client_update)
         self.history: list[MCRound] = []
-
-    resume_from: tuple[dict, dict] | None = None  # (arrays, state) of the checkpoint to continue after
-    on_checkpoint = None  # callback(rounds_done, arrays, state) at the end of each round
 
     def _peers(self) -> list[str]:
         return self.others  # not dropout-tolerant: a failing peer tells everyone
@@ -269,12 +273,12 @@ class MultiConfederatedPeer(ProtocolRole):
         return arrays, state
 
     def _restore(self) -> int:
-        """Load :attr:`resume_from` (if any); return the rounds it completed (0 without one).
+        """Load the ``resume`` checkpoint (if any); return the rounds it completed (0 without one).
 
         Raises ValueError("checkpoint: ...") when it is not a checkpoint of this peer and configuration."""
-        if self.resume_from is None:
+        if self._resume is None:
             return 0
-        arrays, state = self.resume_from
+        arrays, state = self._resume
         done, ids, pool = state.get("rounds_done"), state.get("pool_ids"), arrays.get("pool")
         fork, announced, pop = state.get("pending_fork"), state.get("announced"), state.get("popularity")
         history = state.get("history")
@@ -318,8 +322,8 @@ class MultiConfederatedPeer(ProtocolRole):
                  self.party_id, ", ".join(self.others), cfg.rounds, len(self.pool), self.dim)
         for r in range(self._restore() + 1, cfg.rounds + 1):
             rec = self.run_round(r)
-            if self.on_checkpoint is not None:
-                self.on_checkpoint(r, *self.checkpoint_state())
+            # the rounds are fixed: a stop request is not taken
+            self.callbacks.after_step(r, StepState(snapshot=lambda _step: self.checkpoint_state()))
             log.info("%s: round %d/%d: trained %s; pool %s; personal model %s, local test accuracy %.4f (n=%d)%s%s",
                      self.party_id, r, cfg.rounds, ",".join(rec.trained), ",".join(rec.pool), rec.personal,
                      rec.test_accuracy, rec.test_n, f"; forked {rec.forked}" if rec.forked else "",

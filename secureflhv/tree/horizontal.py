@@ -70,8 +70,9 @@ What each role learns:
   from the tree also aggregate information about other clients' data (as any shared model does);
   which clients dropped out.
 
-Checkpoints (``on_checkpoint(rounds_done, arrays, state)``, ``resume_from = (arrays, state)``; the job
-wires both to :mod:`secureflhv.runtime.store.checkpoint`): the server saves the model after each boosting
+Checkpoints (the constructor's ``callbacks`` run after each round, ``resume=(arrays, state)`` continues
+after one; :mod:`secureflhv.transport.lifecycle`, wired by :mod:`secureflhv.runtime.store.resume`): the
+server saves the model after each boosting
 round (trees, base margin, cuts, validation losses, best round: :func:`~.model.model_to_dict`) and its
 tree times; a client saves the same model and its margins at the start of the next round (``margin``,
 ``vmargin``), when the server's first hsb.tree of that round confirms the round was kept with this
@@ -101,6 +102,7 @@ from ..proto import tree_pb2
 from ..secagg import AggregationConfig, AggregationError, make_client, make_server
 from ..transport import JobAborted, ProtocolError, Transport, TransportError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
+from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
 from ..transport.role import ProtocolRole
 from .binning import Binner, apply_bins, cuts_from_grid_counts, grid, grid_counts, missing_bin
 from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children, sibling
@@ -147,32 +149,30 @@ class _Restart(Exception):
         self.msg = msg
 
 
-class _Resumable:
-    """Checkpoint hooks of server and client (see Checkpoints in the module docstring)."""
+class _Resumable(Lifecycle):
+    """Checkpoint state of server and client (see Checkpoints in the module docstring)."""
 
-    resume_from: tuple[dict, dict] | None = None  # (arrays, state) of a checkpoint to continue after
-    on_checkpoint = None  # callback(rounds_done, arrays, state)
+    family = "horizontal SecureBoost"
 
-    def _checkpoint(self, done: int, arrays: dict, model: BoostedModel) -> None:
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(done, arrays, {"rounds_done": done, "model": model_to_dict(model)})
+    def _round_done(self, done: int, arrays, model: BoostedModel, stopping: bool = False) -> bool:
+        """Run the callbacks after round ``done`` (``arrays``: a function returning the role's arrays);
+        a round that stops the training is not checkpointed. True: stop."""
+        return self._after_step(done, lambda _step: (arrays(), {"model": model_to_dict(model)}), stopping=stopping,
+                                save_when_stopping=False)
 
-    def _restored(self, model: BoostedModel, arrays_needed: Sequence[str]) -> tuple[int, dict]:
-        """Put ``resume_from``'s trees and validation record into ``model`` (fresh from binning); returns
+    def _restored_model(self, model: BoostedModel, arrays_needed: Sequence[str]) -> tuple[int, dict]:
+        """Put ``resume``'s trees and validation record into ``model`` (fresh from binning); returns
         (rounds done, arrays) ((0, {}) without one). ValueError when the checkpoint is not a horizontal
         SecureBoost checkpoint of this configuration, or its cuts / base margin differ from binning's."""
-        if self.resume_from is None:
+        done, arrays, state = self._restored(self.params.n_trees, arrays_needed,
+                                             lambda done, arrays, state: isinstance(state.get("model"), dict))
+        if not done:
             return 0, {}
-        arrays, state = self.resume_from
-        done, K = state.get("rounds_done"), self.params.trees_per_round
-        if not isinstance(done, int) or not 1 <= done <= self.params.n_trees or not isinstance(state.get("model"), dict) \
-                or set(arrays_needed) - set(arrays):
-            raise ValueError("checkpoint: not a horizontal SecureBoost checkpoint of this configuration")
         saved = model_from_dict(state["model"])
         same_cuts = saved.cuts is not None and len(saved.cuts) == len(model.cuts) and \
             all(np.array_equal(a, b) for a, b in zip(saved.cuts, model.cuts))
-        if not same_cuts or not np.array_equal(saved.base_margin, model.base_margin) or len(saved.trees) != done * K \
-                or saved.params != self.params:
+        if not same_cuts or not np.array_equal(saved.base_margin, model.base_margin) or \
+                len(saved.trees) != done * self.params.trees_per_round or saved.params != self.params:
             raise ValueError("checkpoint: its model does not continue this job (other cuts, base margin, "
                              "parameters or number of trees)")
         model.trees, model.val_losses, model.best_round = saved.trees, saved.val_losses, saved.best_round
@@ -316,6 +316,8 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
             its threshold is fixed by :func:`job_threshold` (ValueError when the job's clients are too few
             for its ``min_clients`` / ``max_colluders``).
         feature_ranges: optional public (lo, hi) per feature; then no client reveals its min/max.
+        callbacks, resume: the role lifecycle (:mod:`secureflhv.transport.lifecycle`); a callback's stop
+            request ends the training after that round, as early stopping does.
 
     Attributes (after :meth:`fit`): ``active`` (the clients that built the last round), ``dropped``
     (client -> where it was lost), ``threshold`` (max(t, 2)).
@@ -324,8 +326,10 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
     protocol = "horizontal SecureBoost"
 
     def __init__(self, transport: Transport, client_ids: Sequence[str], params, *,
-                 aggregation: AggregationConfig | None = None, feature_ranges=None):
+                 aggregation: AggregationConfig | None = None, feature_ranges=None,
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
         super().__init__(transport)
+        self._init_lifecycle(callbacks, resume)
         self.client_ids = sorted(client_ids)
         if len(self.client_ids) < 2:
             raise ValueError("client_ids: horizontal SecureBoost needs at least two clients")
@@ -358,7 +362,7 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         model = BoostedModel(prm, binning.base_margin, [], binning.cuts)
         self.model = model
         r, K = 0, prm.trees_per_round
-        r, arrays = self._restored(model, ("tree_seconds",))
+        r, arrays = self._restored_model(model, ("tree_seconds",))
         if r:
             self.tree_seconds = arrays["tree_seconds"].tolist()
         if self._lost:   # lost during binning: the cuts are those of the binning's survivors
@@ -371,9 +375,8 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
                 self._restart(drop, r * K)
                 continue
             r += 1
-            if stop:
+            if self._round_done(r, lambda: {"tree_seconds": np.array(self.tree_seconds)}, model, stop):
                 break
-            self._checkpoint(r, {"tree_seconds": np.array(self.tree_seconds)}, model)
         self._slot += 1
         self._send_all(TAG_TREE, tree_pb2.HsbLevel(tree=r * K, stop=True, keep_trees=len(model.trees)),
                        self._slot + 1, "stop")
@@ -675,13 +678,17 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
         aggregation: :class:`AggregationConfig` (default ``tree_aggregation_config("secagg")``).
         send_ranges: send this client's per-feature min/max to the server (False when the server has
             public ``feature_ranges``).
+        callbacks, resume: the role lifecycle (:mod:`secureflhv.transport.lifecycle`); the server decides
+            when to stop.
     """
 
     protocol = "horizontal SecureBoost"
 
     def __init__(self, transport: Transport, server_id: str, client_ids: Sequence[str], X, y, params, *,
-                 X_val=None, y_val=None, aggregation: AggregationConfig | None = None, send_ranges: bool = True):
+                 X_val=None, y_val=None, aggregation: AggregationConfig | None = None, send_ranges: bool = True,
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
         super().__init__(transport)
+        self._init_lifecycle(callbacks, resume)
         self.server_id = server_id
         self.client_ids = sorted(client_ids)
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
@@ -727,7 +734,7 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
         base = lambda b: None if b is None else np.tile(binning.base_margin, (len(b), 1)).astype(np.float64)  # noqa: E731
         starts = {0: (base(bins), base(vbins))}   # margins at the start of a round (the last two rounds)
         K = prm.trees_per_round
-        r, arrays = self._restored(self.model, ("margin",) + (() if vbins is None else ("vmargin",)))
+        r, arrays = self._restored_model(self.model, ("margin",) + (() if vbins is None else ("vmargin",)))
         if r:
             saved = arrays["margin"], arrays.get("vmargin")
             for fresh, old in zip(starts[0], saved):
@@ -779,8 +786,8 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
             raise _Restart(msg)
         done, (margin, vmargin) = self._pending
         if done > self._saved:  # the server kept round done - 1 with this client: checkpoint it
-            self._checkpoint(done, {"margin": margin, **({} if vmargin is None else {"vmargin": vmargin})},
-                             self.model)
+            self._round_done(done, lambda: {"margin": margin, **({} if vmargin is None else {"vmargin": vmargin})},
+                             self.model)  # a client follows the server's stop, it asks for none
             self._saved = done
         return msg
 

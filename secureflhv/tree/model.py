@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..transport.lifecycle import EarlyStopping
 from .params import SecureBoostParams, transform
 
 
@@ -131,19 +132,19 @@ class BoostedModel:
     best_round: int | None = None
 
     def record_validation(self, round_index: int, loss: float) -> bool:
-        """Add boosting round ``round_index``'s validation loss (called every round).
+        """Add boosting round ``round_index``'s validation loss (called every round, in order).
 
-        Returns True when early stopping fires: no improvement for ``params.early_stopping_rounds``
-        rounds; the trees after the best round are then dropped.
+        Returns True when early stopping fires (:class:`~secureflhv.transport.lifecycle.EarlyStopping`
+        with patience ``params.early_stopping_rounds``, replayed over :attr:`val_losses`): no improvement
+        for that many rounds; the trees after the best round are then dropped.
         """
-        if loss < min(self.val_losses, default=float("inf")):
-            self.best_round = round_index
+        stopping = EarlyStopping(self.params.early_stopping_rounds, metric="val_loss")
+        stop = stopping.replay(self.val_losses).update(loss)
         self.val_losses.append(loss)
-        rounds = self.params.early_stopping_rounds
-        if rounds and round_index - self.best_round >= rounds:
+        self.best_round = stopping.best_index
+        if stop:
             self.trees = self.trees[:(self.best_round + 1) * self.params.trees_per_round]
-            return True
-        return False
+        return stop
 
     def predict_margin_bins(self, bins: np.ndarray) -> np.ndarray:
         m = np.tile(self.base_margin, (bins.shape[0], 1)).astype(np.float64)

@@ -97,6 +97,7 @@ from ..crypto.homomorphic.key_prefetch import resolve_keypair
 from ..data.dataset import check_matrix
 from ..proto import tree_pb2
 from ..transport.he_codec import backend_and_codec
+from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
 from ..transport.role import ProtocolRole
 from ..transport import ProtocolError, Transport, TransportError, parse_message
 from .binning import Binner
@@ -266,28 +267,20 @@ class _GrowingTree:
         return float(dequantise(self.gq[rows].sum(), self.p)), float(dequantise(self.hq[rows].sum(), self.p))
 
 
-class _Role(ProtocolRole):
+def _trees_done(done: int, arrays: dict, state: dict) -> bool:
+    return isinstance(state.get("trees_done"), int)
+
+
+class _Role(Lifecycle, ProtocolRole):
     protocol = "SecureBoost"
     # checkpoints (runtime/store/resume.py): state after each boosting round (step = rounds done); the key is
     # not kept: a resumed session makes a fresh one, which changes no tree (every decryption is exact)
-    resume_from: tuple[dict, dict] | None = None
-    on_checkpoint = None  # callback(rounds_done, arrays, state)
+    family = "SecureBoost"
 
-    def _checkpoint(self, done: int, arrays: dict, state: dict) -> None:
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(done, arrays, {"rounds_done": done, **state})
-
-    def _restored(self, n_rounds: int) -> tuple[int, dict, dict]:
-        if self.resume_from is None:
-            return 0, {}, {}
-        arrays, state = self.resume_from
-        done = state.get("rounds_done")
-        if not isinstance(done, int) or not 1 <= done <= n_rounds or not isinstance(state.get("trees_done"), int):
-            raise ValueError("checkpoint: not a SecureBoost checkpoint of this configuration")
-        return done, arrays, state
-
-    def __init__(self, transport: Transport, params, backend):
+    def __init__(self, transport: Transport, params, backend, callbacks: Sequence[Callback] = (),
+                 resume: Checkpoint | None = None):
         super().__init__(transport)
+        self._init_lifecycle(callbacks, resume)
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
         # an explicit backend wins (the plaintext benchmark baseline); else the job's he_scheme
         self.he, self.wire = backend_and_codec(self.params.he_scheme if backend is None else backend)
@@ -309,11 +302,14 @@ class SecureBoostGuest(_Role):
             (:func:`~secureflhv.crypto.homomorphic.key_prefetch.prefetch_keypair`); default: generated with ``params.key_bits``.
         backend: None (default: ``params.he_scheme``, "paillier" or "ou") or "identity" (NO encryption:
             the plaintext baseline of ``benchmarks/secureboost.py``; never use it with real data).
+        callbacks, resume: the role lifecycle (:mod:`secureflhv.transport.lifecycle`): run after every boosting
+            round; a stop request (or early stopping on the validation loss) ends the training there.
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, params, *, X_val=None, y_val=None,
-                 cuts=None, keypair=None, backend=None):
-        super().__init__(transport, params, backend)
+                 cuts=None, keypair=None, backend=None, callbacks: Sequence[Callback] = (),
+                 resume: Checkpoint | None = None):
+        super().__init__(transport, params, backend, callbacks, resume)
         self.host_ids = list(host_ids)
         if not self.host_ids:
             raise ValueError("host_ids: vertical SecureBoost needs at least one host")
@@ -365,7 +361,7 @@ class SecureBoostGuest(_Role):
         vmargin = None if self.X_val is None else np.tile(bm, (len(self.X_val), 1)).astype(np.float64)
         result = TrainResult(model)
         seq = 0
-        first, arr, st = self._restored(prm.n_trees)
+        first, arr, st = self._restored(prm.n_trees, check=_trees_done)
         if first:
             model = result.model = model_from_dict(st["model"])
             if arr["margin"].shape != margin.shape or (vmargin is not None) != ("vmargin" in arr) or \
@@ -391,13 +387,13 @@ class SecureBoostGuest(_Role):
                 result.tree_seconds.append(time.perf_counter() - ts)
                 log.info("%s: tree %d (round %d, output %d) in %.2fs", self.party_id, seq, r + 1, k,
                          result.tree_seconds[-1])
-            if vmargin is not None:
-                if model.record_validation(r, loss(vmargin, self.y_val, prm)):
-                    result.stopped_early = True
-                    break
-            self._checkpoint(r + 1, {"margin": margin, "tree_seconds": np.array(result.tree_seconds),
-                                     **({} if vmargin is None else {"vmargin": vmargin})},
-                             {"trees_done": seq, "model": model_to_dict(model)})
+            stop = vmargin is not None and model.record_validation(r, loss(vmargin, self.y_val, prm))
+            if self._after_step(r + 1, lambda _step: ({"margin": margin, "tree_seconds": np.array(result.tree_seconds),
+                                                 **({} if vmargin is None else {"vmargin": vmargin})},
+                                                {"trees_done": seq, "model": model_to_dict(model)}),
+                                stopping=stop, save_when_stopping=False):
+                result.stopped_early = True
+                break
         for h_id in self.host_ids:
             t.send(h_id, TAG_START, tree_pb2.SbTreeStart(tree=seq, stop=True, keep_trees=len(model.trees)),
                    round=seq + 1)
@@ -793,14 +789,15 @@ class SecureBoostHost(_Role):
         X_val: validation rows aligned with the guest's (needed when the guest validates).
         cuts: bin cuts (default: quantile cuts of X, computed here and never sent).
         backend: must match the guest's ("identity" only for the plaintext benchmark baseline).
+        callbacks, resume: the role lifecycle, as for the guest (the guest decides when to stop).
 
     ``records`` is the host's private lookup table: record id -> (feature, bin, threshold, default_left)
     (a missing value goes left exactly when default_left; the guest never learns it).
     """
 
     def __init__(self, transport: Transport, guest_id: str, X, params, *, X_val=None, cuts=None,
-                 backend=None):
-        super().__init__(transport, params, backend)
+                 backend=None, callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
+        super().__init__(transport, params, backend, callbacks, resume)
         self.guest_id = guest_id
         self.X = check_matrix(X, "X", allow_nan=True)
         self.binner = Binner.fit(self.X, self.params.max_bin, cuts)
@@ -848,7 +845,7 @@ class SecureBoostHost(_Role):
         self._validating = setup.n_val_rows > 0
         t.send(self.guest_id, TAG_HELLO, tree_pb2.SbHello(n_features=self.X.shape[1]))
         seq = 0
-        first, _, st = self._restored(prm.n_trees)
+        first, _, st = self._restored(prm.n_trees, check=_trees_done)
         if first:
             seq = st["trees_done"]
             self.records = [(int(j), int(b), float(thr), bool(dl)) for j, b, thr, dl in st["records"]]
@@ -873,7 +870,8 @@ class SecureBoostHost(_Role):
                 self._serve(None)  # the guest routes its validation rows through the new tree
                 self.phases.stop()
             if seq % prm.trees_per_round == 0:  # a round ends: the guest checkpoints it too
-                self._checkpoint(seq // prm.trees_per_round, {}, {"trees_done": seq, "records": list(self.records)})
+                self._after_step(seq // prm.trees_per_round,
+                                 lambda _step: ({}, {"trees_done": seq, "records": list(self.records)}))
 
     def _check_setup(self, m: tree_pb2.SbSetup):
         prm = self.params

@@ -99,8 +99,9 @@ wrong-key or stale message is rejected and logged while training continues. Roun
 
 Progress is logged per epoch on logger ``secureflhv.vertical.lr``.
 
-Checkpoints (``on_checkpoint(epochs_done, arrays, state)``, called by every role at the end of each
-epoch) hold what the next epoch needs: weights, momentum velocity, the end-of-epoch weights kept for
+Checkpoints (the constructor's ``callbacks``, :mod:`secureflhv.transport.lifecycle`, run by every role at the end
+of each epoch; the guest's first callback is its :class:`~secureflhv.transport.lifecycle.EarlyStopping`)
+hold what the next epoch needs: weights, momentum velocity, the end-of-epoch weights kept for
 ``restore_best``, loss history, epoch times and the early-stopping counters; a role built with
 ``resume=(arrays, state)`` continues after that epoch. The batch order needs no RNG state (it is drawn
 from ``[seed, epoch]``). The Paillier key is not checkpointed: a resumed session runs the usual setup
@@ -125,6 +126,7 @@ from ..crypto.homomorphic.key_prefetch import resolve_keypair
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
+from ..transport.lifecycle import Callback, Checkpoint, EarlyStopping, Lifecycle
 from ..data.dataset import check_matrix
 from .common import VerticalRole, control_parser
 from .host_masks import HostMasks, check_scores, cross_terms, encrypt_masked, masked_mantissas
@@ -270,16 +272,19 @@ class FitResult:
 
 
 # --------------------------------------------------------------------------- wire helpers
-class _Role(VerticalRole):
+class _Role(Lifecycle, VerticalRole):
     """Shared plumbing of the three roles."""
 
     protocol = "vertical LR"
     pred_request_tag = TAG_PRED_REQ
+    step_key, family, list_arrays = "epochs_done", "vertical LR", True
 
-    def __init__(self, transport: Transport, config: VerticalLRConfig | dict, backend):
+    def __init__(self, transport: Transport, config: VerticalLRConfig | dict, backend,
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
         self.config = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
         backend = self.config.he_scheme if backend is None else backend  # an explicit backend wins (benchmarks)
         super().__init__(transport, backend, self.config.precision_bits, self.config.dot_precision_bits)
+        self._init_lifecycle(callbacks, resume)
 
     def _pubkey_parser(self):
         return self.wire.public_key_parser(self.config.insecure_test_key)
@@ -288,28 +293,16 @@ class _Role(VerticalRole):
         """Arbiter mode with two or more hosts: the hosts' scores carry zero-sum masks (:mod:`.host_masks`)."""
         return self.config.mode == "arbiter" and len(getattr(self, "host_ids", ())) >= 2
 
-    resume_from: tuple[dict, dict] | None = None  # (arrays, state) of a checkpoint to continue after
-    on_checkpoint = None  # callback(epochs_done, arrays, state) at the end of each epoch
-
-    def _restored(self, names: Sequence[str], width: int | None) -> tuple[int, dict, dict]:
-        """(epochs done, arrays, state) of ``resume_from`` (0, {}, {} without one); ValueError if it does not fit."""
-        if self.resume_from is None:
-            return 0, {}, {}
-        arrays, state = self.resume_from
-        done = state.get("epochs_done")
-        if not isinstance(done, int) or not 1 <= done <= self.config.epochs or set(names) - set(arrays):
-            raise ValueError(f"checkpoint: not a vertical LR checkpoint of this configuration ({sorted(arrays)})")
-        for name in names:
+    def _restored_epochs(self, names: Sequence[str], width: int | None) -> tuple[int, dict, dict]:
+        """(epochs done, arrays, state) of ``resume`` (0, {}, {} without one); ValueError if it does not fit."""
+        done, arrays, state = self._restored(self.config.epochs, names)
+        for name in names if done else ():
             rows = arrays[name].shape[0] if arrays[name].ndim else -1
             if (name in ("seconds", "losses", "kept") and rows != done) or \
                     (width is not None and name in ("w", "v", "kept")
                      and arrays[name].shape[1 if name == "kept" else 0] != width):
                 raise ValueError(f"checkpoint: {name} has shape {arrays[name].shape}, which does not fit")
         return done, arrays, state
-
-    def _checkpoint(self, done: int, arrays: dict, state: dict) -> None:
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(done, arrays, {"epochs_done": done, **state})
 
     def _end_epoch(self, epoch: int, t0: float, seconds: list[float], done: str) -> bool:
         """Host / arbiter: wait for the guest's end-of-epoch Control; log and time the epoch; True to stop."""
@@ -454,6 +447,8 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
         backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
             :class:`~secureflhv.crypto.homomorphic.backend.HEBackend`.
         on_epoch: optional ``callback(epoch, loss)`` called after each epoch (progress reporting).
+        callbacks, resume: the role lifecycle (Checkpoints in the module docstring); they run after the
+            guest's own EarlyStopping, and a stop request from any of them ends the training for every party.
         n_classes: K for ``task: multiclass`` (default: largest label + 1); sent to every party in the setup.
 
     Weights: binary / regression (d_g,) float64 and a float intercept; multiclass (d_g, K) and (K,).
@@ -474,8 +469,13 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, config, arbiter_id: str | None = None,
-                 *, keypair=None, backend=None, on_epoch=None, n_classes: int | None = None):
-        super().__init__(transport, config, backend)
+                 *, keypair=None, backend=None, on_epoch=None, n_classes: int | None = None,
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
+        cfg = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
+        # early stopping is the first callback (the job file's early_stopping / patience / tol); it tracks the
+        # best loss even when off, for the checkpoints
+        self._stopping = EarlyStopping(cfg.patience if cfg.early_stopping else None, cfg.tol, "loss", cfg.epochs)
+        super().__init__(transport, cfg, backend, [self._stopping, *callbacks], resume)
         self.on_epoch = on_epoch  # optional callback(epoch index, epoch loss), e.g. for a progress bar
         self.host_ids = list(host_ids)
         if not self.host_ids:
@@ -548,33 +548,26 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
         self.public_key = keys[0]
         w = np.zeros((Xd.shape[1],) + self.loss.cols)
         v = np.zeros_like(w)
-        losses, seconds, kept = [], [], _BestWeights()
-        best, bad, stopped = math.inf, 0, False
-        first, arr, st = self._restored(("w", "v", "kept", "losses", "seconds"), Xd.shape[1])
+        losses, seconds, kept, stopped = [], [], _BestWeights(), False
+        first, arr, st = self._restored_epochs(("w", "v", "kept", "losses", "seconds"), Xd.shape[1])
         if first:
             w, v, kept.history = arr["w"].copy(), arr["v"].copy(), [r.copy() for r in arr["kept"]]
             losses, seconds = arr["losses"].tolist(), arr["seconds"].tolist()
-            best = math.inf if st.get("best") is None else float(st["best"])
-            bad, stopped = int(st.get("bad", 0)), bool(st.get("stopped", False))
+            self._stopping.replay(losses)  # the same best and count as the checkpoint's "best" / "bad"
+            stopped = bool(st.get("stopped", False))
         for epoch in range(first, first if stopped else cfg.epochs):
             t0 = time.perf_counter()
             w, v, loss = self._train_epoch(epoch, Xd, w, v, *keys)
             kept.record(w)
             losses.append(loss)
-            if loss < best - cfg.tol:
-                best, bad = loss, 0
-            else:
-                bad += 1
-            stop = cfg.early_stopping and bad >= cfg.patience and epoch + 1 < cfg.epochs
+            seconds.append(time.perf_counter() - t0)
+            stop = self._after_step(epoch + 1, lambda step, w=w, v=v: self._snapshot(step, w, v, kept, losses, seconds),
+                                    {"loss": loss})
             ctl = messages_pb2.Control(command="stop" if stop else "continue", epoch=epoch)
             for p in self._peers():
                 self.t.send(p, TAG_CTL, ctl, round=epoch + 1)
-            seconds.append(time.perf_counter() - t0)
             log.info("%s: epoch %d/%d loss %.6f lr %.4g %.2fs", self.party_id, epoch + 1, cfg.epochs, loss,
                      cfg.learning_rate_at(epoch), seconds[-1])
-            self._checkpoint(epoch + 1, {"w": w, "v": v, "kept": np.array(kept.history), "losses": np.array(losses),
-                                         "seconds": np.array(seconds)},
-                             {"best": None if math.isinf(best) else best, "bad": bad, "stopped": stop})
             if self.on_epoch is not None:
                 self.on_epoch(epoch, loss)
             if stop:
@@ -582,6 +575,20 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
                 log.info("%s: early stopping after epoch %d (no improvement > %g for %d epochs)",
                          self.party_id, epoch + 1, cfg.tol, cfg.patience)
                 break
+        best_epoch = self._keep(kept, losses)
+        return FitResult(self.weights, self.intercept, losses, seconds, stopped, best_epoch)
+
+    def _snapshot(self, step, w, v, kept: _BestWeights, losses: list, seconds: list) -> tuple[dict, dict]:
+        """The guest's checkpoint after an epoch: weights, velocity, kept weights, history, early-stopping state."""
+        stopping = self._stopping
+        return ({"w": w, "v": v, "kept": np.array(kept.history), "losses": np.array(losses),
+                 "seconds": np.array(seconds)},
+                {"best": None if math.isinf(stopping.best) else stopping.best, "bad": stopping.bad,
+                 "stopped": step.stop})
+
+    def _keep(self, kept: _BestWeights, losses: list) -> int:
+        """Name the kept epoch to the hosts (``vlr.best``) and set :attr:`weights` / :attr:`intercept`; returns it."""
+        cfg = self.config
         best_epoch = int(np.argmin(losses)) if cfg.restore_best else len(losses) - 1
         for h in self.host_ids:
             self.t.send(h, TAG_BEST, messages_pb2.Scalars(values={"epoch": best_epoch}), round=0)
@@ -590,7 +597,7 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
         w = kept.pick(best_epoch)
         self.weights = w[:-1].copy() if cfg.fit_intercept else w.copy()
         self.intercept = (float(w[-1]) if w.ndim == 1 else w[-1].copy()) if cfg.fit_intercept else None
-        return FitResult(self.weights, self.intercept, losses, seconds, stopped, best_epoch)
+        return best_epoch
 
     def _key_exchange(self, n: int, d_g: int):
         """Setup to every peer; the key pair (arbiter mode: the arbiter's public key); each host's width.
@@ -805,8 +812,9 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
     """
 
     def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], X, config,
-                 arbiter_id: str | None = None, *, backend=None):
-        super().__init__(transport, config, backend)
+                 arbiter_id: str | None = None, *, backend=None, callbacks: Sequence[Callback] = (),
+                 resume: Checkpoint | None = None):
+        super().__init__(transport, config, backend, callbacks, resume)
         self.guest_id = guest_id
         self.host_ids = list(host_ids)
         if self.party_id not in self.host_ids:
@@ -861,7 +869,7 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
         w = np.zeros((d_h,) + L.cols)
         v = np.zeros_like(w)
         seconds, stopped, kept = [], False, _BestWeights()
-        first, arr, st = self._restored(("w", "v", "kept", "seconds"), d_h)
+        first, arr, st = self._restored_epochs(("w", "v", "kept", "seconds"), d_h)
         if first:
             w, v, kept.history = arr["w"].copy(), arr["v"].copy(), [r.copy() for r in arr["kept"]]
             seconds, stopped = arr["seconds"].tolist(), bool(st.get("stopped", False))
@@ -906,8 +914,8 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
                 w, v = cfg.step(w, v, g_sum.T / nb + cfg.l2 * w, lr)
             kept.record(w)
             stopped = self._end_epoch(epoch, t0, seconds, "done")
-            self._checkpoint(epoch + 1, {"w": w, "v": v, "kept": np.array(kept.history), "seconds": np.array(seconds)},
-                             {"stopped": stopped})
+            self._after_step(epoch + 1, lambda _step, w=w, v=v, stopped=stopped: (  # the guest decides the stop
+                {"w": w, "v": v, "kept": np.array(kept.history), "seconds": np.array(seconds)}, {"stopped": stopped}))
             if stopped:
                 break
         best_epoch = t.recv(self.guest_id, TAG_BEST, parse=_best_epoch_parser(len(seconds)))
@@ -973,8 +981,8 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
     """
 
     def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], config, *, keypair=None,
-                 backend=None):
-        super().__init__(transport, config, backend)
+                 backend=None, callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
+        super().__init__(transport, config, backend, callbacks, resume)
         if self.config.mode != "arbiter":
             raise ValueError("mode: the arbiter only takes part in mode 'arbiter'")
         self.guest_id = guest_id
@@ -1002,7 +1010,7 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
         dims = {p: int(t.recv(p, TAG_HELLO, parse=_scalars_parser(["n_features"])).values["n_features"])
                 for p in self._peers()}
         seconds, stopped = [], False
-        first, arr, st = self._restored(("seconds",), None)
+        first, arr, st = self._restored_epochs(("seconds",), None)
         if first:
             seconds, stopped = arr["seconds"].tolist(), bool(st.get("stopped", False))
         for epoch in range(first, first if stopped else cfg.epochs):
@@ -1014,7 +1022,8 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
                     self._serve_decrypt(priv, pub, p, TAG_GRAD, TAG_GRAD_DEC, rnd, self._grad_shape(dims[p]))
                 self._serve_decrypt(priv, pub, self.guest_id, TAG_LOSS, TAG_LOSS_DEC, rnd, (1,))
             stopped = self._end_epoch(epoch, t0, seconds, "served")
-            self._checkpoint(epoch + 1, {"seconds": np.array(seconds)}, {"stopped": stopped})
+            self._after_step(epoch + 1, lambda _step, stopped=stopped: ({"seconds": np.array(seconds)},
+                                                                        {"stopped": stopped}))
             if stopped:
                 break
         return FitResult(np.zeros(0), None, [], seconds, stopped)

@@ -82,8 +82,8 @@ host's decryptions ~15x with 2048-bit keys at the price of statistical instead o
 Checkpoints (``checkpoint_dir``): after every epoch each party writes ``<party>-epoch<NNN>.npz``
 (numpy arrays only, loaded with ``allow_pickle=False``) and a JSON sidecar; never torch.load.
 
-Resume (``on_checkpoint(epochs_done, arrays, state)`` at the end of every epoch, ``resume_from =
-(arrays, state)`` to continue after one; the job wires both to :mod:`secureflhv.runtime.store.checkpoint`):
+Resume (the constructor's ``callbacks`` run at the end of every epoch, :mod:`secureflhv.transport.lifecycle`;
+``resume=(arrays, state)`` continues after one; the job passes both, :mod:`secureflhv.runtime.store.resume`):
 every array is plain float/int numpy, no pickle. The guest stores W_g, c, its shares V_h, the top and
 bottom ``state_dict`` entries, the torch optimiser state (``opt.<param index>.<key>``: Adam's step,
 exp_avg, exp_avg_sq; SGD has none) and the loss history; a host stores E_h, its bottom ``state_dict``
@@ -103,7 +103,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -114,6 +114,7 @@ from ..crypto.homomorphic.key_prefetch import resolve_keypair
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import whole_count
+from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
 from ..data.dataset import check_matrix
 from .common import VerticalRole, control_parser
 from .prediction import PredictionGuest, PredictionHost
@@ -351,36 +352,33 @@ def _load_optimizer(opt: torch.optim.Optimizer | None, arrays: dict[str, np.ndar
     opt.load_state_dict(sd)
 
 
-class _Role(VerticalRole):
+class _Role(Lifecycle, VerticalRole):
     protocol = "split NN"
     pred_request_tag = TAG_PRED_REQ
-    resume_from: tuple[dict, dict] | None = None  # (arrays, state) of a checkpoint to continue after
-    on_checkpoint = None  # callback(epochs_done, arrays, state) at the end of each epoch
+    step_key, family, list_arrays = "epochs_done", "split NN", True
 
-    def _restored(self, opt, history: Sequence[str]) -> tuple[int, dict]:
-        """Load ``resume_from`` into this role and ``opt``; returns (epochs done, arrays) ((0, {}) without one).
+    def _restored_epochs(self, opt, history: Sequence[str]) -> tuple[int, dict]:
+        """Load ``resume`` into this role and ``opt``; returns (epochs done, arrays) ((0, {}) without one).
         ValueError when it is not a split NN checkpoint of this configuration."""
-        if self.resume_from is None:
-            return 0, {}
-        arrays, state = self.resume_from
-        done = state.get("epochs_done")
-        if not isinstance(done, int) or not 1 <= done <= self.config.epochs or set(history) - set(arrays) \
-                or any(arrays[h].shape != (done,) for h in history if h != "batch_losses"):
-            raise ValueError(f"checkpoint: not a split NN checkpoint of this configuration ({sorted(arrays)})")
-        self.load_state(arrays)
-        _load_optimizer(opt, arrays)
+        done, arrays, _ = self._restored(self.config.epochs, history, lambda done, arrays, state: all(
+            arrays[h].shape == (done,) for h in history if h != "batch_losses"))
+        if done:
+            self.load_state(arrays)
+            _load_optimizer(opt, arrays)
         return done, arrays
 
-    def _checkpoint(self, done: int, opt, history: dict) -> None:
-        if self.on_checkpoint is not None:
-            arrays = {**self.state_arrays(), **_optimizer_arrays(opt),
-                      **{k: np.asarray(v, dtype=np.float64) for k, v in history.items()}}
-            self.on_checkpoint(done, arrays, {"epochs_done": done})
+    def _epoch_done(self, done: int, opt, history: dict) -> None:
+        """Run the callbacks after epoch ``done`` (the guest has told the hosts already: no stop request)."""
+        self._after_step(done, lambda _step: ({**self.state_arrays(), **_optimizer_arrays(opt),
+                                               **{k: np.asarray(v, dtype=np.float64) for k, v in history.items()}},
+                                              {}))
 
-    def __init__(self, transport: Transport, config, backend):
+    def __init__(self, transport: Transport, config, backend, callbacks: Sequence[Callback] = (),
+                 resume: Checkpoint | None = None):
         self.config = config if isinstance(config, SplitNNConfig) else SplitNNConfig(**config)
         backend = self.config.he_scheme if backend is None else backend  # an explicit backend wins (benchmarks)
         super().__init__(transport, backend, self.config.precision_bits, self.config.dot_precision_bits)
+        self._init_lifecycle(callbacks, resume)
 
 
 # --------------------------------------------------------------------------- guest
@@ -396,14 +394,18 @@ class SplitNNGuest(PredictionGuest, _Role):
         backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
             :class:`~secureflhv.crypto.homomorphic.backend.HEBackend`.
         checkpoint_dir: write a checkpoint after every epoch there (optional).
+        on_epoch: optional ``callback(epoch, loss)`` after each epoch (progress reporting).
+        callbacks, resume: the role lifecycle (Resume in the module docstring); the epochs are fixed.
 
     After ``fit``: ``bottom`` (torch, or None), ``W_g`` (d_alpha_g, o), ``bias`` (o,), ``V`` {host: (k_h, o)},
     ``top`` (torch). See the module docstring for what the guest learns.
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], X, y, config, *, backend=None,
-                 checkpoint_dir: str | Path | None = None):
-        super().__init__(transport, config, backend)
+                 checkpoint_dir: str | Path | None = None, on_epoch: Callable[[int, float], None] | None = None,
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
+        super().__init__(transport, config, backend, callbacks, resume)
+        self.on_epoch = on_epoch
         cfg = self.config
         self.host_ids = list(host_ids)
         if not self.host_ids:
@@ -517,7 +519,7 @@ class SplitNNGuest(PredictionGuest, _Role):
         params = list(self.top.parameters()) + (list(self.bottom.parameters()) if self.bottom is not None else [])
         opt = _optimizer(cfg, params)
         res = FitResult()
-        first, arrays = self._restored(opt, ("losses", "batch_losses", "seconds"))
+        first, arrays = self._restored_epochs(opt, ("losses", "batch_losses", "seconds"))
         if first:
             res.losses, res.batch_losses = arrays["losses"].tolist(), arrays["batch_losses"].tolist()
             res.epoch_seconds = arrays["seconds"].tolist()
@@ -535,13 +537,12 @@ class SplitNNGuest(PredictionGuest, _Role):
                 res.checkpoints.append(str(save_checkpoint(self.checkpoint_dir, self.party_id, epoch,
                                                            self.state_arrays(), {"loss": res.losses[-1]})))
             res.epoch_seconds.append(time.perf_counter() - t0)
-            self._checkpoint(epoch + 1, opt, {"losses": res.losses, "batch_losses": res.batch_losses,
+            self._epoch_done(epoch + 1, opt, {"losses": res.losses, "batch_losses": res.batch_losses,
                                               "seconds": res.epoch_seconds})
             log.info("%s: epoch %d/%d loss %.6f %.2fs", self.party_id, epoch + 1, cfg.epochs, res.losses[-1],
                      res.epoch_seconds[-1])
-            cb = getattr(self, "on_epoch", None)
-            if cb is not None:
-                cb(epoch, res.losses[-1])
+            if self.on_epoch is not None:
+                self.on_epoch(epoch, res.losses[-1])
         return res
 
     def _host_forward(self, rnd: int, nb: int, tags=(TAG_FWD, TAG_FWD_MASKED, TAG_FWD_DEC)) -> np.ndarray:
@@ -689,8 +690,9 @@ class SplitNNHost(PredictionHost, _Role):
     """
 
     def __init__(self, transport: Transport, guest_id: str, host_ids: Sequence[str], X, config, *, backend=None,
-                 keypair=None, checkpoint_dir: str | Path | None = None, record_gradients: bool = False):
-        super().__init__(transport, config, backend)
+                 keypair=None, checkpoint_dir: str | Path | None = None, record_gradients: bool = False,
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
+        super().__init__(transport, config, backend, callbacks, resume)
         cfg = self.config
         self.guest_id = guest_id
         self.host_ids = list(host_ids)
@@ -773,7 +775,7 @@ class SplitNNHost(PredictionHost, _Role):
         opt = _optimizer(cfg, self.bottom.parameters())
         n = self.X.shape[0]
         res = FitResult()
-        first, arrays = self._restored(opt, ("seconds",))
+        first, arrays = self._restored_epochs(opt, ("seconds",))
         if first:
             res.epoch_seconds = arrays["seconds"].tolist()
         for epoch in range(first, cfg.epochs):
@@ -785,7 +787,7 @@ class SplitNNHost(PredictionHost, _Role):
                 res.checkpoints.append(str(save_checkpoint(self.checkpoint_dir, self.party_id, epoch,
                                                            self.state_arrays(), {})))
             res.epoch_seconds.append(time.perf_counter() - t0)
-            self._checkpoint(epoch + 1, opt, {"seconds": res.epoch_seconds})
+            self._epoch_done(epoch + 1, opt, {"seconds": res.epoch_seconds})
             log.info("%s: epoch %d/%d done in %.2fs", self.party_id, epoch + 1, cfg.epochs, res.epoch_seconds[-1])
             if ctl.command == "stop":
                 break

@@ -1,6 +1,6 @@
 """Horizontal FL resume in process from every round's checkpoint (every strategy with cross-round state).
 
-In process, every role records its ``on_checkpoint`` states; new roles built with ``resume_from`` = the
+In process, every role records its checkpoint states; new roles built with ``resume=`` the
 states of round k finish with the uninterrupted run's global model bit for bit (aggregation rounding is
 seeded by (seed, round, client), batches by (seed, round, client)).
 """
@@ -20,6 +20,10 @@ from fl_harness import blobs, run_fl  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec  # noqa: E402
 from secureflhv.horizontal.strategy_registry import make_strategy  # noqa: E402
 from secureflhv.horizontal.strategies import LocalTrainConfig  # noqa: E402
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import give_lifecycle, recorder
 
 SPEC = ModelSpec(name="mlp", n_features=6, n_classes=3, hidden=(8,))
 LOCAL = LocalTrainConfig(epochs=1, batch_size=16, lr=0.1, momentum=0.5)
@@ -34,10 +38,7 @@ def _fl(strategy, resume=None, **kw):
     def prepare(server, clients):
         for role in [server, *clients]:
             saved[role.party_id] = {}
-            role.on_checkpoint = lambda done, arrays, state, p=role.party_id: saved[p].__setitem__(
-                done, ({k: np.array(v) for k, v in arrays.items()}, json.loads(json.dumps(state))))
-            if resume is not None:
-                role.resume_from = resume[role.party_id]
+            give_lifecycle(role, [recorder(saved[role.party_id])], None if resume is None else resume[role.party_id])
 
     server, clients, errors = run_fl(shard_list, test, SPEC, strategy, "plain_quantised", rounds=ROUNDS, seed=2,
                                      local=LOCAL, prepare=prepare, **kw)
@@ -76,7 +77,7 @@ def test_foreign_checkpoint_is_rejected():
         for case in cases:
             server, _, errors = run_fl(*blobs(40, 3, seed=1), SPEC, "scaffold", "plain_quantised", rounds=ROUNDS,
                                        seed=2, local=LOCAL, deadline=5,
-                                       prepare=lambda s, c, case=case: setattr(s, "resume_from", case))
+                                       prepare=lambda s, c, case=case: give_lifecycle(s, resume=case))
             assert isinstance(errors.get("server"), ValueError) and re.search(match, str(errors["server"])), errors
     assert make_strategy("fedavg").state_arrays() == {}
 

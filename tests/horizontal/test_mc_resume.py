@@ -1,8 +1,8 @@
 """MultiConfederated learning resumed from any round's checkpoint ends exactly where the uninterrupted run ends.
 
 In-process (the process-level SIGKILL test over gRPC + mTLS is in test_mc_job.py): every peer saves its
-``on_checkpoint`` states through a real :class:`CheckpointStore` (JSON + ``.npy``, hashed); new peers built
-with ``resume_from`` = the stored states of round k (every peer the same k) must end with the same pools
+checkpoint states through a real :class:`CheckpointStore` (JSON + ``.npy``, hashed); new peers built
+with ``resume=`` the stored states of round k (every peer the same k) must end with the same pools
 (bit for bit), round records, forks and personal models. One peer's labels are flipped so that forks happen.
 """
 from __future__ import annotations
@@ -20,6 +20,11 @@ from mc_harness import LOCAL, SPEC, cancer_shards, config, run_peers  # noqa: E4
 from secureflhv.horizontal.mc_peer import MultiConfederatedPeer  # noqa: E402
 from secureflhv.runtime.store.checkpoint import CheckpointStore  # noqa: E402
 from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import give_lifecycle
+from secureflhv.transport.lifecycle import Checkpointer
 
 CFG = config(rounds=4, fork_margin=0.05, max_models=7, merge_tolerance=0.05,
              local=dataclasses.replace(LOCAL, epochs=2, batch_size=16, lr=0.1))
@@ -38,9 +43,7 @@ def _run(data, root: Path, resume_step: int | None = None):
     def setup(peer):
         store = stores[peer.party_id] = CheckpointStore(root / peer.party_id, job_id="mc-resume",
                                                         party_id=peer.party_id, keep=10)
-        if resume_step is not None:
-            peer.resume_from = store.load(resume_step)
-        peer.on_checkpoint = lambda done, arrays, state: store.save(done, arrays=arrays, state=state)
+        give_lifecycle(peer, [Checkpointer(store)], None if resume_step is None else store.load(resume_step))
 
     peers, errors, _ = run_peers(data, CFG, setup=setup)
     assert not errors, errors
@@ -91,5 +94,5 @@ def _run_one_with(data, resume, pid):
     net = InProcessNetwork("mc-bad", ids, deadline=2)
     X, y = data[ids.index(pid)]
     peer = MultiConfederatedPeer(net.transport(pid), ids, X[:-20], y[:-20], X[-20:], y[-20:], SPEC, CFG)
-    peer.resume_from = resume
+    give_lifecycle(peer, resume=resume)
     peer.run()

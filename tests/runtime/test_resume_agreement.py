@@ -94,9 +94,3 @@ def test_two_faced_peer_fails_clearly():
     assert set(errors) == {"guest", "host-1"}
     assert all(isinstance(e, ProtocolError) and "resumes from step" in str(e) for e in errors.values())
 
-
-def test_resume_flag_round_trip():
-    resume.request_resume(True)
-    assert resume.resume_requested()
-    resume.request_resume(False)
-    assert not resume.resume_requested()

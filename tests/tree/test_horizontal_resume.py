@@ -1,7 +1,7 @@
 """Horizontal SecureBoost resume: in process from every round's checkpoint, and after a crash with a server
 and 2 clients as processes over gRPC with mutual TLS (slow).
 
-In process, every role records its ``on_checkpoint`` states; new roles built with ``resume_from`` = the
+In process, every role records its checkpoint states; new roles built with ``resume=`` the
 states of round k (all parties the same k) run binning again and grow exactly the uninterrupted run's
 trees (binary with validation and early stopping, and multiclass with several trees per round).
 """
@@ -23,6 +23,10 @@ from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
 from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
 from secureflhv.tree.horizontal import HorizontalSecureBoostClient, HorizontalSecureBoostServer, tree_aggregation_config
 from secureflhv.tree.model import model_to_dict  # noqa: E402
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import give_lifecycle, recorder
 
 IDS = ["client-0", "client-1", "client-2"]
 
@@ -49,10 +53,7 @@ def _train(params: dict, resume: dict | None = None):
                                                  X_val=X[val], y_val=y[val], aggregation=agg)
     saved = {p: {} for p in roles}
     for p, role in roles.items():
-        role.on_checkpoint = lambda done, arrays, state, p=p: saved[p].__setitem__(
-            done, ({k: np.array(v, copy=True) for k, v in arrays.items()}, json.loads(json.dumps(state))))
-        if resume is not None:
-            role.resume_from = resume[p]
+        give_lifecycle(role, [recorder(saved[p])], None if resume is None else resume[p])
     results, errors = run_threads({p: r.fit for p, r in roles.items()}, timeout=120)
     assert not errors, errors
     structure = [t.structure() for t in results["server"].trees]
@@ -89,7 +90,7 @@ def test_foreign_checkpoint_is_rejected():
         client = HorizontalSecureBoostClient(net.transport("client-1"), "server", ["client-1", "client-2"],
                                              X[50:90], y[50:90], params, X_val=X[90:100], y_val=y[90:100],
                                              aggregation=tree_aggregation_config(min_clients=2, max_colluders=0))
-        client.resume_from = bad
+        give_lifecycle(client, resume=bad)
         client.binning = lambda c=client: _binning_of(saved, c)  # skip the server: the binning it would send
         client.hello = lambda: None
         with pytest.raises(ValueError, match=match):

@@ -1,6 +1,6 @@
 """Vertical SecureBoost resumed from any round's checkpoint ends with exactly the uninterrupted model.
 
-In-process: every role records its ``on_checkpoint`` states; new roles built with ``resume_from`` = the
+In-process: every role records its checkpoint states; new roles built with ``resume=`` the
 states of round k (all parties the same k) must grow the same trees (structure, leaf values, host
 records) with a fresh Paillier key. Binary with validation, and multiclass (several trees per round).
 """
@@ -15,6 +15,10 @@ from sb_harness import run_threads
 from secureflhv.transport.inprocess import InProcessNetwork
 from secureflhv.tree.model import model_to_dict
 from secureflhv.tree.vertical import SecureBoostGuest, SecureBoostHost
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import give_lifecycle, recorder
 
 KEY = {"key_bits": 512, "insecure_test_key": True, "shuffle_seed": 5}
 
@@ -39,10 +43,7 @@ def _train(params: dict, resume: dict | None = None, validate: bool = True):
                                        X_val=None if Xv is None else Xv[:, 2:])}
     saved = {p: {} for p in roles}
     for p, role in roles.items():
-        role.on_checkpoint = lambda done, arrays, state, p=p: saved[p].__setitem__(
-            done, ({k: np.array(v, copy=True) for k, v in arrays.items()}, json.loads(json.dumps(state))))
-        if resume is not None:
-            role.resume_from = resume[p]
+        give_lifecycle(role, [recorder(saved[p])], None if resume is None else resume[p])
     results, errors = run_threads({p: r.fit for p, r in roles.items()}, timeout=120)
     assert not errors, errors
     return results["guest"], roles["host-1"], saved

@@ -1,7 +1,7 @@
 """Vertical LR resumed from any epoch's checkpoint ends exactly where the uninterrupted run ends.
 
 In-process (the process-level SIGKILL test is tests/runtime/test_resume_vertical.py): every role
-records its ``on_checkpoint`` states; new roles built with ``resume_from`` = the states of epoch k
+records its checkpoint states; new roles built with ``resume=`` the states of epoch k
 (all parties the same k) must give the same weights, intercept, losses and kept epoch, bit for bit,
 with a fresh Paillier key. Covers both modes, several hosts, momentum and early stopping.
 """
@@ -14,6 +14,10 @@ import pytest
 
 from secureflhv.transport.inprocess import InProcessNetwork
 from secureflhv.vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import give_lifecycle, recorder
 
 
 def _data():
@@ -35,10 +39,7 @@ def _train(cfg: VerticalLRConfig, resume: dict | None = None):
         roles[arbiter] = VerticalLRArbiter(net.transport(arbiter), "guest", hosts, cfg)
     saved = {p: {} for p in roles}
     for p, role in roles.items():
-        role.on_checkpoint = lambda done, arrays, state, p=p: saved[p].__setitem__(
-            done, ({k: np.array(v, copy=True) for k, v in arrays.items()}, dict(state)))
-        if resume is not None:
-            role.resume_from = resume[p]
+        give_lifecycle(role, [recorder(saved[p])], None if resume is None else resume[p])
     results, errors = {}, {}
 
     def work(p):

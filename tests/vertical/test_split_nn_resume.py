@@ -25,6 +25,10 @@ from snn_harness import make_roles, run_roles, toy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import give_lifecycle, recorder
 
 PARAMS = {"epochs": 4, "batch_size": 32, "host_bottom": [4, 2], "guest_bottom": [3], "interactive_units": 2,
           "key_bits": 512, "learning_rate": 0.05, "optimizer": "adam", "test_fraction": 0.25, "split_seed": 3,
@@ -60,10 +64,7 @@ def _train(Xg, y, Xhs, resume=None, cfg=SMALL):
     _, guest, hosts = make_roles(Xg, y, Xhs, cfg)
     saved = {r.party_id: {} for r in [guest, *hosts]}
     for role in [guest, *hosts]:
-        role.on_checkpoint = lambda done, arrays, state, p=role.party_id: saved[p].__setitem__(
-            done, ({k: np.array(v) for k, v in arrays.items()}, dict(state)))
-        if resume is not None:
-            role.resume_from = resume[role.party_id]
+        give_lifecycle(role, [recorder(saved[role.party_id])], None if resume is None else resume[role.party_id])
     results, errors = run_roles(guest, hosts)
     assert not errors, errors
     return guest, hosts, saved, results["guest"]
@@ -105,13 +106,13 @@ def test_foreign_checkpoint_is_rejected():
              "optimiser entry": ({**arrays, "opt.0.exp_avg": np.zeros(7)}, state)}
     for match, bad in cases.items():
         _, _, hosts = make_roles(Xg, y, Xhs, SMALL)
-        hosts[0].resume_from = bad
+        give_lifecycle(hosts[0], resume=bad)
         with pytest.raises(ValueError, match=match):
-            hosts[0]._restored(torch.optim.Adam(hosts[0].bottom.parameters()), ("seconds",))
+            hosts[0]._restored_epochs(torch.optim.Adam(hosts[0].bottom.parameters()), ("seconds",))
     _, guest, _ = make_roles(Xg, y, Xhs, SMALL)
-    guest.resume_from = arrays, state  # a host's checkpoint at the guest
+    give_lifecycle(guest, resume=(arrays, state))  # a host's checkpoint at the guest
     with pytest.raises(ValueError, match="not a split NN checkpoint"):
-        guest._restored(None, ("losses", "batch_losses", "seconds"))
+        guest._restored_epochs(None, ("losses", "batch_losses", "seconds"))
 
 
 @pytest.mark.slow

@@ -81,7 +81,7 @@ from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..store.model_bundle import save_job_bundle
 from ..process.progress import emit_progress
 from ..observe.reports import save_task_plots
-from ..store.resume import attach_checkpoints
+from ..store.resume import role_lifecycle
 
 log = logging.getLogger("secureflhv.job")
 
@@ -296,11 +296,13 @@ def _preprocess_client(cfg: JobConfig, party: PartySpec, transport: Transport, p
     return pre.transform(X64).astype(np.float32), fed_prep.bundle_state(stats, pre, party.data.table_schema)
 
 
-def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams) -> dict:
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams, *,
+        resume: bool = False) -> dict:
     """Run this party's role of a horizontal job; return a summary (also saved as artifacts).
 
     Raises JobConfigError for bad data, TransportError when the server or too many clients fail,
-    AggregationError when a round keeps fewer than t clients.
+    AggregationError when a round keeps fewer than t clients. ``resume``: continue from the last checkpoint
+    every party holds (``--resume``, :func:`~secureflhv.runtime.store.resume.role_lifecycle`).
     """
     config = fl_config(cfg, params)
     strategy = make_strategy(params.strategy, mu=params.mu, clusters=params.clusters,
@@ -309,12 +311,12 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
         log.warning("%s: aggregation kind %r: the server sees every client's update", party.id,
                     config.aggregation.kind)
     if party.role == "server":
-        return _run_server(cfg, party, transport, params, config, strategy)
-    return _run_client(cfg, party, transport, params, config, strategy)
+        return _run_server(cfg, party, transport, params, config, strategy, resume)
+    return _run_client(cfg, party, transport, params, config, strategy, resume)
 
 
 def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
-                config: FLConfig, strategy) -> dict:
+                config: FLConfig, strategy, resume: bool) -> dict:
     regression = params.model.task == "regression"
 
     def on_round(rec: RoundRecord, _vec) -> None:
@@ -329,8 +331,9 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
 
     clients = [p.id for p in cfg.clients]
     prep = _preprocess_server(cfg, party, transport, params, config)
-    server = HorizontalServer(transport, clients, params.model, strategy, config, on_round=on_round)
-    history = attach_checkpoints(cfg, party, transport, server).run()
+    server = HorizontalServer(transport, clients, params.model, strategy, config, on_round=on_round,
+                              **role_lifecycle(cfg, party, transport, resume))
+    history = server.run()
     out_dir = cfg.output_dir(party.id)
     arrays = named_arrays(build_model(params.model), server.global_vec)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -405,7 +408,7 @@ def _final_metrics(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams
 
 
 def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
-                config: FLConfig, strategy) -> dict:
+                config: FLConfig, strategy, resume: bool) -> dict:
     X, y = load_client_data(cfg, party, params)
     split = local_split(len(y), params.test_fraction, params.seed, party.id)
     train, test = split.train, split.test
@@ -414,10 +417,10 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
              X.shape[1], cfg.resolve(party.data.path))
     try:
         client = HorizontalClient(transport, cfg.server.id, X[train], y[train], X[test], y[test], params.model,
-                                  strategy, config)
+                                  strategy, config, **role_lifecycle(cfg, party, transport, resume))
     except ValueError as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
-    history = attach_checkpoints(cfg, party, transport, client).run()
+    history = client.run()
     final = {}
     if client.global_vec is not None:  # the last global model the server sent: every client can score with it
         _save_bundle(cfg, party, params, named_arrays(build_model(params.model), client.global_vec),

@@ -36,7 +36,7 @@ accuracy) and the personal model as a bundle (``model/``, ``model.safetensors``)
 Checkpoints: after every round each peer saves its whole state (its pool, announced ids, popularity,
 pending fork, round records) under ``<output_dir>/<peer>/checkpoints/``; ``secureflhv run JOB --resume``
 (or ``party --resume``) makes the peers agree on the newest round all of them completed
-(:func:`~secureflhv.runtime.store.resume.attach_checkpoints`) and continue from it; the finished pools equal an
+(:func:`~secureflhv.runtime.store.resume.role_lifecycle`) and continue from it; the finished pools equal an
 uninterrupted run's with the same seed.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ from ..store.artifacts import write_json
 from ..job.data_prep import local_split
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..store.model_bundle import save_job_bundle
-from ..store.resume import attach_checkpoints
+from ..store.resume import role_lifecycle
 from .horizontal_fl import LocalTrainingParams, _finite, load_client_data
 
 log = logging.getLogger("secureflhv.job")
@@ -106,26 +106,29 @@ def mc_config(cfg: JobConfig, params: MultiConfederatedJobParams) -> MCConfig:
 
 
 def make_peer(cfg: JobConfig, party: PartySpec, transport: Transport,
-              params: MultiConfederatedJobParams) -> MultiConfederatedPeer:
-    """This party's peer with its data loaded and split; JobConfigError naming the party's data."""
+              params: MultiConfederatedJobParams, resume: bool = False) -> MultiConfederatedPeer:
+    """This party's peer with its data loaded and split and its checkpoint agreed with the other peers
+    (``resume``: offer the stored ones); JobConfigError naming the party's data."""
     X, y = load_client_data(cfg, party, params)
     split = local_split(len(y), params.test_fraction, params.seed, party.id)
     log.info("%s: %d rows (%d train, %d local test) x %d features from %s", party.id, len(y), len(split.train),
              len(split.test), X.shape[1], cfg.resolve(party.data.path))
     try:
         return MultiConfederatedPeer(transport, [p.id for p in cfg.clients], X[split.train], y[split.train],
-                                     X[split.test], y[split.test], params.model, mc_config(cfg, params))
+                                     X[split.test], y[split.test], params.model, mc_config(cfg, params),
+                                     **role_lifecycle(cfg, party, transport, resume,
+                                                      [p.id for p in cfg.clients if p.id != party.id]))
     except ValueError as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
 
 
-def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: MultiConfederatedJobParams) -> dict:
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: MultiConfederatedJobParams, *,
+        resume: bool = False) -> dict:
     """Run this peer; save its pool, metrics and personal model; return its last round's record.
 
     Raises JobConfigError for bad data, PeerTimeout naming a silent peer, JobAborted when a peer failed.
     """
-    peer = attach_checkpoints(cfg, party, transport, make_peer(cfg, party, transport, params),
-                              [p.id for p in cfg.clients if p.id != party.id])
+    peer = make_peer(cfg, party, transport, params, resume)
     history = peer.run()
     out_dir = cfg.output_dir(party.id)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -358,11 +358,12 @@ PREDICTORS = {"vertical_lr": _vertical_lr, "secureboost_vertical": _secureboost_
 VERTICAL = {"vertical_lr", "vertical_nn", "secureboost_vertical"}
 
 
-def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams) -> dict:
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams, *,
+        resume: bool = False) -> dict:
     """Score this party's new rows with its saved bundle; returns the guest's metrics (others ``{}``).
 
     Raises JobConfigError for a missing, damaged or foreign bundle (naming the field) or bad data,
-    TransportError when a peer fails or goes silent.
+    TransportError when a peer fails or goes silent. ``resume``: ignored (a prediction job keeps no checkpoints).
     """
     if party.role == "server":
         return _server(cfg, party, transport, params)

@@ -42,7 +42,7 @@ from ..job.data_prep import load_party_table, split_rows
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..store.model_bundle import save_job_bundle
 from ..observe.reports import evaluate_split, objective_metrics, objective_task, save_task_plots
-from ..store.resume import attach_checkpoints
+from ..store.resume import role_lifecycle
 from .secureboost_vertical import SecureBoostJobParams, tree_params
 
 
@@ -86,7 +86,8 @@ def check(cfg: JobConfig, params: HorizontalSecureBoostJobParams) -> None:
         raise JobConfigError(f"params.{field}: {exc}") from None
 
 
-def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalSecureBoostJobParams) -> dict:
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalSecureBoostJobParams, *,
+        resume: bool = False) -> dict:
     """Run this party's role; returns a client's metrics (the server: ``{}``)."""
     algo = tree_params(params)
     agg = aggregation_config(cfg, params)
@@ -99,8 +100,9 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
         if federated:   # aggregation round 0: before the trees' rounds (1, 2, ...)
             stats = fed_prep.run_server(cfg, party, transport, agg, moments=False, first_round=0)
             ranges, prep = _ranges_of(stats), fed_prep.bundle_state(stats, None)
-        server = HorizontalSecureBoostServer(transport, client_ids, algo, aggregation=agg, feature_ranges=ranges)
-        model = attach_checkpoints(cfg, party, transport, server).fit()
+        server = HorizontalSecureBoostServer(transport, client_ids, algo, aggregation=agg, feature_ranges=ranges,
+                                             **role_lifecycle(cfg, party, transport, resume))
+        model = server.fit()
         out_dir.mkdir(parents=True, exist_ok=True)
         save_xgboost_json(model, out_dir / "model.xgboost.json")
         save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm=cfg.job.algorithm,
@@ -117,8 +119,9 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
         prep = fed_prep.bundle_state(stats, None)
     client = HorizontalSecureBoostClient(transport, cfg.server.id, client_ids, X[split.train], y[split.train], algo,
                                          X_val=split.validation(X), y_val=split.validation(y),
-                                         aggregation=agg, send_ranges=params.feature_ranges is None and not federated)
-    model = attach_checkpoints(cfg, party, transport, client).fit()
+                                         aggregation=agg, send_ranges=params.feature_ranges is None and not federated,
+                                         **role_lifecycle(cfg, party, transport, resume))
+    model = client.fit()
     metrics, p_test = evaluate_split(y, split, lambda rows: model.predict(X[rows]),
                                      lambda y_, p_: objective_metrics(y_, p_, algo.objective))
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics})

@@ -33,7 +33,7 @@ from ..job.data_prep import ValidationSplitParams, prepare_vertical
 from ..job.job_file import JobConfig, PartySpec
 from ..store.model_bundle import save_job_bundle
 from ..observe.reports import evaluate_split, objective_metrics, objective_task, save_task_plots
-from ..store.resume import attach_checkpoints
+from ..store.resume import role_lifecycle
 
 log = logging.getLogger("secureflhv.job")
 
@@ -75,7 +75,8 @@ def _data_parties(cfg: JobConfig, party: PartySpec) -> list[str]:
     return [p.id for p in cfg.parties if p.id != party.id and p.role in ("guest", "host")]
 
 
-def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBoostJobParams) -> dict:
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBoostJobParams, *,
+        resume: bool = False) -> dict:
     """Run this party's role; returns the guest's metrics (empty dict elsewhere)."""
     if party.role == "server":
         log.info("%s: vertical SecureBoost needs no server (the guest holds the key); nothing to do", party.id)
@@ -91,8 +92,9 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
     if data.batch_rows:  # a big table: the same quantile cuts, found in row batches (bounded memory)
         cuts = batched_quantile_cuts(row_batches(X, data.train, data.batch_rows), X.shape[1], algo.max_bin)
     if party.role == "host":
-        host = SecureBoostHost(transport, cfg.guest.id, X[data.train], algo, X_val=X_val, cuts=cuts)
-        attach_checkpoints(cfg, party, transport, host, _data_parties(cfg, party)).fit()
+        host = SecureBoostHost(transport, cfg.guest.id, X[data.train], algo, X_val=X_val, cuts=cuts,
+                               **role_lifecycle(cfg, party, transport, resume, _data_parties(cfg, party)))
+        host.fit()
         host.serve_predictions(X)
         table = [{"record": i, "feature": data.feature_names[j], "bin": b, "threshold": json_number(thr),
                   "default_left": dl} for i, (j, b, thr, dl) in enumerate(host.records)]
@@ -104,8 +106,9 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
         return {}
     y = data.y
     guest = SecureBoostGuest(transport, [h.id for h in cfg.hosts], X[data.train], y[data.train], algo,
-                             X_val=X_val, y_val=data.split.validation(y), cuts=cuts, keypair=keys)
-    res = attach_checkpoints(cfg, party, transport, guest, _data_parties(cfg, party)).fit()
+                             X_val=X_val, y_val=data.split.validation(y), cuts=cuts, keypair=keys,
+                             **role_lifecycle(cfg, party, transport, resume, _data_parties(cfg, party)))
+    res = guest.fit()
     pred = transform(guest.predict_margin(X), algo)
     guest.end_prediction()
     metrics, _ = evaluate_split(y, data.split, lambda rows: pred[rows],

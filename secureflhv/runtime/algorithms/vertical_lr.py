@@ -37,7 +37,7 @@ from ..store.model_bundle import save_job_bundle
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..process.progress import emit_progress
 from ..observe.reports import evaluate_split, log_summary, save_guest_reports
-from ..store.resume import attach_checkpoints
+from ..store.resume import role_lifecycle
 
 
 class VerticalLRJobParams(VerticalLRConfig, StandardisedSplitParams):
@@ -83,7 +83,8 @@ def _bundle_fields(data, config: VerticalLRConfig) -> dict:
             "preprocessing": preprocessing_state(data)}
 
 
-def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams) -> dict:
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams, *,
+        resume: bool = False) -> dict:
     """Run this party's role of a vertical LR job; return the guest's metrics (others: ``{}``).
 
     Raises JobConfigError for bad data, TransportError when a peer fails or goes silent.
@@ -102,8 +103,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                    model=model, metadata=meta)
 
     if party.role == "server":
-        arbiter = VerticalLRArbiter(transport, cfg.guest.id, host_ids, config, keypair=keys)
-        attach_checkpoints(cfg, party, transport, arbiter)
+        arbiter = VerticalLRArbiter(transport, cfg.guest.id, host_ids, config, keypair=keys,
+                                    **role_lifecycle(cfg, party, transport, resume))
         arbiter.fit()
         arbiter.serve_predictions()  # the held-out scores: decrypts the guest's masked totals
         save({}, {"params": params.model_dump(mode="json")})
@@ -113,8 +114,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize, preprocess=True)
     X, train = data.X, data.train
     if party.role == "host":
-        host = attach_checkpoints(cfg, party, transport,
-                                  VerticalLRHost(transport, cfg.guest.id, host_ids, X[train], config, arbiter_id))
+        host = VerticalLRHost(transport, cfg.guest.id, host_ids, X[train], config, arbiter_id,
+                              **role_lifecycle(cfg, party, transport, resume))
         host.fit()
         host.serve_predictions(X)  # the guest asks for training and test rows by index
         save({"weights": _named(data.feature_names, host.weights)}, data.meta)
@@ -126,10 +127,11 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         guest = VerticalLRGuest(transport, host_ids, X[train], data.y[train], config, arbiter_id, keypair=keys,
                                 on_epoch=lambda e, loss: emit_progress("epochs", e + 1, params.epochs,
                                                                       f"loss {loss:.5f}", {"loss": loss}),
-                                n_classes=_n_classes(data.y, params.task))
+                                n_classes=_n_classes(data.y, params.task),
+                                **role_lifecycle(cfg, party, transport, resume))
     except ValueError as exc:
         raise JobConfigError(f"params.task {params.task!r} and data.label_column of {party.id!r}: {exc}") from None
-    result = attach_checkpoints(cfg, party, transport, guest).fit()
+    result = guest.fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      lambda y, p: task_metrics(y, p, params.task))
     guest.end_prediction()

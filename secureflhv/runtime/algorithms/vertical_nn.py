@@ -30,7 +30,7 @@ from ..job.data_prep import StandardisedSplitParams, prepare_vertical, preproces
 from ..store.model_bundle import save_job_bundle
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..process.progress import emit_progress
-from ..store.resume import attach_checkpoints
+from ..store.resume import role_lifecycle
 from ..observe.reports import (classification_metrics, evaluate_split, log_summary, regression_metrics,
                                save_guest_reports)
 
@@ -55,7 +55,8 @@ def _bundle_fields(data, config: SplitNNConfig) -> dict:
             "preprocessing": preprocessing_state(data)}
 
 
-def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalNNJobParams) -> dict:
+def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalNNJobParams, *,
+        resume: bool = False) -> dict:
     """Run this party's role of a vertical NN job; return the guest's metrics (hosts: ``{}``).
 
     Raises JobConfigError for bad data, TransportError when a peer fails or goes silent.
@@ -74,8 +75,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                    model=model, metadata=meta)
 
     if party.role == "host":
-        host = attach_checkpoints(cfg, party, transport,
-                                  SplitNNHost(transport, cfg.guest.id, host_ids, X[train], config, keypair=keys))
+        host = SplitNNHost(transport, cfg.guest.id, host_ids, X[train], config, keypair=keys,
+                           **role_lifecycle(cfg, party, transport, resume))
         host.fit()
         host.serve_predictions(X)
         save({"state": host.state_arrays()}, data.meta)
@@ -91,10 +92,11 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: labels must be integers 0..C-1")
     else:
         data.y = data.y.astype(np.int64)
-    guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config)
-    guest.on_epoch = lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}",
-                                                       {"loss": loss})
-    result = attach_checkpoints(cfg, party, transport, guest).fit()
+    guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config,
+                         on_epoch=lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs,
+                                                                    f"loss {loss:.5f}", {"loss": loss}),
+                         **role_lifecycle(cfg, party, transport, resume))
+    result = guest.fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      regression_metrics if regression else classification_metrics)
     guest.end_prediction()

@@ -21,7 +21,7 @@ from ..algorithms import (horizontal_fl, multiconfederated, predict, secureboost
                           secureboost_vertical, vertical_lr, vertical_nn)
 
 Family = Literal["vertical", "horizontal", "peer"]
-RunFn = Callable[[JobConfig, PartySpec, Transport, BaseModel], dict]
+RunFn = Callable[..., dict]  # (cfg, party, transport, params, *, resume: bool) -> metrics
 CheckFn = Callable[[JobConfig, BaseModel], None]
 
 
@@ -37,7 +37,8 @@ class JobSpec:
         summary: one line for ``secureflhv validate`` and the docs.
         params: the pydantic model of ``params``; a field ``insecure_test_key`` (Paillier jobs) is set
             from ``security.insecure_test_keys``, never from ``params``.
-        run: runs one party's role, ``run(cfg, party, transport, params) -> metrics``.
+        run: runs one party's role, ``run(cfg, party, transport, params, *, resume) -> metrics`` (``resume``:
+            ``--resume`` was given; jobs without checkpoints ignore it).
         check: optional check of the job as a whole (e.g. "arbiter mode needs a server");
             raises JobConfigError naming the field.
         roles: optional rule on the parties' roles replacing the family's (``predict``).

@@ -86,6 +86,44 @@ def _live_wire(transport: Transport, stopping: threading.Event) -> threading.Thr
     return thread
 
 
+def _checked_job(job_path: Path, party_id: str, insecure: bool):
+    """(cfg, params, party spec, job spec) after every check, before any network traffic; JobConfigError."""
+    cfg, params = load_job_params(job_path)
+    spec = cfg.party(party_id)
+    if cfg.security.insecure and not insecure:
+        raise JobConfigError("security.insecure is true in the job file: pass --insecure to confirm "
+                             "that this party may talk plaintext")
+    job = job_spec(cfg.job.algorithm)
+    require_preflight(cfg, party_id, params, insecure=insecure)
+    return cfg, params, spec, job
+
+
+def _stop_on_signals(blame: Blame, stopping: threading.Event, parties: set[str]) -> None:
+    """SIGTERM / SIGINT (and, under the launcher, its notices) raise :class:`Stopped` once."""
+    def terminate(signum, _frame):
+        if not stopping.is_set():  # once failing or finished, a second signal changes nothing
+            stopping.set()
+            raise Stopped(signum, blame.first)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, terminate)
+    if os.environ.get(NOTICE_ENV):
+        listen_for_notices(sys.stdin, blame, parties, lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+
+def _finish(cfg: JobConfig, party_id: str, transport, failure, status: PartyStatus, result, started: float) -> None:
+    """The last log lines and the final status: the wire report on success, the job's first failure else."""
+    if failure is None:  # counted after close: late deliveries included
+        stats = transport.wire_stats()
+        _report_wire(cfg, party_id, stats)
+        log.info("%s finished in %.1fs; %s", party_id, time.monotonic() - started, wire_line(stats))
+        status.finish(result)
+    else:
+        log.error("%s", failure.line_for(party_id))  # the last line: the job's first failure
+        status.fail(failure.line_for(party_id))
+    status.close()
+
+
 def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: bool = False) -> int:
     """Run party ``party_id`` of the job in ``job_path``; return the process exit code.
 
@@ -97,40 +135,20 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: boo
     Exit codes: 0 success, 1 the job failed (the log says which party and why), 2 bad job file, flags
     or preflight finding (nothing was sent to any party).
 
-    ``resume``: continue from the last checkpoint every party holds (:mod:`.resume`; jobs with checkpoints).
+    ``resume``: continue from the last checkpoint every party holds; passed to the job's run function
+    (:func:`~secureflhv.runtime.store.resume.role_lifecycle`; jobs with checkpoints).
     """
-    from ..store.resume import request_resume
-
-    request_resume(resume)
     try:
-        cfg, params = load_job_params(job_path)  # every check, before any network traffic
-        spec = cfg.party(party_id)
-        if cfg.security.insecure and not insecure:
-            raise JobConfigError("security.insecure is true in the job file: pass --insecure to confirm "
-                                 "that this party may talk plaintext")
-        job = job_spec(cfg.job.algorithm)
-        require_preflight(cfg, party_id, params, insecure=insecure)
+        cfg, params, spec, job = _checked_job(job_path, party_id, insecure)
     except JobConfigError as exc:
         print(f"secureflhv party {party_id}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-
-    parties = {p.id for p in cfg.parties}
-    blame, stopping = Blame(), threading.Event()
-
-    def terminate(signum, _frame):
-        if not stopping.is_set():  # once failing or finished, a second signal changes nothing
-            stopping.set()
-            raise Stopped(signum, blame.first)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, terminate)
-    if os.environ.get(NOTICE_ENV):
-        listen_for_notices(sys.stdin, blame, parties, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    parties, blame, stopping = {p.id for p in cfg.parties}, Blame(), threading.Event()
+    _stop_on_signals(blame, stopping, parties)
     peers = [p.id for p in cfg.parties if p.id != party_id]
     # A horizontal client that fails is a dropout the protocol survives: it must not stop the others.
     told_on_failure = [] if job.family == "horizontal" and spec.role != "server" else peers
-    started = time.monotonic()
-    transport, failure, code, live = None, None, EXIT_OK, None
+    started, transport, failure, code, live, result = time.monotonic(), None, None, EXIT_OK, None, None
     status = PartyStatus.for_party(cfg, spec).start()  # what the job page shows (status.json)
     try:
         transport = build_transport(cfg, spec, insecure)
@@ -144,7 +162,7 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: boo
         with party_executor(spec.compute, party_id, cfg.where(spec, "compute"), start=job.family == "vertical"):
             meet(transport, cfg, partners(cfg, spec, job.family))
             status.set_state("running")
-            result = job.run(cfg, spec, transport, params)
+            result = job.run(cfg, spec, transport, params, resume=resume)
         stopping.set()
     except BaseException as exc:  # noqa: BLE001 - any failure must reach the peers, the log and the exit code
         stopping.set()
@@ -162,13 +180,5 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: boo
             transport.close()
     if live is not None:
         live.join(timeout=WIRE_EVERY_S)  # its last event must not follow the final one
-    if failure is None:  # counted after close: late deliveries included
-        stats = transport.wire_stats()
-        _report_wire(cfg, party_id, stats)
-        log.info("%s finished in %.1fs; %s", party_id, time.monotonic() - started, wire_line(stats))
-        status.finish(result)
-    else:
-        log.error("%s", failure.line_for(party_id))  # the last line: the job's first failure
-        status.fail(failure.line_for(party_id))
-    status.close()
+    _finish(cfg, party_id, transport, failure, status, result, started)
     return code

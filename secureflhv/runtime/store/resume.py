@@ -1,9 +1,10 @@
 """Step agreement at start-up: from which checkpoint the parties of a job resume.
 
-``secureflhv run JOB --resume`` / ``party --resume`` ask for a resume (:func:`request_resume`); the
-job then calls :func:`agree_step` with the steps its :class:`~.checkpoint.CheckpointStore` holds
-(empty without ``--resume``, so a party started without it makes everyone start from scratch rather
-than hang). Two rounds, tag ``resume.steps``, payload a protobuf ``Bundle`` (at most 1 KiB) with
+``secureflhv run JOB --resume`` / ``party --resume`` ask for a resume: ``run_party`` passes ``resume``
+to the job's run function, which calls :func:`role_lifecycle` before it builds its role; that calls
+:func:`agree_step` with the steps its :class:`~.checkpoint.CheckpointStore` holds (empty without
+``--resume``, so a party started without it makes everyone start from scratch rather than hang).
+Two rounds, tag ``resume.steps``, payload a protobuf ``Bundle`` (at most 1 KiB) with
 ``text["steps"]`` = comma-separated step numbers:
 
 * round 0: every party sends every peer the steps it can load (at most :data:`MAX_ANNOUNCED`);
@@ -23,6 +24,7 @@ from typing import Iterable
 
 from ...proto import messages_pb2
 from ...transport import ProtocolError, Transport
+from ...transport.lifecycle import Checkpointer
 from .checkpoint import CHECKPOINT_DIR, MAX_STEP, CheckpointError, CheckpointStore
 
 log = logging.getLogger("secureflhv.resume")
@@ -31,18 +33,6 @@ TAG_STEPS = "resume.steps"
 MAX_ANNOUNCED = 16
 _MAX_BYTES = 1024
 _LIST = re.compile(r"^(\d{1,8}(,\d{1,8}){0,15})?$")
-_requested = False
-
-
-def request_resume(flag: bool = True) -> None:
-    """Record that this process was started with ``--resume`` (read by the jobs)."""
-    global _requested
-    _requested = bool(flag)
-
-
-def resume_requested() -> bool:
-    """True when this process was started with ``--resume``."""
-    return _requested
 
 
 def _encode(steps: Iterable[int]) -> messages_pb2.Bundle:
@@ -91,35 +81,39 @@ def agree_step(transport: Transport, peers: Iterable[str], available: Iterable[i
     return choice
 
 
-def attach_checkpoints(cfg, party, transport: Transport, role, peers: Iterable[str] | None = None):
-    """Agree on the checkpoint step with ``peers`` (default: every other party of the job); give ``role``
-    the agreed state as ``role.resume_from`` (if any) and ``role.on_checkpoint(step, arrays, state)``,
-    which saves a step in ``<output_dir>/<party>/checkpoints``. Returns ``role``.
+def _usable(store: CheckpointStore, digest: str, party_id: str) -> dict[int, tuple[dict, dict]]:
+    """step -> (arrays, state) of every stored step that verifies and was written under ``digest``."""
+    loaded = {}
+    for step in store.steps():
+        try:
+            arrays, state = store.load(step)
+        except CheckpointError as exc:
+            log.warning("%s: checkpoint step %d not usable: %s", party_id, step, exc)
+            continue
+        if state.get("job_digest") == digest:
+            loaded[step] = (arrays, state)
+    return loaded
 
-    Checkpoints that fail their hashes or were written under another job description
-    (:func:`~.rendezvous.job_digest`) are not offered. Without an agreed step the store is cleared.
+
+def role_lifecycle(cfg, party, transport: Transport, resume: bool, peers: Iterable[str] | None = None) -> dict:
+    """The ``callbacks`` and ``resume`` constructor arguments of this party's role (``Role(..., **these)``).
+
+    Agrees on the checkpoint step with ``peers`` (default: every other party of the job), offering the
+    verified steps of ``<output_dir>/<party>/checkpoints`` when ``resume`` (``--resume``) is set and none
+    otherwise. ``resume``: the agreed step's ``(arrays, state)`` or None (the store is then cleared);
+    ``callbacks``: a :class:`~secureflhv.transport.lifecycle.Checkpointer` saving every step with the job
+    digest. Checkpoints that fail their hashes or were written under another job description
+    (:func:`~..process.rendezvous.job_digest`) are not offered.
     """
     from ..process.rendezvous import job_digest
 
     store = CheckpointStore(cfg.output_dir(party.id) / CHECKPOINT_DIR, job_id=cfg.job.id, party_id=party.id)
     digest = job_digest(cfg)
-    loaded = {}
-    if resume_requested():
-        for step in store.steps():
-            try:
-                arrays, state = store.load(step)
-            except CheckpointError as exc:
-                log.warning("%s: checkpoint step %d not usable: %s", party.id, step, exc)
-                continue
-            if state.get("job_digest") == digest:
-                loaded[step] = (arrays, state)
+    loaded = _usable(store, digest, party.id) if resume else {}
     if peers is None:
         peers = [p.id for p in cfg.parties if p.id != party.id]
     step = agree_step(transport, peers, loaded)
     if step is None:
         store.clear()
-    else:
-        role.resume_from = loaded[step]
-    role.on_checkpoint = lambda done, arrays, state: store.save(done, arrays=arrays,
-                                                                state={**state, "job_digest": digest})
-    return role
+    return {"callbacks": [Checkpointer(store, extra_state={"job_digest": digest})],
+            "resume": None if step is None else loaded[step]}
