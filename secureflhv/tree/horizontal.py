@@ -85,7 +85,6 @@ failing server tells every active client, a failing client tells nobody (it is a
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
@@ -204,7 +203,7 @@ def job_threshold(cfg: AggregationConfig, client_ids: Sequence[str]) -> Aggregat
         ValueError: too few clients for ``min_clients`` / ``max_colluders``, or a threshold too low for them.
     """
     t = cfg.resolve_threshold(len(client_ids))
-    return dataclasses.replace(cfg, threshold=t, job_clients=tuple(sorted(client_ids)))
+    return cfg.replace(threshold=t, job_clients=tuple(sorted(client_ids)))
 
 
 def _check_agg(cfg: AggregationConfig) -> AggregationConfig:
