@@ -133,10 +133,12 @@ class BoostedModel:
     def record_validation(self, round_index: int, loss: float) -> bool:
         """Add boosting round ``round_index``'s validation loss (called every round).
 
-        Returns True when early stopping fires: no improvement for ``params.early_stopping_rounds``
-        rounds; the trees after the best round are then dropped.
+        Returns True when early stopping fires: no improvement (a loss more than ``params.min_delta`` below
+        the best round's) for ``params.early_stopping_rounds`` rounds; the trees after the best round are
+        then dropped.
         """
-        if loss < min(self.val_losses, default=float("inf")):
+        best = float("inf") if self.best_round is None else self.val_losses[self.best_round]
+        if loss < best - self.params.min_delta:
             self.best_round = round_index
         self.val_losses.append(loss)
         rounds = self.params.early_stopping_rounds

@@ -146,7 +146,7 @@ def fit_reference(X, y, cuts: list[np.ndarray], params: SecureBoostParams, *, X_
         if val:
             vl = loss(vmargin, y_val, params)
             model.val_losses.append(vl)
-            if vl < best:
+            if vl < best - params.min_delta:
                 best, since, model.best_round = vl, 0, r
             else:
                 since += 1
