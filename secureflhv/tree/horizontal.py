@@ -200,7 +200,8 @@ def job_threshold(cfg: AggregationConfig, client_ids: Sequence[str]) -> Aggregat
     derive the same t from the same config and client list (secagg's Shamir threshold).
 
     Raises:
-        ValueError: too few clients for ``min_clients`` / ``max_colluders``, or a threshold too low for them.
+        AggregationConfigError: too few clients for ``min_clients`` / ``max_colluders``, or a threshold too low
+            for them (``field`` names which).
     """
     t = cfg.resolve_threshold(len(client_ids))
     return cfg.replace(threshold=t, job_clients=tuple(sorted(client_ids)))
