@@ -75,7 +75,7 @@ def horizontal_secagg(work: Path, args) -> Path:
     ds = Dataset((centres[y] + rng.normal(0, 0.7, (600, 16))).astype(np.float32), y, name="blobs")
     shards = write_shards(ds, partition("label_dirichlet", ds, 3, seed=1, beta=0.5), work / "data", fmt="npz")
     params = {"strategy": "fedavg", "model": {"name": "mlp", "n_features": 16, "n_classes": 10},
-              "rounds": args.rounds, "local_epochs": 2, "batch_size": 32, "lr": 0.1, "momentum": 0.9, "seed": 3,
+              "rounds": args.rounds, "local_epochs": 2, "batch_size": 32, "learning_rate": 0.1, "momentum": 0.9, "seed": 3,
               "test_fraction": 0.2, "aggregation": {"kind": "secagg", "clip": 1.0, "seed": 11}}
     parties = [{"id": "server", "role": "server"}]
     parties += [{"id": f"client-{i}", "role": "guest" if i == 1 else "host", "data": {"path": str(s)}}

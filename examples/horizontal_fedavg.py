@@ -126,7 +126,7 @@ def main(argv=None) -> int:
                   f"into {args.clients} shards of sizes {part.sizes.tolist()}; {len(test)} held-out test rows")
     params = {"strategy": args.strategy, "mu": args.mu, "model": model, "rounds": args.rounds,
               "fraction": args.fraction, "local_epochs": args.local_epochs, "batch_size": args.batch_size,
-              "lr": args.lr, "momentum": args.momentum, "seed": args.seed, "test_fraction": 0.2,
+              "learning_rate": args.lr, "momentum": args.momentum, "seed": args.seed, "test_fraction": 0.2,
               "aggregation": {"kind": args.aggregation, "clip": args.clip}}
     job_path = write_job(work, shards, params, deadline_s=600)
     rc, metrics = launch(job_path, work, console, party="server", timeout_s=args.timeout,

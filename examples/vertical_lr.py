@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", choices=["arbiter", "two_party"], default="arbiter",
                     help="arbiter: a server holds the Paillier key; two_party: the guest holds it")
     ap.add_argument("--key-bits", type=int, default=2048, help="Paillier key size (below 2048 only for tests)")
-    for name in ("epochs", "batch_size", "learning_rate", "lr_schedule", "momentum", "l2", "patience"):
+    for name in ("epochs", "batch_size", "learning_rate", "lr_schedule", "momentum", "l2",
+                 "early_stopping_rounds"):
         field = VerticalLRConfig.model_fields[name]
         ap.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), default=field.default,
                         help=field.description)
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
         guest_csv, host_csvs = breast_cancer_tables(work / "data", args.hosts, args.seed)
     params = {"epochs": args.epochs, "batch_size": args.batch_size, "learning_rate": args.learning_rate,
               "lr_schedule": args.lr_schedule, "momentum": args.momentum, "l2": args.l2,
-              "patience": args.patience, "key_bits": args.key_bits, "test_fraction": 0.3, "split_seed": args.seed,
+              "early_stopping_rounds": args.early_stopping_rounds, "key_bits": args.key_bits, "test_fraction": 0.3, "split_seed": args.seed,
               "seed": args.seed}
     job_path = write_vertical_lr_job(work, guest_csv, host_csvs, params, mode=args.mode, id_column=args.id_column,
                                      label_column=args.label_column, insecure_test_keys=args.key_bits < 2048)

@@ -44,7 +44,6 @@ message with a bad shape, a non-finite value, or an exp sum below its own e_r �
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -126,13 +125,13 @@ def contribution_factor(e: float, exp_sum: float) -> float:
 
 def latent_config(agg: AggregationConfig) -> AggregationConfig:
     """Aggregation settings of the ẑ sum: clip 1, weight 1, at least 24 fractional bits."""
-    return dataclasses.replace(agg, clip=1.0, max_weight=1.0,
+    return agg.replace(clip=1.0, max_weight=1.0,
                                precision_bits=max(agg.precision_bits, LATENT_PRECISION_BITS))
 
 
 def exp_config(agg: AggregationConfig) -> AggregationConfig:
     """Aggregation settings of the Σ e sum: clip 1, weight 1, 40 fractional bits."""
-    return dataclasses.replace(agg, clip=1.0, max_weight=1.0, precision_bits=EXP_PRECISION_BITS)
+    return agg.replace(clip=1.0, max_weight=1.0, precision_bits=EXP_PRECISION_BITS)
 
 
 def _latent_tolerance(n: int, dim: int, agg: AggregationConfig) -> float:

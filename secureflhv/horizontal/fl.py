@@ -57,7 +57,6 @@ learns the global models it receives and this round's participant list.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -139,7 +138,7 @@ class FLConfig:
         if part == "model":
             return self.aggregation
         clip = self.part_clips.get(part, DEFAULT_PART_CLIPS.get(part, self.aggregation.clip))
-        return dataclasses.replace(self.aggregation, clip=float(clip))
+        return self.aggregation.replace(clip=float(clip))
 
 
 @dataclass
@@ -288,8 +287,8 @@ class HorizontalServer(_Resumable, ProtocolRole):
                                             for j in range(1, strategy.n_models)]
         self.part_dims = strategy.part_dims(self.dim)
         check_slots(strategy, config)
-        self.agg_servers = {p: make_server(transport, dataclasses.replace(
-            config.part_config(p), zero_weight_ok=strategy.zero_weight_parts)) for p in strategy.parts}
+        self.agg_servers = {p: make_server(
+            transport, config.part_config(p).replace(zero_weight_ok=strategy.zero_weight_parts)) for p in strategy.parts}
         self.contrib = None
         if config.contribution_temperature is not None:
             self.contrib = ContributionServer(transport, latent_dim(model), config.aggregation, self._send_all)

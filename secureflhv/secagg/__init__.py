@@ -50,13 +50,14 @@ from __future__ import annotations
 
 from .bonawitz_client import SecAggClient
 from .bonawitz_server import SecAggServer
-from .config import KINDS, AggregationConfig, Kind
+from .config import KINDS, AggregationConfig, AggregationConfigError, Kind
 from .exchange import STAGES
 from .plain import PlainClient, PlainServer
 from .result import AggregateResult, AggregationError, OutOfRangeRound
 from .roles import AggregationClient, AggregationServer
 
-__all__ = ["KINDS", "STAGES", "AggregateResult", "AggregationClient", "AggregationConfig", "AggregationError",
+__all__ = ["KINDS", "STAGES", "AggregateResult", "AggregationClient", "AggregationConfig", "AggregationConfigError",
+           "AggregationError",
            "AggregationServer", "Kind", "OutOfRangeRound", "PlainClient", "PlainServer", "SecAggClient", "SecAggServer",
            "make_aggregation", "make_client", "make_server"]
 

@@ -1,21 +1,43 @@
-"""Settings of the aggregation layer: :class:`AggregationConfig` (identical at the server and every client)."""
+"""Settings of the aggregation layer: :class:`AggregationConfig` (identical at the server and every client).
+
+A pydantic model: the job file's ``params.aggregation`` (:class:`secureflhv.params.AggregationParams`) plus
+what the job supplies; a library call gets the same validation, and an :class:`AggregationConfigError`
+names the field it refuses.
+"""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any
+
+from pydantic import ValidationError, field_validator
 
 from ..crypto.quantise import QuantParams, choose_k_bits
+from ..params.aggregation import KINDS, AggregationParams, Kind
 
-Kind = Literal["secagg", "plain", "plain_quantised"]
-KINDS = ("secagg", "plain", "plain_quantised")
+__all__ = ["AggregationConfig", "AggregationConfigError", "KINDS", "Kind"]
 
 
-@dataclass(frozen=True)
-class AggregationConfig:
+class AggregationConfigError(ValueError):
+    """A refused aggregation setting; ``field`` names it (``threshold``, ``min_clients``, ...), ``str()`` is
+    the reason (which starts with the field's name where the field alone is at fault)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+    @classmethod
+    def of(cls, err: ValidationError) -> "AggregationConfigError":
+        """The first problem of a pydantic error on :class:`AggregationConfig`."""
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "aggregation"
+        msg = first["msg"].removeprefix("Value error, ")
+        return cls(field, msg if first["type"] == "value_error" else f"{field}: {msg}")
+
+
+class AggregationConfig(AggregationParams):
     """Settings of the aggregation layer (identical at the server and every client).
 
-    Attributes:
+    Attributes (besides those of :class:`~secureflhv.params.AggregationParams`):
         kind: "secagg" | "plain" | "plain_quantised".
         threshold: t as an int, or a fraction in (1/2, 1] of the selected clients; None = the smallest
             t that tolerates ``max_colluders``: floor((n + c) / 2) + 1. For n selected clients t must
@@ -23,15 +45,15 @@ class AggregationConfig:
             malicious server, a smaller t lets it show two groups of clients different survivor sets and
             collect both kinds of share of a victim, the colluders giving both). A fraction <= 1/2 is
             refused when the config is built, a t too low for n and c when it is resolved for n
-            (ValueError naming threshold, n, max_colluders and the minimum).
-        max_colluders: c, the number of clients the job tolerates colluding with a malicious server
-            (default 1). t is derived from it; a round must also keep at least 2 inputs of non-colluding
-            clients in the sum (n >= c + 2), or the sum itself reveals one client's update.
-        min_clients: the fewest clients whose inputs a round may sum (>= 2, default 3). Checked at every
-            stage on both sides: the server aborts below it, a client refuses to send its masked input
-            when fewer than min_clients (itself included) advertised keys (U1) or shared (U2). 2 is an
-            explicit opt-in (with ``max_colluders: 0``): in a two-client round each client learns the
-            other's update by subtracting its own from the sum.
+            (naming threshold, n, max_colluders and the minimum).
+        max_colluders: c, the number of clients the job tolerates colluding with a malicious server.
+            t is derived from it; a round must also keep at least 2 inputs of non-colluding clients in
+            the sum (n >= c + 2), or the sum itself reveals one client's update.
+        min_clients: the fewest clients whose inputs a round may sum (>= 2). Checked at every stage on
+            both sides: the server aborts below it, a client refuses to send its masked input when fewer
+            than min_clients (itself included) advertised keys (U1) or shared (U2). 2 is an explicit
+            opt-in (with ``max_colluders: 0``): in a two-client round each client learns the other's
+            update by subtracting its own from the sum.
         job_clients: the job's client ids, from the job file every party validated (empty: not
             known, e.g. a library call without a job). A client refuses a participant list naming
             anyone outside it; with or without it, a list naming the aggregation server, or a
@@ -42,62 +64,39 @@ class AggregationConfig:
         precision_bits: scale = 2**precision_bits.
         max_weight: largest weight a client may send (bounds k).
         consistency_check: Bonawitz's ConsistencyCheck round (Ed25519 signatures of the survivor set
-            by keys inside the certificate-signed advertisement). On by default; turning it off makes
-            the protocol secure against a semi-honest server only.
+            by keys inside the certificate-signed advertisement). Turning it off makes the protocol
+            secure against a semi-honest server only.
         stage_timeout_s: server wait per stage after the first.
         input_timeout_s: server wait for each client's first message (covers local training).
         seed: seed of stochastic rounding (None: OS randomness); same seed => same rounding.
 
     Raises:
-        ValueError: an unknown kind, a threshold fraction not in (1/2, 1] or an int threshold < 2,
-            min_clients < 2, max_colluders < 0, bad clip / precision / timeouts (each names the field).
+        AggregationConfigError (a ValueError): an unknown kind, a threshold fraction not in (1/2, 1] or
+            an int threshold < 2, min_clients < 2, max_colluders < 0, bad clip / precision / timeouts,
+            duplicate job_clients (``field`` names it).
     """
 
-    kind: Kind = "secagg"
-    threshold: int | float | None = None
-    clip: float = 1.0
-    precision_bits: int = 16
-    max_weight: float = float(1 << 20)
-    consistency_check: bool = True
-    min_clients: int = 3
-    max_colluders: int = 1
     job_clients: tuple[str, ...] = ()
     zero_weight_ok: bool = False
-    stage_timeout_s: float = 30.0
     input_timeout_s: float = 600.0
-    seed: int | None = None
 
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"aggregation kind {self.kind!r} unknown; choose one of {KINDS}")
-        if not (self.clip > 0 and math.isfinite(self.clip)):
-            raise ValueError(f"clip must be positive and finite, got {self.clip}")
-        if not 0 <= self.precision_bits <= 40:
-            raise ValueError(f"precision_bits must be in [0, 40], got {self.precision_bits}")
-        self._check_threshold_type()
-        if isinstance(self.min_clients, bool) or not isinstance(self.min_clients, int) or self.min_clients < 2:
-            raise ValueError(f"min_clients must be an int >= 2 (a sum of one client reveals its update), "
-                             f"got {self.min_clients!r}")
-        if isinstance(self.max_colluders, bool) or not isinstance(self.max_colluders, int) or self.max_colluders < 0:
-            raise ValueError(f"max_colluders must be an int >= 0, got {self.max_colluders!r}")
-        object.__setattr__(self, "job_clients", tuple(str(c) for c in self.job_clients))
-        if len(set(self.job_clients)) != len(self.job_clients):
-            raise ValueError(f"job_clients has duplicates: {list(self.job_clients)}")
-        if self.stage_timeout_s <= 0 or self.input_timeout_s <= 0:
-            raise ValueError(f"stage_timeout_s and input_timeout_s must be > 0, got {self.stage_timeout_s} "
-                             f"and {self.input_timeout_s}")
+    def __init__(self, **data: Any):
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise AggregationConfigError.of(err) from None
 
-    def _check_threshold_type(self) -> None:
-        th = self.threshold
-        if th is None:
-            return
-        if isinstance(th, bool) or not isinstance(th, (int, float)):
-            raise ValueError(f"threshold must be an int count, a fraction in (1/2, 1] or None, got {th!r}")
-        if isinstance(th, float) and not 0.5 < th <= 1:
-            raise ValueError(f"threshold fraction must be in (1/2, 1] so that t > n/2 for every n, got {th}; "
-                             f"give an int for a count")
-        if isinstance(th, int) and th < 2:
-            raise ValueError(f"threshold must be >= 2 (t > n/2 with n >= 2 clients), got {th}")
+    @field_validator("job_clients", mode="before")
+    @classmethod
+    def _distinct_clients(cls, v):
+        ids = tuple(str(c) for c in v)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"job_clients has duplicates: {list(ids)}")
+        return ids
+
+    def replace(self, **changes: Any) -> "AggregationConfig":
+        """A copy with ``changes`` applied and validated again (AggregationConfigError as the constructor)."""
+        return type(self)(**{**self.model_dump(), **changes})
 
     @property
     def scale(self) -> float:
@@ -123,22 +122,25 @@ class AggregationConfig:
         """t for ``n`` selected clients (Bonawitz et al. 2017, Thm 6.5: n_C < 2t − n).
 
         Raises:
-            ValueError: n below :meth:`smallest_round`, or an explicit threshold outside
-                [floor((n + c)/2) + 1, n] (naming threshold, n, max_colluders and the minimum).
+            AggregationConfigError: n below :meth:`smallest_round` (field ``min_clients``), or an explicit
+                threshold outside [floor((n + c)/2) + 1, n] (field ``threshold``; the message names n,
+                max_colluders and the minimum).
         """
         c = self.max_colluders
         if n < self.smallest_round():
-            raise ValueError(f"a round of n={n} clients is too small: at least {self.smallest_round()} are needed "
-                             f"(min_clients={self.min_clients}; with max_colluders={c} a server and {c} colluding "
-                             f"client(s) must still face at least 2 other inputs, or the sum reveals one of them)")
+            raise AggregationConfigError(
+                "min_clients", f"a round of n={n} clients is too small: at least {self.smallest_round()} are needed "
+                                 f"(min_clients={self.min_clients}; with max_colluders={c} a server and {c} colluding "
+                                 f"client(s) must still face at least 2 other inputs, or the sum reveals one of them)")
         th = self.threshold
         lowest = self.lowest_threshold(n)
         if th is None:
             return lowest
         t = math.ceil(th * n) if isinstance(th, float) else int(th)  # a fraction of the selected clients, or t
         if not lowest <= t <= n:
-            raise ValueError(f"threshold t={t} is invalid for n={n} selected clients and max_colluders={c}: it must "
-                             f"be in [{lowest}, {n}] (n_C < 2t − n, Bonawitz et al. 2017 Thm 6.5)")
+            raise AggregationConfigError(
+                "threshold", f"threshold t={t} is invalid for n={n} selected clients and max_colluders={c}: it must "
+                               f"be in [{lowest}, {n}] (n_C < 2t − n, Bonawitz et al. 2017 Thm 6.5)")
         return t
 
     def quant_params(self, n_clients: int, dim: int) -> QuantParams:

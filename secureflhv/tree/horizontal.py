@@ -86,7 +86,6 @@ failing server tells every active client, a failing client tells nobody (it is a
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
@@ -201,10 +200,11 @@ def job_threshold(cfg: AggregationConfig, client_ids: Sequence[str]) -> Aggregat
     derive the same t from the same config and client list (secagg's Shamir threshold).
 
     Raises:
-        ValueError: too few clients for ``min_clients`` / ``max_colluders``, or a threshold too low for them.
+        AggregationConfigError: too few clients for ``min_clients`` / ``max_colluders``, or a threshold too low
+            for them (``field`` names which).
     """
     t = cfg.resolve_threshold(len(client_ids))
-    return dataclasses.replace(cfg, threshold=t, job_clients=tuple(sorted(client_ids)))
+    return cfg.replace(threshold=t, job_clients=tuple(sorted(client_ids)))
 
 
 def _check_agg(cfg: AggregationConfig) -> AggregationConfig:

@@ -135,10 +135,11 @@ class BoostedModel:
         """Add boosting round ``round_index``'s validation loss (called every round, in order).
 
         Returns True when early stopping fires (:class:`~secureflhv.transport.lifecycle.EarlyStopping`
-        with patience ``params.early_stopping_rounds``, replayed over :attr:`val_losses`): no improvement
+        with patience ``params.early_stopping_rounds``
+        and ``params.min_delta``, replayed over :attr:`val_losses`): no improvement
         for that many rounds; the trees after the best round are then dropped.
         """
-        stopping = EarlyStopping(self.params.early_stopping_rounds, metric="val_loss")
+        stopping = EarlyStopping(self.params.early_stopping_rounds, self.params.min_delta, metric="val_loss")
         stop = stopping.replay(self.val_losses).update(loss)
         self.val_losses.append(loss)
         self.best_round = stopping.best_index

@@ -31,7 +31,9 @@ import math
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
+
+from ..params import EarlyStopping, HEKeyParams
 
 Objective = Literal["binary", "multiclass", "regression"]
 MAX_PRECISION_BITS = 24
@@ -39,11 +41,14 @@ SUM_BITS = 52          # |any sum of quantised g or h over all rows| < 2**SUM_BI
 H_EPS = 1e-16
 
 
-class SecureBoostParams(BaseModel):
+class SecureBoostParams(HEKeyParams, EarlyStopping):
     """Hyperparameters of (federated) histogram GBDT; identical at every party of a job.
 
     Field names follow XGBoost where one exists (``max_depth``, ``learning_rate`` = eta,
-    ``reg_lambda`` = lambda, ``gamma`` = min_split_loss, ``min_child_weight``, ``max_bin``).
+    ``reg_lambda`` = lambda, ``gamma`` = min_split_loss, ``min_child_weight``, ``max_bin``,
+    ``early_stopping_rounds``). The vertical guest's key: :class:`~secureflhv.params.HEKeyParams`; early
+    stopping (:class:`~secureflhv.params.EarlyStopping`) monitors the validation loss
+    (``validation_fraction`` of the job), and the model keeps the rounds up to the best.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -57,25 +62,10 @@ class SecureBoostParams(BaseModel):
     gamma: float = Field(default=0.0, ge=0)
     min_child_weight: float = Field(default=1.0, ge=0)
     max_bin: int = Field(default=32, ge=2, le=256)
-    early_stopping_rounds: int | None = Field(default=None, ge=1,
-                                              description="stop when the validation loss has not improved for "
-                                                          "this many rounds (needs a validation set)")
-    he_scheme: Literal["paillier", "ou"] = Field(
-        default="paillier", description="vertical: the guest's additively homomorphic scheme, 'paillier' or "
-                                        "'ou' (Okamoto-Uchiyama, crypto.ou: faster, fewer slots per ciphertext)")
-    key_bits: int = Field(default=2048, ge=256, description="homomorphic key modulus (vertical; Paillier n or OU "
-                                                            "n = p^2 q; 2048 bits ~ 112-bit security)")
-    insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
     shuffle_seed: int | None = Field(default=None, ge=1,
                                      description="seed of the hosts' candidate shuffle (tests); None: OS randomness")
     sketch_bins: int = Field(default=2048, ge=16, le=1 << 16,
                              description="horizontal binning: cells of the public grid whose counts are summed")
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.key_bits < 2048 and not self.insecure_test_key:
-            raise ValueError(f"key_bits: {self.key_bits} < 2048 needs insecure_test_key=True (tests only)")
-        return self
 
     @property
     def trees_per_round(self) -> int:

@@ -132,6 +132,7 @@ def fit_reference(X, y, cuts: list[np.ndarray], params: SecureBoostParams, *, X_
         y_val = check_labels(y_val, params)
         vbins = apply_bins(X_val, cuts, allow_nan=True)
         vmargin = np.tile(bm, (len(y_val), 1)).astype(np.float64)
+    best, since = np.inf, 0
     for r in range(params.n_trees):
         g, h = gradients(margin, y, params)
         for k in range(params.trees_per_round):
@@ -142,6 +143,14 @@ def fit_reference(X, y, cuts: list[np.ndarray], params: SecureBoostParams, *, X_
             margin[:, k] += tree.predict_bins(bins)
             if val:
                 vmargin[:, k] += tree.predict_bins(vbins)
-        if val and model.record_validation(r, loss(vmargin, y_val, params)):
-            break
+        if val:
+            vl = loss(vmargin, y_val, params)
+            model.val_losses.append(vl)
+            if vl < best - params.min_delta:
+                best, since, model.best_round = vl, 0, r
+            else:
+                since += 1
+            if params.early_stopping_rounds and since >= params.early_stopping_rounds:
+                model.trees = model.trees[:(model.best_round + 1) * params.trees_per_round]
+                break
     return model

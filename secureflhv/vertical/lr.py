@@ -43,7 +43,8 @@ Training (identical for every role; the batches come from a seed every party hol
             v_k = momentum * v_k - lr_e * grad_k ;  w_k += v_k          (heavy ball; momentum 0 = plain GD)
         epoch loss = mean of loss_b over the epoch's batches (Keras' "loss" of the epoch)
         early stopping (guest decides, tells everyone): an epoch "improves" when its loss is below the
-        best loss so far by more than tol; stop after `patience` epochs in a row without improvement.
+        best loss so far by more than min_delta; stop after `early_stopping_rounds` epochs in a row without
+        improvement (None: never).
     model kept (restore_best): every party's weights at the end of the epoch with the lowest epoch
         loss (ties: the earlier epoch), as Keras' EarlyStopping(restore_best_weights=True); the guest
         names that epoch to the hosts (``vlr.best``). Without restore_best: the last epoch's weights.
@@ -115,12 +116,11 @@ import math
 import time
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Literal, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from ..crypto.homomorphic.backend import VERTICAL_DOT_PRECISION_BITS
 from ..crypto.homomorphic.backend import constant_shift_bits as _shift_bits
 from ..crypto.homomorphic.key_prefetch import resolve_keypair
 from ..proto import messages_pb2
@@ -128,6 +128,8 @@ from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..transport.lifecycle import Callback, Checkpoint, EarlyStopping, Lifecycle
 from ..data.dataset import check_matrix
+from ..params import EarlyStopping as EarlyStoppingParams, HEParams, with_defaults
+from ..params.aliases import rename, warn_renamed
 from .common import VerticalRole, control_parser
 from .host_masks import HostMasks, check_scores, cross_terms, encrypt_masked, masked_mantissas
 from .lr_tasks import MAX_CLASSES, TaylorLoss
@@ -165,15 +167,41 @@ def round_id(epoch: int, batch: int, step: int) -> int:
 
 
 # --------------------------------------------------------------------------- configuration
-class VerticalLRConfig(BaseModel):
+class _EpochEarlyStopping(with_defaults(EarlyStoppingParams, early_stopping_rounds=10, min_delta=1e-4)):
+    """Early stopping on by default: 10 epochs in a row whose training loss is not 1e-4 below the best."""
+
+    early_stopping_metric: ClassVar[str] = "training loss (mean of the epoch's mini-batch Taylor losses)"
+
+
+def _old_early_stopping(data: Any) -> Any:
+    """The names before :class:`~secureflhv.params.EarlyStopping` (deprecated): ``early_stopping: false`` is
+    ``early_stopping_rounds: null``; ``patience`` is ``early_stopping_rounds``, ``tol`` is ``min_delta``."""
+    if isinstance(data, dict) and "early_stopping" in data:
+        data = dict(data)
+        on = data.pop("early_stopping")
+        if not isinstance(on, bool):
+            raise ValueError(f"early_stopping: must be true or false, got {on!r} (deprecated: use "
+                             f"early_stopping_rounds)")
+        if "early_stopping_rounds" in data:
+            raise ValueError("early_stopping: replaced by early_stopping_rounds; give early_stopping_rounds only")
+        warn_renamed("early_stopping", "early_stopping_rounds", " (null: off)")
+        if not on:
+            data.pop("patience", None)
+            data["early_stopping_rounds"] = None
+    return rename(data, {"patience": "early_stopping_rounds", "tol": "min_delta"})
+
+
+class VerticalLRConfig(HEParams, _EpochEarlyStopping):
     """Hyperparameters of vertical LR; every party of a job must use the same values.
 
-    Field names match the job file's ``params`` section. The guest sends mode, epochs, batch_size,
-    seed and the host list at the start and every party checks them against its own (ValueError on a
-    mismatch).
+    Field names match the job file's ``params`` section; the homomorphic key and precision are
+    :class:`~secureflhv.params.HEParams`, early stopping :class:`~secureflhv.params.EarlyStopping` (the
+    monitored loss is the epoch's training loss). The guest sends mode, epochs, batch_size, seed and the
+    host list at the start and every party checks them against its own (ValueError on a mismatch).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _old_names = model_validator(mode="before")(_old_early_stopping)
 
     task: Literal["binary", "multiclass", "regression"] = Field(
         default="binary", description="binary: Taylor logistic regression (labels 0/1 or -1/+1); multiclass: "
@@ -196,28 +224,12 @@ class VerticalLRConfig(BaseModel):
                       description="L2 penalty alpha on the mean loss: loss += alpha/2 ||w||^2 (intercept not "
                                   "penalised); scikit-learn's C corresponds to alpha = 1/(C * training rows)")
     fit_intercept: bool = Field(default=True, description="learn an intercept (a column of ones at the guest)")
-    early_stopping: bool = Field(default=True, description="stop before `epochs` when the loss stops improving")
-    tol: float = Field(default=1e-4, ge=0, description="minimum decrease of the epoch loss that counts as improvement")
-    patience: int = Field(default=10, ge=1, description="epochs in a row without improvement before stopping")
     restore_best: bool = Field(default=True, description="keep the weights of the epoch with the lowest training "
                                                          "loss (else those of the last epoch)")
     seed: int = Field(default=0, ge=0, description="seed of the mini-batch shuffle")
-    he_scheme: Literal["paillier", "ou"] = Field(
-        default="paillier", description="additively homomorphic scheme: 'paillier' (crypto.paillier) or 'ou' "
-                                        "(Okamoto-Uchiyama, crypto.ou: several times faster, statistical masking)")
-    key_bits: int = Field(default=2048, ge=256, description="modulus size of the homomorphic key (Paillier n, "
-                                                            "or OU n = p^2 q); 2048 bits ~ 112-bit security")
-    insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
-    precision_bits: int | None = Field(default=None, ge=16, le=128,
-                                       description="fraction bits of encrypted values (None: paillier default, 40)")
-    dot_precision_bits: int = Field(default=VERTICAL_DOT_PRECISION_BITS, ge=8, le=52,
-                                    description="fraction bits of plaintext features in X^T [[d]]; "
-                                                "needs |X| < 2**(62 - bits)")
 
     @model_validator(mode="after")
     def _check(self):
-        if self.key_bits < 2048 and not self.insecure_test_key:
-            raise ValueError(f"key_bits: {self.key_bits} < 2048 needs insecure_test_key=True (tests only)")
         if self.lr_schedule == "step" and not 0 < self.lr_decay <= 1:
             raise ValueError("lr_decay: the step schedule needs a factor in (0, 1]")
         return self
@@ -474,7 +486,7 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
         cfg = config if isinstance(config, VerticalLRConfig) else VerticalLRConfig(**config)
         # early stopping is the first callback (the job file's early_stopping / patience / tol); it tracks the
         # best loss even when off, for the checkpoints
-        self._stopping = EarlyStopping(cfg.patience if cfg.early_stopping else None, cfg.tol, "loss", cfg.epochs)
+        self._stopping = EarlyStopping(cfg.early_stopping_rounds, cfg.min_delta, "loss", cfg.epochs)
         super().__init__(transport, cfg, backend, [self._stopping, *callbacks], resume)
         self.on_epoch = on_epoch  # optional callback(epoch index, epoch loss), e.g. for a progress bar
         self.host_ids = list(host_ids)
@@ -573,7 +585,7 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
             if stop:
                 stopped = True
                 log.info("%s: early stopping after epoch %d (no improvement > %g for %d epochs)",
-                         self.party_id, epoch + 1, cfg.tol, cfg.patience)
+                         self.party_id, epoch + 1, cfg.min_delta, cfg.early_stopping_rounds)
                 break
         best_epoch = self._keep(kept, losses)
         return FitResult(self.weights, self.intercept, losses, seconds, stopped, best_epoch)

@@ -107,9 +107,9 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from ..crypto.homomorphic.backend import VERTICAL_DOT_PRECISION_BITS
+from ..params import HEParams, MinibatchSGD
 from ..crypto.homomorphic.key_prefetch import resolve_keypair
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
@@ -154,8 +154,12 @@ def round_id(epoch: int, batch: int, step: int) -> int:
 
 
 # --------------------------------------------------------------------------- configuration
-class SplitNNConfig(BaseModel):
-    """Hyperparameters of the split NN; every party of a job uses the same values (checked at setup)."""
+class SplitNNConfig(HEParams, MinibatchSGD):
+    """Hyperparameters of the split NN; every party of a job uses the same values (checked at setup).
+
+    Every host's key and the precision of encrypted values: :class:`~secureflhv.params.HEParams`; the bottom
+    and top models' mini-batches and step size: :class:`~secureflhv.params.MinibatchSGD`.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -171,8 +175,6 @@ class SplitNNConfig(BaseModel):
     n_classes: int | None = Field(default=None, ge=2, description="None: inferred from the guest's labels "
                                                                   "(classification only)")
     epochs: int = Field(default=10, ge=1)
-    batch_size: int = Field(default=64, ge=1)
-    learning_rate: float = Field(default=0.01, gt=0, description="bottom and top models")
     optimizer: Literal["sgd", "adam"] = "adam"
     interactive_lr: float = Field(default=0.1, gt=0, description="plain SGD step of the interactive layer")
     weight_noise: float = Field(default=1.0, ge=0, description="host noise per step: uniform(-s, s) added to E_h")
@@ -180,22 +182,12 @@ class SplitNNConfig(BaseModel):
                                    description="label-leakage mitigation: N(0,(s*rms)^2) on the host's gradient")
     seed: int = Field(default=0, ge=0, description="mini-batch shuffle seed (secret noise never derives from it)")
     init_seed: int = Field(default=0, ge=0, description="model initialisation seed")
-    he_scheme: Literal["paillier", "ou"] = Field(
-        default="paillier", description="additively homomorphic scheme of the host keys: 'paillier' or 'ou' "
-                                        "(Okamoto-Uchiyama, crypto.ou: faster, statistical masking)")
-    key_bits: int = Field(default=2048, ge=256, description="modulus size of every host key (Paillier n or OU "
-                                                            "n = p^2 q); 2048 bits ~ 112-bit security")
-    insecure_test_key: bool = Field(default=False, description="allow key_bits < 2048 (tests only)")
-    precision_bits: int = Field(default=40, ge=16, le=64, description="fraction bits of encrypted values")
-    dot_precision_bits: int = Field(default=VERTICAL_DOT_PRECISION_BITS, ge=8, le=48, description="fraction bits of plaintext multipliers")
     predict_batch_size: int = Field(default=512, ge=1)
 
     @model_validator(mode="after")
     def _check(self):
         if self.task == "regression" and self.n_classes is not None:
             raise ValueError(f"n_classes: task 'regression' has one output; remove n_classes ({self.n_classes})")
-        if self.key_bits < 2048 and not self.insecure_test_key:
-            raise ValueError(f"key_bits: {self.key_bits} < 2048 needs insecure_test_key=True (tests only)")
         for name in ("host_bottom", "guest_bottom", "top_hidden"):
             if any(w < 1 or w > 4096 for w in getattr(self, name)):
                 raise ValueError(f"{name}: widths must be in [1, 4096]")

@@ -123,7 +123,7 @@ def _lr_data():
 
 def _run_vlr(net_cls, mode):
     X, y = _lr_data()
-    cfg = dict(KEY, mode=mode, epochs=2, batch_size=6, learning_rate=0.3, l2=0.01, seed=3, early_stopping=False)
+    cfg = dict(KEY, mode=mode, epochs=2, batch_size=6, learning_rate=0.3, l2=0.01, seed=3, early_stopping_rounds=None)
     with _patched(vlr_harness, net_cls):
         hosts = [X[:, 2:3], X[:, 3:]] if mode == "arbiter" else [X[:, 2:]]  # two hosts: the cross terms
         results, errors, net, _ = vlr_harness.run_vertical_lr(X[:, :2], y, hosts, cfg, deadline=DEADLINE,

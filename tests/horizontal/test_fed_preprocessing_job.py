@@ -43,7 +43,7 @@ def penguin_csvs(tmp_path: Path, n: int = 3) -> list[Path]:
 
 def fl_params(**kw) -> dict:
     base = {"strategy": "fedavg", "model": {"name": "mlp", "n_features": 9, "n_classes": 3}, "rounds": 6,
-            "local_epochs": 3, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "seed": 1, "test_fraction": 0.25,
+            "local_epochs": 3, "batch_size": 16, "learning_rate": 0.05, "momentum": 0.9, "seed": 1, "test_fraction": 0.25,
             "label_column": "species", "preprocessing": {"standardize": True},
             "aggregation": {"kind": "secagg", "stage_timeout_s": 20}}
     base.update(kw)

@@ -29,7 +29,7 @@ from resume_harness import run_job  # noqa: E402
 
 MODEL = {"name": "mlp", "n_features": 16, "n_classes": 10}
 PARAMS = {"strategy": "fedprox", "mu": 0.01, "model": MODEL, "rounds": 2, "local_epochs": 4, "batch_size": 16,
-          "lr": 0.1, "momentum": 0.9, "seed": 3, "test_fraction": 0.25,
+          "learning_rate": 0.1, "momentum": 0.9, "seed": 3, "test_fraction": 0.25,
           "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 20}}
 
 
@@ -74,7 +74,8 @@ def job_dict(data_paths, params=PARAMS, **kw) -> dict:
     ({"strategy": "fedsgd"}, "params.strategy"),
     ({"fraction": 1.5}, "params.fraction"),
     ({"momentum": 1.0}, "params.momentum"),
-    ({"learning_rate": 0.1}, "params.learning_rate: unknown parameter"),
+    ({"lr": 0.1}, "params.lr: renamed to learning_rate; give learning_rate only"),
+    ({"learning_rte": 0.1}, "params.learning_rte: unknown parameter"),
     ({"model": {"name": "cnn", "n_features": 100, "n_classes": 10}}, "params.model"),
     ({"model": {"name": "mlp", "n_classes": 10}}, "params.model.n_features"),
     ({"aggregation": {"kind": "paillier"}}, "params.aggregation.kind"),

@@ -23,7 +23,7 @@ CLIENTS = ["client-1", "client-2", "client-3"]
 FEATURES = [f"f{j}" for j in range(10)]
 PARAMS = {"strategy": "fedavg", "model": {"name": "mlp", "task": "regression", "n_features": 10, "hidden": [8],
                                           "target_mean": 150.0, "target_std": 75.0},
-          "rounds": 6, "local_epochs": 2, "batch_size": 16, "lr": 0.05, "momentum": 0.5, "seed": 4,
+          "rounds": 6, "local_epochs": 2, "batch_size": 16, "learning_rate": 0.05, "momentum": 0.5, "seed": 4,
           "test_fraction": 0.25, "label_column": "y",
           "aggregation": {"kind": "secagg", "clip": 4.0, "stage_timeout_s": 30}}
 

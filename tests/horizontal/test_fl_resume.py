@@ -6,7 +6,6 @@ seeded by (seed, round, client), batches by (seed, round, client)).
 """
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path

@@ -22,7 +22,7 @@ from test_fl_job import shards  # noqa: E402
 
 
 PROC_PARAMS = {"strategy": "scaffold", "model": {"name": "mlp", "n_features": 16, "n_classes": 10, "hidden": [8]},
-               "rounds": 4, "local_epochs": 1, "batch_size": 32, "lr": 0.1, "momentum": 0.5, "seed": 3,
+               "rounds": 4, "local_epochs": 1, "batch_size": 32, "learning_rate": 0.1, "momentum": 0.5, "seed": 3,
                "test_fraction": 0.25, "aggregation": {"kind": "secagg", "clip": 1.0, "seed": 7, "stage_timeout_s": 60}}
 KILL_AFTER = 2  # rounds the server finishes before it is killed
 

@@ -27,7 +27,7 @@ from secureflhv.runtime.job.registry import job_params, job_spec  # noqa: E402
 from secureflhv.runtime.process.rendezvous import partners  # noqa: E402
 
 MODEL = {"name": "mlp", "n_features": 30, "n_classes": 2, "hidden": [8]}
-PARAMS = {"model": MODEL, "rounds": 2, "batch_size": 32, "lr": 0.05, "seed": 4, "test_fraction": 0.2,
+PARAMS = {"model": MODEL, "rounds": 2, "batch_size": 32, "learning_rate": 0.05, "seed": 4, "test_fraction": 0.2,
           "fork_margin": 0.05}
 PEERS = ["peer-a", "peer-b", "peer-c"]
 

@@ -156,7 +156,7 @@ def test_first_failure_wins():
 def test_killed_party_is_named_by_every_other_party_and_the_launcher(tmp_path):
     job = make_job(tmp_path)
     doc = yaml.safe_load(job.read_text())
-    doc["params"].update(epochs=400, early_stopping=False, batch_size=4)
+    doc["params"].update(epochs=400, early_stopping_rounds=None, batch_size=4)
     doc["job"]["deadline_s"] = 60  # the others must not learn it from their own deadline
     job.write_text(yaml.safe_dump(doc, sort_keys=False))
     buffer = io.StringIO()

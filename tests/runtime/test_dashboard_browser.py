@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 EPOCHS = 8
 # small batches make each epoch take a second or more: slow enough to watch the curve grow
 PARAMS = {"epochs": EPOCHS, "batch_size": 32, "learning_rate": 0.15, "lr_schedule": "constant", "key_bits": 1024,
-          "early_stopping": False, "test_fraction": 0.25, "split_seed": 5, "seed": 7}
+          "early_stopping_rounds": None, "test_fraction": 0.25, "split_seed": 5, "seed": 7}
 
 
 def _chromium() -> tuple[str, str] | None:

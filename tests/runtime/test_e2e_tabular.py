@@ -29,7 +29,7 @@ from vlr_harness import reference_taylor_lr  # noqa: E402  (independent numpy re
 pytestmark = pytest.mark.slow
 
 PARAMS = {"epochs": 2, "batch_size": 128, "learning_rate": 0.15, "lr_schedule": "constant", "momentum": 0.0,
-          "l2": 0.01, "key_bits": 1024, "early_stopping": False, "test_fraction": 0.25, "split_seed": 2,
+          "l2": 0.01, "key_bits": 1024, "early_stopping_rounds": None, "test_fraction": 0.25, "split_seed": 2,
           "seed": 3, "missing_indicator": True}
 BANDS = ["small", "medium", "large"]
 SCHEMA = {"band": {"kind": "categorical", "categories": BANDS}}

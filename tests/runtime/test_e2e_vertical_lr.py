@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 PARAMS = {"epochs": 3, "batch_size": 128, "learning_rate": 0.15, "lr_schedule": "constant", "momentum": 0.0,
           "l2": 0.01, "key_bits": 1024,
-          "early_stopping": False, "test_fraction": 0.25, "split_seed": 5, "seed": 7}
+          "early_stopping_rounds": None, "test_fraction": 0.25, "split_seed": 5, "seed": 7}
 
 
 def make_job(tmp_path, n_hosts=1, mode="arbiter", params=PARAMS, deadline=60, psi_protocol=None):

@@ -31,7 +31,7 @@ from vlr_harness import reference_linear_regression, reference_taylor_softmax  #
 
 pytestmark = pytest.mark.slow
 
-COMMON = {"epochs": 2, "key_bits": 512, "early_stopping": False, "test_fraction": 0.25, "split_seed": 1, "seed": 2}
+COMMON = {"epochs": 2, "key_bits": 512, "early_stopping_rounds": None, "test_fraction": 0.25, "split_seed": 1, "seed": 2}
 CASES = {
     "penguins": ("arbiter", {"task": "multiclass", "batch_size": 128, "learning_rate": 0.5, **COMMON}),
     "diabetes": ("two_party", {"task": "regression", "batch_size": 96, "learning_rate": 0.1, "momentum": 0.8,

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 CLIENTS = ["client-1", "client-2", "client-3"]
 FAMILIES = {
     "horizontal": {"strategy": "fedavg", "model": {"name": "mlp", "n_features": 6, "n_classes": 3, "hidden": [8]},
-                   "rounds": 2, "local_epochs": 2, "batch_size": 16, "lr": 0.1, "seed": 3, "test_fraction": 0.25,
+                   "rounds": 2, "local_epochs": 2, "batch_size": 16, "learning_rate": 0.1, "seed": 3, "test_fraction": 0.25,
                    "label_column": "y", "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 30}},
     "secureboost_horizontal": {"n_trees": 2, "max_depth": 3, "max_bin": 16, "sketch_bins": 256,
                                "test_fraction": 0.25, "split_seed": 2},

@@ -6,7 +6,6 @@ import threading
 import pytest
 
 from secureflhv.proto import messages_pb2
-from secureflhv.runtime.store import resume
 from secureflhv.runtime.store.resume import TAG_STEPS, agree_step, parse_steps
 from secureflhv.transport import ProtocolError
 from secureflhv.transport.base import PeerTimeout

@@ -20,7 +20,7 @@ from test_e2e_vertical_lr import PARAMS, make_job  # noqa: E402
 pytestmark = pytest.mark.slow
 
 RESUME_PARAMS = {**PARAMS, "epochs": 6, "batch_size": 64, "momentum": 0.5, "lr_schedule": "cosine",
-                 "early_stopping": True, "patience": 2, "tol": 1e-3}
+                 "early_stopping_rounds": 2, "min_delta": 1e-3}
 KILL_AFTER = 3  # epochs the host finishes before it is killed
 
 

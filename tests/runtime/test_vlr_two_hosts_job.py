@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def test_two_host_arbiter_job_and_prediction_job_agree_exactly(tmp_path):
     guest_csv, host_csvs = breast_cancer_tables(tmp_path / "data", 2, seed=3, scheme="random")
-    params = {"epochs": 1, "batch_size": 128, "key_bits": 512, "early_stopping": False, "test_fraction": 0.25,
+    params = {"epochs": 1, "batch_size": 128, "key_bits": 512, "early_stopping_rounds": None, "test_fraction": 0.25,
               "split_seed": 5, "seed": 7}
     job = write_vertical_lr_job(tmp_path / "job", guest_csv, host_csvs, params, mode="arbiter", deadline_s=60,
                                 insecure_test_keys=True)

@@ -6,7 +6,6 @@ records) with a fresh Paillier key. Binary with validation, and multiclass (seve
 """
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest

@@ -69,7 +69,7 @@ def _same(a, b):
 @pytest.mark.parametrize("mode", ["arbiter", "two_party"])
 def test_resume_from_every_epoch_equals_uninterrupted(mode):
     cfg = VerticalLRConfig(mode=mode, epochs=6, batch_size=16, learning_rate=0.3, momentum=0.7, l2=0.01, seed=2,
-                           early_stopping=True, patience=2, tol=0.02, key_bits=512, insecure_test_key=True)
+                           early_stopping_rounds=2, min_delta=0.02, key_bits=512, insecure_test_key=True)
     full, saved = _train(cfg)
     done = full["guest"].epochs
     assert done >= 3 and set(saved["guest"]) == set(range(1, done + 1))

@@ -40,7 +40,7 @@ def test_breast_cancer_auc_matches_sklearn():
     # Full batch: the Taylor-approximated loss plateaus near AUC 0.992 here (sklearn: 0.998)
     cfg = dict(key_bits=1024, insecure_test_key=True, mode="arbiter", epochs=8, batch_size=None,
                learning_rate=0.5, lr_schedule="constant", momentum=0.0, l2=1.0 / len(Xtr), seed=7,
-               early_stopping=True, tol=1e-4, patience=2)  # plain full-batch GD
+               early_stopping_rounds=2, min_delta=1e-4)  # plain full-batch GD
     results, errors, _, _ = run_vertical_lr(Xtr[:, :half], ytr, [Xtr[:, half:]], cfg,
                                             predict_sets=(Xte[:, :half], [Xte[:, half:]]))
     assert not errors, errors
@@ -60,7 +60,7 @@ def test_full_batch_arbiter_scores_more_rows_than_it_trained_on():
     larger prediction set into requests of that size by itself (30 + 30 + 15 rows)."""
     X, y = _toy(n=30)
     Xp, _ = _toy(n=75, seed=1)
-    cfg = dict(KEY, mode="arbiter", epochs=1, batch_size=None, learning_rate=0.3, l2=0.0, seed=0, early_stopping=False)
+    cfg = dict(KEY, mode="arbiter", epochs=1, batch_size=None, learning_rate=0.3, l2=0.0, seed=0, early_stopping_rounds=None)
     results, errors, _, roles = run_vertical_lr(X[:, :2], y, [X[:, 2:]], cfg, deadline=10.0, arbiter_rows="job",
                                                 predict_sets=(Xp[:, :2], [Xp[:, 2:]]))
     assert not errors, errors
@@ -85,7 +85,7 @@ def test_key_holder_only_decrypts_uniformly_masked_values():
         seen_n = []
         PaillierHE.decrypt_masked = spy
         try:
-            cfg = dict(KEY, mode=mode, epochs=2, batch_size=10, learning_rate=0.3, l2=0.0, seed=0, early_stopping=False)
+            cfg = dict(KEY, mode=mode, epochs=2, batch_size=10, learning_rate=0.3, l2=0.0, seed=0, early_stopping_rounds=None)
             results, errors, _, _ = run_vertical_lr(X[:, :2], y, [X[:, 2:]], cfg)
         finally:
             PaillierHE.decrypt_masked = orig
@@ -103,7 +103,7 @@ def test_key_holder_only_decrypts_uniformly_masked_values():
 def test_identity_backend_runs_the_same_protocol():
     X, y = _toy(seed=2)
     cfg = VerticalLRConfig(**KEY, mode="arbiter", epochs=3, batch_size=16, learning_rate=0.3, l2=0.01,
-                           early_stopping=False)
+                           early_stopping_rounds=None)
     from secureflhv.transport import InProcessNetwork
     net = InProcessNetwork("bench", ["guest", "host-1", "server"], deadline=20)
     roles = [vlr.VerticalLRGuest(net.transport("guest"), ["host-1"], X[:, :3], y, cfg, "server",
@@ -194,7 +194,7 @@ class _TamperingGuest(InProcessTransport):
 def test_bad_messages_rejected_and_logged_training_correct(mode, caplog):
     X, y = _toy(n=36, d=5, seed=4)
     cfg = dict(KEY, mode=mode, epochs=2, batch_size=12, learning_rate=0.3, l2=0.01, seed=3,
-               early_stopping=False)
+               early_stopping_rounds=None)
     plan = {vlr.round_id(0, 1, vlr.S_D): "wrong_shape", vlr.round_id(1, 0, vlr.S_D): "other_key",
             vlr.round_id(1, 2, vlr.S_D): "stale_after"}
     events = []
@@ -238,7 +238,7 @@ class _DyingHost(InProcessTransport):
 @pytest.mark.parametrize("mode", ["arbiter", "two_party"])
 def test_host_taken_down_mid_training_fails_fast_naming_it(mode):
     X, y = _toy()
-    cfg = dict(KEY, mode=mode, epochs=5, batch_size=20, learning_rate=0.3, early_stopping=False)
+    cfg = dict(KEY, mode=mode, epochs=5, batch_size=20, learning_rate=0.3, early_stopping_rounds=None)
     t0 = time.monotonic()
     results, errors, _, _ = run_vertical_lr(X[:, :2], y, [X[:, 2:]], cfg, deadline=3.0,
                                             transports={"host-1": _DyingHost})

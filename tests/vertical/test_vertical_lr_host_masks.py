@@ -148,7 +148,7 @@ def _train(guest_cls=VerticalLRGuest, task="binary", he_scheme="paillier", key_b
     X = rng.normal(size=(n, 7))
     y = rng.integers(0, 3 if task == "multiclass" else 2, size=n)
     cfg = VerticalLRConfig(task=task, he_scheme=he_scheme, key_bits=key_bits, insecure_test_key=True, epochs=2,
-                           batch_size=10, learning_rate=0.3, early_stopping=False, restore_best=False, seed=1)
+                           batch_size=10, learning_rate=0.3, early_stopping_rounds=None, restore_best=False, seed=1)
     cols = {"guest": [0, 1], HOSTS[0]: [2, 3, 4], HOSTS[1]: [5, 6]}
     net = InProcessNetwork("vlr-masks-train", ["guest", *HOSTS, "server"], deadline=30)
     g = guest_cls(net.transport("guest"), HOSTS, X[:, cols["guest"]], y, cfg, "server",

@@ -41,7 +41,7 @@ def test_random_split_two_parties(mode):
     X, y = _data()
     perm = np.random.default_rng(11).permutation(X.shape[1])
     cfg = dict(KEY, mode=mode, epochs=3, batch_size=16, learning_rate=0.3, l2=0.01, seed=5,
-               lr_schedule="inverse_time", lr_decay=0.5, early_stopping=False)
+               lr_schedule="inverse_time", lr_decay=0.5, early_stopping_rounds=None)
     _check(X, y, sorted(perm[:3]), [sorted(perm[3:])], cfg)
 
 
@@ -49,16 +49,16 @@ def test_random_split_two_parties(mode):
 def test_given_column_lists_full_batch_step_schedule(mode):
     X, y = _data(seed=4)
     cfg = dict(KEY, mode=mode, epochs=4, batch_size=None, learning_rate=0.5, l2=0.0, seed=1,
-               lr_schedule="step", lr_decay=0.5, lr_step_epochs=2, early_stopping=False)
+               lr_schedule="step", lr_decay=0.5, lr_step_epochs=2, early_stopping_rounds=None)
     _check(X, y, [0, 5, 6], [[1, 2, 3, 4]], cfg)
 
 
 @pytest.mark.parametrize("mode", ["arbiter", "two_party"])
 def test_three_parties_with_early_stopping(mode):
     X, y = _data(seed=5, n=48, d=6)
-    # a large tol makes early stopping fire after a few epochs, in the reference as in the federation
+    # a large min_delta makes early stopping fire after a few epochs, in the reference as in the federation
     cfg = dict(KEY, mode=mode, epochs=12, batch_size=20, learning_rate=0.2, l2=0.05, seed=9,
-               early_stopping=True, tol=0.02, patience=2)
+               early_stopping_rounds=2, min_delta=0.02)
     results, losses_ref = _check(X, y, [4, 1], [[0, 3], [5, 2]], cfg)
     assert len(losses_ref) < 12 and results["guest"].stopped_early
 
@@ -68,7 +68,7 @@ def test_momentum_cosine_keeps_the_lowest_loss_epoch(mode):
     X, y = _data(seed=6, n=50, d=6)
     # a large step with momentum overshoots, so the lowest loss is not at the last epoch
     cfg = dict(KEY, mode=mode, epochs=5, batch_size=25, learning_rate=1.0, momentum=0.9, lr_schedule="cosine",
-               l2=0.01, seed=2, early_stopping=False, restore_best=True)
+               l2=0.01, seed=2, early_stopping_rounds=None, restore_best=True)
     results, losses_ref = _check(X, y, [0, 4], [[1, 2, 3, 5]], cfg)
     best = int(np.argmin(losses_ref))
     assert best < len(losses_ref) - 1
@@ -82,5 +82,5 @@ def test_okamoto_uchiyama_equals_the_centralised_model(mode):
     pytest.importorskip("heu", reason="sf-heu is a linux dependency of the OU scheme")
     X, y = _data(seed=7, n=45, d=6)
     cfg = dict(key_bits=1024, insecure_test_key=True, he_scheme="ou", mode=mode, epochs=3, batch_size=15,
-               learning_rate=0.4, l2=0.02, seed=3, early_stopping=False)
+               learning_rate=0.4, l2=0.02, seed=3, early_stopping_rounds=None)
     _check(X, y, [2, 5], [[0, 3], [1, 4]], cfg)

@@ -50,7 +50,7 @@ def test_multinomial_equals_centralised_taylor_softmax(mode, key, host_cols):
     X, y, _ = _data(seed=1)
     guest_cols = [2, 4]
     cfg = dict(key, task="multiclass", mode=mode, epochs=3, batch_size=21, learning_rate=0.5, l2=0.01, seed=4,
-               early_stopping=False)
+               early_stopping_rounds=None)
     Xte = X[:7] * 1.3
     results, errors, _, _ = run_vertical_lr(X[:, guest_cols], y, [X[:, c] for c in host_cols], cfg, n_classes=3,
                                             predict_sets=(Xte[:, guest_cols], [Xte[:, c] for c in host_cols]))
@@ -75,7 +75,7 @@ def test_linear_regression_equals_centralised_gd(mode, key, host_cols):
     X, _, y = _data(seed=2)
     guest_cols = [2, 4]
     cfg = dict(key, task="regression", mode=mode, epochs=3, batch_size=14, learning_rate=0.05, momentum=0.5,
-               l2=0.01, seed=6, early_stopping=False)
+               l2=0.01, seed=6, early_stopping_rounds=None)
     Xte = X[:5]
     results, errors, _, _ = run_vertical_lr(X[:, guest_cols], y, [X[:, c] for c in host_cols], cfg,
                                             predict_sets=(Xte[:, guest_cols], [Xte[:, c] for c in host_cols]))

@@ -98,7 +98,7 @@ def _check_events(events, expected_count):
 
 def test_vertical_lr_rejects_bad_exponents_counts_and_ranges_and_trains_exactly(caplog):
     X, y = _toy_lr()
-    cfg = dict(KEY, mode="arbiter", epochs=1, batch_size=12, learning_rate=0.3, l2=0.01, seed=3, early_stopping=False)
+    cfg = dict(KEY, mode="arbiter", epochs=1, batch_size=12, learning_rate=0.3, l2=0.01, seed=3, early_stopping_rounds=None)
     r0, r1 = vlr.round_id(0, 0, 0), vlr.round_id(0, 1, 0)
     plans = {
         "host-1": {(vlr.TAG_FWD, r0 + vlr.S_FWD): "huge_exponent", (vlr.TAG_FWD, r1 + vlr.S_FWD): "missing_ciphertext",
@@ -127,7 +127,7 @@ def test_vertical_lr_rejects_bad_exponents_counts_and_ranges_and_trains_exactly(
 
 def test_vertical_lr_peer_sending_only_a_huge_exponent_is_named_quickly():
     X, y = _toy_lr()
-    cfg = dict(KEY, mode="two_party", epochs=1, batch_size=24, learning_rate=0.3, seed=3, early_stopping=False)
+    cfg = dict(KEY, mode="two_party", epochs=1, batch_size=24, learning_rate=0.3, seed=3, early_stopping_rounds=None)
     plan = {(vlr.TAG_D, vlr.round_id(0, 0, vlr.S_D)): "huge_exponent"}
     events = []
     t0 = time.monotonic()

@@ -55,11 +55,11 @@ def reference_taylor_lr(X, y01, **cfg):
         kept.append((w.copy(), b))
         loss = float(np.mean(epoch_losses))
         losses.append(loss)
-        if loss < best - c.tol:
+        if loss < best - c.min_delta:
             best, bad = loss, 0
         else:
             bad += 1
-        if c.early_stopping and bad >= c.patience:
+        if c.early_stopping_rounds is not None and bad >= c.early_stopping_rounds:
             break
     w, b = kept[int(np.argmin(losses)) if c.restore_best else -1]
     return w, b, losses
@@ -96,11 +96,11 @@ def _reference_gd(X, targets, loss_and_resid, cfg):
                 b = b + vb
         kept.append((W.copy(), b.copy()))
         losses.append(float(np.mean(epoch_losses)))
-        if losses[-1] < best - c.tol:
+        if losses[-1] < best - c.min_delta:
             best, bad = losses[-1], 0
         else:
             bad += 1
-        if c.early_stopping and bad >= c.patience:
+        if c.early_stopping_rounds is not None and bad >= c.early_stopping_rounds:
             break
     W, b = kept[int(np.argmin(losses)) if c.restore_best else -1]
     return W, b, losses

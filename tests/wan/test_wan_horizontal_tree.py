@@ -37,7 +37,7 @@ WHY = netbed.unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY is not None, reason=WHY or "")]
 
 HFL = {"strategy": "fedavg", "model": {"name": "mlp", "n_features": 16, "n_classes": 10}, "rounds": 2,
-       "local_epochs": 2, "batch_size": 32, "lr": 0.1, "momentum": 0.9, "seed": 3, "test_fraction": 0.2,
+       "local_epochs": 2, "batch_size": 32, "learning_rate": 0.1, "momentum": 0.9, "seed": 3, "test_fraction": 0.2,
        # t = 2 of 3 so that a client may be cut off (no colluder tolerated); the loopback reference run has two
        # clients: the explicit two-client opt-in
        "aggregation": {"kind": "secagg", "clip": 1.0, "stage_timeout_s": 6, "seed": 11, "max_colluders": 0,

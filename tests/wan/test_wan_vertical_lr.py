@@ -31,7 +31,7 @@ from secureflhv.runtime.job.demo import breast_cancer_tables, write_vertical_lr_
 WHY = netbed.unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY is not None, reason=WHY or "")]
 
-PARAMS = {"epochs": 2, "batch_size": 128, "learning_rate": 0.15, "key_bits": 1024, "early_stopping": False,
+PARAMS = {"epochs": 2, "batch_size": 128, "learning_rate": 0.15, "key_bits": 1024, "early_stopping_rounds": None,
           "test_fraction": 0.25, "split_seed": 5, "seed": 7}
 PARTIES = ["server", "guest", "host-1"]
 OUTAGE_S = 20.0

@@ -22,7 +22,7 @@ Example ``params``::
       fraction: 1.0              # clients sampled per round
       local_epochs: 2
       batch_size: 64
-      lr: 0.01
+      learning_rate: 0.01
       momentum: 0.9
       seed: 0
       aggregation: {kind: secagg, clip: 1.0, precision_bits: 16}
@@ -64,9 +64,10 @@ import math
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from ...secagg import AggregationConfig
+from ...params import AggregationParams, LocalTraining
+from ...secagg import AggregationConfig, AggregationConfigError
 from ...horizontal.fl import (DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, HorizontalClient,
                               HorizontalServer, RoundRecord)
 from ...data.metrics import task_metrics
@@ -86,43 +87,15 @@ from ..store.resume import role_lifecycle
 log = logging.getLogger("secureflhv.job")
 
 
-class AggregationParams(BaseModel):
-    """``params.aggregation``: see :class:`secureflhv.secagg.AggregationConfig`.
-
-    ``input_timeout_s`` defaults to ``job.deadline_s`` (it covers the clients' local training).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["secagg", "plain", "plain_quantised"] = "secagg"
-    threshold: int | float | None = Field(default=None, description="t, or a fraction of the selected clients")
-    clip: float = Field(default=1.0, gt=0)
-    precision_bits: int = Field(default=16, ge=0, le=40)
-    max_weight: float = Field(default=float(1 << 20), gt=0)
-    consistency_check: bool = True
-    min_clients: int = Field(default=3, ge=2, description="fewest clients a round may sum; 2 is an explicit opt-in "
-                             "(each of two clients learns the other's update from the sum) and needs max_colluders 0")
-    max_colluders: int = Field(default=1, ge=0, description="clients that may collude with a malicious server; t is "
-                               "derived so that n_C < 2t − n (Bonawitz et al. 2017, Thm 6.5)")
-    stage_timeout_s: float = Field(default=30.0, gt=0)
-    input_timeout_s: float | None = Field(default=None, gt=0)
-    seed: int | None = Field(default=None, ge=0, description="stochastic rounding seed (tests)")
-
-
-class LocalTrainingParams(BaseModel):
+class LocalTrainingParams(LocalTraining):
     """The ``params`` that the horizontal jobs with a torch model share (``algorithm: horizontal`` and
-    ``multiconfederated``): the model, rounds, each client's local SGD and its data (label column, local
-    test split). Every field: ``docs/parameters.md``."""
+    ``multiconfederated``): the model, rounds, each client's local SGD (:class:`secureflhv.params.LocalTraining`)
+    and its data (label column, local test split). Every field: ``docs/parameters.md``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: ModelSpec
     rounds: int = Field(default=10, ge=1)
-    local_epochs: int = Field(default=1, ge=1)
-    batch_size: int = Field(default=64, ge=1)
-    lr: float = Field(default=0.01, gt=0)
-    momentum: float = Field(default=0.0, ge=0, lt=1)
-    weight_decay: float = Field(default=1e-5, ge=0)
     seed: int = Field(default=0, ge=0)
     test_fraction: float = Field(default=0.2, ge=0, lt=1, description="local test split of each client (peer)")
     label_column: str = Field(default="y", description="label column when parties[i].data.label_column is unset")
@@ -167,9 +140,8 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     never a secure aggregate of one client (it would reveal that client's update)."""
     try:
         agg = fl_config(cfg, params).aggregation
-    except ValueError as exc:
-        field = next((f".{f}" for f in ("threshold", "min_clients", "max_colluders") if str(exc).startswith(f)), "")
-        raise JobConfigError(f"params.aggregation{field}: {exc}") from None
+    except AggregationConfigError as exc:
+        raise JobConfigError(f"params.aggregation.{exc.field}: {exc}") from None
     n = len(cfg.clients)
     m = max(1, int(n * params.fraction))
     if m < agg.smallest_round():
@@ -180,8 +152,8 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
                              f"rounds")
     try:
         agg.resolve_threshold(m)
-    except ValueError as exc:
-        raise JobConfigError(f"params.aggregation.threshold: {exc} (fraction {params.fraction} of {n} clients)") \
+    except AggregationConfigError as exc:
+        raise JobConfigError(f"params.aggregation.{exc.field}: {exc} (fraction {params.fraction} of {n} clients)") \
             from None
     if params.strategy == "ifca" and params.contribution_temperature is not None:
         raise JobConfigError("params.contribution_temperature: contribution normalisation re-weights sample-weighted "
@@ -199,7 +171,7 @@ def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConf
 
 
 def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
-    local = LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.lr,
+    local = LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.learning_rate,
                              momentum=params.momentum, weight_decay=params.weight_decay)
     timeout = params.round_timeout_s or cfg.job.deadline_s
     return FLConfig(rounds=params.rounds, fraction=params.fraction, seed=params.seed, local=local,

@@ -18,7 +18,7 @@ Example ``params``::
       rounds: 10
       local_epochs: 1
       batch_size: 32
-      lr: 0.05
+      learning_rate: 0.05
       seed: 0
       tolerance: 1.0          # divergence filter: accept δ <= median + tolerance·std
       popularity_weight: 0.1  # selection: accuracy + popularity_weight · popularity share
@@ -96,7 +96,7 @@ def check(cfg: JobConfig, params: MultiConfederatedJobParams) -> None:
 
 
 def mc_config(cfg: JobConfig, params: MultiConfederatedJobParams) -> MCConfig:
-    local = LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.lr,
+    local = LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.learning_rate,
                              momentum=params.momentum, weight_decay=params.weight_decay)
     timeout = params.round_timeout_s or cfg.job.deadline_s
     return MCConfig(rounds=params.rounds, seed=params.seed, local=local, initial_models=params.initial_models,

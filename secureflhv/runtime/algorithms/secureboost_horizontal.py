@@ -31,7 +31,7 @@ import numpy as np
 from pydantic import ConfigDict, Field
 
 from ...transport import Transport
-from ...secagg import AggregationConfig
+from ...secagg import AggregationConfig, AggregationConfigError
 from ...tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer, job_threshold,
                                 tree_aggregation_config)
 from ...tree.model import model_to_dict
@@ -79,11 +79,8 @@ def check(cfg: JobConfig, params: HorizontalSecureBoostJobParams) -> None:
     """The threshold fits the job's clients (n_C < 2t − n, enough clients); JobConfigError names the field."""
     try:
         job_threshold(aggregation_config(cfg, params), [c.id for c in cfg.clients])
-    except ValueError as exc:
-        msg = str(exc)
-        field = next((f for f in ("max_colluders", "min_clients") if msg.startswith(f)),
-                     "min_clients" if msg.startswith("a round of") else "threshold")
-        raise JobConfigError(f"params.{field}: {exc}") from None
+    except AggregationConfigError as exc:
+        raise JobConfigError(f"params.{exc.field}: {exc}") from None
 
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalSecureBoostJobParams, *,

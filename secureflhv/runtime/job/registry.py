@@ -11,7 +11,7 @@ function; see ``docs/architecture.md``) + one line in :data:`JOBS`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -21,7 +21,15 @@ from ..algorithms import (horizontal_fl, multiconfederated, predict, secureboost
                           secureboost_vertical, vertical_lr, vertical_nn)
 
 Family = Literal["vertical", "horizontal", "peer"]
-RunFn = Callable[..., dict]  # (cfg, party, transport, params, *, resume: bool) -> metrics
+
+
+class RunFn(Protocol):
+    """A job module's ``run``: one party's role, returning its metrics."""
+
+    def __call__(self, cfg: JobConfig, party: PartySpec, transport: Transport, params: BaseModel, *,
+                 resume: bool = False) -> dict: ...
+
+
 CheckFn = Callable[[JobConfig, BaseModel], None]
 
 
