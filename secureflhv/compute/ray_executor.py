@@ -50,18 +50,22 @@ PROBE_TIMEOUT_S = 2.0
 POLL_S = 1.0  # how often a waiting step looks at its finished tasks (progress, errors, the cluster's head)
 
 
-def _head_answers(address: str | None, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether the cluster's head (``host:port`` of its GCS) accepts a TCP connection (True if unknown)."""
-    if not address:
-        return True
+def tcp_answers(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool | None:
+    """Whether ``host:port`` (or ``ray://host:port``, a Ray cluster's address) accepts a TCP connection
+    within ``timeout`` seconds; None when ``address`` is not of that form."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        return True
+        return None
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             return True
     except OSError:
         return False
+
+
+def _head_answers(address: str | None, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the cluster's head (``host:port`` of its GCS) accepts a TCP connection (True if unknown)."""
+    return not address or tcp_answers(address, timeout) is not False
 
 
 # ---------------------------------------------------------------------------------------- encoding

@@ -155,7 +155,23 @@ def _check_size(n_bits: int, insecure_test_key: bool, warn: bool = True) -> None
 
 
 # ------------------------------------------------------------------------------------------ keys
-class PublicKey:
+class FingerprintedKey:
+    """Equality, hash and repr of a public key by its ``fingerprint`` (SHA-256 of its parameters): two
+    keys are equal when they are of the same class and have the same fingerprint."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return isinstance(other, type(self)) and other.fingerprint == self.fingerprint
+
+    def __hash__(self):
+        return hash(self.fingerprint)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.n_bits} bits, fingerprint={self.fingerprint[:8].hex()})"
+
+
+class PublicKey(FingerprintedKey):
     """Paillier public key (g = n + 1).  ``fingerprint`` = SHA-256 of n's big-endian bytes."""
 
     __slots__ = ("n", "n_bits", "nsquare", "fingerprint", "max_int", "_n")
@@ -171,15 +187,6 @@ class PublicKey:
         self.nsquare = self._n * self._n
         self.fingerprint = key_fingerprint(n)
         self.max_int = max_mantissa(n)
-
-    def __eq__(self, other):
-        return isinstance(other, PublicKey) and other.n == self.n
-
-    def __hash__(self):
-        return hash(self.fingerprint)
-
-    def __repr__(self):
-        return f"PublicKey({self.n_bits} bits, fingerprint={self.fingerprint[:8].hex()})"
 
     @property
     def byte_width(self) -> int:
