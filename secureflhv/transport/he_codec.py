@@ -1,5 +1,6 @@
 """Homomorphic values on the wire: Paillier / OU public keys, ciphertexts and masked plaintexts
-(docs/architecture.md, "One message, from the job file to the wire").
+(docs/architecture.md, "One message, from the job file to the wire"). Plaintext arrays are
+:mod:`secureflhv.transport.codec`'s; the other encoders are listed there.
 
 OU (``he_scheme: ou``): :class:`OUCodec` below, the same messages with ``PaillierPublicKey.scheme = "ou"``.
 

@@ -4,8 +4,8 @@ Final API
 ---------
 ::
 
-    DEFAULT_BITS = 2048; MIN_SECURE_BITS = 2048; RANDOM_BITS = 256
-    generate_keypair(n_bits=2048, *, insecure_test_key=False, racers=None) -> (OUPublicKey, OUPrivateKey)
+    DEFAULT_BITS, MIN_SECURE_BITS, RANDOM_BITS (key and randomness sizes in bits)
+    generate_keypair(n_bits, *, insecure_test_key=False, racers=None) -> (OUPublicKey, OUPrivateKey)
     OUPublicKey(n, g, h, plain_bits, *, insecure_test_key=False)
         .n .g .h .plain_bits .n_bits .fingerprint .max_int .byte_width .nsquare (= n, the ciphertext modulus)
         OUPublicKey.from_peer(n, g, h, plain_bits, *, insecure_test_key=False)   (CiphertextError)

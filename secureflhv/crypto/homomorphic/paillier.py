@@ -4,8 +4,8 @@ Final API
 ---------
 ::
 
-    DEFAULT_PRECISION_BITS = 40; DEFAULT_SCALAR_PRECISION_BITS = 32; DEFAULT_DOT_PRECISION_BITS = 24
-    generate_keypair(n_bits=2048, *, insecure_test_key=False) -> (PublicKey, PrivateKey)
+    DEFAULT_PRECISION_BITS, DEFAULT_SCALAR_PRECISION_BITS, DEFAULT_DOT_PRECISION_BITS (fraction bits)
+    generate_keypair(n_bits, *, insecure_test_key=False) -> (PublicKey, PrivateKey)
     PublicKey(n, *, insecure_test_key=False)   .n .n_bits .nsquare .fingerprint .max_int .byte_width
         .to_phe() ; PublicKey.from_phe(k, *, insecure_test_key=False)
         PublicKey.from_peer(n, *, insecure_test_key=False)  (validates a peer's modulus: CiphertextError)

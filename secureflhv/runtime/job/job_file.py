@@ -6,17 +6,18 @@ Validated with pydantic; every error names the offending field as a dotted path
 (``parties[2].data.id_column``) and the file, so a user can fix it without reading code.
 Relative paths in the file are resolved against the job file's folder.
 
-Example (see ``examples/vertical_lr.py``, which writes one)::
+Example (see ``examples/vertical_lr.py``, which writes one; the defaults and bounds of every field are
+the pydantic models below and docs/parameters.md)::
 
     job:
       id: breast-vlr
       algorithm: vertical_lr
       output_dir: out            # each party writes out/<party id>/
-      startup_timeout_s: 7200    # how long a party waits for its partners to start (default 2 h)
-      max_message_mb: 256        # largest message a party accepts (MiB, default 256); raise it for big batches
-      psi_security: malicious    # PSI safe against a party that lies (default): ID alignment by ECDH-PSI
+      startup_timeout_s: 7200    # how long a party waits for its partners to start
+      max_message_mb: 256        # largest message a party accepts (MiB); raise it for big batches
+      psi_security: malicious    # PSI safe against a party that lies: ID alignment by ECDH-PSI
       # psi_protocol: ecdh       # default from psi_security; kkrt (~15x faster) needs psi_security: semi_honest
-      psi_max_ids: 10000000      # largest ID set any party may hold or announce in PSI (default 10M)
+      psi_max_ids: 10000000      # largest ID set any party may hold or announce in PSI
     security:
       ca: certs/ca.pem           # omit only with insecure: true
     parties:
@@ -33,7 +34,7 @@ Example (see ``examples/vertical_lr.py``, which writes one)::
         cert: certs/host-1.pem
         key: certs/host-1.key
         data: {path: data/host-1.csv, id_column: id}
-        compute: {engine: ray, address: "10.0.0.5:6379"}  # optional: this party's Ray cluster (default local)
+        compute: {engine: ray, address: "10.0.0.5:6379"}  # optional: this party's Ray cluster
     params: {mode: arbiter, epochs: 30, batch_size: 64, learning_rate: 0.15, l2: 0.001}
 """
 from __future__ import annotations
