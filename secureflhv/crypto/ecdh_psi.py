@@ -421,6 +421,7 @@ class PsiEngine:
         return b"".join(self._get_pool().imap(_task_blind, tasks))
 
     def close(self) -> None:
+        """Stop this engine's worker processes (terminated and joined); a later batch runs without them."""
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()

@@ -213,6 +213,7 @@ class BaseOtSender:
         self._cp = base_ot_cp(context)
 
     def points(self) -> bytes:
+        """The ``count`` 32-byte points R_i = g^r_i, concatenated, to send to the receiver."""
         return b"".join(self._R)
 
     def keys(self, receiver_points: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -258,6 +259,7 @@ class BaseOtReceiver:
         self._pk0 = [sub(cp, p) if s else p for p, s in zip(self._pk_own, choices.tolist())]
 
     def points(self) -> bytes:
+        """The ``count`` 32-byte points PK0_i, concatenated, to send to the sender."""
         return b"".join(self._pk0)
 
     def keys(self, sender_points: bytes) -> np.ndarray:

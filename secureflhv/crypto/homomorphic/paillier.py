@@ -205,11 +205,13 @@ class PublicKey(FingerprintedKey):
             raise CiphertextError(f"{what} rejected: {e}") from None
 
     def to_phe(self):
+        """The same key as a python-paillier (``phe``) ``PaillierPublicKey`` (interoperability with python-paillier)."""
         from phe import paillier
         return paillier.PaillierPublicKey(self.n)
 
     @classmethod
     def from_phe(cls, key, *, insecure_test_key: bool = False) -> "PublicKey":
+        """A python-paillier public key as ours; ValueError as the constructor (odd n, size)."""
         return cls(key.n, insecure_test_key=insecure_test_key)
 
 
@@ -228,11 +230,13 @@ class PrivateKey:
         return f"PrivateKey(for {self.public_key!r})"
 
     def to_phe(self):
+        """The same key as a python-paillier ``PaillierPrivateKey``."""
         from phe import paillier
         return paillier.PaillierPrivateKey(self.public_key.to_phe(), self.p, self.q)
 
     @classmethod
     def from_phe(cls, key, *, insecure_test_key: bool = False) -> "PrivateKey":
+        """A python-paillier private key as ours; ValueError when p * q is not its modulus."""
         return cls(PublicKey.from_phe(key.public_key, insecure_test_key=insecure_test_key), key.p, key.q)
 
 
@@ -406,14 +410,17 @@ class EncryptedArray:
     # -- array interface
     @property
     def shape(self) -> tuple:
+        """The shape of the array of ciphertexts."""
         return self._c.shape
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return self._c.ndim
 
     @property
     def size(self) -> int:
+        """The number of ciphertexts."""
         return self._c.size
 
     @property
@@ -441,12 +448,15 @@ class EncryptedArray:
         return self._like(c)
 
     def reshape(self, *shape) -> "EncryptedArray":
+        """The same ciphertexts in another shape (numpy's ``reshape`` rules; ValueError if the size differs)."""
         return self._like(self._c.reshape(*shape))
 
     def ravel(self) -> "EncryptedArray":
+        """The ciphertexts as a 1-D array, C order."""
         return self._like(self._c.reshape(-1))
 
     def copy(self) -> "EncryptedArray":
+        """A copy with its own array of ciphertexts (the integers are immutable and shared)."""
         return self._like(self._c.copy())
 
     # -- checks
