@@ -391,6 +391,7 @@ class GrpcTransport(Transport):
 
     @property
     def secure(self) -> bool:
+        """Whether the channels use mutual TLS (False only with ``insecure``)."""
         return self._tls is not None
 
     def set_peer_address(self, party_id: str, address: str) -> None:
