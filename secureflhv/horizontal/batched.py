@@ -298,6 +298,7 @@ class TrainerHandle:
         self.key, self.expected = None, 1
 
     def begin(self, round_id, n_participants: int) -> None:
+        """Name the coming round (``round_id``) and how many clients train in it, so the batch waits for that many."""
         self.key, self.expected = round_id, max(1, int(n_participants))
 
     def train(self, model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainConfig, rng: np.random.Generator,

@@ -121,8 +121,7 @@ class InProcessTransport(Transport):
 
     def send(self, receiver, tag, payload, round=0, timeout=None):
         """Hand ``payload`` to ``receiver``'s mailbox, whose wire rules apply (counted in ``sent_bytes``);
-        PeerUnavailable when the
-        receiver is not on the network or is marked down.
+        PeerUnavailable when the receiver is not on the network or is marked down.
         """
         if receiver in self.network._down or receiver not in self.network._mailboxes:
             raise PeerUnavailable(f"{self.party_id}: party {receiver!r} is unreachable")
