@@ -138,6 +138,9 @@ class ComputeSpec(_Strict):
 
 
 class PartySpec(_Strict):
+    """One entry of ``parties``: the party's id, role, network addresses, certificate and key, data and
+    compute (docs/parameters.md lists every field).
+    """
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     role: Literal["guest", "host", "server"]
     address: str = Field(description="host:port where the other parties reach this party")
@@ -161,6 +164,9 @@ class PartySpec(_Strict):
 
 
 class JobSection(_Strict):
+    """The ``job`` section: id, algorithm, output folder, time limits, message size and PSI settings
+    (docs/parameters.md lists every field).
+    """
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     algorithm: str = Field(description="a name from the job registry (secureflhv.runtime.job.registry)")
     output_dir: Path = Path("out")
@@ -213,6 +219,7 @@ class JobSection(_Strict):
 
 
 class SecuritySection(_Strict):
+    """The ``security`` section: the CA certificate, and the test-only switches (plaintext gRPC, short keys)."""
     ca: Path | None = None
     insecure: bool = Field(default=False, description="plaintext gRPC without TLS: testing only")
     insecure_test_keys: bool = Field(
@@ -255,21 +262,25 @@ class JobConfig(_Strict):
 
     # ------------------------------------------------------------------ helpers
     def resolve(self, path: Path | None) -> Path | None:
+        """``path`` against the job file's folder (absolute paths unchanged; None stays None)."""
         if path is None:
             return None
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
     def party(self, party_id: str) -> PartySpec:
+        """The party ``party_id``; JobConfigError naming the job's parties when there is none."""
         for p in self.parties:
             if p.id == party_id:
                 return p
         raise JobConfigError(f"party {party_id!r} is not in job {self.job.id!r}; parties: {[p.id for p in self.parties]}")
 
     def by_role(self, role: str) -> list[PartySpec]:
+        """The parties of ``role`` (``guest``, ``host`` or ``server``), in file order."""
         return [p for p in self.parties if p.role == role]
 
     @property
     def guest(self) -> PartySpec:
+        """The guest (the job's structure checks make it exist for the families that have one)."""
         return self.by_role("guest")[0]
 
     @property
@@ -279,10 +290,12 @@ class JobConfig(_Strict):
 
     @property
     def hosts(self) -> list[PartySpec]:
+        """The hosts, in file order."""
         return self.by_role("host")
 
     @property
     def server(self) -> PartySpec | None:
+        """The server, or None when the job has none."""
         servers = self.by_role("server")
         return servers[0] if servers else None
 
@@ -295,6 +308,7 @@ class JobConfig(_Strict):
         return f"parties[{self.parties.index(party)}].{field} (party {party.id!r})"
 
     def output_dir(self, party_id: str) -> Path:
+        """The folder party ``party_id`` writes to: ``<job.output_dir>/<party_id>``, resolved."""
         return self.resolve(self.job.output_dir) / party_id
 
 
@@ -306,6 +320,7 @@ def _loc(loc) -> str:
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
+    """A pydantic error as lines a user can act on: the file, then one ``dotted.field: message`` per error."""
     lines = [f"invalid job file {source}:"]
     for e in err.errors():
         where = _loc(e["loc"]) or "(top level)"
