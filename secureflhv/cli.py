@@ -213,6 +213,8 @@ def _version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``secureflhv`` argument parser: one subcommand per entry of the module docstring, each with
+    ``func`` set to the function that runs it (returning the exit code)."""
     parser = argparse.ArgumentParser(
         prog="secureflhv",
         description="Secure cross-silo federated learning over gRPC with mutual TLS.",
@@ -220,7 +222,31 @@ def build_parser() -> argparse.ArgumentParser:
                "`secureflhv run JOB` starts all parties on this machine for a demo or test.")
     parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_certs(sub)
+    _add_checks(sub)
+    _add_party_and_run(sub)
+    _add_predict(sub)
 
+    from .data.partition import command as partition_cli
+
+    p = sub.add_parser("partition", help="split a dataset into non-IID party shards",
+                       description="Partition a dataset over parties with a non-IID scheme (NIID-Bench and the "
+                                   "survey's categories), write each party's shard, print statistics, save a plot.")
+    partition_cli.add_arguments(p)
+    p.set_defaults(func=partition_cli.run)
+    return parser
+
+
+def _job_command(sub, name: str, func, help: str, description: str, job_help: str | None = None):
+    """A subcommand whose first argument is a job file, run by ``func``."""
+    p = sub.add_parser(name, help=help, description=description)
+    p.add_argument("job", type=Path, help=job_help)
+    p.set_defaults(func=func)
+    return p
+
+
+def _add_certs(sub) -> None:
+    """``secureflhv certs``."""
     p = sub.add_parser("certs", help="generate a CA and one TLS certificate per party",
                        description="Generate a certificate authority and, for each party, a key and a certificate "
                                    "whose common name is the party id (checked against the sender of every message).")
@@ -234,30 +260,31 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeatable. With --job each party also gets the host of its own address")
     p.set_defaults(func=_cmd_certs)
 
-    p = sub.add_parser("validate", help="check a job file (and, with --party, everything local to that party)",
-                       description="Validate a job file and summarise it. With --party ID, also run that party's "
-                                   "preflight: its files, certificate (CA chain, dates, party id, key), data "
-                                   "columns and types, and listen port. Exit code 2 on any problem.")
-    p.add_argument("job", type=Path)
-    p.add_argument("--party", help="the party whose local set-up to check (run it on that party's machine)")
-    p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("check", help="preflight one party, then reach every peer over mutual TLS",
-                       description="Run the party's preflight, then send a hello to every peer it talks to and "
-                                   "print a table: peer, address, reachable, certificate ok, round-trip time. "
-                                   "The peers must be running (`secureflhv party`, waiting for partners).")
-    p.add_argument("job", type=Path)
+def _add_checks(sub) -> None:
+    """``secureflhv validate`` and ``secureflhv check``."""
+    p = _job_command(sub, "validate", _cmd_validate,
+                     help="check a job file (and, with --party, everything local to that party)",
+                     description="Validate a job file and summarise it. With --party ID, also run that party's "
+                                 "preflight: its files, certificate (CA chain, dates, party id, key), data "
+                                 "columns and types, and listen port. Exit code 2 on any problem.")
+    p.add_argument("--party", help="the party whose local set-up to check (run it on that party's machine)")
+    p = _job_command(sub, "check", _cmd_check, help="preflight one party, then reach every peer over mutual TLS",
+                     description="Run the party's preflight, then send a hello to every peer it talks to and "
+                                 "print a table: peer, address, reachable, certificate ok, round-trip time. "
+                                 "The peers must be running (`secureflhv party`, waiting for partners).")
     p.add_argument("--party", required=True, help="this machine's party id")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to reach each peer (default %(default)s)")
     p.add_argument("--insecure", action="store_true", help="plaintext gRPC (testing only)")
-    p.set_defaults(func=_cmd_check)
 
+
+def _add_party_and_run(sub) -> None:
+    """``secureflhv party`` and ``secureflhv run`` (the same options but ``--party`` / ``--timeout``)."""
     for name, func, text in (
         ("party", _cmd_party, "run one party of a job (one per organisation)"),
         ("run", _cmd_run, "run every party of a job on this machine as separate processes"),
     ):
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("job", type=Path, help="the job file (YAML)")
+        p = _job_command(sub, name, func, help=text, description=text, job_help="the job file (YAML)")
         if name == "party":
             p.add_argument("--party", required=True, help="the id of the party to run, as in the job file")
         else:
@@ -268,8 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--resume", action="store_true",
                        help="continue from the last checkpoint every party completed (every family)")
         _add_job_page_options(p, "every party of the job" if name == "run" else "this party")
-        p.set_defaults(func=func)
 
+
+def _add_predict(sub) -> None:
+    """``secureflhv predict``."""
     p = sub.add_parser("predict", help="write the prediction job of a trained job (new rows, same parties)",
                        description="Write a job file with algorithm: predict from a training job file: the same "
                                    "parties, addresses and certificates, data pointing at the new tables, "
@@ -284,17 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default="predictions", help="its output_dir (default %(default)s)")
     p.set_defaults(func=_cmd_predict)
 
-    from .data.partition import command as partition_cli
-
-    p = sub.add_parser("partition", help="split a dataset into non-IID party shards",
-                       description="Partition a dataset over parties with a non-IID scheme (NIID-Bench and the "
-                                   "survey's categories), write each party's shard, print statistics, save a plot.")
-    partition_cli.add_arguments(p)
-    p.set_defaults(func=partition_cli.run)
-    return parser
-
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), set up logging and run the subcommand; returns its exit
+    code, 2 on an invalid job file, 130 on Ctrl-C."""
     args = build_parser().parse_args(argv)
     level = getattr(args, "log_level", "INFO")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",

@@ -53,6 +53,7 @@ def add_progress_listener(fn) -> None:
 
 
 def remove_progress_listener(fn) -> None:
+    """Stop sending progress lines to ``fn`` (added by :func:`add_progress_listener`); absent: no-op."""
     if fn in _listeners:
         _listeners.remove(fn)
 
@@ -67,6 +68,9 @@ class Progress:
         self.logged = False
 
     def advance(self, k: int = 1) -> None:
+        """Count ``k`` more finished shards; after ``PROGRESS_AFTER_S`` seconds log (and tell the listeners)
+        ``done/total``, the rate in shards/s and the ETA in seconds, at most every ``PROGRESS_EVERY_S`` and at the end.
+        """
         self.done += k
         now = time.monotonic()
         if now - self.started >= PROGRESS_AFTER_S and (not self.logged or now - self.last >= PROGRESS_EVERY_S
@@ -129,9 +133,12 @@ class LocalExecutor(Executor):
     name = "local"
 
     def workers(self) -> int:
+        """The local pool's worker count (:func:`secureflhv.compute.pool.get_workers`)."""
         return _par.get_workers()
 
     def run(self, fn, common: tuple, chunks: list) -> list:
+        """:meth:`Executor.run` on the local process pool, logging progress; if the pool breaks the batch is
+        finished inline in this process."""
         try:
             pool = _par._get_pool()
             futures = [pool.submit(fn, *common, *chunk) for chunk in chunks]
@@ -147,9 +154,11 @@ class LocalExecutor(Executor):
             return [fn(*common, *chunk) for chunk in chunks]
 
     def start(self) -> None:
+        """Start the pool's workers in the background."""
         _par.start()
 
     def shutdown(self) -> None:
+        """Stop the pool's workers (restarted on demand)."""
         _par.shutdown()
 
 
@@ -182,6 +191,7 @@ def using(executor: Executor | None):
 
 
 def workers() -> int:
+    """How many tasks the installed executor runs at once."""
     return _current.workers()
 
 

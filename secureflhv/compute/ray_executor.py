@@ -50,18 +50,22 @@ PROBE_TIMEOUT_S = 2.0
 POLL_S = 1.0  # how often a waiting step looks at its finished tasks (progress, errors, the cluster's head)
 
 
-def _head_answers(address: str | None, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether the cluster's head (``host:port`` of its GCS) accepts a TCP connection (True if unknown)."""
-    if not address:
-        return True
+def tcp_answers(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool | None:
+    """Whether ``host:port`` (or ``ray://host:port``, a Ray cluster's address) accepts a TCP connection
+    within ``timeout`` seconds; None when ``address`` is not of that form."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        return True
+        return None
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             return True
     except OSError:
         return False
+
+
+def _head_answers(address: str | None, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the cluster's head (``host:port`` of its GCS) accepts a TCP connection (True if unknown)."""
+    return not address or tcp_answers(address, timeout) is not False
 
 
 # ---------------------------------------------------------------------------------------- encoding
@@ -89,12 +93,14 @@ class IntBlock:
         return len(self.mag)
 
     def take(self, idx: np.ndarray) -> "IntBlock":
+        """The block's entries at ``idx`` (int array), as a new IntBlock (no integers decoded)."""
         out = IntBlock.__new__(IntBlock)
         out.mag, out.neg = self.mag[idx], self.neg[idx]
         out.present = None if self.present is None else self.present[idx]
         return out
 
     def values(self) -> list:
+        """The integers back as a list of mpz (None where absent), in order."""
         raw, w = self.mag.tobytes(), self.mag.shape[1]
         out = [mpz(int.from_bytes(raw[i * w:(i + 1) * w], "big")) for i in range(len(self.mag))]
         for i in np.flatnonzero(self.neg).tolist():
@@ -221,6 +227,7 @@ class RayExecutor(Executor):
                  self._cpus, len([n for n in ray.nodes() if n.get("Alive")]))
 
     def workers(self) -> int:
+        """Tasks the cluster runs at once: its CPUs (read when the executor connected) / ``task_cpus``."""
         return self._cpus
 
     # -------------------------------------------------------------------------------------- running
@@ -284,6 +291,9 @@ class RayExecutor(Executor):
         return self._ray.put(enc) if _nbytes(enc) > INLINE_COMMON_BYTES else enc
 
     def run(self, fn, common: tuple, chunks: list) -> list:
+        """:meth:`Executor.run` as one Ray task per chunk (integers travel as :class:`IntBlock`); raises
+        ComputeError once the cluster is lost, when work is lost or a step outlasts ``task_timeout_s``.
+        """
         if self.lost:
             raise self._lost_error(step_name(fn), 0, len(chunks))
         common_arg = self._common(common)
@@ -326,6 +336,11 @@ class RayExecutor(Executor):
 
     def run_sharded(self, fn, common: tuple, data: tuple, rows, extra: tuple = (),
                     aligned: tuple = ()) -> list | None:
+        """:meth:`Executor.run_sharded` with one task per shard, pinned to the node holding it (the shards of
+        ``data`` are put in the object store on first use and kept, see the module docstring). Returns
+        None when the arrays of ``data`` are not sharded alike (the caller chunks the rows itself);
+        raises ComputeError as :meth:`run`.
+        """
         if self.lost:
             raise self._lost_error(step_name(fn), 0, 0)
         rows = np.asarray(rows, dtype=np.int64)
@@ -346,6 +361,7 @@ class RayExecutor(Executor):
         return self._gather(refs, step_name(fn))
 
     def shutdown(self) -> None:
+        """Log the tasks run per step, drop the shards and disconnect from the cluster (not from a lost one)."""
         if self.tasks:
             log.info("%s: Ray tasks per step: %s", self.owner,
                      ", ".join(f"{k} {v}" for k, v in sorted(self.tasks.items())))

@@ -29,7 +29,7 @@ from every blinded value -- across repeated runs with fresh salts that bit would
 guest's non-intersection IDs. Restricting H to the curve removes that leak (expected 2 tries).
 
 Truncation: the doubly blinded values only need to be compared, so they travel truncated to
-``truncate_bytes`` (default 16). With n_g and n_h items, the chance that any two different IDs
+``truncate_bytes``. With n_g and n_h items, the chance that any two different IDs
 collide is at most n_g * n_h / 2**(8 * truncate_bytes): for 1e6 x 1e6 and 16 bytes, < 3e-27
 (12 bytes, the minimum accepted: < 1.3e-17).
 
@@ -421,6 +421,7 @@ class PsiEngine:
         return b"".join(self._get_pool().imap(_task_blind, tasks))
 
     def close(self) -> None:
+        """Stop this engine's worker processes (terminated and joined); a later batch runs without them."""
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()

@@ -55,7 +55,7 @@ Pieces and their sources (no primitive is implemented here: AES from ``cryptogra
   the ~3 * 2**20 (bin, host item) pairs of a 1M-item run: comfortably inside the 2**-40 statistical
   bound; 512 = four AES blocks is also the width that keeps everything block-aligned.
 * **OPRF output** (:func:`oprf_hash`): F(j, x) = BLAKE2b(key = session, digest_size = t)(j || q_j
-  xor (C(x) AND s)), truncated to t bytes by BLAKE2b's digest size (default 16, at least 12). The
+  xor (C(x) AND s)), truncated to t bytes by BLAKE2b's digest size (at least 12). The
   receiver's own value for its bin content is BLAKE2b(j || t_j). With n_g guest items and 3 n_h
   host values a false match has probability <= 3 n_g n_h / 2**(8t): < 2**-86 for 1M x 1M and
   t = 16 (t = 12: < 2**-54), below the 2**-40 statistical bound KKRT section 5 asks for.
@@ -213,6 +213,7 @@ class BaseOtSender:
         self._cp = base_ot_cp(context)
 
     def points(self) -> bytes:
+        """The ``count`` 32-byte points R_i = g^r_i, concatenated, to send to the receiver."""
         return b"".join(self._R)
 
     def keys(self, receiver_points: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -258,6 +259,7 @@ class BaseOtReceiver:
         self._pk0 = [sub(cp, p) if s else p for p, s in zip(self._pk_own, choices.tolist())]
 
     def points(self) -> bytes:
+        """The ``count`` 32-byte points PK0_i, concatenated, to send to the sender."""
         return b"".join(self._pk0)
 
     def keys(self, sender_points: bytes) -> np.ndarray:

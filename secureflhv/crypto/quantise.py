@@ -47,6 +47,7 @@ class QuantParams:
 
     @property
     def modulus_mask(self) -> np.uint64:
+        """``2**k_bits - 1`` as uint64: reduces a uint64 sum mod 2**k_bits."""
         return np.uint64((1 << self.k_bits) - 1)
 
     @property

@@ -56,6 +56,9 @@ def private_to_int(key: X25519PrivateKey) -> int:
 
 
 def private_from_int(value: int) -> X25519PrivateKey:
+    """The X25519 private key whose 32 big-endian bytes are ``value`` (one reconstructed from Shamir shares);
+    ValueError when ``value`` is outside [0, 2**256).
+    """
     if not 0 <= value < 1 << 256:
         raise ValueError("reconstructed X25519 key does not fit 32 bytes")
     return X25519PrivateKey.from_private_bytes(value.to_bytes(KEY_BYTES, "big"))
@@ -113,6 +116,7 @@ def prg(seed: bytes, n_words: int, dtype=np.uint64) -> np.ndarray:
 
 
 def share_ad(job_id: str, round_id: int, sender: str, recipient: str) -> bytes:
+    """The associated data that binds an encrypted share to its job, round, sender and recipient (UTF-8)."""
     return f"secureflhv-secagg-share|{job_id}|{round_id}|{sender}|{recipient}".encode()
 
 
@@ -137,10 +141,14 @@ class SigningKey:
         self.public = self._key.public_key().public_bytes_raw()
 
     def sign(self, data: bytes) -> bytes:
+        """The Ed25519 signature (64 bytes) of ``data``."""
         return self._key.sign(data)
 
 
 def verify_signature(public: bytes, signature: bytes, data: bytes) -> bool:
+    """Whether ``signature`` is a valid Ed25519 signature of ``data`` under the 32-byte ``public`` key
+    (False, never an exception, for a malformed key or signature).
+    """
     try:
         Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
         return True

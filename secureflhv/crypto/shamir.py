@@ -66,6 +66,7 @@ def reconstruct(shares: Mapping[int, int], threshold: int, prime: int = PRIME) -
 
 
 def to_bytes(value: int) -> bytes:
+    """A field element (share value or secret) as ``SHARE_BYTES`` big-endian bytes."""
     return int(value).to_bytes(SHARE_BYTES, "big")
 
 

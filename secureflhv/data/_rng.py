@@ -51,9 +51,11 @@ class PartitionRng:
         (self._rs if self.legacy else self._gen).shuffle(a)
 
     def permutation(self, n: int) -> np.ndarray:
+        """A random permutation of ``range(n)`` (int64 (n,)) from the legacy or the modern generator."""
         return (self._rs if self.legacy else self._gen).permutation(n)
 
     def dirichlet(self, alpha: np.ndarray) -> np.ndarray:
+        """One draw from Dirichlet(``alpha``): float64 of alpha's length, summing to 1."""
         return (self._rs if self.legacy else self._gen).dirichlet(alpha)
 
     def random(self, size=None) -> np.ndarray:
@@ -65,6 +67,7 @@ class PartitionRng:
         return self._rs.randint(low, high, size) if self.legacy else self._gen.integers(low, high, size)
 
     def choice(self, n: int, size: int, replace: bool = False) -> np.ndarray:
+        """``size`` indices drawn from ``range(n)`` (int64 (size,)), without replacement unless ``replace``."""
         return (self._rs if self.legacy else self._gen).choice(n, size=size, replace=replace)
 
     # --- python-side draws (NIID-Bench: random.randint, used by #C=k label choice) ------------

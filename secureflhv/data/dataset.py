@@ -64,10 +64,12 @@ class Dataset:
 
     @property
     def n_rows(self) -> int:
+        """Rows of ``X``."""
         return self.X.shape[0]
 
     @property
     def n_features(self) -> int:
+        """Columns of ``X``."""
         return self.X.shape[1]
 
     def subset(self, rows) -> "Dataset":

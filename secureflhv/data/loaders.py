@@ -225,15 +225,15 @@ def _read_frame(path: Path, fmt: str, string_columns: list[str]):
         raise DataError(f"cannot read {fmt.upper()} file {path}: {e}") from e
 
 
-def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_columns, group_column,
-                      time_column, name, schema=None, predicting: bool = False,
-                      batch_start: int | None = None) -> Dataset:
-    """``df`` parsed as a table (``batch_start``: ``df`` is a row batch from this 0-based row of the
-    table: errors name the table's rows; see :func:`secureflhv.data.schema.numeric_column`)."""
-    from .schema import SchemaError, categorical_column, numeric_column, parse_schema
+def _resolve_columns(cols: list[str], path: Path, *, label_column, id_column, feature_columns, group_column,
+                     time_column, schema, predicting: bool):
+    """The parsed schema and the id, label and feature column names of a table with columns ``cols``.
 
-    cols = [str(c) for c in df.columns]
-    df.columns = cols
+    Raises SchemaError for a schema column absent from the file (the label is allowed to be absent
+    when ``predicting``); DataError for an absent id/label/group/time column or feature column.
+    """
+    from .schema import SchemaError, parse_schema
+
     schema = parse_schema(schema, f"{path} schema") if schema is not None else None
     if schema is not None:
         id_column = id_column if id_column is not None else schema.id_column
@@ -255,7 +255,17 @@ def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_column
         missing = [c for c in feature_columns if c not in cols]
         if missing:
             raise DataError(f"{path}: feature column(s) {missing} not found")
-    declared = schema.columns if schema is not None else {}
+    return schema, id_column, label_column, feature_columns
+
+
+def _feature_matrix(df, path: Path, feature_columns: list[str], declared: dict, *, predicting: bool,
+                    batch_start):
+    """The float64 matrix (rows, len(feature_columns)) and the categories of the categorical columns.
+
+    Declared columns are parsed by the schema; undeclared ones must be numeric (DataError otherwise).
+    """
+    from .schema import categorical_column, numeric_column
+
     X = np.empty((len(df), len(feature_columns)), dtype=np.float64)
     categories = {}
     for j, c in enumerate(feature_columns):
@@ -272,25 +282,54 @@ def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_column
                 raise DataError(f"{path}: feature column {c!r} is not numeric ({e}); declare it in the "
                                 f"data schema as categorical, name it as id/label/group column, or drop "
                                 f"it") from e
-    ids = None
-    if id_column is not None:
-        ids = df[id_column].astype(str).to_numpy(dtype=str)
-        if df[id_column].isna().any():
-            raise DataError(f"{path}: id column {id_column!r} has empty values")
-        if np.unique(ids).shape[0] != ids.shape[0]:
-            raise DataError(f"{path}: id column {id_column!r} has duplicate ids")
-    y, label_names = None, None
-    if label_column is not None:
-        if df[label_column].isna().any():
-            r = int(np.flatnonzero(df[label_column].isna().to_numpy())[0]) + 1 + (batch_start or 0)
-            raise DataError(f"{path}: label column {label_column!r} has empty values (first at row {r})")
-        y = df[label_column].to_numpy()
-        spec = declared.get(label_column)
-        if spec is not None and spec.categories is not None or y.dtype.kind not in "biuf":
-            y, label_names = categorical_column(df[label_column], path, label_column, spec,
-                                                batch_start=batch_start)
-        if y.dtype.kind == "f" and np.all(y == np.round(y)):
-            y = y.astype(np.int64)
+    return X, categories
+
+
+def _id_array(df, path: Path, id_column: str):
+    """The ids as a str array; DataError on an empty or a duplicate id."""
+    ids = df[id_column].astype(str).to_numpy(dtype=str)
+    if df[id_column].isna().any():
+        raise DataError(f"{path}: id column {id_column!r} has empty values")
+    if np.unique(ids).shape[0] != ids.shape[0]:
+        raise DataError(f"{path}: id column {id_column!r} has duplicate ids")
+    return ids
+
+
+def _labels(df, path: Path, label_column: str, declared: dict, batch_start):
+    """The labels and their names (None unless categorical): integral floats become int64, text or
+    declared categories become codes. DataError on an empty label."""
+    from .schema import categorical_column
+
+    label_names = None
+    if df[label_column].isna().any():
+        r = int(np.flatnonzero(df[label_column].isna().to_numpy())[0]) + 1 + (batch_start or 0)
+        raise DataError(f"{path}: label column {label_column!r} has empty values (first at row {r})")
+    y = df[label_column].to_numpy()
+    spec = declared.get(label_column)
+    if spec is not None and spec.categories is not None or y.dtype.kind not in "biuf":
+        y, label_names = categorical_column(df[label_column], path, label_column, spec,
+                                            batch_start=batch_start)
+    if y.dtype.kind == "f" and np.all(y == np.round(y)):
+        y = y.astype(np.int64)
+    return y, label_names
+
+
+def _frame_to_dataset(df, path: Path, *, label_column, id_column, feature_columns, group_column,
+                      time_column, name, schema=None, predicting: bool = False,
+                      batch_start: int | None = None) -> Dataset:
+    """``df`` parsed as a table (``batch_start``: ``df`` is a row batch from this 0-based row of the
+    table: errors name the table's rows; see :func:`secureflhv.data.schema.numeric_column`)."""
+    cols = [str(c) for c in df.columns]
+    df.columns = cols
+    schema, id_column, label_column, feature_columns = _resolve_columns(
+        cols, path, label_column=label_column, id_column=id_column, feature_columns=feature_columns,
+        group_column=group_column, time_column=time_column, schema=schema, predicting=predicting)
+    declared = schema.columns if schema is not None else {}
+    X, categories = _feature_matrix(df, path, feature_columns, declared, predicting=predicting,
+                                    batch_start=batch_start)
+    ids = _id_array(df, path, id_column) if id_column is not None else None
+    y, label_names = (_labels(df, path, label_column, declared, batch_start) if label_column is not None
+                      else (None, None))
     groups = df[group_column].to_numpy() if group_column is not None else None
     times = df[time_column].to_numpy() if time_column is not None else None
     return Dataset(X, y, feature_columns, ids=ids, groups=groups, times=times, name=name or path.stem,

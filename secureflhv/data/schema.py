@@ -95,18 +95,22 @@ class TableSchema(BaseModel):
         return self
 
     def of_kind(self, kind: str) -> list[str]:
+        """The names of the columns of ``kind`` (``id``, ``label``, ``numeric``, ``categorical``), in file order."""
         return [c for c, s in self.columns.items() if s.kind == kind]
 
     @property
     def id_column(self) -> str | None:
+        """The id column's name, or None."""
         return next(iter(self.of_kind("id")), None)
 
     @property
     def label_column(self) -> str | None:
+        """The label column's name, or None."""
         return next(iter(self.of_kind("label")), None)
 
     @property
     def feature_columns(self) -> list[str]:
+        """The numeric and categorical columns, in declaration order."""
         return [c for c, s in self.columns.items() if s.kind in ("numeric", "categorical")]
 
 

@@ -194,70 +194,93 @@ def batched_quantile_cuts(batches, n_columns: int, max_bin: int) -> list[np.ndar
     Raises ValueError on infinite values or a batch with another number of columns.
     """
     d = int(n_columns)
+    n, distinct, top = _first_pass(batches, d, max_bin)
+    # the ranks to select: per column the minimum (rank 0) and v[k * n // max_bin]
+    ranks = [np.concatenate([[0], (np.arange(1, max_bin, dtype=np.int64) * n[j]) // max_bin])
+             if distinct[j] is None and n[j] else np.empty(0, dtype=np.int64) for j in range(d)]
+    prefix = _radix_select(batches, d, ranks, top)
+    return [_column_cuts(n[j], distinct[j], prefix[j]) for j in range(d)]
+
+
+def _column_keys(batches, d: int):
+    """(j, uint32 keys of column j's non-NaN float32 values) for every batch and column.
+
+    Raises ValueError on a batch that is not (rows, d) or holds an infinite value."""
+    for batch in batches():
+        B = np.asarray(batch, dtype=np.float64)
+        if B.ndim != 2 or B.shape[1] != d:
+            raise ValueError(f"batch of shape {B.shape}, expected (rows, {d})")
+        if np.isinf(B).any():
+            raise ValueError("features contain infinite values")
+        B32 = B.astype(np.float32)
+        for j in range(d):
+            v = B32[:, j]
+            yield j, _keys(v[~np.isnan(v)])
+
+
+def _first_pass(batches, d: int, max_bin: int):
+    """Per column: the count of non-NaN values (int64, (d,)); its distinct float32 values while there
+    are at most ``max_bin`` of them, else None; the counts of the keys' first byte (int64, (d, 256))."""
     n = np.zeros(d, dtype=np.int64)
     distinct: list[np.ndarray | None] = [np.empty(0, dtype=np.float32) for _ in range(d)]
-    top = np.zeros((d, 256), dtype=np.int64)  # pass 1 also counts the first key byte
-
-    def columns():
-        for batch in batches():
-            B = np.asarray(batch, dtype=np.float64)
-            if B.ndim != 2 or B.shape[1] != d:
-                raise ValueError(f"batch of shape {B.shape}, expected (rows, {d})")
-            if np.isinf(B).any():
-                raise ValueError("features contain infinite values")
-            B32 = B.astype(np.float32)
-            for j in range(d):
-                v = B32[:, j]
-                yield j, _keys(v[~np.isnan(v)])
-
-    for j, k in columns():
+    top = np.zeros((d, 256), dtype=np.int64)
+    for j, k in _column_keys(batches, d):
         n[j] += len(k)
         top[j] += np.bincount(k >> np.uint32(24), minlength=256)
         if distinct[j] is not None:
             u = np.union1d(distinct[j], _from_keys(np.unique(k)))
             distinct[j] = u if len(u) <= max_bin else None
-    # the ranks to select: per column the minimum (rank 0) and v[k * n // max_bin]
-    ranks = [np.concatenate([[0], (np.arange(1, max_bin, dtype=np.int64) * n[j]) // max_bin])
-             if distinct[j] is None and n[j] else np.empty(0, dtype=np.int64) for j in range(d)]
+    return n, distinct, top
+
+
+def _descend(prefix: np.ndarray, left: np.ndarray, counts) -> None:
+    """Fix the next byte of every selected rank of a column from its group's byte counts (in place:
+    ``prefix`` gains the byte, ``left`` becomes the rank within the narrower group)."""
+    for t in range(len(prefix)):
+        cum = np.cumsum(counts[t])
+        b = int(np.searchsorted(cum, left[t], side="right"))
+        left[t] -= int(cum[b - 1]) if b else 0
+        prefix[t] = (prefix[t] << 8) | b
+
+
+def _byte_counts(k: np.ndarray, shift: int, groups: np.ndarray, prefix: np.ndarray) -> np.ndarray:
+    """Counts (len(prefix), 256) of the key byte at ``shift`` among the keys ``k`` whose higher bits
+    equal each rank's known ``prefix`` (``groups``: the sorted distinct prefixes)."""
+    hi = (k >> np.uint32(shift + 8)).astype(np.int64)
+    pos = np.searchsorted(groups, hi)
+    hit = (pos < len(groups)) & (groups[np.minimum(pos, len(groups) - 1)] == hi)
+    byte = ((k[hit] >> np.uint32(shift)) & np.uint32(0xFF)).astype(np.int64)
+    per_group = np.bincount(pos[hit] * 256 + byte, minlength=len(groups) * 256).reshape(-1, 256)
+    return per_group[np.searchsorted(groups, prefix)]
+
+
+def _radix_select(batches, d: int, ranks: list, top: np.ndarray) -> list:
+    """Per column the uint32 keys (as int64) of the values at ``ranks[j]`` in sorted order, found
+    byte by byte (3 more passes over ``batches`` after the first byte's counts ``top``)."""
     prefix = [np.zeros(len(r), dtype=np.int64) for r in ranks]  # known high key bits of each rank
     left = [r.copy() for r in ranks]                              # rank within its prefix group
-
-    def descend(j, counts, shift):
-        """Fix the next byte of every selected rank of column j from its group's byte counts."""
-        for t in range(len(ranks[j])):
-            c = counts[t]
-            cum = np.cumsum(c)
-            b = int(np.searchsorted(cum, left[j][t], side="right"))
-            left[j][t] -= int(cum[b - 1]) if b else 0
-            prefix[j][t] = (prefix[j][t] << 8) | b
-
     for j in range(d):
-        descend(j, [top[j]] * len(ranks[j]), 24)
+        _descend(prefix[j], left[j], [top[j]] * len(ranks[j]))
     for shift in (16, 8, 0):
         counts = [np.zeros((len(r), 256), dtype=np.int64) for r in ranks]
         groups = [np.unique(p) for p in prefix]
-        for j, k in columns():
-            if not len(ranks[j]):
-                continue
-            hi = (k >> np.uint32(shift + 8)).astype(np.int64)
-            pos = np.searchsorted(groups[j], hi)
-            hit = (pos < len(groups[j])) & (groups[j][np.minimum(pos, len(groups[j]) - 1)] == hi)
-            byte = ((k[hit] >> np.uint32(shift)) & np.uint32(0xFF)).astype(np.int64)
-            per_group = np.bincount(pos[hit] * 256 + byte, minlength=len(groups[j]) * 256).reshape(-1, 256)
-            counts[j] += per_group[np.searchsorted(groups[j], prefix[j])]
+        for j, k in _column_keys(batches, d):
+            if len(ranks[j]):
+                counts[j] += _byte_counts(k, shift, groups[j], prefix[j])
         for j in range(d):
-            descend(j, counts[j], shift)
-    out = []
-    for j in range(d):
-        if n[j] == 0:
-            out.append(np.zeros(0))
-        elif distinct[j] is not None:
-            out.append(np.sort(distinct[j])[1:].astype(np.float64))
-        else:
-            vals = _from_keys(prefix[j].astype(np.uint32))
-            cuts = np.unique(vals[1:])
-            out.append(cuts[cuts > vals[0]].astype(np.float64))
-    return out
+            _descend(prefix[j], left[j], counts[j])
+    return prefix
+
+
+def _column_cuts(n: int, distinct, prefix: np.ndarray) -> np.ndarray:
+    """One column's cuts (float64) from its value count, distinct values (or None) and selected keys."""
+    if n == 0:
+        return np.zeros(0)
+    if distinct is not None:
+        return np.sort(distinct)[1:].astype(np.float64)
+    vals = _from_keys(prefix.astype(np.uint32))
+    cuts = np.unique(vals[1:])
+    return cuts[cuts > vals[0]].astype(np.float64)
 
 
 def row_batches(X: np.ndarray, rows: np.ndarray, batch_rows: int):
@@ -408,6 +431,19 @@ def load_ids_batched(path, batch_rows: int, *, id_column: str | None = None, lab
     return Dataset(np.empty((n, 0)), y, [], ids=ids_all, name=path.stem, label_names=first.label_names)
 
 
+def _sorted_rows(path: Path, rows):
+    """``rows`` as int64 (-1,), the stable permutation sorting it, and the sorted rows (a batch's rows
+    are then one slice). Raises DataError on a negative row."""
+    from .loaders import DataError
+
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    order = np.argsort(rows, kind="stable")
+    srt = rows[order]
+    if len(rows) and srt[0] < 0:
+        raise DataError(f"{path}: negative row {srt[0]}")
+    return rows, order, srt
+
+
 def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, label_column: str | None = None,
                        feature_columns: list[str] | None = None, schema=None, rows=None):
     """What :func:`secureflhv.data.load_table` returns for a CSV / Parquet file, read ``batch_rows`` rows at a time.
@@ -435,11 +471,7 @@ def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, l
         if rows is None:
             n = source.count_rows()
         else:
-            rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-            order = np.argsort(rows, kind="stable")  # rows[order] ascending: a batch's rows are one slice
-            srt = rows[order]
-            if len(rows) and srt[0] < 0:
-                raise DataError(f"{path}: negative row {srt[0]}")
+            rows, order, srt = _sorted_rows(path, rows)
         X, ids, ys, first, at = None, [], [], None, 0
         for at, part in _parsed_batches(source, path, batch_rows, **parse):
             if first is None:
@@ -464,7 +496,6 @@ def load_table_batched(path, batch_rows: int, *, id_column: str | None = None, l
     if rows is None:
         X = X[:at]
     else:
-        ids_all = ids_all[rows] if ids_all is not None else None
-        y = y[rows] if y is not None else None
+        ids_all, y = (None if a is None else a[rows] for a in (ids_all, y))
     return Dataset(X, y, first.feature_names, ids=ids_all, name=path.stem, label_names=first.label_names,
                    categories=first.categories)

@@ -111,6 +111,7 @@ class StatsSpec:
 
     @property
     def numeric(self) -> list[str]:
+        """The names of the numeric columns: every column without a vocabulary, in order."""
         return [n for n in self.names if n not in self.vocabularies]
 
     @property

@@ -122,17 +122,11 @@ def batched_local_sgd(requests: list[TrainRequest], device: str | torch.device |
     return out
 
 
-def _train_group(reqs: list[TrainRequest], dev: torch.device) -> list[tuple[int, float]]:
-    K, cfg = len(reqs), reqs[0].cfg
-    template = copy.deepcopy(reqs[0].model).to(dev)
-    shapes = [(n, p.shape) for n, p in template.named_parameters()]
-    names = [n for n, _ in shapes]
-    with torch.no_grad():
-        params = {n: torch.stack([dict(r.model.named_parameters())[n].detach().float() for r in reqs]).to(dev)
-                  for n in names}
-    # the step plan: (S, K, B) row indices into the clients' concatenated rows, a row mask, an active flag
+def _step_plan(reqs: list[TrainRequest], cfg: LocalTrainConfig, dev: torch.device):
+    """Every client's batch plan, and per step s and client k: the row indices (int64 (S, K, B)) into
+    the clients' concatenated rows, the row mask (float32 (S, K, B)) and whether k steps (bool (S, K))."""
     plans = [batch_plan(len(r.y), cfg, r.rng) for r in reqs]
-    S, B = max(len(p) for p in plans), cfg.batch_size
+    S, K, B = max(len(p) for p in plans), len(reqs), cfg.batch_size
     offsets = np.concatenate([[0], np.cumsum([len(r.y) for r in reqs])[:-1]])
     idx = np.zeros((S, K, B), np.int64)
     mask = np.zeros((S, K, B), np.float32)
@@ -142,10 +136,13 @@ def _train_group(reqs: list[TrainRequest], dev: torch.device) -> list[tuple[int,
             idx[s, k, :len(b)] = b + offsets[k]
             mask[s, k, :len(b)] = 1.0
     active = torch.from_numpy(mask.max(axis=2) > 0).to(dev)                 # (S, K)
-    X_all = torch.from_numpy(np.ascontiguousarray(np.concatenate([r.X for r in reqs]), dtype=np.float32)).to(dev)
-    y_all = torch.from_numpy(np.concatenate([np.asarray(r.y, np.int64) for r in reqs])).to(dev)
-    idx_t, mask_t = torch.from_numpy(idx).to(dev), torch.from_numpy(mask).to(dev)
+    return plans, torch.from_numpy(idx).to(dev), torch.from_numpy(mask).to(dev), active
 
+
+def _stacked(reqs: list[TrainRequest], shapes, dev: torch.device):
+    """FedProx's mu (float32 (K,)) and anchors, and SCAFFOLD's corrections, stacked per parameter name
+    along a leading client axis (None where the group has none)."""
+    names = [n for n, _ in shapes]
     has_prox = reqs[0].prox is not None
     mu = torch.tensor([r.prox[0] if has_prox else 0.0 for r in reqs], dtype=torch.float32, device=dev)
     anchors = ({n: torch.stack([_split(r.prox[1], shapes)[n] for r in reqs]).to(dev) for n in names}
@@ -154,6 +151,37 @@ def _train_group(reqs: list[TrainRequest], dev: torch.device) -> list[tuple[int,
     if reqs[0].correction is not None:
         parts = [_split(r.correction, shapes) for r in reqs]
         corr = {n: torch.stack([p[n] for p in parts]).to(dev) for n in names}
+    return mu, anchors, corr
+
+
+def _sgd_update(params: dict, bufs: dict, grads: dict, act: torch.Tensor, cfg: LocalTrainConfig, corr) -> None:
+    """One SGD step (``torch.optim.SGD``'s momentum and weight decay, SCAFFOLD's correction) applied in
+    place to the clients where ``act`` (bool (K,)) is set; the others keep parameters and momentum."""
+    lr, rho, wd = cfg.lr, cfg.momentum, cfg.weight_decay
+    for n in params:
+        a = act.view(len(act), *([1] * (params[n].dim() - 1)))
+        d = grads[n] + wd * params[n] if wd else grads[n]
+        b = rho * bufs[n] + d if rho else d
+        w = params[n] - lr * b
+        if corr is not None:
+            w = w - lr * corr[n]
+        params[n] = torch.where(a, w, params[n])
+        bufs[n] = torch.where(a, b, bufs[n])
+
+
+def _train_group(reqs: list[TrainRequest], dev: torch.device) -> list[tuple[int, float]]:
+    """Train one group of alike requests as a vmapped batch; (steps, mean batch loss) per request."""
+    K, cfg = len(reqs), reqs[0].cfg
+    template = copy.deepcopy(reqs[0].model).to(dev)
+    shapes = [(n, p.shape) for n, p in template.named_parameters()]
+    names = [n for n, _ in shapes]
+    with torch.no_grad():
+        params = {n: torch.stack([dict(r.model.named_parameters())[n].detach().float() for r in reqs]).to(dev)
+                  for n in names}
+    plans, idx_t, mask_t, active = _step_plan(reqs, cfg, dev)
+    X_all = torch.from_numpy(np.ascontiguousarray(np.concatenate([r.X for r in reqs]), dtype=np.float32)).to(dev)
+    y_all = torch.from_numpy(np.concatenate([np.asarray(r.y, np.int64) for r in reqs])).to(dev)
+    mu, anchors, corr = _stacked(reqs, shapes, dev)
 
     def loss_fn(p, x, y, m, mu_k, anchor):
         ce = nn.functional.cross_entropy(functional_call(template, p, (x,)), y, reduction="none")
@@ -162,26 +190,16 @@ def _train_group(reqs: list[TrainRequest], dev: torch.device) -> list[tuple[int,
             loss = loss + (mu_k / 2) * sum(torch.sum((p[n] - anchor[n]) ** 2) for n in names)
         return loss
 
-    step_fn = vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0, 0, 0 if has_prox else None))
-    lr, rho, wd = cfg.lr, cfg.momentum, cfg.weight_decay
+    step_fn = vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0, 0, 0 if anchors is not None else None))
     bufs = {n: torch.zeros_like(params[n]) for n in names}
     loss_sum = torch.zeros(K, dtype=torch.float64, device=dev)
     template.train()
-    for s in range(S):
+    for s in range(len(idx_t)):
         rows = idx_t[s]
         grads, loss = step_fn(params, X_all[rows], y_all[rows], mask_t[s], mu, anchors)
-        act = active[s]
         with torch.no_grad():
-            for n in names:
-                a = act.view(K, *([1] * (params[n].dim() - 1)))
-                d = grads[n] + wd * params[n] if wd else grads[n]
-                b = rho * bufs[n] + d if rho else d
-                w = params[n] - lr * b
-                if corr is not None:
-                    w = w - lr * corr[n]
-                params[n] = torch.where(a, w, params[n])
-                bufs[n] = torch.where(a, b, bufs[n])
-            loss_sum += torch.where(act, loss.detach().double(), torch.zeros_like(loss_sum))
+            _sgd_update(params, bufs, grads, active[s], cfg, corr)
+            loss_sum += torch.where(active[s], loss.detach().double(), torch.zeros_like(loss_sum))
     losses = loss_sum.cpu().numpy()
     with torch.no_grad():
         for k, r in enumerate(reqs):
@@ -280,6 +298,7 @@ class TrainerHandle:
         self.key, self.expected = None, 1
 
     def begin(self, round_id, n_participants: int) -> None:
+        """Name the coming round (``round_id``) and how many clients train in it, so the batch waits for that many."""
         self.key, self.expected = round_id, max(1, int(n_participants))
 
     def train(self, model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainConfig, rng: np.random.Generator,

@@ -50,12 +50,14 @@ class FedPer(Strategy):
         self._mask: np.ndarray | None = None
 
     def hyperparameters(self) -> dict:
+        """``{"personal_layers": ...}`` for the model bundle's metadata."""
         return {"personal_layers": self.personal_layers}
 
     def _state_length(self, name, dim):
         return None  # the head: the personal coordinates only
 
     def mask(self, model: nn.Module) -> np.ndarray:
+        """The bool mask (dim,) of the personal head's coordinates in the flat parameter vector (computed once)."""
         if self._mask is None:
             self._mask = personal_mask(model, self.personal_layers)
         return self._mask
@@ -68,6 +70,9 @@ class FedPer(Strategy):
         return vec
 
     def client_update(self, model, global_vec, X, y, cfg, rng, extras=None):
+        """Train from the global body with this client's own head; the head's part of the update is kept here
+        (its coordinates are sent as zeros), the body's delta goes to the server.
+        """
         start = self.personalised(model, global_vec)
         upd = super().client_update(model, start, X, y, cfg, rng, extras)
         mask = self.mask(model)
@@ -79,4 +84,5 @@ class FedPer(Strategy):
         return upd
 
     def eval_vector(self, model, global_vec, extras, X, y):
+        """The global body with this client's personal head."""
         return self.personalised(model, global_vec)

@@ -32,6 +32,7 @@ from .strategies import ClientUpdate, Strategy
 
 
 def cluster_part(j: int) -> str:
+    """The aggregation part (and checkpoint array) name of cluster ``j``: ``cluster<j>``."""
     return f"cluster{j}"
 
 
@@ -52,6 +53,7 @@ class IFCA(Strategy):
         self.choice: int | None = None          # client: ĵ of the last round (never sent)
 
     def hyperparameters(self) -> dict:
+        """``{"clusters": k}`` for the model bundle's metadata."""
         return {"clusters": self.k}
 
     def state_arrays(self):
@@ -59,6 +61,9 @@ class IFCA(Strategy):
         return {cluster_part(j): np.asarray(v) for j, v in enumerate(self.clusters)}
 
     def load_state(self, arrays, dim):
+        """Restore the k cluster models from a checkpoint (server; a client has none). ValueError when the
+        checkpoint does not hold exactly ``cluster0 .. cluster<k-1>``.
+        """
         want = {cluster_part(j) for j in range(self.k)}
         if not arrays:  # a client: nothing carries over
             return
@@ -69,20 +74,26 @@ class IFCA(Strategy):
         self.clusters = [np.array(arrays[cluster_part(j)]) for j in range(self.k)]
 
     def part_dims(self, dim):
+        """One part of ``dim`` coordinates per cluster."""
         return {p: dim for p in self.parts}
 
     # ---------------------------------------------------------------- server half
     def server_init(self, dim, initial=None):
+        """Take the k initial cluster models (float32 (dim,) each); ValueError for another count."""
         if initial is None or len(initial) != self.k:
             raise ValueError(f"IFCA needs {self.k} initial models, got {0 if initial is None else len(initial)}")
         self.clusters = [np.asarray(v, dtype=np.float32).copy() for v in initial]
 
     def broadcast(self):
+        """The k cluster models, one part each, sent with the global model."""
         return {p: v for p, v in zip(self.parts, self.clusters)}
 
     eval_extras = broadcast
 
     def server_update(self, global_vec, results):
+        """Average each chosen cluster's deltas into it (the paper's unweighted mean over the clients that chose
+        it; a cluster nobody chose stays); returns the most chosen cluster as the global model.
+        """
         sizes = []
         for j, part in enumerate(self.parts):
             res = results[part]
@@ -108,6 +119,9 @@ class IFCA(Strategy):
         return int(np.argmin(losses))
 
     def client_update(self, model, global_vec, X, y, cfg, rng, extras=None):
+        """Pick the cluster of least loss on the local data (never sent), train it, and send its delta with
+        weight 1 in that cluster's part and zeros with weight 0 in the others.
+        """
         models = self._models(extras)
         j = self.choice = self.choose(model, models, X, y)
         set_flat(model, models[j])
@@ -119,6 +133,7 @@ class IFCA(Strategy):
 
     @torch.no_grad()
     def eval_vector(self, model, global_vec, extras, X, y):
+        """The cluster model this client would choose on ``X, y`` (the global model when no clusters came)."""
         if not extras:
             return global_vec
         models = self._models(extras)

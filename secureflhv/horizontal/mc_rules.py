@@ -99,6 +99,7 @@ class MCConfig:
 
 
 def initial_ids(k: int) -> list[str]:
+    """The ids of the ``k`` initial models: ``m0 .. m<k-1>``."""
     return [f"m{j}" for j in range(k)]
 
 
@@ -210,6 +211,7 @@ class MultiConfederated(Strategy):
         self.max_models, self.initial_models = probe.max_models, probe.initial_models
 
     def hyperparameters(self) -> dict:
+        """The model-management settings, for the model bundle's metadata."""
         return {"tolerance": self.tolerance, "popularity_weight": self.popularity_weight,
                 "fork_margin": self.fork_margin, "merge_tolerance": self.merge_tolerance,
                 "max_models": self.max_models, "initial_models": self.initial_models}
@@ -221,4 +223,5 @@ class MultiConfederated(Strategy):
                         send_timeout_s=send_timeout_s, **self.hyperparameters())
 
     def server_init(self, dim, initial=None):
+        """Always ValueError: the algorithm has no server (its peers run :class:`MultiConfederatedPeer`)."""
         raise ValueError("multiconfederated is decentralised: it has no server (run MultiConfederatedPeer)")

@@ -85,6 +85,9 @@ class ModelSpec(BaseModel):
         return 1 if self.task == "regression" else int(self.n_classes)
 
     def resolved_image_shape(self) -> tuple[int, int, int]:
+        """(channels, height, width) of a CNN's input: ``image_shape``, else the square of 1 or 3 channels that
+        ``n_features`` makes; ValueError when it makes neither.
+        """
         if self.image_shape is not None:
             return tuple(self.image_shape)
         for c in (1, 3):
@@ -136,6 +139,7 @@ class SimpleCNN(nn.Module):
         self.fc3 = nn.Linear(84, n_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (or, for regression, de-standardised values) of ``x`` float32 (batch, n_features)."""
         x = x.reshape(x.shape[0], *self.image_shape)
         x = self.pool(torch.relu(self.conv1(x)))
         x = self.pool(torch.relu(self.conv2(x)))
@@ -160,6 +164,7 @@ class MLP(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (or, for regression, de-standardised values) of ``x`` float32 (batch, n_features)."""
         return _head(self, self.net(x))
 
 
@@ -219,6 +224,7 @@ def param_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def n_params(model: nn.Module) -> int:
+    """The number of scalar parameters of ``model``."""
     return sum(p.numel() for p in model.parameters())
 
 

@@ -189,6 +189,7 @@ class Strategy(ABC):
         return {"model": dim}
 
     def hyperparameters(self) -> dict:
+        """The strategy's own settings, for the model bundle's metadata (none by default)."""
         return {}
 
     # ---------------------------------------------------------------- checkpoints
@@ -271,6 +272,7 @@ class FedProx(Strategy):
         self.mu = float(mu)
 
     def hyperparameters(self) -> dict:
+        """``{"mu": ...}``."""
         return {"mu": self.mu}
 
     def _prox(self, global_vec):
@@ -289,21 +291,30 @@ class Scaffold(Strategy):
         self.c_local: np.ndarray | None = None   # client: c_i
 
     def part_dims(self, dim):
+        """The model delta and the control-variate delta, ``dim`` each."""
         return {"model": dim, "control": dim}
 
     def server_init(self, dim, initial=None):
+        """Start the server's control variate c at zeros (float32 (dim,))."""
         self.c_global = np.zeros(dim, dtype=np.float32)
 
     def broadcast(self):
+        """The server's control variate c, sent with the global model."""
         return {"control": self.c_global}
 
     def server_update(self, global_vec, results):
+        """FedAvg's step for the model, and ``c += mean of the clients' control deltas``
+        (Karimireddy et al. 2020, Alg. 1 with global step size 1).
+        """
         new = super().server_update(global_vec, results)
         ctrl = results["control"]
         self.c_global = (self.c_global.astype(np.float64) + ctrl.total / ctrl.weight).astype(np.float32)
         return new
 
     def client_update(self, model, global_vec, X, y, cfg, rng, extras=None):
+        """Local SGD corrected by ``c - c_i`` every step, then the client's new c_i (option II of the paper);
+        sends the model delta and the control delta. ValueError without the server's ``control``.
+        """
         if extras is None or "control" not in extras:
             raise ValueError("SCAFFOLD needs the server's control variate ('control') with the global model")
         c = np.asarray(extras["control"], dtype=np.float32)
@@ -336,15 +347,20 @@ class FedNova(Strategy):
     sample_weighted_parts = ("model", "nova")  # p_i weights both Σ p_i d_i and Σ p_i a_i
 
     def part_dims(self, dim):
+        """The normalised delta d_i (``dim``) and the step count a_i (1)."""
         return {"model": dim, "nova": 1}
 
     def server_update(self, global_vec, results):
+        """``w - (Σ p_i a_i) · Σ p_i d_i`` (FedNova, Wang et al. NeurIPS 2020; p_i by row count)."""
         d = results["model"].mean                 # Σ p_i d_i
         coeff = float(results["nova"].mean[0])    # Σ p_i a_i
         new = np.asarray(global_vec, dtype=np.float64) - coeff * d
         return new.astype(np.float32)
 
     def client_update(self, model, global_vec, X, y, cfg, rng, extras=None):
+        """Local SGD, then the delta normalised by this client's a_i (:func:`fednova_a` of its steps and
+        momentum), both weighted by the row count.
+        """
         set_flat(model, global_vec)
         steps, loss = self.local_train(model, X, y, cfg, rng)
         a = fednova_a(steps, cfg.momentum)

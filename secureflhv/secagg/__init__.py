@@ -20,7 +20,7 @@ Kinds (``AggregationConfig.kind``):
 Participants and threshold come from the job, never from the server's word
 (:func:`~.exchange.check_round`): a client refuses a participant list naming the server, anyone
 outside ``config.job_clients`` or a duplicate, and a round smaller than ``config.min_clients``
-(default 3) or ``config.max_colluders + 2``. ``t`` is the smallest count with n_C < 2t − n for
+or ``config.max_colluders + 2``. ``t`` is the smallest count with n_C < 2t − n for
 n_C = ``config.max_colluders`` (Bonawitz et al. 2017, Thm 6.5), or ``config.threshold`` (a count or a
 fraction in (1/2, 1]) when that is at least as high. Fewer than ``t`` survivors raises
 :class:`AggregationError` naming who dropped at which stage, for every kind (so the kinds are

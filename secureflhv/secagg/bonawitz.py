@@ -83,7 +83,7 @@ Roles: :class:`~secureflhv.secagg.bonawitz_client.SecAggClient` and
 module holds what both sides derive alike (tags, signed and committed bytes, key derivation, share
 points, advertisement checks).
 
-Parameters: n/2 < t <= n, default ceil(2n/3) (n = 2: t = 2); min_clients >= 2 (default 2); field
+Parameters: n/2 < t <= n; min_clients >= 2; field
 p = 2^521 − 1 (> 2^256, holds every secret); k from :func:`secureflhv.crypto.quantise.choose_k_bits`;
 PRG AES-256-CTR keyed by a full 256-bit seed; commitments SHA-256 with domain labels.
 """

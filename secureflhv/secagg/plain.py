@@ -22,6 +22,10 @@ class PlainClient(AggregationClient):
     """``plain`` and ``plain_quantised`` clients: one message to the server, no protection."""
 
     def submit(self, round_id, participants, vector, weight):
+        """Send ``weight * vector`` and ``weight`` in the clear (``plain``), or the quantised words of secure
+        aggregation without masks (``plain_quantised``). Raises ValueError on a negative or non-finite weight
+        (``plain``), and as :func:`~.exchange.check_round` on a participant list the job does not allow.
+        """
         parts, _ = check_round(participants, self.config, me=self.party_id, server_id=self.server_id)
         x = np.asarray(vector, dtype=np.float64).ravel()
         if self.config.kind == "plain":
@@ -40,6 +44,10 @@ class PlainServer(AggregationServer):
     """Sums the clients' ``PlainInput`` messages (float64 or words mod 2^k) over the survivors."""
 
     def aggregate(self, round_id, participants, dim):
+        """The sum over the clients whose input arrived (float64 (dim,), or dequantised). Raises AggregationError
+        below the threshold, OutOfRangeRound on a weight above ``max_weight``, a non-positive total weight
+        (unless ``zero_weight_ok``) or quantised words out of range.
+        """
         cfg = self.config
         parts, t = check_round(participants, cfg, server_id=self.party_id)
         qp = cfg.quant_params(len(parts), dim) if cfg.kind == "plain_quantised" else None

@@ -1,10 +1,18 @@
 """Tensors on the wire: dtype + shape + raw little-endian bytes
 (docs/architecture.md, "One message, from the job file to the wire").
 
-Every algorithm sends plaintext arrays as ``messages_pb2.Tensor`` through these two functions, so a
-peer's array is checked the same way everywhere (dtype, shape, byte count, finiteness) and a bad one
-raises :class:`~secureflhv.transport.base.ProtocolError`, which makes ``Transport.recv`` reject and
-log the message and keep waiting.
+A plaintext numeric array travels as a ``messages_pb2.Tensor`` made and read by
+:func:`tensor_to_proto` / :func:`tensor_from_proto`, so a peer's array is checked the same way
+everywhere (dtype, shape, byte count, finiteness) and a bad one raises
+:class:`~secureflhv.transport.base.ProtocolError`, which makes ``Transport.recv`` reject and log the
+message and keep waiting. Also here: the shape and whole-count checks of peer values.
+
+Not everything on the wire is encoded here. Elsewhere, each with its own checks:
+homomorphic keys, ciphertexts and masked values (:mod:`secureflhv.transport.he_codec`); model
+parameters as bundles of these tensors (:mod:`secureflhv.horizontal.model_wire`); SecureBoost's row
+masks as packed bits and its scalar messages of ``tree.proto`` (:mod:`secureflhv.tree.vertical`);
+PSI's curve points and OT keys as raw bytes (:mod:`secureflhv.crypto.ecdh_psi`,
+:mod:`secureflhv.crypto.kkrt`); secure aggregation's Shamir shares (:mod:`secureflhv.crypto.shamir`).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ message stays around 1 MiB (gRPC's per-message limits are set to the chunk size 
 Receiving side, in order (a failure answers ``Ack(accepted=False, error=...)``, is logged and
 recorded in :attr:`Transport.rejected`, and never crashes the party):
 
-0. at most ``max_streams_per_sender`` (default 4) streams of one sender are in flight here at once:
+0. at most ``max_streams_per_sender`` streams of one sender are in flight here at once:
    with TLS the sender is the certificate's CN, known when the call opens, so an excess stream is
    refused before any chunk is read (plaintext: at the header); it ends with ``RESOURCE_EXHAUSTED``
    naming the sender, is logged naming the sender, and costs no buffering;
@@ -27,8 +27,8 @@ recorded in :attr:`Transport.rejected`, and never crashes the party):
    queues the message.
 
 Every incoming stream runs under a server-side deadline, whatever deadline the client set (or did
-not set): ``first_chunk_timeout`` seconds (default 10) for the first chunk (the header), extended
-once the header is read to ``stream_timeout + payload_size / MIN_STREAM_RATE`` (60 s + 1 s per MiB)
+not set): ``first_chunk_timeout`` seconds for the first chunk (the header), extended
+once the header is read to ``stream_timeout + payload_size / MIN_STREAM_RATE``
 from the stream's start. A stream that is not complete by then (a client that opens a stream and
 sends nothing, or stalls mid-payload) is cancelled by a timer (a stalled request iterator never
 returns, so checking the clock between chunks would not do): the receiver logs and records who
@@ -391,6 +391,7 @@ class GrpcTransport(Transport):
 
     @property
     def secure(self) -> bool:
+        """Whether the channels use mutual TLS (False only with ``insecure``)."""
         return self._tls is not None
 
     def set_peer_address(self, party_id: str, address: str) -> None:

@@ -1,5 +1,6 @@
 """Homomorphic values on the wire: Paillier / OU public keys, ciphertexts and masked plaintexts
-(docs/architecture.md, "One message, from the job file to the wire").
+(docs/architecture.md, "One message, from the job file to the wire"). Plaintext arrays are
+:mod:`secureflhv.transport.codec`'s; the other encoders are listed there.
 
 OU (``he_scheme: ou``): :class:`OUCodec` below, the same messages with ``PaillierPublicKey.scheme = "ou"``.
 
@@ -184,14 +185,17 @@ class HECodec(ABC):
 
     # parse callbacks for Transport.recv
     def enc_parser(self, pub, shape, what: str, *, exponent: int):
+        """A ``Transport.recv`` parse callback: :meth:`from_proto` of an EncryptedTensor (ProtocolError if bad)."""
         return parse_message(messages_pb2.EncryptedTensor,
                              lambda m: self.from_proto(m, pub, shape, what, exponent=exponent))
 
     def masked_parser(self, pub, shape, what: str, *, exponent: int):
+        """A ``Transport.recv`` parse callback: :meth:`masked_from_proto` of a MaskedValues message."""
         return parse_message(messages_pb2.MaskedValues,
                              lambda m: self.masked_from_proto(m, pub, shape, what, exponent=exponent))
 
     def public_key_parser(self, insecure_test_key: bool, what: str = "public key"):
+        """A ``Transport.recv`` parse callback: :meth:`public_key_from_proto` of a PaillierPublicKey message."""
         return parse_message(messages_pb2.PaillierPublicKey,
                              lambda m: self.public_key_from_proto(m, insecure_test_key, what))
 
@@ -211,6 +215,7 @@ class PaillierCodec(HECodec):
     """Paillier keys and ciphertexts as above."""
 
     def public_key_to_proto(self, pub):
+        """n as minimal big-endian bytes and its fingerprint."""
         return public_key_to_proto(pub)
 
     scheme = "paillier"
@@ -221,6 +226,7 @@ class PaillierCodec(HECodec):
             raise ProtocolError(f"{what}: a key of scheme {theirs!r}, but this job uses he_scheme {self.scheme!r}")
 
     def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
+        """A peer's Paillier key, checked (scheme, fingerprint, a plausible modulus); ProtocolError naming ``what``."""
         self._check_scheme(msg, what)
         try:
             return public_key_from_proto(msg, insecure_test_key=insecure_test_key)
@@ -228,9 +234,13 @@ class PaillierCodec(HECodec):
             raise ProtocolError(f"{what}: {exc}") from exc
 
     def to_proto(self, enc):
+        """An EncryptedArray as an EncryptedTensor (fixed-width big-endian ciphertexts, exponent, packing)."""
         return encrypted_to_proto(enc)
 
     def from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int):
+        """A peer's EncryptedTensor as an EncryptedArray, checked as the module docstring lists; ProtocolError
+        naming ``what`` on any mismatch.
+        """
         try:
             return encrypted_from_proto(msg, pub, None if expected_shape is None else tuple(expected_shape),
                                         int(exponent))
@@ -238,11 +248,15 @@ class PaillierCodec(HECodec):
             raise ProtocolError(f"{what}: {exc}") from exc
 
     def masked_to_proto(self, mv, priv):
+        """MaskedValues as residues in Z_n, fixed width (bytes of n), big-endian."""
         w = (priv.public_key.n.bit_length() + 7) // 8
         return messages_pb2.MaskedValues(key_fingerprint=mv.key_fingerprint, shape=list(mv.shape), byte_width=w,
                                          values=to_blob(mv.values, w), exponent=mv.exponent)
 
     def masked_from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int) -> MaskedValues:
+        """A peer's MaskedValues, checked (fingerprint, shape, exponent, byte counts, every residue in Z_n);
+        ProtocolError naming ``what``.
+        """
         _check_fingerprint(msg, pub, what)
         check_shape(what, shape_of(msg), expected_shape)
         _check_exponent(msg, exponent, what)
@@ -257,30 +271,40 @@ class PaillierCodec(HECodec):
         return MaskedValues(bytes(msg.key_fingerprint), shape_of(msg), int(msg.exponent), vals)
 
     def put_setup_key(self, setup, pub):
+        """Write the public key into ``setup.public_key``."""
         setup.public_key.CopyFrom(self.public_key_to_proto(pub))
 
     def setup_key(self, setup, insecure_test_key: bool):
+        """The guest's public key of an SbSetup, checked as :meth:`public_key_from_proto`."""
         return self.public_key_from_proto(setup.public_key, insecure_test_key, "the guest's public key")
 
     def put_pairs(self, part, rows):
+        """Write the GH-packed row ciphertexts into ``part.gh``."""
         part.gh.CopyFrom(encrypted_to_proto(rows))
 
     def pairs_from(self, part, pub, sums, n: int):
+        """The ``n`` row ciphertexts (mpz list) of ``part.gh``; ProtocolError when the packing is not ``sums.spec``."""
         enc = self.from_proto(part.gh, pub, (n,), "encrypted gradients", exponent=sums.spec.exponent)
         if enc.packing != sums.spec:
             raise ProtocolError(f"encrypted gradients packed as {enc.packing}, expected {sums.spec}")
         return enc.ciphertexts.tolist()
 
     def join_pairs(self, parts):
+        """The parts' ciphertext lists concatenated."""
         return [c for part in parts for c in part]
 
     def pair_bytes(self, pub):
+        """One ciphertext per pair: the key's ciphertext width in bytes."""
         return pub.byte_width
 
     def put_pair_sums(self, msg, value):
+        """Write the compressed candidate sums into ``msg.sums``."""
         msg.sums.CopyFrom(encrypted_to_proto(value))
 
     def pair_sums_from(self, msg, pub, sums, counts, what: str):
+        """The compressed sums of ``msg.sums`` (one element per ``per`` candidates); ProtocolError on another
+        count or packing than ``sums.cspec``.
+        """
         enc = self.from_proto(msg.sums, pub, (sums.n_elements(counts),), what, exponent=sums.cspec.exponent)
         if enc.packing != sums.cspec:
             raise ProtocolError(f"{what}: packing {enc.packing} differs from {sums.cspec}")
@@ -297,11 +321,15 @@ class OUCodec(PaillierCodec):
     scheme = "ou"
 
     def public_key_to_proto(self, pub):
+        """n, G, H as minimal big-endian bytes, ``plain_bits``, the fingerprint, ``scheme = "ou"``."""
         return messages_pb2.PaillierPublicKey(n=pl.int_to_bytes(pub.n), fingerprint=pub.fingerprint, scheme="ou",
                                               g=pl.int_to_bytes(pub.g), h=pl.int_to_bytes(pub.h),
                                               plain_bits=pub.plain_bits)
 
     def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
+        """A peer's OU key, checked (scheme, fingerprint over n, G, H and plain_bits,
+        :meth:`~secureflhv.crypto.homomorphic.ou.OUPublicKey.from_peer`); ProtocolError naming ``what``.
+        """
         self._check_scheme(msg, what)
         n, g, h = (int.from_bytes(bytes(v), "big") for v in (msg.n, msg.g, msg.h))
         if ou.key_fingerprint(n, g, h, msg.plain_bits) != bytes(msg.fingerprint):
@@ -313,6 +341,7 @@ class OUCodec(PaillierCodec):
             raise ProtocolError(f"{what}: {exc}") from exc
 
     def from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int):
+        """:meth:`PaillierCodec.from_proto`, after checking that the packing fits the key's plaintexts."""
         if msg.slot_bits and msg.slots * msg.slot_bits > pub.plain_bits:
             raise ProtocolError(f"{what}: packing of {msg.slots} x {msg.slot_bits} bits exceeds the OU key's "
                                 f"{pub.plain_bits}-bit plaintexts")
@@ -323,27 +352,33 @@ class IdentityCodec(HECodec):
     """Identity backend: float64 payloads under a fixed fingerprint. NO SECURITY — benchmarks only."""
 
     def public_key_to_proto(self, pub):
+        """The identity key's fixed fingerprint (n is one byte: there is no key)."""
         return messages_pb2.PaillierPublicKey(n=b"\x01", fingerprint=pub.fingerprint)
 
     def public_key_from_proto(self, msg, insecure_test_key: bool, what: str = "public key"):
+        """The identity key; ProtocolError when the fingerprint is not its."""
         if bytes(msg.fingerprint) != IdentityKey().fingerprint:
             raise ProtocolError(f"{what}: not the identity backend's key")
         return IdentityKey()
 
     def to_proto(self, enc):
+        """Float64 values as an EncryptedTensor (``byte_width`` 8, little-endian) under the identity fingerprint."""
         a = np.ascontiguousarray(enc, dtype="<f8")
         return messages_pb2.EncryptedTensor(key_fingerprint=IdentityKey().fingerprint, shape=list(a.shape),
                                             byte_width=8, ciphertexts=a.tobytes(), exponent=0, slots=1)
 
     def from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int) -> np.ndarray:
+        """The float64 values of an identity EncryptedTensor (fingerprint, shape, exponent 0 and byte count checked)."""
         return self._floats(msg, msg.ciphertexts, pub, expected_shape, what)
 
     def masked_to_proto(self, mv, priv):
+        """Float64 masked values, ``byte_width`` 8, little-endian."""
         a = np.ascontiguousarray(mv.values, dtype="<f8")
         return messages_pb2.MaskedValues(key_fingerprint=mv.key_fingerprint, shape=list(mv.shape), byte_width=8,
                                          values=a.tobytes(), exponent=0)
 
     def masked_from_proto(self, msg, pub, expected_shape, what: str, *, exponent: int) -> MaskedValues:
+        """The float64 values of an identity MaskedValues message, checked as :meth:`from_proto`."""
         vals = self._floats(msg, msg.values, pub, expected_shape, what)
         return MaskedValues(bytes(msg.key_fingerprint), vals.shape, 0, vals)
 
@@ -359,30 +394,38 @@ class IdentityCodec(HECodec):
         return np.frombuffer(data, dtype="<f8").reshape(shape_of(msg)).astype(np.float64)
 
     def put_setup_key(self, setup, pub):
+        """Nothing: the plaintext baseline's SbSetup carries no key."""
         pass  # no key: the SbSetup of the plaintext baseline leaves public_key unset
 
     def setup_key(self, setup, insecure_test_key: bool):
+        """The identity key."""
         return IdentityKey()
 
     def put_pairs(self, part, rows):
+        """Write the int64 mantissas g and h as two tensors."""
         gq, hq = rows
         part.g.CopyFrom(tensor_to_proto(gq))
         part.h.CopyFrom(tensor_to_proto(hq))
 
     def pairs_from(self, part, pub, sums, n: int):
+        """(g, h): the part's two int64 (n,) tensors, checked."""
         return (tensor_from_proto(part.g, what="g", dtype="<i8", shape=(n,)),
                 tensor_from_proto(part.h, what="h", dtype="<i8", shape=(n,)))
 
     def join_pairs(self, parts):
+        """(g, h) of the parts concatenated."""
         return tuple(np.concatenate([p[i] for p in parts]) for i in (0, 1))
 
     def pair_bytes(self, pub):
+        """16: two int64 mantissas per row."""
         return 16  # two int64 mantissas
 
     def put_pair_sums(self, msg, value):
+        """Write the int64 (candidates, 2) sums as one tensor."""
         msg.plain.CopyFrom(tensor_to_proto(value))
 
     def pair_sums_from(self, msg, pub, sums, counts, what: str):
+        """The int64 (sum(counts), 2) candidate sums, checked."""
         return tensor_from_proto(msg.plain, what=what, dtype="<i8", shape=(sum(counts), 2))
 
 

@@ -55,6 +55,7 @@ class InProcessNetwork:
         self.wire = {p: WireCounter(tls=True) for p in self.party_ids}
 
     def transport(self, party_id: str) -> "InProcessTransport":
+        """The transport of ``party_id`` on this network; KeyError if it is not one of its parties."""
         if party_id not in self._mailboxes:
             raise KeyError(f"party {party_id!r} is not in this network: {self.party_ids}")
         return InProcessTransport(self, party_id)
@@ -85,6 +86,7 @@ class InProcessNetwork:
         return box.rejected[-1][1]
 
     def mailbox(self, party_id: str) -> Mailbox:
+        """The mailbox of ``party_id`` (KeyError if absent), for tests that inspect or inject messages."""
         return self._mailboxes[party_id]
 
     def wire_stats(self) -> dict:
@@ -101,6 +103,10 @@ class InProcessNetwork:
 
 
 class InProcessTransport(Transport):
+    """One party's :class:`~secureflhv.transport.base.Transport` on an :class:`InProcessNetwork`: messages go
+    straight into the receiver's mailbox (the same wire rules as gRPC, no sockets); for tests and
+    single-process simulations.
+    """
     def __init__(self, network: InProcessNetwork, party_id: str):
         self.network = network
         self.party_id = party_id
@@ -114,6 +120,9 @@ class InProcessTransport(Transport):
         return self.network.mailbox(self.party_id)
 
     def send(self, receiver, tag, payload, round=0, timeout=None):
+        """Hand ``payload`` to ``receiver``'s mailbox, whose wire rules apply (counted in ``sent_bytes``);
+        PeerUnavailable when the receiver is not on the network or is marked down.
+        """
         if receiver in self.network._down or receiver not in self.network._mailboxes:
             raise PeerUnavailable(f"{self.party_id}: party {receiver!r} is unreachable")
         data = _as_bytes(payload)

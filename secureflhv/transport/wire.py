@@ -17,7 +17,7 @@ process and is not counted):
 * framing of the request (sender -> receiver), from the actual chunk layout:
   - our streaming protocol — **exact**: each :class:`Chunk` is a protobuf message; the first carries the
     :class:`Envelope` header (job, round, sender, receiver, tag, size, SHA-256), every chunk a field tag
-    and length prefix around its slice of the payload (``chunk_size`` 1 MiB by default);
+    and length prefix around its slice of the payload (``chunk_size`` bytes);
   - gRPC's message prefix — **exact**: 5 bytes (flag + 4-byte length) per chunk;
   - HTTP/2 — **estimated**: a 9-byte frame header per DATA frame of at most 16 KiB (HTTP/2's default
     maximum frame size; gRPC may use larger frames, so this errs high by < 0.1%) plus one closing DATA

@@ -153,6 +153,7 @@ class Binner:
 
     @property
     def n_virtual(self) -> int:
+        """Number of binned columns (the columns of the binned matrix)."""
         return len(self.columns)
 
     def virtual_bins(self, X) -> np.ndarray:

@@ -53,6 +53,9 @@ def plan_children(split_now: list[int], n_rows: dict[int, int]) -> list[tuple[in
 
 @dataclass
 class Node:
+    """One node of a tree in heap order (children of node i are 2i + 1 and 2i + 2): a leaf's ``value``, or a
+    split on ``feature`` at ``bin`` / ``threshold`` with its default direction for missing values.
+    """
     id: int
     leaf: bool = True
     value: float = 0.0            # leaf weight, learning rate included
@@ -68,10 +71,12 @@ class Node:
 
     @property
     def left(self) -> int:
+        """Id of the left child."""
         return 2 * self.id + 1
 
     @property
     def right(self) -> int:
+        """Id of the right child."""
         return 2 * self.id + 2
 
 
@@ -83,9 +88,11 @@ class Tree:
     output: int = 0
 
     def leaves(self) -> list[Node]:
+        """The leaf nodes."""
         return [n for n in self.nodes.values() if n.leaf]
 
     def depth(self) -> int:
+        """The depth of the deepest node (root: 0)."""
         return max(int(math.log2(i + 1)) for i in self.nodes)
 
     def predict_bins(self, bins: np.ndarray) -> np.ndarray:
@@ -148,12 +155,16 @@ class BoostedModel:
         return stop
 
     def predict_margin_bins(self, bins: np.ndarray) -> np.ndarray:
+        """Margins float64 (n, outputs) of binned rows ``bins`` (n, d): base margin plus every tree's leaf value."""
         m = np.tile(self.base_margin, (bins.shape[0], 1)).astype(np.float64)
         for t in self.trees:
             m[:, t.output] += t.predict_bins(bins)
         return m
 
     def predict_margin(self, X) -> np.ndarray:
+        """Margins float64 (n, outputs) of raw rows ``X`` (n, d), binned by the model's cuts; ValueError for a
+        vertical model (no cuts: its prediction is federated).
+        """
         from .binning import apply_bins
 
         if self.cuts is None:

@@ -19,8 +19,8 @@ Tags ``vlr.pred_key`` (PaillierPublicKey), ``vlr.pred_enc`` (EncryptedTensor), `
 ``encrypted["s"]``, or ``scalars["stop"]``), ``vlr.pred_total`` (MaskedValues); round = the guest's request
 counter, the same at every party.
 
-Numbers: every u_h and the guest's part are rounded to ``precision_bits`` fraction bits (default 40), so
-the total differs from the float64 sum by at most (hosts + 1) * 2**-41 (~1e-12 for one host), the
+Numbers: every u_h and the guest's part are rounded to p = ``precision_bits`` fraction bits, so
+the total differs from the float64 sum by at most (hosts + 1) * 2**-(p + 1) (~1e-12 for one host at p = 40), the
 probability by a quarter of that. Encoding is deterministic: the same rows give bit-identical scores
 in a training job's held-out prediction and in a later prediction job with the same bundles.
 

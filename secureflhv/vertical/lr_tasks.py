@@ -55,10 +55,12 @@ class TaylorLoss:
 
     @property
     def h(self) -> float:
+        """The Hessian's scale h: 1/4 binary, 1 regression, 1/K multiclass."""
         return {"binary": 0.25, "regression": 1.0}.get(self.task, 1.0 / self.k)
 
     @property
     def beta(self) -> float:
+        """The Hessian's off-diagonal term: 1/K multiclass, else 0."""
         return 1.0 / self.k if self.task == "multiclass" else 0.0
 
     @property
@@ -67,6 +69,7 @@ class TaylorLoss:
         return () if self.k == 1 else (self.k,)
 
     def hessian(self) -> np.ndarray:
+        """The K x K Hessian ``h (I - beta 1 1^T)`` of the quadratic loss in one row's scores."""
         return self.h * (np.eye(self.k) - self.beta * np.ones((self.k, self.k)))
 
     def targets(self, y) -> np.ndarray:

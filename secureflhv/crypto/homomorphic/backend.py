@@ -98,6 +98,7 @@ class IdentityKey:
 
     @property
     def public_key(self) -> "IdentityKey":
+        """The key itself (the identity backend's public and private keys are one object)."""
         return self
 
 
@@ -284,16 +285,22 @@ class PaillierHE(HEBackend):
     name = "paillier"
 
     def generate_keypair(self, n_bits: int, insecure_test_key: bool):
+        """A Paillier key pair of ``n_bits`` (:func:`secureflhv.crypto.homomorphic.paillier.generate_keypair`); the
+        executor's workers start meanwhile. ValueError below the secure minimum unless ``insecure_test_key``.
+        """
         _ex.start()  # the workers start while the key is generated, not in the first batch
         return pl.generate_keypair(n_bits, insecure_test_key=insecure_test_key)
 
     def encrypt(self, key, x):
+        """``x`` (float64, any shape) encrypted at ``precision_bits`` fraction bits: an EncryptedArray of x's shape."""
         return pl.encrypt(key, np.asarray(x, dtype=np.float64), precision_bits=self.precision_bits)
 
     def decrypt(self, priv, enc) -> np.ndarray:
+        """The float64 values of ``enc`` (its shape); raises DecryptedRangeError outside the encodable range."""
         return pl.decrypt(priv, enc)
 
     def dot(self, X, enc):
+        """``X^T · enc`` (X float (n, d), enc (n,)): EncryptedArray (d,), X at ``dot_precision_bits`` fraction bits."""
         return pl.dot(np.ascontiguousarray(X, dtype=np.float64), enc, precision_bits=self.dot_precision_bits)
 
     def _stack(self, parts, axis: int):
@@ -304,21 +311,25 @@ class PaillierHE(HEBackend):
         return pl.EncryptedArray(parts[0].public_key, c, e)
 
     def matmul(self, enc, W):
+        """``enc · W`` (enc (n, k) encrypted, W float (k, m)): EncryptedArray (n, m), rows on the executor."""
         W = np.ascontiguousarray(W, dtype=np.float64)
         rows = [enc[i] for i in range(enc.shape[0])]
         return self._stack(_parallel_dots(self.dot_precision_bits, [W] * len(rows), rows), axis=0)
 
     def t_matmul(self, enc, D):
+        """``enc^T · D`` (enc (n, k) encrypted, D float (n, m)): EncryptedArray (k, m), columns on the executor."""
         D = np.ascontiguousarray(D, dtype=np.float64)
         cols = [enc[:, j] for j in range(enc.shape[1])]
         return self._stack(_parallel_dots(self.dot_precision_bits, [D] * len(cols), cols), axis=0)
 
     def matmul_t(self, D, enc):
+        """``D · enc^T`` (D float (m, k), enc (n, k) encrypted): EncryptedArray (m, n)."""
         Dt = np.ascontiguousarray(np.asarray(D, dtype=np.float64).T)
         rows = [enc[j] for j in range(enc.shape[0])]
         return self._stack(_parallel_dots(self.dot_precision_bits, [Dt] * len(rows), rows), axis=1)
 
     def add(self, enc, x):
+        """``enc + x`` (x float, broadcast to enc's shape), still encrypted."""
         return enc + np.asarray(x, dtype=np.float64)
 
     def mul_const(self, enc, c: float):
@@ -331,6 +342,9 @@ class PaillierHE(HEBackend):
         return super().mul_const(enc, c)
 
     def mask(self, pub, enc):
+        """``enc`` plus a uniform r in Z_n per entry, re-randomised by a fresh Enc(0); returns (masked
+        EncryptedArray, :class:`Mask` holding the r to remove after the key holder decrypts).
+        """
         n, n2 = pub.n, pub.nsquare
         count = int(enc.size)
         r = [secrets.randbelow(n) for _ in range(count)]
@@ -344,6 +358,9 @@ class PaillierHE(HEBackend):
         return masked, Mask(r, enc.exponent, tuple(enc.shape))
 
     def decrypt_masked(self, priv, enc, add=None) -> MaskedValues:
+        """The key holder's side of masking: the raw residues in Z_n of masked ``enc`` (plus ``add``, float of
+        enc's shape, encoded at enc's exponent), never decoded. ValueError on a shape mismatch.
+        """
         n = priv.public_key.n
         raw = pl.decrypt_raw(priv, enc)  # parallel CRT decryption, never decoded
         if add is not None:
@@ -355,6 +372,10 @@ class PaillierHE(HEBackend):
         return MaskedValues(priv.public_key.fingerprint, tuple(enc.shape), enc.exponent, raw)
 
     def unmask(self, pub, masked: MaskedValues, mask: Mask) -> np.ndarray:
+        """The float64 values (mask's shape) of ``masked`` minus the mask's r mod n, read as signed (|v| < n/3).
+        Raises CiphertextError when ``masked`` does not answer ``mask`` (count or exponent), DecryptedRangeError
+        outside the range.
+        """
         n = pub.n
         if masked.exponent != mask.exponent or len(masked.values) != len(mask.r):
             raise CiphertextError(f"masked values do not match the ciphertexts this party sent: received "
@@ -372,6 +393,7 @@ class PaillierHE(HEBackend):
         return out.reshape(mask.shape)
 
     def pair_sums(self, key, precision_bits: int, log2_bound: int, n_rows: int) -> PairSums:
+        """A :class:`PaillierPairSums` for one tree (GH-packed, compressed sums)."""
         return PaillierPairSums(key, precision_bits, log2_bound, n_rows)
 
 
@@ -437,20 +459,27 @@ class PaillierPairSums(PairSums):
         self.compress_seconds = 0.0
 
     def encrypt(self, key, gq, hq):
+        """The row pairs as ciphertexts of two slots each (see :meth:`PairSums.encrypt`)."""
         p = self.spec.precision_bits
         return pl.encrypt_packed(key, np.stack([np.ldexp(gq.astype(np.float64), -p),
                                                 np.ldexp(hq.astype(np.float64), -p)], axis=1), self.spec)
 
     def histogram(self, rows_data, rows, bins, n_bins):
+        """Per feature the per-bin ciphertext sums of ``rows`` (:func:`~.paillier_hist.build_node`)."""
         return ph.build_node(rows_data, rows, bins, n_bins, self.n2)
 
     def histograms(self, rows_data, rows_list, bins, n_bins):
+        """:meth:`histogram` of every node of a level in one batch (:func:`~.paillier_hist.build_nodes`)."""
         return ph.build_nodes(rows_data, rows_list, bins, n_bins, self.n2)
 
     def release(self, rows_data):
+        """Tell the workers to drop this tree's row ciphertexts."""
         ph.release(rows_data)
 
     def select(self, hist, cands):
+        """Cumulative sums of the candidates, ``per`` compressed into each ciphertext (see :meth:`PairSums.select`);
+        the time spent is added to ``compress_seconds``.
+        """
         cum = ph.cumulative(hist, self.n2)
         tc = time.perf_counter()
         out = ph.compress([cum[j][b] for j, b in cands], self.per, 2 * self.spec.slot_bits, self.n2)
@@ -458,6 +487,7 @@ class PaillierPairSums(PairSums):
         return out
 
     def select_level(self, items):
+        """:meth:`select` of every node of a level in one parallel compression call."""
         lists = []
         for hist, cands in items:
             cum = ph.cumulative(hist, self.n2)
@@ -468,11 +498,15 @@ class PaillierPairSums(PairSums):
         return out
 
     def collect(self, elements):
+        """The compressed elements as one EncryptedArray with the compressed packing ``cspec``."""
         arr = np.empty(len(elements), dtype=object)
         arr[:] = elements
         return pl.EncryptedArray(self.pub, arr, self.cspec.exponent, self.cspec, self.n_rows)
 
     def decrypt(self, priv, value, counts):
+        """Decrypt and unpack to float64 (sum(counts), 2), dropping each node's padding slots (see
+        :meth:`PairSums.decrypt`).
+        """
         n_ct = self.n_elements(counts)
         dec = pl.decrypt(priv, value).reshape(n_ct * self.per, 2) if n_ct else np.zeros((0, 2))
         parts, off = [], 0
@@ -514,16 +548,24 @@ class OUHE(PaillierHE):
     name = "ou"
 
     def generate_keypair(self, n_bits: int, insecure_test_key: bool):
+        """An OU key pair of ``n_bits`` (:func:`secureflhv.crypto.homomorphic.ou.generate_keypair`); the workers
+        start meanwhile. ValueError below the secure minimum unless ``insecure_test_key``.
+        """
         _ex.start()
         return ou.generate_keypair(n_bits, insecure_test_key=insecure_test_key)
 
     def encrypt(self, key, x):
+        """``x`` (float64, any shape) encrypted under OU at ``precision_bits`` fraction bits."""
         return ou.encrypt(key, np.asarray(x, dtype=np.float64), self.precision_bits)
 
     def decrypt(self, priv, enc) -> np.ndarray:
+        """The float64 values of ``enc``; DecryptedRangeError outside the plaintext bound."""
         return ou.decrypt(priv, enc)
 
     def mask(self, pub, enc):
+        """``enc`` plus a random r of :func:`ou_mask_bits` bits (top bit set) per entry, added as a fresh
+        Enc(r), which also re-randomises it; returns (masked EncryptedArray, :class:`Mask` of the r).
+        """
         R, n = ou_mask_bits(pub), pub._n
         count = int(enc.size)
         r = [(1 << (R - 1)) | secrets.randbits(R - 1) for _ in range(count)]
@@ -534,6 +576,9 @@ class OUHE(PaillierHE):
         return pl.EncryptedArray(pub, out.reshape(enc.shape), enc.exponent), Mask(r, enc.exponent, tuple(enc.shape))
 
     def decrypt_masked(self, priv, enc, add=None) -> MaskedValues:
+        """The key holder's side: the signed plaintexts of masked ``enc`` (plus ``add`` encoded at enc's
+        exponent), never decoded. ValueError on a shape mismatch.
+        """
         pub = priv.public_key
         raw = ou.decrypt_signed(priv, enc)
         if add is not None:
@@ -549,6 +594,9 @@ class OUHE(PaillierHE):
         return MaskedValues(pub.fingerprint, tuple(enc.shape), enc.exponent, raw)
 
     def unmask(self, pub, masked: MaskedValues, mask: Mask) -> np.ndarray:
+        """The float64 values of ``masked`` minus the mask's r. Raises CiphertextError when ``masked`` does not
+        answer ``mask``, DecryptedRangeError when a value leaves the range the masking hides.
+        """
         if masked.exponent != mask.exponent or len(masked.values) != len(mask.r):
             raise CiphertextError(f"masked values do not match the ciphertexts this party sent: received "
                                   f"{len(masked.values)} values at exponent {masked.exponent}, sent "
@@ -564,6 +612,7 @@ class OUHE(PaillierHE):
         return out.reshape(mask.shape)
 
     def pair_sums(self, key, precision_bits: int, log2_bound: int, n_rows: int) -> PairSums:
+        """An :class:`OUPairSums` for one tree."""
         return OUPairSums(key, precision_bits, log2_bound, n_rows)
 
 
@@ -581,6 +630,9 @@ class OUPairSums(PaillierPairSums):
         self.compress_seconds = 0.0
 
     def encrypt(self, key, gq, hq):
+        """The row pairs packed two to a plaintext and encrypted by the key holder's CRT path; ValueError for a
+        key other than this table's.
+        """
         p = self.spec.precision_bits
         packed = pl.pack(np.stack([np.ldexp(gq.astype(np.float64), -p), np.ldexp(hq.astype(np.float64), -p)],
                                   axis=1), self.spec)
@@ -591,6 +643,7 @@ class OUPairSums(PaillierPairSums):
                                  self.spec, 1)
 
     def decrypt(self, priv, value, counts):
+        """Decrypt (signed) and unpack to float64 (sum(counts), 2); DecryptedRangeError outside the plaintext bound."""
         n_ct = self.n_elements(counts)
         if not n_ct:
             return np.zeros((0, 2))
@@ -623,41 +676,53 @@ class IdentityHE(HEBackend):
         log.warning("IdentityHE: encryption replaced by identity, no security (benchmark baseline only)")
 
     def generate_keypair(self, n_bits: int, insecure_test_key: bool):
+        """One :class:`IdentityKey` as both halves (no encryption: benchmarks only)."""
         key = IdentityKey()
         return key, key
 
     def encrypt(self, key, x):
+        """``x`` as a float64 copy."""
         return np.array(x, dtype=np.float64)
 
     def decrypt(self, priv, enc):
+        """``enc`` as a float64 copy."""
         return np.array(enc, dtype=np.float64)
 
     def dot(self, X, enc):
+        """``X^T · enc`` in float64."""
         return np.asarray(X, dtype=np.float64).T @ enc
 
     def matmul(self, enc, W):
+        """``enc · W``."""
         return enc @ W
 
     def t_matmul(self, enc, D):
+        """``enc^T · D``."""
         return enc.T @ D
 
     def matmul_t(self, D, enc):
+        """``D · enc^T``."""
         return D @ enc.T
 
     def add(self, enc, x):
+        """``enc + x``."""
         return enc + x
 
     def mask(self, pub, enc):
+        """``enc`` unchanged and an empty :class:`Mask` (nothing is hidden)."""
         return np.array(enc, dtype=np.float64), Mask([], 0, tuple(np.shape(enc)))
 
     def decrypt_masked(self, priv, enc, add=None) -> MaskedValues:
+        """``enc`` (+ ``add``) as float64 :class:`MaskedValues` at exponent 0."""
         a = np.asarray(enc if add is None else enc + add, dtype=np.float64)
         return MaskedValues(priv.fingerprint, a.shape, 0, a)
 
     def unmask(self, pub, masked: MaskedValues, mask: Mask) -> np.ndarray:
+        """The masked values as float64 of their shape."""
         return np.array(masked.values, dtype=np.float64).reshape(masked.shape)
 
     def pair_sums(self, key, precision_bits: int, log2_bound: int, n_rows: int) -> PairSums:
+        """A :class:`PlainPairSums` (integer sums in the clear)."""
         return PlainPairSums(precision_bits)
 
 
@@ -668,6 +733,7 @@ class PlainPairSums(PairSums):
         self.precision_bits = precision_bits
 
     def encrypt(self, key, gq, hq):
+        """``(gq, hq)`` unchanged."""
         return gq, hq
 
     def histogram(self, rows_data, rows, bins, n_bins):
@@ -682,13 +748,16 @@ class PlainPairSums(PairSums):
         return out
 
     def select(self, hist, cands):
+        """Per candidate (feature j, bin b) the cumulative [G, H] mantissa sums up to bin b."""
         cum = np.cumsum(hist, axis=2)
         return [cum[:, j, b].tolist() for j, b in cands]
 
     def collect(self, elements):
+        """The elements as int64 (len(elements), 2)."""
         return np.asarray(elements, dtype=np.int64).reshape(-1, 2)
 
     def decrypt(self, priv, value, counts):
+        """The mantissa sums scaled by 2**-precision_bits, float64 (sum(counts), 2)."""
         return np.ldexp(np.asarray(value, dtype=np.float64), -self.precision_bits)
 
 

@@ -4,8 +4,8 @@ Final API
 ---------
 ::
 
-    DEFAULT_BITS = 2048; MIN_SECURE_BITS = 2048; RANDOM_BITS = 256
-    generate_keypair(n_bits=2048, *, insecure_test_key=False, racers=None) -> (OUPublicKey, OUPrivateKey)
+    DEFAULT_BITS, MIN_SECURE_BITS, RANDOM_BITS (key and randomness sizes in bits)
+    generate_keypair(n_bits, *, insecure_test_key=False, racers=None) -> (OUPublicKey, OUPrivateKey)
     OUPublicKey(n, g, h, plain_bits, *, insecure_test_key=False)
         .n .g .h .plain_bits .n_bits .fingerprint .max_int .byte_width .nsquare (= n, the ciphertext modulus)
         OUPublicKey.from_peer(n, g, h, plain_bits, *, insecure_test_key=False)   (CiphertextError)
@@ -73,7 +73,7 @@ from gmpy2 import mpz
 
 from ...compute import executor as _ex
 from ...compute import pool as _par
-from .paillier import EncryptedArray, _SMALL_PRIMES, int_to_bytes
+from .paillier import EncryptedArray, FingerprintedKey, _SMALL_PRIMES, int_to_bytes
 from .paillier_encoding import CiphertextError, DecryptedRangeError, encode_mantissas, ints_to_float
 from .paillier_engine import FixedBaseTable, random_digits
 
@@ -116,7 +116,7 @@ def _check_size(n_bits: int, insecure_test_key: bool) -> None:
 
 
 # ------------------------------------------------------------------------------------------ keys
-class OUPublicKey:
+class OUPublicKey(FingerprintedKey):
     """OU public key (n = p^2 q, G, H, plaintext bound 2^plain_bits).
 
     ``nsquare`` is the ciphertext modulus (n itself; named as Paillier's so that EncryptedArray's
@@ -141,15 +141,6 @@ class OUPublicKey:
         self.nsquare = self._n
         self.fingerprint = key_fingerprint(n, g, h, plain_bits)
         self.max_int = 1 << plain_bits
-
-    def __eq__(self, other):
-        return isinstance(other, OUPublicKey) and other.fingerprint == self.fingerprint
-
-    def __hash__(self):
-        return hash(self.fingerprint)
-
-    def __repr__(self):
-        return f"OUPublicKey({self.n_bits} bits, fingerprint={self.fingerprint[:8].hex()})"
 
     @property
     def byte_width(self) -> int:

@@ -4,8 +4,8 @@ Final API
 ---------
 ::
 
-    DEFAULT_PRECISION_BITS = 40; DEFAULT_SCALAR_PRECISION_BITS = 32; DEFAULT_DOT_PRECISION_BITS = 24
-    generate_keypair(n_bits=2048, *, insecure_test_key=False) -> (PublicKey, PrivateKey)
+    DEFAULT_PRECISION_BITS, DEFAULT_SCALAR_PRECISION_BITS, DEFAULT_DOT_PRECISION_BITS (fraction bits)
+    generate_keypair(n_bits, *, insecure_test_key=False) -> (PublicKey, PrivateKey)
     PublicKey(n, *, insecure_test_key=False)   .n .n_bits .nsquare .fingerprint .max_int .byte_width
         .to_phe() ; PublicKey.from_phe(k, *, insecure_test_key=False)
         PublicKey.from_peer(n, *, insecure_test_key=False)  (validates a peer's modulus: CiphertextError)
@@ -155,7 +155,23 @@ def _check_size(n_bits: int, insecure_test_key: bool, warn: bool = True) -> None
 
 
 # ------------------------------------------------------------------------------------------ keys
-class PublicKey:
+class FingerprintedKey:
+    """Equality, hash and repr of a public key by its ``fingerprint`` (SHA-256 of its parameters): two
+    keys are equal when they are of the same class and have the same fingerprint."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return isinstance(other, type(self)) and other.fingerprint == self.fingerprint
+
+    def __hash__(self):
+        return hash(self.fingerprint)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.n_bits} bits, fingerprint={self.fingerprint[:8].hex()})"
+
+
+class PublicKey(FingerprintedKey):
     """Paillier public key (g = n + 1).  ``fingerprint`` = SHA-256 of n's big-endian bytes."""
 
     __slots__ = ("n", "n_bits", "nsquare", "fingerprint", "max_int", "_n")
@@ -171,15 +187,6 @@ class PublicKey:
         self.nsquare = self._n * self._n
         self.fingerprint = key_fingerprint(n)
         self.max_int = max_mantissa(n)
-
-    def __eq__(self, other):
-        return isinstance(other, PublicKey) and other.n == self.n
-
-    def __hash__(self):
-        return hash(self.fingerprint)
-
-    def __repr__(self):
-        return f"PublicKey({self.n_bits} bits, fingerprint={self.fingerprint[:8].hex()})"
 
     @property
     def byte_width(self) -> int:
@@ -198,11 +205,13 @@ class PublicKey:
             raise CiphertextError(f"{what} rejected: {e}") from None
 
     def to_phe(self):
+        """The same key as a python-paillier (``phe``) ``PaillierPublicKey`` (interoperability with python-paillier)."""
         from phe import paillier
         return paillier.PaillierPublicKey(self.n)
 
     @classmethod
     def from_phe(cls, key, *, insecure_test_key: bool = False) -> "PublicKey":
+        """A python-paillier public key as ours; ValueError as the constructor (odd n, size)."""
         return cls(key.n, insecure_test_key=insecure_test_key)
 
 
@@ -221,11 +230,13 @@ class PrivateKey:
         return f"PrivateKey(for {self.public_key!r})"
 
     def to_phe(self):
+        """The same key as a python-paillier ``PaillierPrivateKey``."""
         from phe import paillier
         return paillier.PaillierPrivateKey(self.public_key.to_phe(), self.p, self.q)
 
     @classmethod
     def from_phe(cls, key, *, insecure_test_key: bool = False) -> "PrivateKey":
+        """A python-paillier private key as ours; ValueError when p * q is not its modulus."""
         return cls(PublicKey.from_phe(key.public_key, insecure_test_key=insecure_test_key), key.p, key.q)
 
 
@@ -399,14 +410,17 @@ class EncryptedArray:
     # -- array interface
     @property
     def shape(self) -> tuple:
+        """The shape of the array of ciphertexts."""
         return self._c.shape
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return self._c.ndim
 
     @property
     def size(self) -> int:
+        """The number of ciphertexts."""
         return self._c.size
 
     @property
@@ -434,12 +448,15 @@ class EncryptedArray:
         return self._like(c)
 
     def reshape(self, *shape) -> "EncryptedArray":
+        """The same ciphertexts in another shape (numpy's ``reshape`` rules; ValueError if the size differs)."""
         return self._like(self._c.reshape(*shape))
 
     def ravel(self) -> "EncryptedArray":
+        """The ciphertexts as a 1-D array, C order."""
         return self._like(self._c.reshape(-1))
 
     def copy(self) -> "EncryptedArray":
+        """A copy with its own array of ciphertexts (the integers are immutable and shared)."""
         return self._like(self._c.copy())
 
     # -- checks

@@ -143,14 +143,17 @@ class PackingSpec:
 
     @property
     def exponent(self) -> int:
+        """The fixed-point exponent of a packed value: ``-precision_bits``."""
         return -self.precision_bits
 
     @property
     def capacity(self) -> int:
+        """The most packed values one slot may sum without overflow: ``(2**(s-1) - 1) // B``."""
         return ((1 << (self.slot_bits - 1)) - 1) // self.slot_bound
 
     @property
     def value_bound(self) -> float:
+        """The largest |value| one packed value may have: ``B * 2**-precision_bits`` (float)."""
         return math.ldexp(self.slot_bound, -self.precision_bits)
 
     @classmethod

@@ -94,6 +94,9 @@ class FixedBaseTable:
         self.rows = rows
 
     def pow_digits(self, digits) -> mpz:
+        """``base ** e mod m`` for the exponent whose base-``2**w`` digits (least significant first) are
+        ``digits``: one table lookup and one multiplication per digit (Lim & Lee, CRYPTO'94).
+        """
         m = self.mod
         it = zip(self.rows, digits)
         row, d = next(it)
@@ -359,11 +362,13 @@ def _cached(cache: OrderedDict, key, make):
 
 
 def public_engine(n) -> PublicEngine:
+    """The :class:`PublicEngine` of modulus ``n``, cached per process (its tables are costly to build)."""
     n = int(n)
     return _cached(_PUB, n, lambda: PublicEngine(n))
 
 
 def private_engine(p, q) -> PrivateEngine:
+    """The :class:`PrivateEngine` of primes ``p``, ``q``, cached per process."""
     p, q = int(p), int(q)
     return _cached(_PRIV, (p, q), lambda: PrivateEngine(p, q))
 
@@ -475,22 +480,29 @@ def from_blob(blob: bytes, width: int) -> list[mpz]:
 
 # ------------------------------------------------------------------ worker-process entry points
 def task_encrypt(n: int, expected: int, mantissas: list) -> list:
+    """Worker task: ciphertexts (mpz mod n^2) of the integer ``mantissas`` under public key ``n``
+    (``expected``: as :meth:`PublicEngine.encrypt`, the encryptions this worker is about to do).
+    """
     return public_engine(n).encrypt(mantissas, expected)
 
 
 def task_encrypt_crt(p: int, q: int, expected: int, mantissas: list) -> list:
+    """Worker task: :func:`task_encrypt` by the key holder, through the CRT mod p^2 and q^2 (faster)."""
     return private_engine(p, q).encrypt(mantissas, expected)
 
 
 def task_decrypt(p: int, q: int, cts: list) -> list:
+    """Worker task: the plaintexts in Z_n (ints) of ``cts`` under the private key (p, q), by the CRT."""
     return private_engine(p, q).decrypt(cts)
 
 
 def task_powmod(n2: int, cts: list, exps: list) -> list:
+    """Worker task: ``cts[i] ** exps[i] mod n2`` for each i (a ciphertext times a plaintext constant)."""
     return powmod_elementwise(cts, exps, n2)
 
 
 def task_mulmod(n2: int, a: list, b: list) -> list:
+    """Worker task: ``a[i] * b[i] mod n2`` for each i (homomorphic addition of two ciphertext lists)."""
     n2 = mpz(n2)
     return [x * y % n2 for x, y in zip(a, b)]
 

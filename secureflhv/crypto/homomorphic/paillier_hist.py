@@ -93,6 +93,7 @@ def histograms(cts: list, bins: np.ndarray, n_bins: list[int], n2) -> list[list]
 
 
 def task_histograms(n2: int, cts: list, bins: np.ndarray, n_bins: list) -> list:
+    """Worker task: :func:`histograms` of one node's ciphertexts ``cts`` and bins (uint (m, d))."""
     return histograms(cts, bins, n_bins, n2)
 
 

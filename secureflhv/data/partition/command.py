@@ -173,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The standalone ``secureflhv partition`` parser (the same arguments as the subcommand)."""
     p = argparse.ArgumentParser(prog="secureflhv partition", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
@@ -180,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Parse ``argv`` and run the partitioning; returns the exit code."""
     return run(build_parser().parse_args(argv))
 
 

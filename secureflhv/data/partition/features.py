@@ -49,6 +49,8 @@ class VerticalPartition:
     label_party: str = "guest"
 
     def index(self, party) -> int:
+        """The position of ``party`` (an index or a party name) in ``parties``; ValueError when unknown or
+        out of range."""
         if isinstance(party, Integral):
             if not 0 <= party < len(self.parties):
                 raise ValueError(f"party index {party} out of range [0, {len(self.parties)})")

@@ -515,6 +515,7 @@ class HorizontalPartition:
 
     @property
     def sizes(self) -> np.ndarray:
+        """Rows per party, int64 (n_parties,)."""
         return np.array([a.shape[0] for a in self.indices], dtype=np.int64)
 
     def party_data(self, dataset: Dataset, party: int) -> Dataset:

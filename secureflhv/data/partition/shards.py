@@ -24,6 +24,7 @@ SHARD_FORMATS = ("npz", "csv", "parquet")
 
 
 def shard_name(party: int, n_parties: int, fmt: str) -> str:
+    """The file name of ``party``'s shard: ``party_NN.<fmt>``, zero-padded to at least two digits."""
     return f"party_{party:0{max(2, len(str(n_parties - 1)))}d}.{fmt}"
 
 

@@ -70,9 +70,11 @@ class PartitionStats:
 
     @property
     def n_parties(self) -> int:
+        """Number of parties (rows of ``counts``)."""
         return self.counts.shape[0]
 
     def class_labels(self) -> list[str]:
+        """The classes as display strings: their ``label_names`` when integer codes have names, else ``str(c)``."""
         if self.label_names is not None and len(self.label_names) > int(np.max(self.classes, initial=0)) \
                 and np.issubdtype(self.classes.dtype, np.integer):
             return [self.label_names[int(c)] for c in self.classes]

@@ -88,10 +88,12 @@ class PartyData:
 
     @property
     def train(self) -> np.ndarray:
+        """The training rows' indices into ``X`` (sorted int64)."""
         return self.split.train
 
     @property
     def test(self) -> np.ndarray:
+        """The test rows' indices into ``X`` (sorted int64)."""
         return self.split.test
 
 

@@ -6,17 +6,18 @@ Validated with pydantic; every error names the offending field as a dotted path
 (``parties[2].data.id_column``) and the file, so a user can fix it without reading code.
 Relative paths in the file are resolved against the job file's folder.
 
-Example (see ``examples/vertical_lr.py``, which writes one)::
+Example (see ``examples/vertical_lr.py``, which writes one; the defaults and bounds of every field are
+the pydantic models below and docs/parameters.md)::
 
     job:
       id: breast-vlr
       algorithm: vertical_lr
       output_dir: out            # each party writes out/<party id>/
-      startup_timeout_s: 7200    # how long a party waits for its partners to start (default 2 h)
-      max_message_mb: 256        # largest message a party accepts (MiB, default 256); raise it for big batches
-      psi_security: malicious    # PSI safe against a party that lies (default): ID alignment by ECDH-PSI
+      startup_timeout_s: 7200    # how long a party waits for its partners to start
+      max_message_mb: 256        # largest message a party accepts (MiB); raise it for big batches
+      psi_security: malicious    # PSI safe against a party that lies: ID alignment by ECDH-PSI
       # psi_protocol: ecdh       # default from psi_security; kkrt (~15x faster) needs psi_security: semi_honest
-      psi_max_ids: 10000000      # largest ID set any party may hold or announce in PSI (default 10M)
+      psi_max_ids: 10000000      # largest ID set any party may hold or announce in PSI
     security:
       ca: certs/ca.pem           # omit only with insecure: true
     parties:
@@ -33,7 +34,7 @@ Example (see ``examples/vertical_lr.py``, which writes one)::
         cert: certs/host-1.pem
         key: certs/host-1.key
         data: {path: data/host-1.csv, id_column: id}
-        compute: {engine: ray, address: "10.0.0.5:6379"}  # optional: this party's Ray cluster (default local)
+        compute: {engine: ray, address: "10.0.0.5:6379"}  # optional: this party's Ray cluster
     params: {mode: arbiter, epochs: 30, batch_size: 64, learning_rate: 0.15, l2: 0.001}
 """
 from __future__ import annotations
@@ -137,6 +138,9 @@ class ComputeSpec(_Strict):
 
 
 class PartySpec(_Strict):
+    """One entry of ``parties``: the party's id, role, network addresses, certificate and key, data and
+    compute (docs/parameters.md lists every field).
+    """
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     role: Literal["guest", "host", "server"]
     address: str = Field(description="host:port where the other parties reach this party")
@@ -160,6 +164,9 @@ class PartySpec(_Strict):
 
 
 class JobSection(_Strict):
+    """The ``job`` section: id, algorithm, output folder, time limits, message size and PSI settings
+    (docs/parameters.md lists every field).
+    """
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     algorithm: str = Field(description="a name from the job registry (secureflhv.runtime.job.registry)")
     output_dir: Path = Path("out")
@@ -212,6 +219,7 @@ class JobSection(_Strict):
 
 
 class SecuritySection(_Strict):
+    """The ``security`` section: the CA certificate, and the test-only switches (plaintext gRPC, short keys)."""
     ca: Path | None = None
     insecure: bool = Field(default=False, description="plaintext gRPC without TLS: testing only")
     insecure_test_keys: bool = Field(
@@ -254,21 +262,25 @@ class JobConfig(_Strict):
 
     # ------------------------------------------------------------------ helpers
     def resolve(self, path: Path | None) -> Path | None:
+        """``path`` against the job file's folder (absolute paths unchanged; None stays None)."""
         if path is None:
             return None
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
     def party(self, party_id: str) -> PartySpec:
+        """The party ``party_id``; JobConfigError naming the job's parties when there is none."""
         for p in self.parties:
             if p.id == party_id:
                 return p
         raise JobConfigError(f"party {party_id!r} is not in job {self.job.id!r}; parties: {[p.id for p in self.parties]}")
 
     def by_role(self, role: str) -> list[PartySpec]:
+        """The parties of ``role`` (``guest``, ``host`` or ``server``), in file order."""
         return [p for p in self.parties if p.role == role]
 
     @property
     def guest(self) -> PartySpec:
+        """The guest (the job's structure checks make it exist for the families that have one)."""
         return self.by_role("guest")[0]
 
     @property
@@ -278,10 +290,12 @@ class JobConfig(_Strict):
 
     @property
     def hosts(self) -> list[PartySpec]:
+        """The hosts, in file order."""
         return self.by_role("host")
 
     @property
     def server(self) -> PartySpec | None:
+        """The server, or None when the job has none."""
         servers = self.by_role("server")
         return servers[0] if servers else None
 
@@ -294,6 +308,7 @@ class JobConfig(_Strict):
         return f"parties[{self.parties.index(party)}].{field} (party {party.id!r})"
 
     def output_dir(self, party_id: str) -> Path:
+        """The folder party ``party_id`` writes to: ``<job.output_dir>/<party_id>``, resolved."""
         return self.resolve(self.job.output_dir) / party_id
 
 
@@ -305,6 +320,7 @@ def _loc(loc) -> str:
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
+    """A pydantic error as lines a user can act on: the file, then one ``dotted.field: message`` per error."""
     lines = [f"invalid job file {source}:"]
     for e in err.errors():
         where = _loc(e["loc"]) or "(top level)"

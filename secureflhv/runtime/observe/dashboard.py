@@ -210,14 +210,17 @@ class DashboardServer:
 
     @property
     def url(self) -> str:
+        """The page's address (a wildcard bind shown as the loopback address)."""
         host = LOOPBACK if self.host in ("0.0.0.0", "::", "localhost", "") else self.host  # a wildcard: say here
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/"
 
     def start(self) -> "DashboardServer":
+        """Serve in a daemon thread; returns self."""
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop serving and close the socket (waits up to 5 s for the thread)."""
         self.httpd.shutdown()
         self.httpd.server_close()
         self._thread.join(timeout=5)

@@ -104,6 +104,7 @@ class PartyStatus:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "PartyStatus":
+        """Follow the progress events and the ``secureflhv`` log, write the first status file; returns self."""
         progress.add_listener(self.on_progress)
         logging.getLogger("secureflhv").addHandler(self._handler)
         self.write()
@@ -114,6 +115,7 @@ class PartyStatus:
         self._transport = transport
 
     def set_state(self, state: str, **fields) -> None:
+        """Set the party's state (and any other top-level fields) and write the file."""
         with self._lock:
             self._doc["state"] = state
             self._doc.update(fields)
@@ -124,15 +126,20 @@ class PartyStatus:
         self.set_state("done", final=_scalars(result if isinstance(result, dict) else {}))
 
     def fail(self, line: str) -> None:
+        """State ``failed`` with the one-line cause ``line``."""
         self.set_state("failed", error=line)
 
     def close(self) -> None:
+        """Stop following progress and the log; write the last status."""
         progress.remove_listener(self.on_progress)
         logging.getLogger("secureflhv").removeHandler(self._handler)
         self.write()
 
     # ------------------------------------------------------------------ events
     def on_progress(self, ev: dict) -> None:
+        """A progress event (``task``, ``done``, ``total``, ``info``): the task's count and its ETA in seconds,
+        measured from the task's first event.
+        """
         task, done, total = str(ev["task"]), int(ev["done"]), int(ev["total"])
         now = time.monotonic()
         with self._lock:
@@ -147,6 +154,7 @@ class PartyStatus:
         self.write()
 
     def add_log(self, line: str) -> None:
+        """Keep a log line (the last ``LOG_LINES``); the file is rewritten at most every few seconds for logs."""
         with self._lock:
             self._log.append(line)
         if time.monotonic() - self._last_write >= _LOG_WRITE_EVERY_S:
@@ -154,6 +162,7 @@ class PartyStatus:
 
     # ------------------------------------------------------------------ file
     def snapshot(self) -> dict[str, Any]:
+        """The status document as a JSON-able dict, with the transport's wire counters when it has them."""
         wire = getattr(self._transport, "wire_stats", None)
         stats = None
         if callable(wire):
@@ -170,6 +179,9 @@ class PartyStatus:
             return json.loads(json.dumps(self._doc))
 
     def write(self) -> None:
+        """Write the status file atomically (a temporary file, then ``os.replace``); a failure to write is
+        logged once as a warning, never raised.
+        """
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with self._write_lock:
             doc = self.snapshot()

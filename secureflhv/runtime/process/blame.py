@@ -154,6 +154,7 @@ class Blame:
 
     @property
     def first(self) -> Failure | None:
+        """The first failure recorded, or None."""
         with self._lock:
             return self._first
 

@@ -110,6 +110,9 @@ class Launcher:
 
     # ------------------------------------------------------------------ processes
     def start(self) -> None:
+        """Start one ``secureflhv party`` process per party of the job, each in its own process group, with a
+        thread relaying its output.
+        """
         for i, p in enumerate(self.cfg.parties):
             cmd = [sys.executable, "-m", "secureflhv", "party", str(self.job_path), "--party", p.id, *self.extra_args]
             env = dict(os.environ, PYTHONUNBUFFERED="1", **{NOTICE_ENV: "1"})

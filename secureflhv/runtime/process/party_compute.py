@@ -13,16 +13,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 
 from ...compute import executor as ex
 from ...compute.executor import ComputeError
+from ...compute.ray_executor import PROBE_TIMEOUT_S, tcp_answers
 from ..job.job_file import ComputeSpec, JobConfigError
 from .progress import emit_progress
 
 log = logging.getLogger("secureflhv.compute")
-
-PROBE_TIMEOUT_S = 2.0
 
 
 def cluster_address(spec: ComputeSpec) -> str | None:
@@ -31,15 +29,8 @@ def cluster_address(spec: ComputeSpec) -> str | None:
 
 
 def reachable(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether ``host:port`` (or ``ray://host:port``) accepts a TCP connection."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        return False
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            return True
-    except OSError:
-        return False
+    """Whether ``host:port`` (or ``ray://host:port``) accepts a TCP connection (False if malformed)."""
+    return bool(tcp_answers(address, timeout))
 
 
 def make_executor(spec: ComputeSpec, party_id: str, where: str = "compute") -> ex.Executor:

@@ -18,10 +18,12 @@ _listeners: list[Callable[[dict], None]] = []
 
 
 def add_listener(fn: Callable[[dict], None]) -> None:
+    """Also call ``fn(event)`` with every progress event of this process."""
     _listeners.append(fn)
 
 
 def remove_listener(fn: Callable[[dict], None]) -> None:
+    """Stop calling ``fn`` (no-op when it was not added)."""
     if fn in _listeners:
         _listeners.remove(fn)
 

@@ -5,7 +5,7 @@ party it talks to and waits for theirs, logging at a modest cadence::
 
     waiting for host-1 at 10.0.0.6:50553 (attempt 4, 0:00:31 of 2:00:00)
 
-The wait is bounded by ``job.startup_timeout_s`` (default 2 h), separate from the in-protocol
+The wait is bounded by ``job.startup_timeout_s``, separate from the in-protocol
 ``job.deadline_s``; ``job.startup_log_interval_s`` sets the cadence. Over mutual TLS a delivered hello
 proves both identities (the sender's certificate CN is checked by the receiver, the receiver's by the
 sender), and its payload carries a digest of the job (id, algorithm, params, parties) so that two
