@@ -126,7 +126,7 @@ from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
 from ..data.dataset import check_matrix
-from .common import VerticalRole, control_parser
+from .common import MAX_BATCHES, VerticalRole, control_parser, round_id
 from .host_masks import HostMasks, check_scores, cross_terms, encrypt_masked, masked_mantissas
 from .lr_tasks import MAX_CLASSES, TaylorLoss
 from .lr_scores import ScoreArbiter, ScoreGuest, ScoreHost
@@ -135,7 +135,6 @@ from .prediction import PredictionGuest, PredictionHost
 log = logging.getLogger("secureflhv.vertical.lr")
 
 LOG2 = math.log(2.0)
-MAX_BATCHES = 1_000_000  # batches per epoch that fit in the round-id scheme
 
 TAG_SETUP = "vlr.setup"
 TAG_PUBKEY = "vlr.pubkey"
@@ -155,11 +154,6 @@ TAG_PRED = "vlr.pred"
 
 # steps inside one batch (round = base + step)
 S_FWD, S_D, S_CROSS, S_GRAD, S_DEC = 1, 2, 3, 4, 5
-
-
-def round_id(epoch: int, batch: int, step: int) -> int:
-    """Round id of ``step`` (1..9) of ``batch`` in ``epoch``; strictly increasing in (epoch, batch, step)."""
-    return epoch * 10 * MAX_BATCHES + batch * 10 + step
 
 
 # --------------------------------------------------------------------------- configuration
