@@ -60,7 +60,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -68,9 +67,11 @@ import numpy as np
 
 from ..proto import messages_pb2
 from ..secagg import AggregateResult, AggregationConfig, AggregationError, OutOfRangeRound, make_client, make_server
-from ..transport.base import PeerTimeout, ProtocolError, TransportError, parse_message
+from ..transport.base import ProtocolError, TransportError, parse_message
 from ..transport.codec import tensor_to_proto, whole_count
 from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
+from ..transport.collectives import broadcast, gather
+from ..transport.round_layout import RoundLayout
 from ..transport.role import ProtocolRole
 from .contribution import SLOTS, ContributionClient, ContributionServer, latent_dim
 from .model_wire import float32_tensor, model_bundle, read_model
@@ -85,6 +86,8 @@ TAG_ROUND = "fl.round"
 TAG_EVAL = "fl.eval"
 TAG_METRICS = "fl.metrics"
 PARTS_PER_ROUND = 8  # aggregation round id = fl round * 8 + part index
+# the aggregation round id of part ``part`` (contribution's sums first, then the strategy's parts) of a round
+AGG_ROUNDS = RoundLayout("horizontal FL aggregation", (("round", None), ("part", PARTS_PER_ROUND)))
 DEFAULT_PART_CLIPS = {"control": 10.0, "nova": 1e5}
 METRIC_KEYS = ("trained", "test_correct", "test_n", "test_loss_sum")  # fl.metrics of every client
 TRAIN_METRIC_KEYS = ("train_loss", "train_n", "steps")                 # ... and of one that trained
@@ -200,14 +203,6 @@ def _check_target_scale(party_id: str, y: np.ndarray, spec: ModelSpec) -> None:
                     "%.4g / model.target_std %.4g: set them near the target's location and scale (e.g. from the "
                     "data dictionary) so training stays inside the aggregation clip", party_id, mean, std,
                     spec.target_mean, spec.target_std)
-
-
-def _parallel(fn, items) -> list:
-    items = list(items)
-    if len(items) <= 1:
-        return [fn(i) for i in items]
-    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
-        return list(pool.map(fn, items))
 
 
 # ------------------------------------------------------------------------------------ server
@@ -337,7 +332,7 @@ class HorizontalServer(_Resumable, ProtocolRole):
         contribution = {}
         if self.contrib is not None:
             try:
-                contribution = vars(self.contrib.run(r, selected, r * PARTS_PER_ROUND))
+                contribution = vars(self.contrib.run(r, selected, AGG_ROUNDS.pack(round=r, part=0)))
             except AggregationError as exc:
                 raise AggregationError(f"round {r}, contribution normalisation: {exc}") from None
         results, refused = self._aggregate(r, selected)
@@ -400,7 +395,7 @@ class HorizontalServer(_Resumable, ProtocolRole):
         for i, part in enumerate(self.strategy.parts):
             try:
                 results[part] = self.agg_servers[part].aggregate(
-                    r * PARTS_PER_ROUND + self.config.part_offset + i, selected, self.part_dims[part])
+                    AGG_ROUNDS.pack(round=r, part=self.config.part_offset + i), selected, self.part_dims[part])
             except OutOfRangeRound as exc:
                 refused.append(f"part {part!r}: {exc}")
             except AggregationError as exc:
@@ -408,19 +403,19 @@ class HorizontalServer(_Resumable, ProtocolRole):
         return ({}, "; ".join(refused)) if refused else (results, "")
 
     def _send_all(self, receivers: Sequence[str], tag: str, round_id: int, payload_of) -> None:
-        def send(c):
+        """Send ``payload_of(c)`` to every receiver concurrently. Dropout policy "drop": a client that cannot be
+        reached is marked dead and the round goes on without it (it is no longer selected)."""
+        def window(c):
             # A client the aggregation just lost gets a short delivery window: waiting the full window for
             # a dead client would hold back the next round past the live clients' own deadline.
-            timeout = min(SUSPECT_SEND_TIMEOUT_S, self.config.send_timeout_s) if c in self.suspect \
+            return min(SUSPECT_SEND_TIMEOUT_S, self.config.send_timeout_s) if c in self.suspect \
                 else self.config.send_timeout_s
-            try:
-                self.t.send(c, tag, payload_of(c), round=round_id, timeout=timeout)
-                self.suspect.discard(c)
-            except TransportError as exc:
-                log.warning("server: cannot reach client %s (%s, round %d): %s; marking it dead", c, tag,
-                            round_id, exc)
-                self.dead.add(c)
-        _parallel(send, receivers)
+        sent = broadcast(self.t, receivers, tag, payload_of, round_id, window, "drop", concurrent=True)
+        self.suspect.difference_update(sent.ok)
+        for c, drop in sent.dropped.items():
+            log.warning("server: cannot reach client %s (%s, round %d): %s; marking it dead", c, tag,
+                        round_id, drop.error)
+            self.dead.add(c)
 
     def _collect_metrics(self, round_id: int, clients: Sequence[str]) -> dict[str, dict]:
         def validate(msg):
@@ -454,16 +449,13 @@ class HorizontalServer(_Resumable, ProtocolRole):
 
         regression_keys = set(REGRESSION_METRIC_KEYS) if self.spec.task == "regression" else set()
 
-        deadline = time.monotonic() + self.config.round_timeout_s
-        out = {}
-        for c in clients:
-            try:
-                out[c] = self.t.recv(c, TAG_METRICS, round_id, timeout=max(deadline - time.monotonic(), 0.01),
-                                     parse=parse_message(messages_pb2.Scalars, validate))
-            except PeerTimeout as exc:
-                log.warning("server: no metrics from %s in round %d (%s); marking it dead", c, round_id, exc)
-                self.dead.add(c)
-        return out
+        # dropout policy "drop": a client without valid metrics by the shared deadline is marked dead
+        got = gather(self.t, clients, TAG_METRICS, round_id, self.config.round_timeout_s, "drop",
+                     parse_message(messages_pb2.Scalars, validate))
+        for c, drop in got.dropped.items():
+            log.warning("server: no metrics from %s in round %d (%s); marking it dead", c, round_id, drop.error)
+            self.dead.add(c)
+        return got.values
 
     def _record(self, r, selected, survivors, results, metrics, seconds) -> RoundRecord:
         """The round's record; ``survivors``: the clients that survived every part's aggregation (sorted)."""
@@ -577,13 +569,13 @@ class HorizontalClient(_Resumable, ProtocolRole):
         if self.contrib is not None:  # Λ_r from the locally trained model (Kundalwal et al., Alg. 1)
             self.contrib.factor = None
             factor = self.contrib.factor_for(round_id, participants, self.model, self.X_train,
-                                             round_id * PARTS_PER_ROUND)
+                                             AGG_ROUNDS.pack(round=round_id, part=0))
         for i, part in enumerate(self.strategy.parts):
             vec, weight = upd.parts[part]
             if factor is not None and part in self.strategy.sample_weighted_parts:
                 weight = weight * factor  # Λ_r ∈ [0, 1]; Σ_r Λ_r = 1 keeps the total weight away from 0
-            self.agg_clients[part].submit(round_id * PARTS_PER_ROUND + self.config.part_offset + i, participants,
-                                          vec, weight)
+            self.agg_clients[part].submit(AGG_ROUNDS.pack(round=round_id, part=self.config.part_offset + i),
+                                          participants, vec, weight)
         return {"trained": 1.0, "train_loss": upd.loss, "train_n": float(upd.n_samples), "steps": float(upd.steps)}
 
     def run(self) -> list[dict]:

@@ -48,14 +48,14 @@ import dataclasses
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from ..proto import messages_pb2
-from ..transport.base import ProtocolError, TransportError
+from ..transport.base import ProtocolError
+from ..transport.collectives import broadcast, gather
 from ..transport.codec import whole_count
 from ..transport.lifecycle import Callback, Checkpoint, Lifecycle, StepState
 from ..transport.role import ProtocolRole
@@ -196,15 +196,10 @@ class MultiConfederatedPeer(Lifecycle, ProtocolRole):
         return parse
 
     def _send_all(self, round_id: int, msg: messages_pb2.Bundle) -> None:
-        def send(p):
-            try:
-                self.t.send(p, TAG_UPDATE, msg, round=round_id, timeout=self.config.send_timeout_s)
-            except TransportError as exc:  # name the peer, tag and round: the job's last log line shows it
-                raise type(exc)(f"{self.party_id}: cannot deliver {TAG_UPDATE!r} (round {round_id}) to {p!r}: "
-                                f"{exc}") from None
-        with ThreadPoolExecutor(max_workers=min(16, len(self.others))) as pool:
-            for f in [pool.submit(send, p) for p in self.others]:
-                f.result()  # the first unreachable peer ends the job (dropouts are not tolerated)
+        """``mc.update`` to every other peer concurrently. Dropout policy "raise": dropouts are not tolerated,
+        the first unreachable peer (in id order) ends the job; the error names it, the tag and the round."""
+        broadcast(self.t, self.others, TAG_UPDATE, msg, round_id, self.config.send_timeout_s, "raise",
+                  concurrent=True)
 
     # ---------------------------------------------------------------- rules
     def score(self, w: np.ndarray) -> float:
@@ -342,8 +337,10 @@ class MultiConfederatedPeer(Lifecycle, ProtocolRole):
         rec = MCRound(r, list(chosen), train_loss=float(np.mean(losses)))
         parsers = {p: self.parser(p, r) for p in self.others}  # before anything changes the shared state
         self._send_all(r, self.update_message(trained, rec.train_loss))
-        updates = [self.t.recv(p, TAG_UPDATE, r, timeout=self.config.round_timeout_s, parse=parsers[p])
-                   for p in self.others]
+        # dropout policy "raise": every peer's update is needed (each within round_timeout_s); the first
+        # silent one ends the job with a PeerTimeout naming it
+        updates = list(gather(self.t, self.others, TAG_UPDATE, r, self.config.round_timeout_s, "raise", parsers,
+                              shared=False).values.values())
         self.aggregate(rec, trained, updates)
         self.popularity = {}
         for ids in [list(trained)] + [list(u.models) for u in updates]:

@@ -36,7 +36,7 @@ from .bonawitz import (SHARE_PLAINTEXT, STAGE_NAMES, TAG_ADVERTISE, TAG_MASKED, 
                        TAG_UNMASK, advert_bytes, check_advert, mask_seed, seed_commitment, share_commitment,
                        share_key, share_pair_ad, share_points, survivors_bytes, warn_unauthenticated)
 from .config import AggregationConfig
-from .exchange import STAGES, TAG_SERVER, check_round, round_check
+from .exchange import TAG_SERVER, check_round, envelope_round, round_check
 from .result import AggregationError
 from .roles import AggregationClient
 
@@ -320,7 +320,7 @@ class SecAggClient(AggregationClient):
                 raise ProtocolError(f"expected {body!r} for stage {stage}, got {which!r} for stage {msg.stage}")
             return msg
         try:
-            msg = self.t.recv(self.server_id, TAG_SERVER, round_id * STAGES + stage,
+            msg = self.t.recv(self.server_id, TAG_SERVER, envelope_round(round_id, stage),
                               timeout=self.config.client_timeout_s, parse=parse_message(pb.ServerMessage, validate))
         except PeerTimeout as exc:
             raise AggregationError(f"{self.party_id}: server {self.server_id!r} silent before "
@@ -332,7 +332,8 @@ class SecAggClient(AggregationClient):
     def _send(self, round_id: int, stage: int, tag: str, msg) -> None:
         self._on_stage(stage)
         try:
-            self.t.send(self.server_id, tag, msg, round=round_id * STAGES + stage, timeout=self.config.client_timeout_s)
+            self.t.send(self.server_id, tag, msg, round=envelope_round(round_id, stage),
+                        timeout=self.config.client_timeout_s)
         except TransportError as exc:
             # chained: the runtime's blame names the unreachable server as the root cause
             raise AggregationError(f"{self.party_id}: could not send {STAGE_NAMES[stage]} to the server: {exc}") \

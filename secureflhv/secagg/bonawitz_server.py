@@ -35,7 +35,7 @@ from .bonawitz import (SHARE_CIPHERTEXT, STAGE_NAMES, TAG_ADVERTISE, TAG_MASKED,
                        survivors_bytes, warn_unauthenticated)
 from .bounds import check_sum
 from .config import AggregationConfig
-from .exchange import STAGES, TAG_SERVER, check_round, collect, collect_each, round_check, send_all
+from .exchange import TAG_SERVER, check_round, collect, collect_each, envelope_round, round_check, send_all
 from .result import AggregateResult, AggregationError, fail_message
 from .roles import AggregationServer
 
@@ -86,9 +86,9 @@ class _ServerRound:
     u3: list[str] = field(default_factory=list)
     acc: np.ndarray | None = None  # Σ_{u∈U3} y_u in words of qp.word_dtype
 
-    @property
-    def base(self) -> int:
-        return self.round_id * STAGES
+    def envelope(self, stage: int) -> int:
+        """The transport round of ``stage`` of this aggregation round."""
+        return envelope_round(self.round_id, stage)
 
 
 class SecAggServer(AggregationServer):
@@ -138,10 +138,10 @@ class SecAggServer(AggregationServer):
 
         Returns the clients of U1 the key list reached.
         """
-        rnd.adv = collect(self.t, rnd.parts, TAG_ADVERTISE, rnd.base + 0, self.config.input_timeout_s,
+        rnd.adv = collect(self.t, rnd.parts, TAG_ADVERTISE, rnd.envelope(0), self.config.input_timeout_s,
                           parse_message(pb.AdvertiseKeys, lambda m: round_check(m, rnd.round_id, "AdvertiseKeys")))
         refused = self._refuse_bad_adverts(rnd)
-        send_all(self.t, refused, TAG_SERVER, rnd.base + 1, {c: pb.ServerMessage(  # they stop now, not at a deadline
+        send_all(self.t, refused, TAG_SERVER, rnd.envelope(1), {c: pb.ServerMessage(  # they stop now, not at a deadline
             round_id=rnd.round_id, stage=1, abort=f"your AdvertiseKeys was refused: {rnd.offenders[c]}")
             for c in refused}, self.config.stage_timeout_s)
         rnd.u1 = self._survive(rnd, rnd.parts, rnd.adv, 0)
@@ -167,7 +167,7 @@ class SecAggServer(AggregationServer):
                     raise ProtocolError("share commitments must be 32 bytes")
                 return m
             return parse_message(pb.ShareKeys, check)
-        shares = collect_each(self.t, live, TAG_SHARE, rnd.base + 1, self.config.stage_timeout_s, parse_for)
+        shares = collect_each(self.t, live, TAG_SHARE, rnd.envelope(1), self.config.stage_timeout_s, parse_for)
         rnd.u2 = u2 = self._survive(rnd, rnd.u1, shares, 1)
         to_each: dict[str, list] = {v: [] for v in u2}   # in sender order (u2), one pass over all shares
         for u in u2:
@@ -194,7 +194,7 @@ class SecAggServer(AggregationServer):
             if m.k_bits != qp.k_bits:
                 raise ProtocolError(f"k_bits {m.k_bits}, expected {qp.k_bits}")
             return tensor_from_proto(m.y, dtype=qp.word_dtype.str, shape=(dim + EXTRA_COORDS,), what="masked input")
-        masked = collect(self.t, live, TAG_MASKED, rnd.base + 2, self.config.stage_timeout_s,
+        masked = collect(self.t, live, TAG_MASKED, rnd.envelope(2), self.config.stage_timeout_s,
                          parse_message(pb.MaskedInput, check))
         rnd.u3 = self._survive(rnd, rnd.u2, masked, 2)
         rnd.acc = np.zeros(dim + EXTRA_COORDS, dtype=qp.word_dtype)  # the clients' word size (see _mask)
@@ -202,7 +202,7 @@ class SecAggServer(AggregationServer):
             rnd.acc += masked[c]
         del masked
         # U2 \ U3 also get the list, so a client whose input was refused stops at once
-        unreachable = send_all(self.t, live, TAG_SERVER, rnd.base + 3, pb.ServerMessage(
+        unreachable = send_all(self.t, live, TAG_SERVER, rnd.envelope(3), pb.ServerMessage(
             round_id=rnd.round_id, stage=3, survivors=pb.ClientList(clients=rnd.u3)), self.config.stage_timeout_s)
         rnd.clock.lap("masked_input")
         return [c for c in rnd.u3 if c not in unreachable]
@@ -223,7 +223,7 @@ class SecAggServer(AggregationServer):
                     raise ProtocolError(f"invalid signature of the survivor set from {sender!r}")
                 return m.signature
             return parse_message(pb.ConsistencySignature, check)
-        sigs = collect_each(self.t, live, TAG_SIGN, rnd.base + 3, self.config.stage_timeout_s, parse_for)
+        sigs = collect_each(self.t, live, TAG_SIGN, rnd.envelope(3), self.config.stage_timeout_s, parse_for)
         for c in live:
             if c not in sigs:
                 rnd.late[c] = STAGE_NAMES[3]
@@ -249,7 +249,7 @@ class SecAggServer(AggregationServer):
             if not set(b) <= u3_set or not set(s) <= dropped:
                 raise ProtocolError("b-shares must be of survivors and s-shares of dropped clients only")
             return _UnmaskShares(b, s)
-        resp = collect(self.t, live, TAG_UNMASK, rnd.base + 4, self.config.stage_timeout_s,
+        resp = collect(self.t, live, TAG_UNMASK, rnd.envelope(4), self.config.stage_timeout_s,
                        parse_message(pb.UnmaskResponse, check))
         for c in live:
             if c not in resp:
@@ -277,7 +277,7 @@ class SecAggServer(AggregationServer):
             reason = self._fail_reason(rnd, stage, alive, rnd.dropped_at)
             log.error("round %d: %s", rnd.round_id, reason)
             abort = pb.ServerMessage(round_id=rnd.round_id, stage=stage + 1, abort=reason)
-            send_all(self.t, alive, TAG_SERVER, rnd.base + stage + 1, abort, self.config.stage_timeout_s)
+            send_all(self.t, alive, TAG_SERVER, rnd.envelope(stage + 1), abort, self.config.stage_timeout_s)
             raise AggregationError(reason)
         return alive
 
@@ -336,7 +336,7 @@ class SecAggServer(AggregationServer):
 
     def _broadcast(self, rnd: _ServerRound, receivers: list[str], stage: int, msgs) -> list[str]:
         """Send the stage-``stage`` server message(s); the unreachable drop at ``stage``. Returns the reached."""
-        failed = send_all(self.t, receivers, TAG_SERVER, rnd.base + stage, msgs, self.config.stage_timeout_s)
+        failed = send_all(self.t, receivers, TAG_SERVER, rnd.envelope(stage), msgs, self.config.stage_timeout_s)
         for c in failed:
             rnd.dropped_at.setdefault(c, STAGE_NAMES[stage])
         return [c for c in receivers if c not in failed]
@@ -346,7 +346,7 @@ class SecAggServer(AggregationServer):
         reason = self._fail_reason(rnd, stage, alive, {**rnd.dropped_at, **rnd.late})
         log.error("round %d: %s", rnd.round_id, reason)
         if stage == 3:  # the signers wait for the signature list
-            send_all(self.t, alive, TAG_SERVER, rnd.base + 4,
+            send_all(self.t, alive, TAG_SERVER, rnd.envelope(4),
                      pb.ServerMessage(round_id=rnd.round_id, stage=4, abort=reason), self.config.stage_timeout_s)
         raise AggregationError(reason)
 

@@ -7,19 +7,26 @@ misses a stage deadline, or cannot be reached, is logged and counted as dropped 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable, Sequence
 
-from ..transport.base import PeerTimeout, PeerUnavailable, ProtocolError, TransportError
+from ..transport.base import ProtocolError
+from ..transport.collectives import broadcast, gather
+from ..transport.round_layout import RoundLayout
 from .config import AggregationConfig
 from .result import AggregationError
 
 log = logging.getLogger("secureflhv.secagg")
 
 STAGES = 16  # envelope round = round_id * STAGES + stage
+ENVELOPE_ROUNDS = RoundLayout("secure aggregation envelope", (("round_id", None), ("stage", STAGES)))
 
 TAG_PLAIN = "agg.plain"
 TAG_SERVER = "agg.server"
+
+
+def envelope_round(round_id: int, stage: int) -> int:
+    """The transport round of ``stage`` of aggregation round ``round_id`` (ValueError out of range)."""
+    return ENVELOPE_ROUNDS.pack(round_id=round_id, stage=stage)
 
 
 def check_participants(participants: Sequence[str], me: str | None = None) -> list[str]:
@@ -78,17 +85,13 @@ def round_check(msg, round_id: int, what: str) -> None:
 def collect_each(transport, senders: Sequence[str], tag: str, round: int, timeout: float,
                  parse_for: Callable[[str], Callable[[bytes], object]]) -> dict[str, object]:
     """Receive ``tag``/``round`` from each sender (parsed by ``parse_for(sender)``) within one shared
-    deadline; senders missing it are omitted."""
-    deadline = time.monotonic() + timeout
-    got: dict[str, object] = {}
-    for s in senders:
-        try:
-            got[s] = transport.recv(s, tag, round, timeout=max(deadline - time.monotonic(), 0.001),
-                                    parse=parse_for(s))
-        except PeerTimeout:
-            log.warning("%s: no valid %r (round %d) from %s within the stage deadline: counted as dropped",
-                        transport.party_id, tag, round, s)
-    return got
+    deadline. Dropout policy "drop": senders missing it are logged and omitted (the caller counts them as
+    dropped at this stage); a peer's abort still ends the round."""
+    got = gather(transport, senders, tag, round, timeout, "drop", {s: parse_for(s) for s in senders})
+    for s in got.dropped:
+        log.warning("%s: no valid %r (round %d) from %s within the stage deadline: counted as dropped",
+                    transport.party_id, tag, round, s)
+    return got.values
 
 
 def collect(transport, senders: Sequence[str], tag: str, round: int, timeout: float,
@@ -98,13 +101,10 @@ def collect(transport, senders: Sequence[str], tag: str, round: int, timeout: fl
 
 
 def send_all(transport, receivers: Sequence[str], tag: str, round: int, payloads, timeout: float) -> list[str]:
-    """Send to each receiver (``payloads`` is one message or a dict); return those that failed."""
-    failed = []
-    for r in receivers:
-        msg = payloads[r] if isinstance(payloads, dict) else payloads
-        try:
-            transport.send(r, tag, msg, round=round, timeout=timeout)
-        except (PeerUnavailable, TransportError) as exc:
-            log.warning("%s: could not send %r to %s: %s: counted as dropped", transport.party_id, tag, r, exc)
-            failed.append(r)
-    return failed
+    """Send to each receiver in turn (``payloads`` is one message or a dict); return those that failed.
+    Dropout policy "drop": an unreachable receiver is logged and counted as dropped by the caller."""
+    message = (lambda r: payloads[r]) if isinstance(payloads, dict) else payloads
+    sent = broadcast(transport, receivers, tag, message, round, timeout, "drop")
+    for r, drop in sent.dropped.items():
+        log.warning("%s: could not send %r to %s: %s: counted as dropped", transport.party_id, tag, r, drop.error)
+    return list(sent.dropped)

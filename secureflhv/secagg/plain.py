@@ -13,7 +13,7 @@ from ..proto import secagg_pb2
 from ..transport.base import ProtocolError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
 from .bounds import check_each, check_sum
-from .exchange import STAGES, TAG_PLAIN, check_round, collect, round_check
+from .exchange import TAG_PLAIN, check_round, collect, envelope_round, round_check
 from .result import AggregateResult, AggregationError, OutOfRangeRound, fail_message
 from .roles import AggregationClient, AggregationServer
 
@@ -37,7 +37,8 @@ class PlainClient(AggregationClient):
             words = self._encode(x, weight, qp, round_id)
             msg = secagg_pb2.PlainInput(round_id=round_id, vector=tensor_to_proto(words.astype(qp.word_dtype)),
                                         k_bits=qp.k_bits)
-        self.t.send(self.server_id, TAG_PLAIN, msg, round=round_id * STAGES, timeout=self.config.client_timeout_s)
+        self.t.send(self.server_id, TAG_PLAIN, msg, round=envelope_round(round_id, 0),
+                    timeout=self.config.client_timeout_s)
 
 
 class PlainServer(AggregationServer):
@@ -51,7 +52,7 @@ class PlainServer(AggregationServer):
         cfg = self.config
         parts, t = check_round(participants, cfg, server_id=self.party_id)
         qp = cfg.quant_params(len(parts), dim) if cfg.kind == "plain_quantised" else None
-        got = collect(self.t, parts, TAG_PLAIN, round_id * STAGES, cfg.input_timeout_s,
+        got = collect(self.t, parts, TAG_PLAIN, envelope_round(round_id, 0), cfg.input_timeout_s,
                       parse_message(secagg_pb2.PlainInput, lambda msg: self._validate(msg, round_id, dim, qp)))
         survivors = sorted(got)
         dropped_at = {c: "input" for c in parts if c not in got}

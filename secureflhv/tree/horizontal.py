@@ -99,14 +99,16 @@ import numpy as np
 from ..data.dataset import check_matrix
 from ..proto import tree_pb2
 from ..secagg import AggregationConfig, AggregationError, make_client, make_server
-from ..transport import JobAborted, ProtocolError, Transport, TransportError, parse_message
+from ..transport import ProtocolError, Transport, TransportError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto
 from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
+from ..transport.collectives import broadcast, gather
 from ..transport.role import ProtocolRole
 from .binning import Binner, apply_bins, cuts_from_grid_counts, grid, grid_counts, missing_bin
 from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children, sibling
 from .params import (SecureBoostParams, base_margin_from_sums, bound_log2, check_labels, dequantise,
                      gradients, loss, precision_bits_for, quantise)
+from .rounds import level_round
 from .split import beats_gamma, candidate_gains, leaf_weight
 
 log = logging.getLogger("secureflhv.tree.horizontal")
@@ -117,7 +119,6 @@ AGG_SCALE_BITS = 40           # aggregation scale 2^40; entries are integers / 2
 AGG_CLIP = float(2 ** 12)     # |integer| < 2^52  =>  |x| <= 2^12
 LABEL_BITS = 20               # regression label sums are aggregated on a 2^-20 grid
 LOSS_SCALE = float(2 ** 20)   # validation loss sums are sent divided by this (stays below the clip)
-DEPTH_SLOTS = 64
 
 
 class HorizontalSecureBoostError(RuntimeError):
@@ -458,7 +459,7 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         slot = self._slot
         self._send_all(TAG_TREE, tree_pb2.HsbLevel(tree=seq), slot + 1, f"tree {seq}")
         bounds = self._recv_all(TAG_BOUND, slot + 1, parse_message(tree_pb2.HsbBound), f"tree {seq} bound")
-        self._check_lost(TAG_LEVEL, slot * DEPTH_SLOTS + 1)
+        self._check_lost(TAG_LEVEL, level_round(slot, 0))
         e = max(int(b.log2_bound) for b in bounds.values())
         p = precision_bits_for(self.n_rows, e)   # n_rows of the binning: an upper bound of the active rows
         tree = self._grow(seq, slot, p, e)
@@ -533,11 +534,11 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
                     tree.nodes[nid] = Node(nid, value=leaf_weight(s.g, s.h, prm), sum_hess=s.h, n_rows=s.n_rows)
             plan = plan_children(split_now, counts) if split_now else []
             msg = self._level_message(tree, seq, depth, p, e, plan, splits, done=not split_now)
-            self._send_all(TAG_LEVEL, msg, slot * DEPTH_SLOTS + depth + 1, f"tree {seq} depth {depth}")
+            self._send_all(TAG_LEVEL, msg, level_round(slot, depth), f"tree {seq} depth {depth}")
             if msg.done:
                 return tree
             new = self._level_histograms(seq, depth, list(msg.build), plan, hists,
-                                         (TAG_LEVEL, slot * DEPTH_SLOTS + depth + 2))
+                                         (TAG_LEVEL, level_round(slot, depth + 1)))
             if depth == 0:
                 counts[0] = int(new[0][2 * self.layout.n_cells:][self.layout.feature(0)].sum())
             splits, level = [], []
@@ -639,26 +640,21 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         return [c for c in self.active if c not in self._lost]
 
     def _recv_all(self, tag: str, rnd: int, parse, what: str) -> dict:
-        """``tag`` from every live client; a silent or unreachable one is recorded as lost (JobAborted is fatal)."""
-        out = {}
-        for c in self._live():
-            try:
-                out[c] = self.t.recv(c, tag, round=rnd, parse=parse)
-            except JobAborted:
-                raise
-            except TransportError as exc:
-                log.warning("%s: client %s lost (%s): %s", self.party_id, c, what, exc)
-                self._lost[c] = f"{what}: {type(exc).__name__}"
-        return out
+        """``tag`` from every live client, each within the transport's deadline. Dropout policy "drop": a silent
+        or unreachable client is recorded as lost and the round is rebuilt without it (JobAborted is fatal)."""
+        got = gather(self.t, self._live(), tag, rnd, None, "drop", parse, shared=False, failures=(TransportError,))
+        for c, drop in got.dropped.items():
+            log.warning("%s: client %s lost (%s): %s", self.party_id, c, what, drop.error)
+            self._lost[c] = f"{what}: {type(drop.error).__name__}"
+        return got.values
 
     def _send_all(self, tag: str, msg, rnd: int, what: str) -> None:
-        """Send to every live client; one that cannot be reached is recorded as lost."""
-        for c in self._live():
-            try:
-                self.t.send(c, tag, msg, round=rnd)
-            except TransportError as exc:
-                log.warning("%s: client %s lost (%s): %s", self.party_id, c, what, exc)
-                self._lost[c] = f"{what}: unreachable"
+        """Send to every live client in turn. Dropout policy "drop": one that cannot be reached is recorded as
+        lost (the round is then rebuilt without it)."""
+        sent = broadcast(self.t, self._live(), tag, msg, rnd, None, "drop")
+        for c, drop in sent.dropped.items():
+            log.warning("%s: client %s lost (%s): %s", self.party_id, c, what, drop.error)
+            self._lost[c] = f"{what}: unreachable"
 
 
 # ============================================================================================ client
@@ -856,7 +852,7 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
         rows_of = {0: np.arange(len(bins))}
         p = None
         for depth in range(self.params.max_depth + 1):
-            msg = self._recv(TAG_LEVEL, self._slot * DEPTH_SLOTS + depth + 1,
+            msg = self._recv(TAG_LEVEL, level_round(self._slot, depth),
                              self._level_parser(lambda m: self._check_level(m, seq, depth, rows_of)))
             if msg.restart:
                 raise _Restart(msg)

@@ -99,12 +99,14 @@ from ..proto import tree_pb2
 from ..transport.he_codec import backend_and_codec
 from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
 from ..transport.role import ProtocolRole
+from ..transport.round_layout import RoundLayout
 from ..transport import ProtocolError, Transport, TransportError, parse_message
 from .binning import Binner
 from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children, sibling
 from .routing import left_masks
 from .params import (SecureBoostParams, base_margin, bound_log2, check_labels, dequantise, gradients, loss,
                      precision_bits_for, quantise, transform)
+from .rounds import level_round
 from .split import beats_gamma, candidate_gains, leaf_weight
 
 log = logging.getLogger("secureflhv.tree.vertical")
@@ -113,7 +115,6 @@ TAG_SETUP, TAG_HELLO, TAG_START = "sb.setup", "sb.hello", "sb.start"
 TAG_PLAN, TAG_HIST, TAG_DECIDE, TAG_SPLIT = "sb.plan", "sb.hist", "sb.decide", "sb.split"
 TAG_ROUTE, TAG_ROUTED = "sb.route", "sb.routed"
 TAG_ROWS, TAG_ROWS_ACK = "sb.rows", "sb.rows_ack"
-DEPTH_SLOTS = 64
 # The row pairs of a tree travel in SbRowPart messages, encrypted and sent part by part: a host decodes
 # part k while the guest encrypts part k + 1, on a WAN the transfer hides behind the encryption, and no
 # message grows with the rows (a part stays within a quarter of the job's message limit).
@@ -127,12 +128,12 @@ class SecureBoostError(RuntimeError):
     """The federated training or prediction cannot go on (a peer failed, went silent or misbehaved)."""
 
 
-def _rnd(tree: int, depth: int) -> int:
-    return tree * DEPTH_SLOTS + depth + 1
+# a tree's row-part rounds: tree * MAX_ROW_PARTS + part + 1 (round 0 of a tree stays unused)
+ROW_PART_ROUNDS = RoundLayout("tree row parts", (("tree", None), ("part", MAX_ROW_PARTS)))
 
 
 def _part_rnd(tree: int, part: int) -> int:
-    return tree * MAX_ROW_PARTS + part + 1
+    return ROW_PART_ROUNDS.pack(tree=tree, part=part) + 1
 
 
 def part_rows(n_rows: int, pair_bytes: int, max_payload_bytes: int | None, workers: int = 1) -> int:
@@ -526,7 +527,7 @@ class SecureBoostGuest(_Role):
             if derived and nid in split_now:
                 st.derived.add(nid)
         for host in self.host_ids:
-            self._send(host, TAG_PLAN, plan, _rnd(st.seq, depth), f"tree {st.seq} depth {depth}")
+            self._send(host, TAG_PLAN, plan, level_round(st.seq, depth), f"tree {st.seq} depth {depth}")
 
     def _find_splits(self, st: _GrowingTree, split_now: list[int], depth: int) -> dict[int, SplitCandidate | None]:
         """Alg. 2: the best split per node, own candidates first (plaintext), then each host's (decrypted)."""
@@ -534,8 +535,8 @@ class SecureBoostGuest(_Role):
         best = {nid: self._guest_split(st, nid) for nid in split_now}
         for host in self.host_ids:
             self.phases.start(st.seq, "wait_hosts", depth)
-            cands = self._recv(host, TAG_HIST, _rnd(st.seq, depth), self._hist_parser(host, split_now, st, depth),
-                               f"tree {st.seq} depth {depth}")
+            cands = self._recv(host, TAG_HIST, level_round(st.seq, depth),
+                               self._hist_parser(host, split_now, st, depth), f"tree {st.seq} depth {depth}")
             st.host_sums[host] = cands
             self.phases.start(st.seq, "host_split", depth)
             for nid, (GL, HL) in cands.items():
@@ -591,11 +592,11 @@ class SecureBoostGuest(_Role):
                 decisions[cand.owner].choices.add(node=nid, candidate=cand.candidate,
                                                   tied=[c for c in cand.tied if c != cand.candidate])
         for host in self.host_ids:
-            self._send(host, TAG_DECIDE, decisions[host], _rnd(st.seq, depth), where)
+            self._send(host, TAG_DECIDE, decisions[host], level_round(st.seq, depth), where)
         host_masks = {}
         for host in self.host_ids:
-            res = self._recv(host, TAG_SPLIT, _rnd(st.seq, depth), self._split_parser(host, decisions[host], st.rows_of),
-                             where)
+            res = self._recv(host, TAG_SPLIT, level_round(st.seq, depth),
+                             self._split_parser(host, decisions[host], st.rows_of), where)
             for nid, (record, mask) in res.items():
                 st.tree.nodes[nid].record = record
                 host_masks[nid] = mask
@@ -927,7 +928,7 @@ class SecureBoostHost(_Role):
         tables: dict[int, list] = {}  # the last level's candidate tables and partition keys (the parents of
         keys: dict[int, list] = {}    # derived nodes)
         for depth in range(self.params.max_depth + 1):
-            rnd = _rnd(seq, depth)
+            rnd = level_round(seq, depth)
             self.phases.start(seq, "wait", depth)
             plan = self.t.recv(self.guest_id, TAG_PLAN, round=rnd, parse=parse_message(
                 tree_pb2.SbLevelPlan, lambda m: self._check_plan(m, depth, rows_of)))
@@ -1002,7 +1003,7 @@ class SecureBoostHost(_Role):
             elements.extend(part)
         self.phases.start(seq, "send", depth)
         self.wire.put_pair_sums(msg, sums.collect(elements))
-        self.t.send(self.guest_id, TAG_HIST, msg, round=_rnd(seq, depth))
+        self.t.send(self.guest_id, TAG_HIST, msg, round=level_round(seq, depth))
         return tables, {nid: keys_of[nid] for nid in send}
 
     def _apply_decision(self, decision: tree_pb2.SbDecision, tables: dict, rows_of: dict) -> tree_pb2.SbSplitResults:

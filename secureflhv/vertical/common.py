@@ -9,6 +9,17 @@ from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.he_codec import backend_and_codec
 from ..transport.role import ProtocolRole
+from ..transport.round_layout import RoundLayout
+
+MAX_BATCHES = 1_000_000  # batches per epoch that fit in the round-id scheme
+STEPS_PER_BATCH = 10     # message steps inside one batch (round = batch base + step)
+BATCH_ROUNDS = RoundLayout("vertical batch", (("epoch", None), ("batch", MAX_BATCHES), ("step", STEPS_PER_BATCH)))
+
+
+def round_id(epoch: int, batch: int, step: int) -> int:
+    """Round id of ``step`` (0..9) of ``batch`` in ``epoch``: ``epoch * 10 * MAX_BATCHES + batch * 10 + step``,
+    strictly increasing in (epoch, batch, step). ValueError for a field out of its range."""
+    return BATCH_ROUNDS.pack(epoch=epoch, batch=batch, step=step)
 
 
 def control_parser(epoch: int):

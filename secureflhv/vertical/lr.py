@@ -130,7 +130,7 @@ from ..transport.lifecycle import Callback, Checkpoint, EarlyStopping, Lifecycle
 from ..data.dataset import check_matrix
 from ..params import EarlyStopping as EarlyStoppingParams, HEParams, with_defaults
 from ..params.aliases import rename, warn_renamed
-from .common import VerticalRole, control_parser
+from .common import MAX_BATCHES, VerticalRole, control_parser, round_id
 from .host_masks import HostMasks, check_scores, cross_terms, encrypt_masked, masked_mantissas
 from .lr_tasks import MAX_CLASSES, TaylorLoss
 from .lr_scores import ScoreArbiter, ScoreGuest, ScoreHost
@@ -139,7 +139,6 @@ from .prediction import PredictionGuest, PredictionHost
 log = logging.getLogger("secureflhv.vertical.lr")
 
 LOG2 = math.log(2.0)
-MAX_BATCHES = 1_000_000  # batches per epoch that fit in the round-id scheme
 
 TAG_SETUP = "vlr.setup"
 TAG_PUBKEY = "vlr.pubkey"
@@ -159,11 +158,6 @@ TAG_PRED = "vlr.pred"
 
 # steps inside one batch (round = base + step)
 S_FWD, S_D, S_CROSS, S_GRAD, S_DEC = 1, 2, 3, 4, 5
-
-
-def round_id(epoch: int, batch: int, step: int) -> int:
-    """Round id of ``step`` (1..9) of ``batch`` in ``epoch``; strictly increasing in (epoch, batch, step)."""
-    return epoch * 10 * MAX_BATCHES + batch * 10 + step
 
 
 # --------------------------------------------------------------------------- configuration

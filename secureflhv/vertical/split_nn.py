@@ -116,12 +116,11 @@ from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import whole_count
 from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
 from ..data.dataset import check_matrix
-from .common import VerticalRole, control_parser
+from .common import MAX_BATCHES, VerticalRole, control_parser, round_id
 from .prediction import PredictionGuest, PredictionHost
 
 log = logging.getLogger("secureflhv.vertical.split_nn")
 
-MAX_BATCHES = 1_000_000
 DTYPE = torch.float64
 
 TAG_SETUP = "vnn.setup"
@@ -146,11 +145,6 @@ def _secret_rng() -> np.random.Generator:
     """A generator for secret noise, seeded with 128 bits from the OS CSPRNG (``secrets``): not reproducible
     from any job seed. (The job seed drives only what every party must agree on: batches and model init.)"""
     return np.random.default_rng(secrets.randbits(128))
-
-
-def round_id(epoch: int, batch: int, step: int) -> int:
-    """Round id of ``step`` (1..9) of ``batch`` in ``epoch``; strictly increasing in (epoch, batch, step)."""
-    return epoch * 10 * MAX_BATCHES + batch * 10 + step
 
 
 # --------------------------------------------------------------------------- configuration

@@ -3,9 +3,9 @@
 ``INVENTORY[tag] = Entry(run, receivers, cls, parser)``: ``run`` names the in-process run in
 :mod:`protocols` that captures it (a real message of an honest run, and the receiver's real parse
 callback), ``receivers`` the receiving roles (party ids of that run), ``cls`` the protobuf class
-on the wire, ``parser`` where the parse callback comes from. ``RECV_SITES`` maps every ``.recv(``
-call site of secureflhv/ (file, function, tag expression) to the tags it receives: a new call site
-or tag fails ``test_inventory`` until it is added here, so every future receiver is fuzzed too.
+on the wire, ``parser`` where the parse callback comes from. ``RECV_SITES`` maps every ``.recv(`` and
+``gather(`` (transport/collectives.py) call site of secureflhv/ (file, function, tag expression) to the tags it
+receives: a new call site or tag fails ``test_inventory`` until it is added here, so every future receiver is fuzzed too.
 """
 from __future__ import annotations
 

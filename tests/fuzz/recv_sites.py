@@ -1,4 +1,5 @@
-"""Every ``.recv(`` call site in secureflhv/ (file, enclosing function, tag expression), by AST (not a test module)."""
+"""Every ``.recv(`` and ``gather(`` call site in secureflhv/ (file, enclosing function, tag expression), by AST
+(not a test module)."""
 from __future__ import annotations
 
 import ast
@@ -7,27 +8,37 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "secureflhv"
 
 
-def _tag_arg(call: ast.Call):
+def _tag_arg(call: ast.Call, position: int):
     for kw in call.keywords:
         if kw.arg == "tag":
             return kw.value
-    return call.args[1] if len(call.args) > 1 else None
+    return call.args[position] if len(call.args) > position else None
+
+
+def _receiving(call: ast.Call) -> int | None:
+    """The tag's position in a receiving call: ``x.recv(sender, tag, ...)`` or the collective
+    ``gather(transport, peers, tag, ...)`` (transport/collectives.py); None for any other call."""
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+    if name == "recv" and isinstance(call.func, ast.Attribute):
+        return 1
+    return 2 if name == "gather" else None
 
 
 def recv_call_sites() -> set[tuple[str, str, str]]:
-    """(path relative to secureflhv/, enclosing def name, source of the tag argument) of each ``x.recv(...)``."""
+    """(path relative to secureflhv/, enclosing def name, source of the tag argument) of each ``x.recv(...)``
+    and each ``gather(...)`` (the generic receivers themselves, ``recv`` and ``gather``, excluded)."""
     out = set()
     for path in sorted(PACKAGE.rglob("*.py")):
         if "proto" in path.relative_to(PACKAGE).parts[:1]:
             continue
         tree = ast.parse(path.read_text(), str(path))
         for fn in ast.walk(tree):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name in ("recv", "gather"):
                 continue
             for node in ast.walk(fn):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "recv"
-                        and fn.name != "recv"):
-                    tag = _tag_arg(node)
+                position = _receiving(node) if isinstance(node, ast.Call) else None
+                if position is not None:
+                    tag = _tag_arg(node, position)
                     out.add((str(path.relative_to(PACKAGE)), fn.name, "?" if tag is None else ast.unparse(tag)))
     return out
 

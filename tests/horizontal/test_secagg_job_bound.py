@@ -103,28 +103,28 @@ class CollusionServer(SecAggServer):
     victim, honest, colluder = "client0", "client1", "client2"
 
     def masked_input_collection(self, rnd, live):
-        self.masked = collect(self.t, live, TAG_MASKED, rnd.base + 2, self.config.stage_timeout_s,
+        self.masked = collect(self.t, live, TAG_MASKED, rnd.envelope(2), self.config.stage_timeout_s,
                               parse_message(pb.MaskedInput))
         rnd.u3 = sorted(self.masked)
         self.views = {c: rnd.u3 if c != self.honest else [v for v in rnd.u3 if v != self.victim] for c in live}
         for c in live:
             self.t.send(c, TAG_SERVER, pb.ServerMessage(round_id=rnd.round_id, stage=3, survivors=pb.ClientList(
-                clients=self.views[c])), round=rnd.base + 3)
+                clients=self.views[c])), round=rnd.envelope(3))
         return live
 
     def consistency_check(self, rnd, live):
-        sigs = collect(self.t, live, TAG_SIGN, rnd.base + 3, self.config.stage_timeout_s,
+        sigs = collect(self.t, live, TAG_SIGN, rnd.envelope(3), self.config.stage_timeout_s,
                        parse_message(pb.ConsistencySignature))
         signer = Colluder.loot["signer"]
         for c in (self.victim, self.honest):
             view = self.views[c]
             forged = {c: sigs[c].signature, self.colluder: signer.sign(survivors_bytes(self.t.job_id, rnd.round_id, view))}
             self.t.send(c, TAG_SERVER, pb.ServerMessage(round_id=rnd.round_id, stage=4, signatures=pb.SignatureList(
-                signatures=forged, survivors=view)), round=rnd.base + 4)
+                signatures=forged, survivors=view)), round=rnd.envelope(4))
         return live
 
     def unmasking(self, rnd, live):
-        resp = collect(self.t, [self.victim, self.honest], TAG_UNMASK, rnd.base + 4, self.config.stage_timeout_s,
+        resp = collect(self.t, [self.victim, self.honest], TAG_UNMASK, rnd.envelope(4), self.config.stage_timeout_s,
                        parse_message(pb.UnmaskResponse))
         self.answers = sorted(resp)
         held = Colluder.loot["held"][self.victim]

@@ -83,28 +83,28 @@ class SplitViewServer(SecAggServer):
     half_a = ("client0", "client1", "client2")
 
     def masked_input_collection(self, rnd, live):
-        masked = collect(self.t, live, TAG_MASKED, rnd.base + 2, self.config.stage_timeout_s,
+        masked = collect(self.t, live, TAG_MASKED, rnd.envelope(2), self.config.stage_timeout_s,
                          parse_message(pb.MaskedInput))
         rnd.u3 = sorted(masked)
         self.views = {c: rnd.u3 if c in self.half_a else [v for v in rnd.u3 if v != self.victim] for c in live}
         for c in live:
             self.t.send(c, TAG_SERVER, pb.ServerMessage(round_id=rnd.round_id, stage=3, survivors=pb.ClientList(
-                clients=self.views[c])), round=rnd.base + 3)
+                clients=self.views[c])), round=rnd.envelope(3))
         return live
 
     def consistency_check(self, rnd, live):
         if not self.config.consistency_check:
             return live
-        sigs = collect(self.t, live, TAG_SIGN, rnd.base + 3, self.config.stage_timeout_s,
+        sigs = collect(self.t, live, TAG_SIGN, rnd.envelope(3), self.config.stage_timeout_s,
                        parse_message(pb.ConsistencySignature))
         every = {c: m.signature for c, m in sigs.items()}
         for c in sigs:
             self.t.send(c, TAG_SERVER, pb.ServerMessage(round_id=rnd.round_id, stage=4, signatures=pb.SignatureList(
-                signatures=every, survivors=self.views[c])), round=rnd.base + 4)
+                signatures=every, survivors=self.views[c])), round=rnd.envelope(4))
         return live
 
     def unmasking(self, rnd, live):
-        collect(self.t, live, TAG_UNMASK, rnd.base + 4, self.config.stage_timeout_s, parse_message(pb.UnmaskResponse))
+        collect(self.t, live, TAG_UNMASK, rnd.envelope(4), self.config.stage_timeout_s, parse_message(pb.UnmaskResponse))
         raise AggregationError("the split-view server collected what it could")
 
 
@@ -139,7 +139,7 @@ def test_server_asking_for_unmasking_twice_is_refused():
                 survivors=[c for c in rnd.u3 if c != ids[0]]))
             for c in live:
                 try:
-                    self.t.send(c, TAG_SERVER, again, round=rnd.base + 4)
+                    self.t.send(c, TAG_SERVER, again, round=rnd.envelope(4))
                 except MessageRejected as exc:
                     refusals.append(str(exc))
 
