@@ -857,7 +857,7 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
         return self.result
 
     def _fit(self) -> FitResult:
-        cfg, he, t = self.config, self.he, self.t
+        cfg, t = self.config, self.t
         n, d_h = self.X.shape
         _, L = _check_setup(t.recv(self.guest_id, TAG_SETUP, parse=parse_message(messages_pb2.Bundle)), cfg,
                             self.host_ids, n, self.party_id)
@@ -883,41 +883,7 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
             t0 = time.perf_counter()
             lr = cfg.learning_rate_at(epoch)
             for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
-                rnd = round_id(epoch, b, 0)
-                Xb = self.X[idx]
-                nb = len(idx)
-                u = Xb @ w
-                reg = 0.5 * cfg.l2 * float(np.sum(w * w))
-                if masked:  # zero-sum masks; no per-host quadratic: the cross step below carries it
-                    fwd, u_masked = self._masked_forward(pub, u, reg, rnd, idx)
-                elif arbiter:
-                    fwd = messages_pb2.Bundle()
-                    fwd.encrypted["u"].CopyFrom(self.wire.to_proto(he.encrypt(pub, u)))
-                    fwd.encrypted["u2"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([np.sum(u * u)]))))
-                    fwd.encrypted["reg"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([reg]))))
-                    if L.k > 1:  # for the coupling term of the multinomial Hessian
-                        fwd.encrypted["u1"].CopyFrom(self.wire.to_proto(
-                            he.encrypt(pub, np.array([np.sum(u.sum(axis=1) ** 2)]))))
-                else:
-                    fwd = messages_pb2.Bundle(scalars={"reg": reg})
-                    fwd.tensors["u"].CopyFrom(tensor_to_proto(u))
-                t.send(self.guest_id, TAG_FWD, fwd, round=rnd + S_FWD)
-                d_enc = t.recv(self.guest_id, TAG_D, round=rnd + S_D,
-                               parse=self._enc_parser(pub, (nb,) + L.cols, f"{TAG_D} from {self.guest_id}",
-                                                      self._wire_exponent(TAG_D)))
-                g_mask = self._ask_decrypt(pub, self._xt_enc(Xb, d_enc), key_holder, TAG_GRAD, rnd + S_GRAD)
-                if arbiter and (masked or self.index > 0):
-                    S = t.recv(self.guest_id, TAG_CROSS_IN, round=rnd + S_D,
-                               parse=self._enc_parser(pub, (nb,) + L.cols, f"{TAG_CROSS_IN} from {self.guest_id}",
-                                                      self._wire_exponent(TAG_CROSS_IN)))
-                    if masked:  # u~_j . V_j (and rowsums), V_j = 2 sum_{h<j} u~_h + u~_j: the sum over j is U.U
-                        cross = cross_terms(he, S, u_masked, L.k, self._wire_exponent(TAG_CROSS))
-                    else:  # sum_i u_i (I - beta 1 1^T) S_i; the guest multiplies by h
-                        uP = u - L.beta * u.sum(axis=1, keepdims=True) if L.k > 1 else u
-                        cross = he.dot(uP.reshape(-1, 1), S.reshape(-1))
-                    t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(cross), round=rnd + S_CROSS)
-                g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC, self._grad_shape(d_h))
-                w, v = cfg.step(w, v, g_sum.T / nb + cfg.l2 * w, lr)
+                w, v = self._host_batch(pub, key_holder, masked, L, round_id(epoch, b, 0), idx, w, v, lr)
             kept.record(w)
             stopped = self._end_epoch(epoch, t0, seconds, "done")
             self._after_step(epoch + 1, lambda _step, w=w, v=v, stopped=stopped: (  # the guest decides the stop
@@ -927,6 +893,52 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
         best_epoch = t.recv(self.guest_id, TAG_BEST, parse=_best_epoch_parser(len(seconds)))
         self.weights = kept.pick(best_epoch)
         return FitResult(self.weights.copy(), None, [], seconds, stopped, best_epoch)
+
+    def _forward(self, pub, u, reg: float, rnd: int, idx, masked: bool, L):
+        """This host's forward message of one batch ((Bundle, masked scores or None)): zero-sum masked
+        ciphertexts (arbiter mode, >= 2 hosts), ciphertexts under the arbiter's key, or plaintext (two-party)."""
+        he = self.he
+        if masked:  # zero-sum masks; no per-host quadratic: the cross step carries it
+            return self._masked_forward(pub, u, reg, rnd, idx)
+        if self.config.mode == "arbiter":
+            fwd = messages_pb2.Bundle()
+            fwd.encrypted["u"].CopyFrom(self.wire.to_proto(he.encrypt(pub, u)))
+            fwd.encrypted["u2"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([np.sum(u * u)]))))
+            fwd.encrypted["reg"].CopyFrom(self.wire.to_proto(he.encrypt(pub, np.array([reg]))))
+            if L.k > 1:  # for the coupling term of the multinomial Hessian
+                fwd.encrypted["u1"].CopyFrom(self.wire.to_proto(
+                    he.encrypt(pub, np.array([np.sum(u.sum(axis=1) ** 2)]))))
+            return fwd, None
+        fwd = messages_pb2.Bundle(scalars={"reg": reg})
+        fwd.tensors["u"].CopyFrom(tensor_to_proto(u))
+        return fwd, None
+
+    def _host_batch(self, pub, key_holder: str, masked: bool, L, rnd: int, idx, w, v, lr: float):
+        """One mini-batch at this host (rows ``idx``, round ids from ``rnd``): forward scores, [[d]] from the
+        guest, the masked gradient decrypted by ``key_holder``, the cross term (arbiter mode); returns the
+        updated (weights, velocity)."""
+        cfg, he, t = self.config, self.he, self.t
+        Xb, nb = self.X[idx], len(idx)
+        u = Xb @ w
+        fwd, u_masked = self._forward(pub, u, 0.5 * cfg.l2 * float(np.sum(w * w)), rnd, idx, masked, L)
+        t.send(self.guest_id, TAG_FWD, fwd, round=rnd + S_FWD)
+        d_enc = t.recv(self.guest_id, TAG_D, round=rnd + S_D,
+                       parse=self._enc_parser(pub, (nb,) + L.cols, f"{TAG_D} from {self.guest_id}",
+                                              self._wire_exponent(TAG_D)))
+        g_mask = self._ask_decrypt(pub, self._xt_enc(Xb, d_enc), key_holder, TAG_GRAD, rnd + S_GRAD)
+        if cfg.mode == "arbiter" and (masked or self.index > 0):
+            S = t.recv(self.guest_id, TAG_CROSS_IN, round=rnd + S_D,
+                       parse=self._enc_parser(pub, (nb,) + L.cols, f"{TAG_CROSS_IN} from {self.guest_id}",
+                                              self._wire_exponent(TAG_CROSS_IN)))
+            if masked:  # u~_j . V_j (and rowsums), V_j = 2 sum_{h<j} u~_h + u~_j: the sum over j is U.U
+                cross = cross_terms(he, S, u_masked, L.k, self._wire_exponent(TAG_CROSS))
+            else:  # sum_i u_i (I - beta 1 1^T) S_i; the guest multiplies by h
+                uP = u - L.beta * u.sum(axis=1, keepdims=True) if L.k > 1 else u
+                cross = he.dot(uP.reshape(-1, 1), S.reshape(-1))
+            t.send(self.guest_id, TAG_CROSS, self.wire.to_proto(cross), round=rnd + S_CROSS)
+        g_sum = self._take_decrypted(pub, g_mask, key_holder, TAG_GRAD_DEC, rnd + S_DEC,
+                                     self._grad_shape(self.X.shape[1]))
+        return cfg.step(w, v, g_sum.T / nb + cfg.l2 * w, lr)
 
     # prediction (the loop is :meth:`PredictionHost.serve_predictions`): u_h = X[rows] @ w_h per request
     def _prediction_matrix(self, X) -> np.ndarray:
