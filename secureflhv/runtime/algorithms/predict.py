@@ -311,12 +311,12 @@ def score_locally(cfg: JobConfig, party: PartySpec, params: PredictJobParams, bu
                   spec: JobSpec) -> dict:
     """A bundle that holds the whole model (``spec.local_model``: horizontal FL, horizontal SecureBoost,
     MultiConfederated): this party scores its own new rows, nothing is sent. Returns its metrics."""
-    spec = party.data
-    names = list(bundle.feature_names) or spec.feature_columns
+    data = party.data
+    names = list(bundle.feature_names) or data.feature_columns
     state = bundle.manifest.get("preprocessing") or {}
     try:   # with a federated preprocessor: raw columns, read with the training schema (category codes)
-        table = load_table(cfg.resolve(spec.path), id_column=spec.id_column, label_column=spec.label_column,
-                           feature_columns=names, schema=spec.table_schema or state.get("schema"),
+        table = load_table(cfg.resolve(data.path), id_column=data.id_column, label_column=data.label_column,
+                           feature_columns=names, schema=data.table_schema or state.get("schema"),
                            predicting=bool(state.get("preprocessor")))
     except (OSError, ValueError) as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
