@@ -5,7 +5,9 @@ parameter files it lists. Nothing in it is ever unpickled or evaluated:
 
 * ``.npy`` — one numpy array, read with ``np.load(..., allow_pickle=False)``;
 * ``.safetensors`` — named float arrays (a torch ``state_dict``), read with ``safetensors.numpy``;
-* ``.json`` — plain JSON (e.g. a tree model, a host's split table);
+* ``.json`` — plain JSON (e.g. a host's split table; a tree model is ``model.json``, a name kept from
+  format version 2, since renaming it would refuse or special-case every tree bundle already signed;
+  no other ``model.json`` is written since the bundle became the one model format);
 * ``.xgboost.json`` — an XGBoost JSON model (``xgboost.Booster.load_model``).
 
 The manifest (``format: secureflhv.bundle``, ``format_version`` 2) names the job, the algorithm, the
