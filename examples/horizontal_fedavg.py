@@ -13,7 +13,8 @@ aggregation. The script
 3. starts the server and the 5 clients as separate processes (``secureflhv party``) with
    :class:`secureflhv.runtime.process.launcher.Launcher`;
 4. prints the per-round accuracy the clients reported on their local test splits, then loads the saved
-   global model (``out/server/global_model.npz``) and computes its accuracy on the held-out test set,
+   global model (the server's signed bundle ``out/server/model/``, verified against the job CA) and
+   computes its accuracy on the held-out test set,
    next to a centralised baseline: the same torch model, trained in one place on the pooled training
    rows with the same SGD settings for rounds x local epochs epochs, on the same test rows.
 
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
 
     from secureflhv.data import partition, write_shards
     from secureflhv.horizontal.models import ModelSpec, build_model, evaluate, flatten_named, set_flat
-    from secureflhv.runtime.store.artifacts import load_model
+    from secureflhv.runtime.store.model_bundle import read_bundle
 
     console, work = start(args.work_dir)
     train, test, model = prepare_data(args)
@@ -147,11 +148,9 @@ def main(argv=None) -> int:
                       f"{r['seconds']:.1f}")
     console.print(table)
 
-    doc = load_model(out / "model.json")
-    spec = ModelSpec(**doc["architecture"])
-    net = build_model(spec)
-    with np.load(out / doc["model"]["file"], allow_pickle=False) as z:
-        set_flat(net, flatten_named(net, {k: z[k] for k in z.files}))
+    bundle = read_bundle(out, ca=work / "certs" / "ca.pem", expect_party="server")
+    net = build_model(ModelSpec(**bundle.config["model"]))
+    set_flat(net, flatten_named(net, bundle.file("model.safetensors")))
     final = evaluate(net, test.X, test.y)
     base = centralised_baseline(train, test, model, args)
     summary = Table(title=f"held-out test accuracy ({int(final['n'])} rows)")
@@ -161,7 +160,7 @@ def main(argv=None) -> int:
     summary.add_row(f"centralised, same model, pooled rows, {args.rounds * args.local_epochs} epochs",
                     f"{base['accuracy']:.4f}")
     console.print(summary)
-    console.print(f"global model: {out / doc['model']['file']}")
+    console.print(f"global model: {bundle.path}")
     console.print(f"accuracy plot: {out / 'accuracy.png'}; metrics: {out / 'metrics.json'}")
     return 0
 

@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     console.print(f"AUC gap to centralised: {base['auc'] - fed['auc']:+.4f}; trained {len(hist['loss'])} epochs, "
                   f"kept the weights after epoch {hist['best_epoch']} (lowest training loss)")
     console.print(f"training-loss plot: {work / 'out' / 'guest' / 'loss.png'}")
-    console.print(f"models: {', '.join(str(p) for p in sorted((work / 'out').glob('*/model.json')))}")
+    console.print(f"model bundles: {', '.join(str(p.parent) for p in sorted((work / 'out').glob('*/model/manifest.json')))}")
     return 0
 
 

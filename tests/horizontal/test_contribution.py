@@ -190,7 +190,7 @@ def test_job_file_turns_it_on_and_runs_through_secagg(tmp_path):
         parse_job(job_dict(npz, {**PARAMS, "contribution_temperature": 0}), tmp_path)
     # FedProx (PARAMS): FedNova + normalisation once fell from 0.60 to 0.15 test accuracy in round 2 under CI
     # load (not reproduced alone); FedNova's composition is covered exactly by the strategy x partition grid
-    cfg = parse_job(job_dict(npz, {**PARAMS, "contribution_temperature": 1.0}), tmp_path)
+    cfg = parse_job(job_dict(npz, {**PARAMS, "contribution_temperature": 1.0}, tls=True), tmp_path)
     assert hj.fl_config(cfg, job_params(cfg)).contribution_temperature == 1.0
     run_in_process(cfg)
     metrics = check_artifacts(cfg, tmp_path / "out", 2)

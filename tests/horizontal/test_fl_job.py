@@ -3,7 +3,6 @@
 server and 3 clients as processes over gRPC with mutual TLS through the runtime."""
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import threading
@@ -18,7 +17,8 @@ from secureflhv.runtime.job.data_prep import local_split
 from secureflhv.runtime.algorithms import horizontal_fl as hj
 from secureflhv.runtime.job.job_file import parse_job_file
 from secureflhv.runtime.job.registry import job_params
-from secureflhv.runtime.store.artifacts import load_model
+from secureflhv.runtime.store.model_bundle import read_bundle
+from secureflhv.transport.certs import generate_certificates
 from secureflhv.runtime.job.load import JobConfigError, parse_job
 
 import fl_harness
@@ -45,8 +45,20 @@ def run_grpc_job(tmp_path: Path, params: dict, data_paths=None, edit=None) -> tu
 
 
 def run_in_process(cfg) -> None:
-    """Every party of the horizontal job ``cfg`` in its own thread over one InProcessNetwork; no party may fail."""
+    """Every party of the horizontal job ``cfg`` in its own thread over one InProcessNetwork; no party may fail.
+    A job with certificates (``job_dict(..., tls=True)``) gets them generated first when its CA is missing:
+    each party signs its model bundle with its own."""
+    if cfg.security.ca is not None and not cfg.resolve(cfg.security.ca).exists():
+        generate_certificates(cfg.resolve(cfg.security.ca).parent, [p.id for p in cfg.parties])
     run_job_threads(cfg, hj.run)
+
+
+def server_model(cfg, out: Path):
+    """The server's verified bundle (``model.safetensors``: the global model) and the model rebuilt from it."""
+    bundle = read_bundle(out / "server", ca=cfg.resolve(cfg.security.ca), expect_party="server")
+    net = build_model(ModelSpec(**bundle.config["model"]))
+    set_flat(net, flatten_named(net, bundle.file("model.safetensors")))
+    return bundle, net
 
 
 def blobs() -> Dataset:
@@ -119,15 +131,12 @@ def test_client_data_mismatch_names_the_party(tmp_path):
 
 def check_artifacts(cfg, out: Path, rounds: int):
     """The saved global model reproduces the final accuracy the clients reported."""
-    doc = load_model(out / "server" / "model.json")
-    assert doc["algorithm"] == "horizontal" and doc["role"] == "server"
-    npz = out / "server" / doc["model"]["file"]
-    assert hashlib.sha256(npz.read_bytes()).hexdigest() == doc["model"]["sha256"]
-    net = build_model(ModelSpec(**doc["architecture"]))
-    with np.load(npz, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
+    bundle, net = server_model(cfg, out)
+    assert bundle.algorithm == "horizontal" and bundle.role == "server"
+    arrays = bundle.file("model.safetensors")
     assert all(a.dtype == np.float32 for a in arrays.values())
-    set_flat(net, flatten_named(net, arrays))
+    with np.load(out / "server" / "global_model.npz", allow_pickle=False) as z:  # the same arrays
+        assert sorted(z.files) == sorted(arrays) and all(np.array_equal(z[k], arrays[k]) for k in z.files)
     metrics = json.loads((out / "server" / "metrics.json").read_text())
     assert [r["round"] for r in metrics["rounds"]] == list(range(1, rounds + 1))
     assert (out / "server" / "accuracy.png").stat().st_size > 0
@@ -150,7 +159,7 @@ def check_artifacts(cfg, out: Path, rounds: int):
 def test_run_job_in_process_npz_and_csv(tmp_path):
     npz, csv = shards(tmp_path, 3)
     paths = [npz[0], csv[1], npz[2]]  # one client reads CSV (id column excluded from the features)
-    cfg = parse_job(job_dict(paths), tmp_path)
+    cfg = parse_job(job_dict(paths, tls=True), tmp_path)
     run_in_process(cfg)
     check_artifacts(cfg, tmp_path / "out", 2)
     # every client's final multi-class metrics equal scikit-learn's on its predictions.csv; confusion plot drawn
@@ -189,9 +198,8 @@ def test_multiprocess_grpc_tls_run(tmp_path):
 
     wire = wire_of(tmp_path / "out", ids)
     assert_wire_consistent(wire)
-    with np.load(tmp_path / "out" / "server" / load_model(tmp_path / "out" / "server" / "model.json")["model"]["file"],
-                 allow_pickle=False) as z:
-        n_params = sum(z[k].size for k in z.files)
+    n_params = sum(a.size for a in server_model(parse_job(job, tmp_path), tmp_path / "out")[0]
+                   .file("model.safetensors").values())
     k_bits = min(r["aggregation"]["model"]["k_bits"] for r in metrics["rounds"])
     for c in ids[1:]:
         link = wire["server"]["peers"][c]

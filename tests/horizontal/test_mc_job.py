@@ -165,3 +165,35 @@ def test_a_killed_peer_is_named_and_resume_equals_the_uninterrupted_run(tmp_path
         assert [r["forked"] for r in m_res["rounds"]] == [r["forked"] for r in m_ref["rounds"]]
         assert m_res["final"]["personal"] == m_ref["final"]["personal"]
         assert m_res["final"]["test_accuracy"] == m_ref["final"]["test_accuracy"]
+
+
+def test_the_prediction_job_scores_peer_bundles_as_load_model_does(tmp_path):
+    """A multiconfederated bundle holds the peer's whole personal model (its registry entry has a
+    local_model), so the prediction job accepts it too: each peer scores its own new rows, nothing is
+    sent, and the scores equal ``load_model``'s."""
+    import pandas as pd
+    import yaml
+
+    from secureflhv.runtime.algorithms import predict
+    from secureflhv.transport.certs import generate_certificates
+
+    paths = write_data(tmp_path, 2)
+    generate_certificates(tmp_path / "certs", PEERS[:2])
+    doc = fl_harness.job_dict(paths, {**PARAMS, "rounds": 1}, server=False, tls=True, **MC_JOB)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    run_in_process(parse_job(doc, tmp_path))
+    new = {}
+    for peer, path in zip(PEERS, paths):
+        frame = pd.read_csv(path).iloc[:15]
+        frame.insert(0, "id", [f"{peer}-{i}" for i in range(len(frame))])
+        new[peer] = tmp_path / f"new-{peer}.csv"
+        frame.to_csv(new[peer], index=False, float_format="%.17g")
+    pcfg = parse_job(yaml.safe_load(predict.write_predict_job(tmp_path / "job.yaml", tmp_path / "job-predict.yaml",
+                                                              data=new).read_text()), tmp_path)
+    pparams = job_params(pcfg)
+    for party in pcfg.clients:
+        assert predict.run(pcfg, party, None, pparams)["rows_scored"] == 15
+        scored = pd.read_csv(pcfg.output_dir(party.id) / "predictions.csv")
+        X = pd.read_csv(new[party.id]).drop(columns=["id", "y"]).to_numpy()
+        model = load_model(tmp_path / "out" / party.id, ca=tmp_path / "certs" / "ca.pem")
+        np.testing.assert_allclose(scored[["p0", "p1"]].to_numpy(), model.predict_proba(X), atol=1e-6)  # float32 net

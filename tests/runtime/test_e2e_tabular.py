@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from secureflhv.data import load_dataset
-from secureflhv.runtime.store.artifacts import load_model
+from secureflhv.runtime.store.model_bundle import read_bundle
 from secureflhv.runtime.job.demo import write_vertical_lr_job
 from secureflhv.runtime.algorithms.predict import write_predict_job
 
@@ -104,14 +104,14 @@ def test_vertical_lr_with_missing_and_categorical_matches_twin(tmp_path):
     X = pd.concat([g, h], axis=1)
     w_ref, b_ref, losses_ref = reference_taylor_lr(X.to_numpy()[train], y[train], **PARAMS)
 
-    gm, hm = load_model(out_dir / "guest" / "model.json"), load_model(out_dir / "host-1" / "model.json")
-    fed = {**gm["model"]["weights"], **hm["model"]["weights"]}
+    gm, hm = (read_bundle(out_dir / p, ca=job.parent / "certs" / "ca.pem") for p in ("guest", "host-1"))
+    fed = {**dict(zip(gm.feature_names, gm.file("weights.npy"))), **dict(zip(hm.feature_names, hm.file("weights.npy")))}
     assert set(fed) == set(X.columns)
     assert {"band=small", "band=missing", "g0=missing", "h0=missing"} <= set(fed)
     names = list(X.columns)
     np.testing.assert_allclose([fed[k] for k in names], w_ref, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(gm["model"]["intercept"], b_ref, rtol=1e-6, atol=1e-9)
-    pre = gm["preprocessor"]
+    np.testing.assert_allclose(gm.file("intercept.npy"), b_ref, rtol=1e-6, atol=1e-9)
+    pre = gm.manifest["preprocessing"]["preprocessor"]
     assert pre["categories"] == {"band": BANDS} and pre["feature_names"][-1] == "band"
     metrics = json.loads((out_dir / "guest" / "metrics.json").read_text())
     np.testing.assert_allclose(metrics["history"]["loss"], losses_ref, rtol=1e-6)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from secureflhv.runtime.store.artifacts import load_model
+from secureflhv.runtime.store.model_bundle import read_bundle
 from secureflhv.runtime.job.load import load_job
 from secureflhv.runtime.job.demo import breast_cancer_tables, write_vertical_lr_job
 from secureflhv.runtime.process.launcher import Launcher
@@ -69,8 +69,9 @@ def test_trained_model_and_psi_match_centralised(tmp_path, n_hosts, mode, psi):
     out_dir = job.parent / "out"
     split = json.loads((out_dir / "guest" / "split.json").read_text())
     assert sorted(split["train"] + split["test"]) == common
-    guest_model = load_model(out_dir / "guest" / "model.json")
-    assert guest_model["psi"]["common_ids"] == len(common)
+    ca = job.parent / "certs" / "ca.pem"
+    guest_model = read_bundle(out_dir / "guest", ca=ca, expect_party="guest")
+    assert json.loads((out_dir / "guest" / "metrics.json").read_text())["psi_common_ids"] == len(common)
 
     # centralised twin: join, same train rows (in PSI order), own-column standardisation, same batches
     joined = tables[0].join(tables[1:], how="inner").loc[common]
@@ -83,20 +84,20 @@ def test_trained_model_and_psi_match_centralised(tmp_path, n_hosts, mode, psi):
     w_ref, b_ref, losses_ref = reference_taylor_lr(Xs[train_idx], y[train_idx], **PARAMS)
     ref = dict(zip(joined.columns, w_ref))
 
-    fed = dict(guest_model["model"]["weights"])
-    for h in range(1, n_hosts + 1):
-        fed.update(load_model(out_dir / f"host-{h}" / "model.json")["model"]["weights"])
+    fed = {}
+    for bundle in [guest_model, *(read_bundle(out_dir / f"host-{h}", ca=ca) for h in range(1, n_hosts + 1))]:
+        fed.update(zip(bundle.feature_names, bundle.file("weights.npy")))
     assert set(fed) == set(ref)
     names = sorted(ref)
     np.testing.assert_allclose([fed[k] for k in names], [ref[k] for k in names], rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(guest_model["model"]["intercept"], b_ref, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(guest_model.file("intercept.npy"), b_ref, rtol=1e-6, atol=1e-9)
 
     metrics = json.loads((out_dir / "guest" / "metrics.json").read_text())
     np.testing.assert_allclose(metrics["history"]["loss"], losses_ref, rtol=1e-6)
     assert metrics["metrics"]["test"]["auc"] > 0.97
     assert (out_dir / "guest" / "loss.png").stat().st_size > 1000
     if mode == "arbiter":
-        assert load_model(out_dir / "server" / "model.json")["role"] == "server"
+        assert read_bundle(out_dir / "server", ca=ca).role == "server"
 
     # bytes on the wire: every party wrote them, both ends of every link agree, and the guest sent at least
     # the Paillier ciphertexts [[d]] of every training row each epoch (1024-bit key: < 256 bytes each, ~256)

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from secureflhv.data import load_dataset
-from secureflhv.runtime.store.artifacts import load_model
+from secureflhv.runtime.store.model_bundle import read_bundle
 from secureflhv.runtime.job.demo import vertical_tables, write_vertical_lr_job
 from secureflhv.runtime.job.load import load_job_params
 from secureflhv.runtime.algorithms import predict
@@ -74,8 +74,8 @@ def test_weights_equal_the_centralised_twin_and_metrics_fit_the_task(trained):
     y = guest.loc[common].pop("label").to_numpy()
     X = pd.concat([_standardised(guest.loc[common].drop(columns="label"), train),
                    _standardised(host.loc[common], train)], axis=1)
-    gm, hm = load_model(out / "guest" / "model.json"), load_model(out / "host-1" / "model.json")
-    weights = {**gm["model"]["weights"], **hm["model"]["weights"]}
+    gm, hm = (read_bundle(out / p, ca=job.parent / "certs" / "ca.pem") for p in ("guest", "host-1"))
+    weights = {**dict(zip(gm.feature_names, gm.file("weights.npy"))), **dict(zip(hm.feature_names, hm.file("weights.npy")))}
     fed = np.array([weights[c] for c in X.columns])
     if params["task"] == "multiclass":
         W_ref, b_ref, losses_ref = reference_taylor_softmax(X.to_numpy()[train], y[train], 3, **params)
@@ -84,7 +84,7 @@ def test_weights_equal_the_centralised_twin_and_metrics_fit_the_task(trained):
     assert fed.shape == W_ref.shape
     scale = np.max(np.abs(W_ref))
     np.testing.assert_allclose(fed, W_ref, rtol=1e-6, atol=1e-6 * scale)
-    np.testing.assert_allclose(gm["model"]["intercept"], b_ref, rtol=1e-6, atol=1e-6 * scale)
+    np.testing.assert_allclose(gm.file("intercept.npy"), b_ref, rtol=1e-6, atol=1e-6 * scale)
     metrics = json.loads((out / "guest" / "metrics.json").read_text())
     np.testing.assert_allclose(metrics["history"]["loss"], losses_ref, rtol=1e-6)
     test = metrics["metrics"]["test"]

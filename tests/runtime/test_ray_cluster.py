@@ -9,7 +9,6 @@ step fails with an error naming the party and the step, without hanging.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -133,14 +132,15 @@ def job_runs(cluster, tmp_path_factory):
 
 
 def _models(out: Path) -> dict:
-    """Every party's model file (guest model.json, host split tables / weights), as parsed JSON."""
+    """Every party's parameter files (its verified bundle: guest trees / weights, host split tables /
+    weights), as plain lists and dicts, by ``party/file``."""
+    from secureflhv.runtime.store.model_bundle import read_bundle
+
     found = {}
-    for name in ("model.json", "split_table.json"):
-        for path in sorted(out.glob(f"*/{name}")):
-            doc = json.loads(path.read_text())
-            for volatile in ("job", "job_id", "created", "elapsed_s", "timings", "seconds"):
-                doc.pop(volatile, None) if isinstance(doc, dict) else None
-            found[f"{path.parent.name}/{name}"] = doc
+    for party in sorted(p.parent.parent.name for p in out.glob("*/model/manifest.json")):
+        bundle = read_bundle(out / party, ca=out.parent / "certs" / "ca.pem", expect_party=party)
+        for name, value in bundle.files.items():
+            found[f"{party}/{name}"] = value.tolist() if hasattr(value, "tolist") else value
     return found
 
 

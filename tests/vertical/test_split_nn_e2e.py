@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from secureflhv.data import load_sklearn
-from secureflhv.runtime.store.artifacts import load_model
+from secureflhv.runtime.store.model_bundle import read_bundle
 from secureflhv.runtime.job.load import JobConfigError, load_job
 from secureflhv.runtime.job.demo import write_vertical_nn_job
 from secureflhv.runtime.job.registry import job_params
@@ -51,16 +51,16 @@ def test_guest_and_host_processes_over_grpc_tls(tmp_path):
     assert test["n"] > 100 and test["auc"] > 0.9, test  # one epoch on breast cancer already separates well
     assert len(metrics["history"]["loss"]) == 1
     for pid, role in (("guest", "guest"), ("host-1", "host")):
-        model = load_model(out_dir / pid / "model.json")
-        assert model["algorithm"] == "vertical_nn" and model["role"] == role
+        model = read_bundle(out_dir / pid, ca=job.parent / "certs" / "ca.pem", expect_party=pid)
+        assert model.algorithm == "vertical_nn" and model.role == role
         store = CheckpointStore(out_dir / pid / "checkpoints", job_id=cfg.job.id, party_id=pid)
         assert store.steps() == [1]  # one epoch, checkpointed (atomic store, no pickle)
         arrays, _ = store.load(1)
         key = "interactive.E" if role == "host" else "interactive.W_g"
-        np.testing.assert_allclose(arrays[key], np.array(model["model"]["state"][key]))
+        np.testing.assert_allclose(arrays[key], model.file("state.safetensors")[key])
     assert (out_dir / "guest" / "predictions.csv").is_file() and (out_dir / "guest" / "loss.png").is_file()
     # the host's accumulated noise share is nonzero: the guest alone does not hold the interactive weights
-    host_E = np.array(load_model(out_dir / "host-1" / "model.json")["model"]["state"]["interactive.E"])
+    host_E = read_bundle(out_dir / "host-1", ca=job.parent / "certs" / "ca.pem").file("state.safetensors")["interactive.E"]
     assert np.abs(host_E).max() > 0.1
 
     # bytes on the wire: both ends agree; the host sent at least one ciphertext per training row (its bottom

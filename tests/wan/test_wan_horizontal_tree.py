@@ -30,7 +30,7 @@ from netbed import NetBed  # noqa: E402
 from wan_harness import Loopback, failures, run_on_bed  # noqa: E402
 
 from secureflhv.data import Dataset, partition, write_shards  # noqa: E402
-from secureflhv.runtime.store.artifacts import load_model  # noqa: E402
+from secureflhv.runtime.store.model_bundle import read_bundle  # noqa: E402
 from secureflhv.runtime.job.demo import breast_cancer_tables, vertical_parties, write_job  # noqa: E402
 
 WHY = netbed.unavailable()
@@ -118,7 +118,10 @@ def test_vertical_secureboost_over_wan_equals_loopback(tmp_path):
             loop.proc.kill()
     assert all(r.code == 0 for r in runs.values()), failures(runs)
     assert rc == 0, out[-3000:]
+    def model(run: str, party: str):  # the guest's trees, a host's split table
+        bundle = read_bundle(tmp_path / run / "out" / party, ca=tmp_path / run / "certs" / "ca.pem")
+        return bundle.file("model.json" if party == "guest" else "split_table.json")
+
     for p in ("guest", "host-1"):
-        wan = load_model(tmp_path / "wan" / "out" / p / "model.json")["model"]
-        assert wan == load_model(tmp_path / "loopback" / "out" / p / "model.json")["model"], p
-    assert len(load_model(tmp_path / "wan" / "out" / "guest" / "model.json")["model"]["trees"]) == SB["n_trees"]
+        assert model("wan", p) == model("loopback", p), p
+    assert len(model("wan", "guest")["trees"]) == SB["n_trees"]

@@ -25,7 +25,7 @@ import netbed  # noqa: E402
 from netbed import NetBed  # noqa: E402
 from wan_harness import Loopback, failures, run_on_bed  # noqa: E402
 
-from secureflhv.runtime.store.artifacts import load_model  # noqa: E402
+from secureflhv.runtime.store.model_bundle import read_bundle  # noqa: E402
 from secureflhv.runtime.job.demo import breast_cancer_tables, write_vertical_lr_job  # noqa: E402
 
 WHY = netbed.unavailable()
@@ -60,9 +60,13 @@ def vlr(tmp_path_factory):
 
 
 def trained(out: Path) -> dict:
-    """What the job learned: each party's model section and the guest's loss history."""
-    return {"guest": load_model(out / "guest" / "model.json")["model"],
-            "host-1": load_model(out / "host-1" / "model.json")["model"],
+    """What the job learned: each party's parameter files (its bundle, signed under the job's CA next to
+    ``out``) and the guest's loss history."""
+    def files(party: str) -> dict:
+        bundle = read_bundle(out / party, ca=out.parent / "certs" / "ca.pem")
+        return {name: value.tolist() for name, value in bundle.files.items()}
+
+    return {"guest": files("guest"), "host-1": files("host-1"),
             "loss": json.loads((out / "guest" / "metrics.json").read_text())["history"]["loss"]}
 
 

@@ -37,8 +37,7 @@ then have missing cells and categorical columns (declared in ``data.schema``), a
 
 Artifacts under ``<output_dir>/<party id>/``: at the server ``global_model.npz`` (named float32
 arrays, ``np.load(..., allow_pickle=False)``; IFCA: the most chosen cluster, and every cluster in
-``cluster_models.npz``), ``model.json`` (architecture, parameter shapes, the npz's
-SHA-256, params, final metrics), ``metrics.json`` (per round, with each client's own accuracy and the
+``cluster_models.npz``, arrays ``cluster<j>/<name>``), ``metrics.json`` (per round, with each client's own accuracy and the
 worst client's) and ``accuracy.png`` (overall and worst client); at each client
 ``metrics.json`` (its local test metrics per round, and under ``final`` the task's metrics of the last
 global model on its local test rows: :func:`secureflhv.data.metrics.task_metrics`), ``predictions.csv``
@@ -58,7 +57,6 @@ agreement: which rounds the others completed, nothing else.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from typing import Literal
@@ -75,7 +73,7 @@ from ...horizontal.models import ModelSpec, build_model, named_arrays, set_flat
 from ...horizontal.strategy_registry import make_strategy
 from ...horizontal.strategies import LocalTrainConfig
 from ...transport import Transport
-from ..store.artifacts import plot_curves, save_model, write_json
+from ..store.artifacts import plot_curves, write_json
 from ..job.data_prep import load_party_table, local_split
 from ..job import fed_prep
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
@@ -312,14 +310,10 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     npz = out_dir / "global_model.npz"
     np.savez(npz, **arrays)
     final = _record_json(history[-1]) if history else {}
-    extra_meta = {}
     if params.strategy == "ifca":  # every cluster model (the global one is the most chosen cluster)
         blank = build_model(params.model)
-        cl = out_dir / "cluster_models.npz"
-        np.savez(cl, **{f"cluster{j}/{k}": v for j, vec in enumerate(strategy.clusters)
-                        for k, v in named_arrays(blank, vec).items()})
-        extra_meta["cluster_models"] = {"file": cl.name, "sha256": hashlib.sha256(cl.read_bytes()).hexdigest(),
-                                        "k": len(strategy.clusters), "format": "npz, arrays 'cluster<j>/<name>'"}
+        np.savez(out_dir / "cluster_models.npz", **{f"cluster{j}/{k}": v for j, vec in enumerate(strategy.clusters)
+                                                    for k, v in named_arrays(blank, vec).items()})
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "strategy": params.strategy,
                                           "rounds": [_record_json(r) for r in history], "final": final})
     acc = [r.test_accuracy for r in history]
@@ -332,13 +326,6 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
         plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc,
                                                       "worst client": [r.worst_client_accuracy for r in history]},
                            title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="accuracy")
-    save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm="horizontal",
-               model={"file": npz.name, "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
-                      "format": "npz (named float32 arrays)",
-                      "parameters": {k: list(v.shape) for k, v in arrays.items()}},
-               metadata={"architecture": params.model.model_dump(mode="json"),
-                         "params": params.model_dump(mode="json"), "clients": clients, "final_metrics": final,
-                         **extra_meta})
     _save_bundle(cfg, party, params, arrays, final, prep)
     log.info("%s: done: %d rounds, final %s; model %s; plot %s", party.id, len(history),
              (f"R² {r2[-1]:.4f}" if regression else f"accuracy {history[-1].test_accuracy:.4f}") if history else "-",

@@ -6,7 +6,8 @@ party reads its own bundle from ``<params.model_dir>/<party id>/model/``
 this job's CA (``security.ca``: required), that it belongs to this party (id and role), to the
 training job ``params.model_job_id`` (when given: set it, so every party is sure to load the same
 model), and that this job's data parties
-are the model's, then runs the prediction protocol of the bundle's algorithm on its new table:
+are the model's, then scores its new table as the bundle's algorithm says (its registry entry,
+:mod:`secureflhv.runtime.job.spec`: a federated ``predict`` protocol, or a ``local_model``):
 
 * ``vertical_lr``: PSI aligns the new ids; each party applies its saved standardisation; the guest
   asks the hosts for their partial scores ``u_h = X_h w_h`` of the aligned rows
@@ -23,9 +24,10 @@ are the model's, then runs the prediction protocol of the bundle's algorithm on 
 * ``secureboost_vertical``: the guest routes every row through the trees, asking the owning host
   which way a row goes at each host split (``sb.route`` / ``sb.routed``: record id and rows in, a
   left/right bit per row out); hosts never reveal thresholds, the guest's splits stay at the guest.
-* ``horizontal`` and ``secureboost_horizontal``: every client holds the whole global model; each scores
-  its own new rows locally (nothing is sent) and writes its own ``predictions.csv``. Without the
-  federation, :func:`secureflhv.load_model` does the same in a notebook.
+* every algorithm whose bundle scores locally (``horizontal``, ``secureboost_horizontal``: the global
+  model; ``multiconfederated``: each peer's personal model): each client scores its own new rows
+  (nothing is sent) and writes its own ``predictions.csv``. Without the federation,
+  :func:`secureflhv.load_model` does the same in a notebook.
 
 Example job file (``secureflhv run predict.yaml``; parties, addresses and certificates as in training,
 data pointing at the new tables)::
@@ -61,6 +63,8 @@ from ...transport import Transport
 from ..store.artifacts import write_json
 from ..job.data_prep import align_by_psi
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
+from ..job.spec import JOBS, JobSpec
+from ..store.loaded_model import LoadedModel
 from ..store.model_bundle import ModelBundle, ModelBundleError, certificate_sha256, read_bundle
 
 log = logging.getLogger("secureflhv.job")
@@ -115,7 +119,8 @@ def load_party_bundle(cfg: JobConfig, party: PartySpec, params: PredictJobParams
 def _check_federation(cfg: JobConfig, party: PartySpec, bundle: ModelBundle) -> None:
     """(Vertical models) exactly the model's data parties in their roles (read_bundle checked the CA)."""
     where = f"params.model_dir (party {party.id!r}): {bundle.path}"
-    if bundle.algorithm not in VERTICAL:
+    spec = JOBS.get(bundle.algorithm)
+    if spec is None or spec.family != "vertical":
         return
     want = {p["id"]: p["role"] for p in bundle.manifest.get("peers", []) if p.get("role") in ("guest", "host")}
     have = {p.id: p.role for p in cfg.clients if p.id != party.id}
@@ -223,7 +228,7 @@ def write_predictions(cfg: JobConfig, party: PartySpec, bundle: ModelBundle, ids
 
 
 # ---------------------------------------------------------------------------------------------- predictors
-def _vertical_lr(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
+def vertical_lr(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
                  bundle: ModelBundle) -> dict:
     from ...vertical.lr import VerticalLRConfig, VerticalLRGuest, VerticalLRHost
 
@@ -244,7 +249,7 @@ def _vertical_lr(cfg: JobConfig, party: PartySpec, transport: Transport, params:
     return write_predictions(cfg, party, bundle, ids, scores, y, own, config.task)
 
 
-def _secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
+def secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
                           bundle: ModelBundle) -> dict:
     from ...tree.model import model_from_dict
     from ...tree.params import SecureBoostParams, transform
@@ -273,7 +278,7 @@ def _secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport
                              "regression" if model.params.objective == "regression" else "binary")
 
 
-def _vertical_nn(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
+def vertical_nn(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
                 bundle: ModelBundle) -> dict:
     from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
 
@@ -302,17 +307,16 @@ def _vertical_nn(cfg: JobConfig, party: PartySpec, transport: Transport, params:
                              "regression" if config.task == "regression" else "binary")
 
 
-def _local(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
-           bundle: ModelBundle) -> dict:
-    """Horizontal FL / SecureBoost: this party holds the whole global model and scores its own rows."""
-    from ..store.model_api import LoadedModel
-
-    spec = party.data
-    names = list(bundle.feature_names) or spec.feature_columns
+def score_locally(cfg: JobConfig, party: PartySpec, params: PredictJobParams, bundle: ModelBundle,
+                  spec: JobSpec) -> dict:
+    """A bundle that holds the whole model (``spec.local_model``: horizontal FL, horizontal SecureBoost,
+    MultiConfederated): this party scores its own new rows, nothing is sent. Returns its metrics."""
+    data = party.data
+    names = list(bundle.feature_names) or data.feature_columns
     state = bundle.manifest.get("preprocessing") or {}
     try:   # with a federated preprocessor: raw columns, read with the training schema (category codes)
-        table = load_table(cfg.resolve(spec.path), id_column=spec.id_column, label_column=spec.label_column,
-                           feature_columns=names, schema=spec.table_schema or state.get("schema"),
+        table = load_table(cfg.resolve(data.path), id_column=data.id_column, label_column=data.label_column,
+                           feature_columns=names, schema=data.table_schema or state.get("schema"),
                            predicting=bool(state.get("preprocessor")))
     except (OSError, ValueError) as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
@@ -320,7 +324,7 @@ def _local(cfg: JobConfig, party: PartySpec, transport: Transport, params: Predi
     if want is not None and table.n_features != want:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {table.n_features} feature columns, the model takes "
                              f"{want} (set data.feature_columns)")
-    loaded = LoadedModel(bundle)
+    loaded = LoadedModel(bundle, spec)
     try:
         scores = loaded.predict_proba(np.asarray(table.X, dtype=np.float64))
     except ValueError as exc:
@@ -353,27 +357,25 @@ def _in_batches(n: int, size: int, fn) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-PREDICTORS = {"vertical_lr": _vertical_lr, "secureboost_vertical": _secureboost_vertical, "vertical_nn": _vertical_nn,
-              "horizontal": _local, "secureboost_horizontal": _local}
-VERTICAL = {"vertical_lr", "vertical_nn", "secureboost_vertical"}
-
-
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams, *,
         resume: bool = False) -> dict:
     """Score this party's new rows with its saved bundle; returns the guest's metrics (others ``{}``).
 
     Raises JobConfigError for a missing, damaged or foreign bundle (naming the field) or bad data,
-    TransportError when a peer fails or goes silent. ``resume``: ignored (a prediction job keeps no checkpoints).
+    TransportError when a peer fails or goes silent.
     """
     if party.role == "server":
         return _server(cfg, party, transport, params)
     bundle = load_party_bundle(cfg, party, params)
-    predictor = PREDICTORS.get(bundle.algorithm)
-    if predictor is None:
+    spec = JOBS.get(bundle.algorithm)
+    if spec is None or not spec.predictable:
         raise JobConfigError(f"params.model_dir (party {party.id!r}): {bundle.path}: algorithm "
-                             f"{bundle.algorithm!r} has no prediction job; choose one of {sorted(PREDICTORS)}")
+                             f"{bundle.algorithm!r} has no prediction job; choose one of "
+                             f"{sorted(n for n, s in JOBS.items() if s.predictable)}")
     log.info("%s: scoring with the %s model of job %r (%s)", party.id, bundle.algorithm, bundle.job_id, bundle.path)
-    return predictor(cfg, party, transport, params, bundle)
+    if spec.predict is None:  # the whole model is here: this party's own rows, nothing sent
+        return score_locally(cfg, party, params, bundle, spec)
+    return spec.predict(cfg, party, transport, params, bundle)
 
 
 def write_predict_job(train_job: Path | str, path: Path | str, *, data: dict[str, Path | str],

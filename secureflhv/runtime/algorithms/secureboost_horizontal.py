@@ -2,8 +2,9 @@
 
 Each client loads its own rows (:func:`secureflhv.runtime.job.data_prep.load_party_table`) and splits them
 with the job's seed; histograms go through secure aggregation (:mod:`secureflhv.tree.horizontal`). The
-server writes ``model.json`` and ``model.xgboost.json`` (loadable by ``xgboost.Booster``); each client
-writes ``metrics.json`` on its own test rows.
+server writes ``model.xgboost.json`` (loadable by ``xgboost.Booster``); each client writes ``metrics.json``
+on its own test rows. The server and every client write the global trees as a model bundle
+(``model/``: ``model.json`` and ``model.xgboost.json``).
 
 ``params``: :class:`secureflhv.tree.params.SecureBoostParams` fields plus ``test_fraction``,
 ``split_seed``, ``validation_fraction``, ``aggregation`` ("secagg" | "plain_quantised" | "plain"),
@@ -37,7 +38,7 @@ from ...tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoo
 from ...tree.model import model_to_dict
 from ...tree.xgb_export import save_xgboost_json, to_xgboost_json
 from ..job import fed_prep
-from ..store.artifacts import save_model, write_json
+from ..store.artifacts import write_json
 from ..job.data_prep import load_party_table, split_rows
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..store.model_bundle import save_job_bundle
@@ -90,7 +91,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     agg = aggregation_config(cfg, params)
     out_dir = cfg.output_dir(party.id)
     client_ids = [c.id for c in cfg.clients]
-    meta = {"params": params.model_dump(mode="json")}
     federated = params.feature_ranges is None and params.range_source == "federated"
     if party.role == "server":
         ranges, prep = params.feature_ranges, None
@@ -102,8 +102,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
         model = server.fit()
         out_dir.mkdir(parents=True, exist_ok=True)
         save_xgboost_json(model, out_dir / "model.xgboost.json")
-        save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="server", algorithm=cfg.job.algorithm,
-                   model=model_to_dict(model), metadata={**meta, "tree_seconds": server.tree_seconds})
         _save_bundle(cfg, party, model, params, None, {}, prep)
         return {}
     table = load_party_table(cfg, party, require_label=True)
@@ -125,8 +123,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     if p_test is not None:
         save_task_plots(out_dir, y[split.test], p_test, objective_task(algo.objective),
                         f"horizontal SecureBoost, job {cfg.job.id}, {party.id} local test rows")
-    save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="client", algorithm=cfg.job.algorithm,
-               model=model_to_dict(model), metadata={**meta, "metrics": metrics})
     _save_bundle(cfg, party, model, params, list(table.feature_names), metrics, prep)
     return metrics
 

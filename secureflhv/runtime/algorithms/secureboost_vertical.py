@@ -4,9 +4,9 @@ Guest and hosts run the shared preparation (:func:`secureflhv.runtime.job.data_p
 PSI, the same seeded train/validation/test split at every party; no standardisation, trees do not need
 it), then training (:mod:`secureflhv.tree.vertical`; the guest holds the Paillier key, so a server in the
 job file takes no part) and federated prediction of all aligned rows. The guest writes ``metrics.json``
-(train/test AUC, accuracy or RMSE), ``predictions.csv`` (held-out rows) and its ``model.json`` (host splits
-as record ids); each host writes its private split table. Both also write a model bundle
-(:mod:`secureflhv.runtime.store.model_bundle`): the guest's ``model.json``, a host's ``split_table.json``
+(train/test AUC, accuracy or RMSE) and ``predictions.csv`` (held-out rows). Guest and hosts write a model
+bundle (:mod:`secureflhv.runtime.store.model_bundle`): the guest's trees ``model.json`` (host splits as
+record ids), a host's private split table ``split_table.json``
 (record id -> [feature index, bin, threshold, default_left]; an infinite threshold as "inf" / "-inf"),
 for the prediction job.
 
@@ -28,7 +28,7 @@ from ...transport import Transport
 from ...tree.model import json_number, model_to_dict
 from ...tree.params import SecureBoostParams, transform
 from ...tree.vertical import SecureBoostGuest, SecureBoostHost
-from ..store.artifacts import save_model, write_json
+from ..store.artifacts import write_json
 from ..job.data_prep import ValidationSplitParams, prepare_vertical
 from ..job.job_file import JobConfig, PartySpec
 from ..store.model_bundle import save_job_bundle
@@ -96,10 +96,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
                                **role_lifecycle(cfg, party, transport, resume, _data_parties(cfg, party)))
         host.fit()
         host.serve_predictions(X)
-        table = [{"record": i, "feature": data.feature_names[j], "bin": b, "threshold": json_number(thr),
-                  "default_left": dl} for i, (j, b, thr, dl) in enumerate(host.records)]
-        save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="host", algorithm=cfg.job.algorithm,
-                   model={"split_table": table}, metadata=data.meta)
         records = [[j, b, json_number(thr), dl] for j, b, thr, dl in host.records]
         save_job_bundle(cfg, party, files={"split_table.json": records},
                         feature_names=data.feature_names, config=algo.model_dump(mode="json"), public_key=host.pub)
@@ -115,8 +111,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: SecureBo
                                 lambda y_, p_: objective_metrics(y_, p_, algo.objective))
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "metrics": metrics, "tree_seconds": res.tree_seconds,
                                           "stopped_early": res.stopped_early, "val_losses": res.model.val_losses})
-    save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role="guest", algorithm=cfg.job.algorithm,
-               model=model_to_dict(res.model), metadata={**data.meta, "metrics": metrics})
     task = objective_task(algo.objective)
     save_job_bundle(cfg, party, files={"model.json": model_to_dict(res.model)}, feature_names=data.feature_names,
                     config=algo.model_dump(mode="json"), metrics=metrics, public_key=guest.pub, task=task)

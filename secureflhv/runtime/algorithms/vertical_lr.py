@@ -10,9 +10,8 @@ probabilities: accuracy, macro-F1, log loss) or ``regression`` (the value: RMSE,
 mode the hosts' scores reach the guest only encrypted and the server decrypts the guest's masked totals
 (:mod:`secureflhv.vertical.lr_scores`), then writes a config-only bundle for later prediction jobs.
 
-Artifacts (:mod:`secureflhv.runtime.store.artifacts`): every party's ``model.json``; at the guest also
-``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``. Guest and hosts also write their
-model bundle (:mod:`secureflhv.runtime.store.model_bundle`): ``weights.npy`` (float64, the party's features in
+Artifacts (:mod:`secureflhv.runtime.store.artifacts`): at the guest ``metrics.json``, ``predictions.csv``,
+``split.json`` and ``loss.png``. Every party writes its model bundle (:mod:`secureflhv.runtime.store.model_bundle`): ``weights.npy`` (float64, the party's features in
 ``feature_names`` order; multiclass (features, K)), at the guest ``intercept.npy`` (multiclass (K,));
 the standardisation state; the config (with ``task``). A prediction job
 (:mod:`secureflhv.runtime.algorithms.predict`) scores new rows with them.
@@ -31,7 +30,6 @@ from ...crypto.homomorphic.key_prefetch import prefetch_keypair
 from ...data.metrics import task_metrics
 from ...transport import Transport
 from ...vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
-from ..store.artifacts import save_model
 from ..job.data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
 from ..store.model_bundle import save_job_bundle
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
@@ -73,11 +71,6 @@ def _n_classes(y: np.ndarray, task: str) -> int | None:
     return int(y.max()) + 1
 
 
-def _named(names, weights: np.ndarray) -> dict:
-    """model.json's {feature: weight} (multiclass: {feature: [weight per class]})."""
-    return {n: (w.tolist() if np.ndim(w) else float(w)) for n, w in zip(names, weights)}
-
-
 def _bundle_fields(data, config: VerticalLRConfig) -> dict:
     return {"feature_names": data.feature_names, "config": config.model_dump(mode="json"),
             "preprocessing": preprocessing_state(data)}
@@ -98,16 +91,11 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     keys = prefetch_keypair(config.he_scheme, config.key_bits, config.insecure_test_key) \
         if party.role == holder else None
 
-    def save(model: dict, meta: dict) -> None:
-        save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role=party.role, algorithm="vertical_lr",
-                   model=model, metadata=meta)
-
     if party.role == "server":
         arbiter = VerticalLRArbiter(transport, cfg.guest.id, host_ids, config, keypair=keys,
                                     **role_lifecycle(cfg, party, transport, resume))
         arbiter.fit()
         arbiter.serve_predictions()  # the held-out scores: decrypts the guest's masked totals
-        save({}, {"params": params.model_dump(mode="json")})
         save_job_bundle(cfg, party, files={}, config=config.model_dump(mode="json"))  # for a prediction job
         return {}
 
@@ -118,7 +106,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                               **role_lifecycle(cfg, party, transport, resume))
         host.fit()
         host.serve_predictions(X)  # the guest asks for training and test rows by index
-        save({"weights": _named(data.feature_names, host.weights)}, data.meta)
         save_job_bundle(cfg, party, files={"weights.npy": host.weights}, **_bundle_fields(data, config),
                         public_key=host.public_key)
         return {}
@@ -142,9 +129,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                               if params.task != "regression" else "training squared loss / 2 (mean over batches)",
                               task=params.task)
     intercept = None if guest.intercept is None else np.asarray(guest.intercept, dtype=np.float64)
-    save({"weights": _named(data.feature_names, guest.weights),
-          "intercept": None if intercept is None else intercept.tolist()},
-         {**data.meta, "metrics": metrics})
     files = {"weights.npy": guest.weights}
     if intercept is not None:
         files["intercept.npy"] = intercept

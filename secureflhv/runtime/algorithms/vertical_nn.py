@@ -2,9 +2,9 @@
 
 Guest and hosts (no server) first run the shared preparation
 (:func:`secureflhv.runtime.job.data_prep.prepare_vertical`: load, PSI, split, standardise), then training
-(:mod:`secureflhv.vertical.split_nn`), then federated prediction of the training and test rows. Artifacts: every party's ``model.json`` (and its
-last checkpoint); at the guest ``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``.
-Guest and hosts also write their model bundle (:mod:`secureflhv.runtime.store.model_bundle`):
+(:mod:`secureflhv.vertical.split_nn`), then federated prediction of the training and test rows. Artifacts: every party's last
+checkpoint; at the guest ``metrics.json``, ``predictions.csv``, ``split.json`` and ``loss.png``.
+Guest and hosts write their model bundle (:mod:`secureflhv.runtime.store.model_bundle`):
 ``state.safetensors`` (float64 arrays of :meth:`state_arrays`: bottom / top torch ``state_dict`` entries,
 interactive-layer shares), the standardisation state and the config, for the prediction job.
 
@@ -25,7 +25,6 @@ from pydantic import ConfigDict
 from ...crypto.homomorphic.key_prefetch import prefetch_keypair
 from ...transport import Transport
 from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
-from ..store.artifacts import save_model
 from ..job.data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
 from ..store.model_bundle import save_job_bundle
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
@@ -70,16 +69,11 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     data = prepare_vertical(cfg, party, transport, params, standardize=params.standardize, preprocess=True)
     X, train = data.X, data.train
 
-    def save(model: dict, meta: dict) -> None:
-        save_model(out_dir, job_id=cfg.job.id, party_id=party.id, role=party.role, algorithm="vertical_nn",
-                   model=model, metadata=meta)
-
     if party.role == "host":
         host = SplitNNHost(transport, cfg.guest.id, host_ids, X[train], config, keypair=keys,
                            **role_lifecycle(cfg, party, transport, resume))
         host.fit()
         host.serve_predictions(X)
-        save({"state": host.state_arrays()}, data.meta)
         save_job_bundle(cfg, party, files={"state.safetensors": host.state_arrays()}, **_bundle_fields(data, config))
         return {}
 
@@ -106,8 +100,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                               loss_label=("training MSE of the standardised target" if regression else
                                           "training cross-entropy") + " (mean over the epoch's batches)",
                               n_classes=guest.n_classes, task=task)
-    save({"state": guest.state_arrays(), "n_classes": guest.n_classes},
-         {**data.meta, "metrics": metrics})
     save_job_bundle(cfg, party, files={"state.safetensors": guest.state_arrays()}, metrics=metrics,
                     extra={"n_classes": guest.n_classes}, task=task, **_bundle_fields(data, config))
     log_summary(party.id, metrics, result.losses, plot)

@@ -74,8 +74,8 @@ class RowSplit:
 class PartyData:
     """One data party's rows after preparation: ``X[k]`` (and ``y[k]``) belong to id ``ids[k]``.
 
-    ``split`` indexes the rows; ``meta`` (params, feature names, PSI sizes, standardisation state)
-    goes into the party's ``model.json``.
+    ``split`` indexes the rows; ``meta`` holds params, feature names, PSI sizes and the preprocessing
+    state (the bundle's ``preprocessing``: :func:`preprocessing_state`).
     """
 
     X: np.ndarray

@@ -1,17 +1,16 @@
-"""What a party leaves behind after a job: its part of the model, metrics, and pictures.
+"""What a party leaves behind after a job besides its model: metrics and pictures, and the JSON and file
+helpers the model bundle and checkpoints share.
 
-Files, under ``<output_dir>/<party id>/``:
+Files, under ``<output_dir>/<party id>/`` (the model itself is the signed bundle ``model/``,
+:mod:`secureflhv.runtime.store.model_bundle`, the one model format):
 
-* ``model.json`` — this party's part of the model with metadata (job id, role, feature names, the
-  Paillier key fingerprint, metrics). Plain JSON: a model is never pickled.
 * ``metrics.json`` — per-epoch history and final metrics (guest); at every party that finished, ``wire``:
   bytes sent to and received from each peer, per message tag, and totals (:mod:`secureflhv.transport.wire`).
 * ``loss.png`` — the training-loss curve (guest).
-* ``status.json`` — the live state, progress, curves and last log lines the job page shows (:mod:`.status`).
+* ``status.json`` — the live state, progress, curves and last log lines the job page shows (:mod:`secureflhv.runtime.observe.status`).
 """
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import math
@@ -20,8 +19,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-
-from ..._version import __version__
 
 
 def plain_json(obj: Any, *, nan_as_none: bool = False) -> Any:
@@ -59,35 +56,11 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_json(path: Path, obj: Any) -> Path:
+    """Write ``obj`` (:func:`plain_json`) to ``path`` as indented JSON, creating its folder; returns ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plain_json(obj), indent=2) + "\n", encoding="utf-8")
     return path
-
-
-def save_model(out_dir: Path, *, job_id: str, party_id: str, role: str, algorithm: str,
-               model: dict[str, Any], metadata: dict[str, Any] | None = None) -> Path:
-    """Write ``model.json`` for one party. ``model`` holds arrays/numbers; returns the path."""
-    doc = {
-        "format": "secureflhv.model/1",
-        "secureflhv_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "job_id": job_id,
-        "party_id": party_id,
-        "role": role,
-        "algorithm": algorithm,
-        "model": model,
-        **(metadata or {}),
-    }
-    return write_json(Path(out_dir) / "model.json", doc)
-
-
-def load_model(path: Path) -> dict[str, Any]:
-    """Read a ``model.json`` written by :func:`save_model`."""
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    if doc.get("format") != "secureflhv.model/1":
-        raise ValueError(f"{path}: not a secureflhv model file (format {doc.get('format')!r})")
-    return doc
 
 
 def plot_curves(path: Path, curves: dict[str, Sequence[float]], *, title: str, xlabel: str = "epoch",

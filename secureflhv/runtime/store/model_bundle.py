@@ -5,7 +5,9 @@ parameter files it lists. Nothing in it is ever unpickled or evaluated:
 
 * ``.npy`` — one numpy array, read with ``np.load(..., allow_pickle=False)``;
 * ``.safetensors`` — named float arrays (a torch ``state_dict``), read with ``safetensors.numpy``;
-* ``.json`` — plain JSON (e.g. a tree model, a host's split table);
+* ``.json`` — plain JSON (e.g. a host's split table; a tree model is ``model.json``, a name kept from
+  format version 2, since renaming it would refuse or special-case every tree bundle already signed;
+  no other ``model.json`` is written since the bundle became the one model format);
 * ``.xgboost.json`` — an XGBoost JSON model (``xgboost.Booster.load_model``).
 
 The manifest (``format: secureflhv.bundle``, ``format_version`` 2) names the job, the algorithm, the
@@ -210,17 +212,11 @@ def write_bundle(out_dir: Path, *, credentials: TlsConfig, job_id: str, algorith
     Raises ValueError for a bad file name or content (e.g. object arrays) or credentials of another
     party, CertificateError for a key that is not EC, OSError from the disk.
     """
-    out_dir = Path(out_dir)
     if credentials.identity != party_id:
         raise ValueError(f"credentials: the certificate of {credentials.identity!r}, not of party {party_id!r}")
-    signer = PartyIdentity(credentials)
     if task not in (None, "binary", "multiclass", "regression"):
         raise ValueError(f"task must be binary, multiclass or regression, got {task!r}")
-    blobs = {}
-    for name, value in files.items():
-        if not _NAME.match(name) or name == MANIFEST:
-            raise ValueError(f"parameter file name {name!r}: letters, digits, '_', '.', '-' only")
-        blobs[name] = _encode(name, value)
+    blobs = _encode_files(files)
     body = _plain({
         "format": FORMAT, "format_version": FORMAT_VERSION, "secureflhv_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -232,9 +228,29 @@ def write_bundle(out_dir: Path, *, credentials: TlsConfig, job_id: str, algorith
         "extra": extra or {},
         "files": {n: {"format": _file_format(n), "sha256": sha256_hex(b), "bytes": len(b)} for n, b in blobs.items()},
     })
-    signature = {"scheme": SIGNATURE_SCHEME, "certificate": signer.certificate.decode("ascii"),
-                 "value": base64.b64encode(signer.sign(_SIGNED_PREFIX + _canonical(body))).decode("ascii")}
-    manifest = {**body, "signature": signature}
+    return _write_atomically(Path(out_dir), blobs, {**body, "signature": _sign(credentials, body)})
+
+
+def _encode_files(files: dict[str, Any]) -> dict[str, bytes]:
+    """Parameter file name -> its bytes; ValueError for a name outside ``_NAME`` or the manifest's."""
+    blobs = {}
+    for name, value in files.items():
+        if not _NAME.match(name) or name == MANIFEST:
+            raise ValueError(f"parameter file name {name!r}: letters, digits, '_', '.', '-' only")
+        blobs[name] = _encode(name, value)
+    return blobs
+
+
+def _sign(credentials: TlsConfig, body: dict) -> dict:
+    """The manifest's ``signature``: the signer's certificate and its ECDSA signature over ``body``."""
+    signer = PartyIdentity(credentials)
+    return {"scheme": SIGNATURE_SCHEME, "certificate": signer.certificate.decode("ascii"),
+            "value": base64.b64encode(signer.sign(_SIGNED_PREFIX + _canonical(body))).decode("ascii")}
+
+
+def _write_atomically(out_dir: Path, blobs: dict[str, bytes], manifest: dict) -> Path:
+    """Write the files and the manifest to a temporary folder, fsync, and rename it to ``out_dir/model``
+    (replacing an older bundle), so a crash leaves the old bundle or the new one; returns the folder."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=out_dir))
     try:
@@ -286,6 +302,19 @@ def read_bundle(path: Path | str, *, ca: Path | str | bytes, expect_party: str |
     """
     where = bundle_dir(path)
     ca_pem = _ca_pem(ca)
+    manifest = _read_manifest(where)
+    _verify_signature(where, manifest, ca_pem)
+    files = _read_files(where, manifest)
+    for fld, want in (("party_id", expect_party), ("job_id", expect_job), ("role", expect_role)):
+        if want is not None and manifest.get(fld) != want:
+            what = {"party_id": "party", "job_id": "job", "role": "role"}[fld]
+            raise ModelBundleError(f"{where}: {fld}: this bundle belongs to {what} {manifest.get(fld)!r}, "
+                                   f"not {want!r}")
+    return ModelBundle(where, manifest, files)
+
+
+def _read_manifest(where: Path) -> dict:
+    """The manifest of the bundle in ``where``, after the format and version checks (not yet the signature)."""
     try:
         raw = (where / MANIFEST).read_bytes()
     except OSError as exc:
@@ -307,7 +336,11 @@ def read_bundle(path: Path | str, *, ca: Path | str | bytes, expect_party: str |
     if version != FORMAT_VERSION:
         raise ModelBundleError(f"{where}: format_version: {version!r} is not supported "
                                f"(this secureflhv {__version__} reads version {FORMAT_VERSION})")
-    _verify_signature(where, manifest, ca_pem)
+    return manifest
+
+
+def _read_files(where: Path, manifest: dict) -> dict[str, Any]:
+    """Every file the (verified) manifest lists, decoded, after checking its SHA-256 against the manifest's."""
     files = {}
     listed = manifest.get("files")
     if not isinstance(listed, dict):
@@ -326,12 +359,7 @@ def read_bundle(path: Path | str, *, ca: Path | str | bytes, expect_party: str |
             files[name] = _decode(name, data)
         except Exception as exc:  # noqa: BLE001 - numpy / safetensors / json raise many types
             raise ModelBundleError(f"{where}: files[{name}]: unreadable ({exc})") from None
-    for fld, want in (("party_id", expect_party), ("job_id", expect_job), ("role", expect_role)):
-        if want is not None and manifest.get(fld) != want:
-            what = {"party_id": "party", "job_id": "job", "role": "role"}[fld]
-            raise ModelBundleError(f"{where}: {fld}: this bundle belongs to {what} {manifest.get(fld)!r}, "
-                                   f"not {want!r}")
-    return ModelBundle(where, manifest, files)
+    return files
 
 
 def _ca_pem(ca: Path | str | bytes) -> bytes:
