@@ -30,7 +30,7 @@ from ...crypto.homomorphic.key_prefetch import prefetch_keypair
 from ...data.metrics import task_metrics
 from ...transport import Transport
 from ...vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
-from ..job.data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
+from ..job.data_prep import StandardisedSplitParams, bundle_fields, prepare_vertical
 from ..store.model_bundle import save_job_bundle
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..process.progress import emit_progress
@@ -71,11 +71,6 @@ def _n_classes(y: np.ndarray, task: str) -> int | None:
     return int(y.max()) + 1
 
 
-def _bundle_fields(data, config: VerticalLRConfig) -> dict:
-    return {"feature_names": data.feature_names, "config": config.model_dump(mode="json"),
-            "preprocessing": preprocessing_state(data)}
-
-
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalLRJobParams, *,
         resume: bool = False) -> dict:
     """Run this party's role of a vertical LR job; return the guest's metrics (others: ``{}``).
@@ -106,7 +101,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                               **role_lifecycle(cfg, party, transport, resume))
         host.fit()
         host.serve_predictions(X)  # the guest asks for training and test rows by index
-        save_job_bundle(cfg, party, files={"weights.npy": host.weights}, **_bundle_fields(data, config),
+        save_job_bundle(cfg, party, files={"weights.npy": host.weights}, **bundle_fields(data, config),
                         public_key=host.public_key)
         return {}
 
@@ -132,7 +127,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     files = {"weights.npy": guest.weights}
     if intercept is not None:
         files["intercept.npy"] = intercept
-    save_job_bundle(cfg, party, files=files, metrics=metrics, **_bundle_fields(data, config),
+    save_job_bundle(cfg, party, files=files, metrics=metrics, **bundle_fields(data, config),
                     public_key=guest.public_key, task=params.task)
     log_summary(party.id, metrics, result.losses, plot)
     return metrics

@@ -25,7 +25,7 @@ from pydantic import ConfigDict
 from ...crypto.homomorphic.key_prefetch import prefetch_keypair
 from ...transport import Transport
 from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
-from ..job.data_prep import StandardisedSplitParams, prepare_vertical, preprocessing_state
+from ..job.data_prep import StandardisedSplitParams, bundle_fields, prepare_vertical
 from ..store.model_bundle import save_job_bundle
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..process.progress import emit_progress
@@ -49,11 +49,6 @@ def check(cfg: JobConfig, params: VerticalNNJobParams) -> None:
         raise JobConfigError("parties: vertical_nn runs between guest and hosts only; remove the server party")
 
 
-def _bundle_fields(data, config: SplitNNConfig) -> dict:
-    return {"feature_names": data.feature_names, "config": config.model_dump(mode="json"),
-            "preprocessing": preprocessing_state(data)}
-
-
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalNNJobParams, *,
         resume: bool = False) -> dict:
     """Run this party's role of a vertical NN job; return the guest's metrics (hosts: ``{}``).
@@ -74,7 +69,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                            **role_lifecycle(cfg, party, transport, resume))
         host.fit()
         host.serve_predictions(X)
-        save_job_bundle(cfg, party, files={"state.safetensors": host.state_arrays()}, **_bundle_fields(data, config))
+        save_job_bundle(cfg, party, files={"state.safetensors": host.state_arrays()}, **bundle_fields(data, config))
         return {}
 
     regression = config.task == "regression"
@@ -101,6 +96,6 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
                                           "training cross-entropy") + " (mean over the epoch's batches)",
                               n_classes=guest.n_classes, task=task)
     save_job_bundle(cfg, party, files={"state.safetensors": guest.state_arrays()}, metrics=metrics,
-                    extra={"n_classes": guest.n_classes}, task=task, **_bundle_fields(data, config))
+                    extra={"n_classes": guest.n_classes}, task=task, **bundle_fields(data, config))
     log_summary(party.id, metrics, result.losses, plot)
     return metrics

@@ -301,3 +301,10 @@ def preprocessing_state(data: PartyData) -> dict:
     """What a prediction job needs to prepare new rows as training did (saved in the model bundle):
     the input columns, the schema they were read with, and the fitted preprocessor (or None)."""
     return {key: data.meta.get(key) for key in ("input_features", "schema", "preprocessor", "standardisation")}
+
+
+def bundle_fields(data: PartyData, config) -> dict:
+    """The model-bundle fields of a vertical party (``save_job_bundle(**...)``): its feature names, the
+    protocol's ``config`` (a pydantic model, dumped as JSON) and :func:`preprocessing_state`."""
+    return {"feature_names": data.feature_names, "config": config.model_dump(mode="json"),
+            "preprocessing": preprocessing_state(data)}
