@@ -138,6 +138,9 @@ class FLConfig:
         return SLOTS if self.contribution_temperature is not None else 0
 
     def part_config(self, part: str) -> AggregationConfig:
+        """The aggregation settings of ``part`` (``model``, or a strategy's extra part such as SCAFFOLD's control
+        variates): the job's, with the part's own clip range where one is set.
+        """
         if part == "model":
             return self.aggregation
         clip = self.part_clips.get(part, DEFAULT_PART_CLIPS.get(part, self.aggregation.clip))
@@ -622,6 +625,9 @@ class HorizontalClient(_Resumable, ProtocolRole):
             r += 1
 
     def evaluate(self, vector: np.ndarray) -> dict[str, float]:
+        """Metrics of the flat parameter vector ``vector`` (float32, (d,)) on this client's test rows: accuracy and
+        loss, plus the sums the server pools (correct, n, sse, sae, y_sum, y2_sum); NaN metrics without test rows.
+        """
         set_flat(self.model, vector)
         if len(self.y_test) == 0:
             return {"accuracy": float("nan"), "loss": float("nan"), "correct": 0.0, "n": 0.0, "sse": 0.0, "sae": 0.0,

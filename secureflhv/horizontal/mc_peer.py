@@ -101,6 +101,7 @@ class MCRound:
 
 
 def fork_id(peer: str, round_id: int) -> str:
+    """The id of the model ``peer`` forks in round ``round_id`` (``peer@round``; unique in every pool)."""
     return f"{peer}@{round_id}"
 
 
@@ -157,6 +158,9 @@ class MultiConfederatedPeer(Lifecycle, ProtocolRole):
 
     # ---------------------------------------------------------------- wire
     def update_message(self, trained: dict[str, np.ndarray], loss: float) -> messages_pb2.Bundle:
+        """This round's update to every other peer: the trained models' flat vectors (one (d,) float32 each, named
+        by model id), this peer's training-row count ``n`` (the merge weight) and its mean training loss.
+        """
         b = model_bundle({m: (self.dim,) for m in trained}, np.concatenate([np.ravel(w) for w in trained.values()]),
                          sender=self.party_id, models=",".join(trained))
         b.scalars.update({"n": float(len(self.y_train)), "loss": float(loss)})
@@ -203,10 +207,14 @@ class MultiConfederatedPeer(Lifecycle, ProtocolRole):
 
     # ---------------------------------------------------------------- rules
     def score(self, w: np.ndarray) -> float:
+        """Accuracy in [0, 1] of flat parameters ``w`` on this peer's own training rows (the ranking of Alg. 1)."""
         set_flat(self.model, w)
         return evaluate(self.model, self.X_train, self.y_train)["accuracy"]
 
     def train(self, m: str, round_id: int) -> tuple[np.ndarray, float]:
+        """Train pool model ``m`` locally for round ``round_id``; returns (its new flat vector, the mean training
+        loss). FloatingPointError when training diverges (non-finite weights).
+        """
         rng = batch_rng(self.config.seed, round_id, f"{self.party_id}/{m}")
         upd = self.trainer.client_update(self.model, self.pool[m], self.X_train, self.y_train, self.config.local, rng)
         w = get_flat(self.model)
@@ -241,6 +249,10 @@ class MultiConfederatedPeer(Lifecycle, ProtocolRole):
             self.pool[m] = weighted_mean(vecs, ws)
 
     def fork_and_merge(self, rec: MCRound, trained: dict[str, np.ndarray]) -> None:
+        """After aggregation: fork the trained model that beats its aggregate most on local rows (by more than
+        ``fork_margin``, when the pool may grow), then merge models closer than ``merge_tolerance``
+        (Duchesne et al. 2024, Alg. 2); records both on ``rec``.
+        """
         cfg = self.config
         self.pending_fork = None
         if may_fork(len(self.announced), len(self.all_peers), cfg.max_models):
@@ -326,6 +338,10 @@ class MultiConfederatedPeer(Lifecycle, ProtocolRole):
         return self.history
 
     def run_round(self, r: int) -> MCRound:
+        """One MultiConfederated round: rank the pool, train the chosen models, send them to every other peer,
+        gather theirs (every one needed: PeerTimeout names a silent peer), aggregate, fork and merge; returns
+        the round's record.
+        """
         t0 = time.monotonic()
         scores = {m: self.score(w) for m, w in sorted(self.pool.items())}
         chosen = select(sorted(self.pool), scores, self.popularity, len(self.all_peers), self.config.popularity_weight,
@@ -358,6 +374,8 @@ class MultiConfederatedPeer(Lifecycle, ProtocolRole):
         return rec
 
     def evaluate(self, w: np.ndarray) -> dict[str, float]:
+        """Metrics of flat parameters ``w`` on this peer's test rows (accuracy, loss, correct, n); NaN without
+        test rows."""
         set_flat(self.model, w)
         if len(self.y_test) == 0:
             return {"accuracy": float("nan"), "loss": float("nan"), "correct": 0.0, "n": 0.0}

@@ -341,6 +341,7 @@ class Mailbox:
         self._last_round[key] = round if last is None else max(last, round)
 
     def close(self) -> None:
+        """Close the mailbox: every waiting :meth:`take` wakes and raises; later deliveries are refused."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()

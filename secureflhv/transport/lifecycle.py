@@ -72,18 +72,24 @@ class CallbackList:
                 raise TypeError(f"callbacks: {type(cb).__name__} is not a Callback")
 
     def before_training(self, role: Any) -> None:
+        """Call every callback's :meth:`Callback.before_training`, in order."""
         for cb in self.callbacks:
             cb.before_training(role)
 
     def after_training(self, role: Any) -> None:
+        """Call every callback's :meth:`Callback.after_training`, in order."""
         for cb in self.callbacks:
             cb.after_training(role)
 
     def before_step(self, step: int) -> None:
+        """Call every callback's :meth:`Callback.before_step`, in order."""
         for cb in self.callbacks:
             cb.before_step(step)
 
     def after_step(self, step: int, state: StepState) -> bool:
+        """Call every callback's :meth:`Callback.after_step` (all of them, in order); True when any asked to stop
+        (``state.stop`` tells the later ones).
+        """
         for cb in self.callbacks:
             if cb.after_step(step, state):
                 state.stop = True
@@ -104,6 +110,9 @@ class Checkpointer(Callback):
         self.store, self.every, self.extra_state = store, int(every), dict(extra_state or {})
 
     def after_step(self, step: int, state: StepState) -> bool:
+        """Save the step's checkpoint every ``every`` steps (not a stopping step unless the role saves those);
+        never asks to stop.
+        """
         if step % self.every or (state.stop and not state.save_when_stopping):
             return False
         snap = state.checkpoint()
@@ -149,6 +158,7 @@ class EarlyStopping(Callback):
         return self
 
     def after_step(self, step: int, state: StepState) -> bool:
+        """Update with ``state.metrics[metric]``; True when patience ran out before ``last_step``."""
         out_of_patience = self.update(state.metrics[self.metric])
         return out_of_patience and (self.last_step is None or step < self.last_step)
 

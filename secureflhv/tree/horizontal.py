@@ -250,6 +250,7 @@ class HistLayout:
 
     @classmethod
     def of(cls, n_bins: list[int]) -> HistLayout:
+        """The layout of features with ``n_bins[j]`` bins each (offsets are the cumulative sums)."""
         return cls(list(n_bins), np.concatenate([[0], np.cumsum(n_bins)]).astype(np.int64))
 
     @property
@@ -279,6 +280,7 @@ class Binning:
 
     @property
     def binner(self) -> Binner:
+        """A :class:`Binner` of these cuts (features with missing values learn a default direction)."""
         return Binner(self.cuts, np.zeros(len(self.cuts), bool) if self.missing is None else self.missing)
 
 

@@ -69,6 +69,7 @@ class SecureBoostParams(HEKeyParams, EarlyStopping):
 
     @property
     def trees_per_round(self) -> int:
+        """Trees grown per boosting round: one per class for multiclass (softmax), else one."""
         return self.n_classes if self.objective == "multiclass" else 1
 
 
@@ -96,6 +97,9 @@ def base_margin(y: np.ndarray, params: SecureBoostParams) -> np.ndarray:
 
 
 def base_margin_from_sums(label_sum: float, n: int, params: SecureBoostParams) -> np.ndarray:
+    """The initial margin from the label sum over ``n`` rows: zeros (K,) for multiclass, the mean for
+    regression, the log-odds of the mean (clipped to [1e-6, 1 - 1e-6]) for binary; float64 (outputs,).
+    """
     if params.objective == "multiclass":
         return np.zeros(params.n_classes)
     mean = label_sum / n
@@ -119,6 +123,7 @@ def gradients(margin: np.ndarray, y: np.ndarray, params: SecureBoostParams) -> t
 
 
 def softmax(margin: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of float64 margins (n, K), shifted by each row's maximum for stability."""
     z = margin - margin.max(axis=1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=1, keepdims=True)

@@ -176,6 +176,7 @@ class PhaseLog:
         self._open = (tree, phase, depth, time.perf_counter(), self.cpu_clock())
 
     def stop(self) -> None:
+        """End the open phase (if any) and record its wall and CPU seconds."""
         if self._open is not None:
             tree, phase, depth, w0, c0 = self._open
             self.records.append((tree, phase, depth, time.perf_counter() - w0, self.cpu_clock() - c0))
@@ -184,10 +185,14 @@ class PhaseLog:
 
 # --------------------------------------------------------------------------------- wire helpers
 def pack_mask(mask: np.ndarray) -> bytes:
+    """A boolean row mask (n,) as bytes, eight rows per byte (``np.packbits``, big-endian bit order)."""
     return np.packbits(np.asarray(mask, dtype=bool)).tobytes()
 
 
 def unpack_mask(data: bytes, n: int, what: str) -> np.ndarray:
+    """The boolean (n,) mask of :func:`pack_mask`'s bytes. ProtocolError (naming ``what``) for a wrong length
+    or bits set beyond row ``n``.
+    """
     if len(data) != (n + 7) // 8:
         raise ProtocolError(f"{what}: mask of {len(data)} bytes for {n} rows (expected {(n + 7) // 8})")
     bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8))

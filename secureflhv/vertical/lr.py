@@ -274,6 +274,7 @@ class FitResult:
 
     @property
     def epochs(self) -> int:
+        """Epochs trained (this session and any resumed from)."""
         return len(self.epoch_seconds)
 
 

@@ -267,6 +267,7 @@ class FitResult:
 
     @property
     def epochs(self) -> int:
+        """Epochs trained (this session and any resumed from)."""
         return len(self.epoch_seconds)
 
 
@@ -818,11 +819,15 @@ class SplitNNHost(PredictionHost, _Role):
 
     # ---- state ------------------------------------------------------------------------
     def state_arrays(self) -> dict[str, np.ndarray]:
+        """This host's trained state as float64 arrays: its interactive-layer share ``interactive.E`` (d_bottom,
+        units) and its bottom model's parameters (``bottom.<name>``), as saved in the model bundle.
+        """
         out = {"interactive.E": self.E}
         out.update(_module_arrays("bottom", self.bottom))
         return out
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Load :meth:`state_arrays`' arrays. ValueError naming a missing or mis-shaped array."""
         if "interactive.E" not in arrays or arrays["interactive.E"].shape != self.E.shape:
             raise ValueError("checkpoint: missing or mis-shaped array 'interactive.E'")
         self.E = np.array(arrays["interactive.E"], dtype=np.float64)
@@ -831,6 +836,7 @@ class SplitNNHost(PredictionHost, _Role):
     # ---- prediction (the loop is :meth:`PredictionHost.serve_predictions`) ---------------------
     @property
     def max_request_rows(self) -> int:
+        """The most rows one prediction request may ask for (``predict_batch_size``)."""
         return self.config.predict_batch_size
 
     def _prediction_matrix(self, X) -> np.ndarray:
@@ -873,6 +879,9 @@ class CentralisedSplitNN:
 
     @classmethod
     def from_roles(cls, guest: SplitNNGuest, hosts: Sequence[SplitNNHost]) -> "CentralisedSplitNN":
+        """The centralised network the trained roles make together: copies of the bottom models, the guest's
+        W_g, each host's interactive weights V_h + E_h, the bias and the top model (for tests and checks).
+        """
         import copy
 
         return cls(guest.config, copy.deepcopy(guest.bottom), [copy.deepcopy(h.bottom) for h in hosts],
@@ -882,6 +891,9 @@ class CentralisedSplitNN:
     @classmethod
     def create(cls, config: SplitNNConfig, d_guest: int, d_hosts: Sequence[int], n_classes: int | None,
                seed: int = 0) -> "CentralisedSplitNN":
+        """A freshly initialised centralised twin of the split network for ``d_guest`` and ``d_hosts`` input
+        columns (Glorot-uniform interactive weights, seeded as the federated roles are).
+        """
         cfg = config
         gb = build_mlp(d_guest, cfg.guest_bottom, cfg.activation, seed * 1000 + 1) if cfg.guest_bottom else None
         hbs = [build_mlp(d, cfg.host_bottom, cfg.activation, seed * 1000 + 10 + i) for i, d in enumerate(d_hosts)]
@@ -896,6 +908,7 @@ class CentralisedSplitNN:
         return cls(cfg, gb, hbs, W_g, W_h, np.zeros(o), top, n_classes)
 
     def logits(self, Xg: np.ndarray, Xhs: Sequence[np.ndarray]) -> torch.Tensor:
+        """Output logits (n, out) of the whole network on the guest's (n, d_g) and each host's (n, d_h) rows."""
         xg = torch.as_tensor(Xg, dtype=DTYPE)
         ag = self.guest_bottom(xg) if self.guest_bottom is not None else xg
         z = ag @ self.W_g + self.bias
@@ -930,6 +943,9 @@ class CentralisedSplitNN:
         return out
 
     def predict_proba(self, Xg, Xhs) -> np.ndarray:
+        """Predictions (n,) float64: P(y=1) for binary, class probabilities (n, K) for multiclass, values in
+        label units for regression.
+        """
         with torch.no_grad():
             logits = self.logits(Xg, Xhs)
         if self.target is not None:

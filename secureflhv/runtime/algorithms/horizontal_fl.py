@@ -125,6 +125,7 @@ class HorizontalJobParams(LocalTrainingParams):
 
     @property
     def raw_features(self) -> bool:
+        """Whether clients train on their columns as read (no ``params.preprocessing``); preflight reads it."""
         return self.preprocessing is None
 
     @property
@@ -169,6 +170,10 @@ def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConf
 
 
 def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
+    """The protocol's :class:`FLConfig` from the job: local training, aggregation (bound to the job's clients),
+    per-part clip ranges, and timeouts (``round_timeout_s``, else the job deadline). ValueError from the
+    config's own checks.
+    """
     local = LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.learning_rate,
                              momentum=params.momentum, weight_decay=params.weight_decay)
     timeout = params.round_timeout_s or cfg.job.deadline_s

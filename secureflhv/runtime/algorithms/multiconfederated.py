@@ -88,6 +88,7 @@ def roles(cfg: JobConfig) -> None:
 
 
 def check(cfg: JobConfig, params: MultiConfederatedJobParams) -> None:
+    """Validation of the whole job: the protocol config must build (JobConfigError naming the field)."""
     try:
         mc_config(cfg, params)
     except ValueError as exc:
@@ -96,6 +97,10 @@ def check(cfg: JobConfig, params: MultiConfederatedJobParams) -> None:
 
 
 def mc_config(cfg: JobConfig, params: MultiConfederatedJobParams) -> MCConfig:
+    """The protocol's :class:`MCConfig` from the job: local training, pool rules (Duchesne et al. 2024,
+    Alg. 1-2) and timeouts (``round_timeout_s``, else the job deadline; sends retry for a quarter of it,
+    at most 30 s). ValueError from the config's own checks.
+    """
     local = LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.learning_rate,
                              momentum=params.momentum, weight_decay=params.weight_decay)
     timeout = params.round_timeout_s or cfg.job.deadline_s

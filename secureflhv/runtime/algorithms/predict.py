@@ -230,6 +230,10 @@ def write_predictions(cfg: JobConfig, party: PartySpec, bundle: ModelBundle, ids
 # ---------------------------------------------------------------------------------------------- predictors
 def vertical_lr(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
                  bundle: ModelBundle) -> dict:
+    """Vertical LR's prediction exchange from ``bundle``: the guest scores its new rows with the hosts' partial
+    scores (encrypted under the arbiter's key in arbiter mode), hosts and arbiter serve; returns the guest's
+    metrics (others ``{}``). JobConfigError for a bundle that does not fit the job.
+    """
     from ...vertical.lr import VerticalLRConfig, VerticalLRGuest, VerticalLRHost
 
     config = VerticalLRConfig(**bundle.config)
@@ -251,6 +255,10 @@ def vertical_lr(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
 
 def secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
                           bundle: ModelBundle) -> dict:
+    """Vertical SecureBoost's prediction exchange from ``bundle``: the guest routes its new rows through the
+    trees, asking each host for the splits it owns (the host learns only which rows go left at its nodes);
+    returns the guest's metrics (hosts ``{}``). JobConfigError for a bundle that does not fit the job.
+    """
     from ...tree.model import model_from_dict
     from ...tree.params import SecureBoostParams, transform
     from ...tree.vertical import SecureBoostGuest, SecureBoostHost
@@ -280,6 +288,10 @@ def secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport,
 
 def vertical_nn(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
                 bundle: ModelBundle) -> dict:
+    """Split NN's prediction exchange from ``bundle``: hosts send their bottom-model outputs through the
+    interactive layer, the guest finishes the forward pass; returns the guest's metrics (hosts ``{}``).
+    JobConfigError for a bundle that does not fit the job.
+    """
     from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
 
     config = SplitNNConfig(**bundle.config)
