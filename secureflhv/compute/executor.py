@@ -128,7 +128,7 @@ class Executor(ABC):
 
 
 class LocalExecutor(Executor):
-    """The local process pool (:mod:`.paillier_parallel`): ``SECUREFLHV_WORKERS`` / cpu_count workers."""
+    """The local process pool (:mod:`.pool`): ``SECUREFLHV_WORKERS`` / cpu_count workers."""
 
     name = "local"
 

@@ -1,6 +1,6 @@
 """Child processes die with their party, whatever ended it (SIGKILL, the OOM killer, a timeout).
 
-Why: nothing in the Paillier pool (:mod:`.paillier_parallel`) notices its party's death. The workers
+Why: nothing in the Paillier pool (:mod:`.pool`) notices its party's death. The workers
 wait for tasks forever, the ``forkserver`` they are forked from waits for them (each holds its "alive"
 pipe), and the multiprocessing resource tracker waits for all of these: a party killed with SIGKILL left
 every one of them behind (4 processes with 2 workers), holding their memory (key tables included), one
@@ -28,7 +28,7 @@ import time
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 POLL_S = 0.5  # the watch's period: a child outlives its parent by at most this long
-# The party's pid, for the forkserver it starts (set by paillier_parallel.mp_context before the start):
+# The party's pid, for the forkserver it starts (set by pool.mp_context before the start):
 # the forkserver's parent at the time it looks may already be another process if the party died at once.
 PARENT_ENV = "SECUREFLHV_POOL_PARENT_PID"
 

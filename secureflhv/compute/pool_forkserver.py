@@ -1,10 +1,10 @@
-"""Imported by the party's multiprocessing ``forkserver`` only (first in ``paillier_parallel.PRELOAD``):
+"""Imported by the party's multiprocessing ``forkserver`` only (first in ``pool.PRELOAD``):
 the forkserver dies with its party (:mod:`.lifeline`), and records its pid for the workers it forks.
 
 The forkserver is started by whichever party thread first starts a pool (often a short-lived one),
 so it watches its parent rather than use ``PR_SET_PDEATHSIG`` (prctl(2): that signal follows the
 forking *thread*). Its workers are forked by its one thread and use the prctl
-(``paillier_parallel._init_worker``).
+(``pool._init_worker``).
 """
 import os
 

@@ -1,5 +1,5 @@
 """MultiConfederated learning over the transport: :class:`MultiConfederatedPeer`, one per party, no server
-(Duchesne, Zhang, Talhi 2024, arXiv:2404.13421, Alg. 1–2; the rules are :mod:`.multiconfederated`).
+(Duchesne, Zhang, Talhi 2024, arXiv:2404.13421, Alg. 1–2; the rules are :mod:`.mc_rules`).
 
 Per round ``r`` (1-based; tag ``mc.update``, transport round ``r``), every peer:
 
@@ -39,7 +39,7 @@ the torch module is reloaded from the pool before every use, so a peer built wit
 states of round k (every peer the same k, agreed by :func:`secureflhv.runtime.store.resume.agree_step`) runs
 rounds k+1.. exactly as the uninterrupted run does.
 
-What each peer learns: see :mod:`.multiconfederated` — every other peer's trained weights of the
+What each peer learns: see :mod:`.mc_rules` — every other peer's trained weights of the
 models it trains, its sample count and training loss: **peers see each other's updates**, as in the paper.
 """
 from __future__ import annotations

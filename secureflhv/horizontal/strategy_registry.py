@@ -3,7 +3,7 @@
 * the FedAvg family (:mod:`.strategies`): ``fedavg``, ``fedprox``, ``scaffold``, ``fednova`` — each
   composable with client contribution normalisation (:mod:`.contribution`, ``FLConfig.contribution_temperature``);
 * the non-IID remedies: ``ifca`` (clustered FL, :mod:`.ifca`) and ``fedper`` (personal head, :mod:`.fedper`);
-* decentralised: ``multiconfederated`` (MultiConfederated learning, :mod:`.multiconfederated`): no server —
+* decentralised: ``multiconfederated`` (MultiConfederated learning, :mod:`.mc_rules`): no server —
   its peers (:class:`~secureflhv.horizontal.mc_peer.MultiConfederatedPeer`) exchange their models peer to
   peer and see each other's updates; a job runs it as ``job.algorithm: multiconfederated``.
 

@@ -107,7 +107,7 @@ def test_a_killed_party_takes_its_worker_pool_with_it(tmp_path):
 
 SCRIPT = """
 import sys, threading, time
-from secureflhv.crypto import paillier_parallel as par
+from secureflhv.compute import pool as par
 from secureflhv.crypto.ecdh_psi import PsiEngine
 
 par.set_workers(2)
@@ -156,7 +156,7 @@ def _all_processes() -> dict[int, tuple[int, str]]:
 RAY_DRIVER = """
 import sys, time
 import numpy as np
-from secureflhv.crypto import executor as ex
+from secureflhv.compute import executor as ex
 from secureflhv.runtime.process.party_compute import party_executor
 from secureflhv.runtime.job.job_file import ComputeSpec
 

@@ -324,7 +324,7 @@ def test_split_nn_on_ray_equals_the_local_pool(executor):
 
 _LOST_DRIVER = """
 import sys, time
-from secureflhv.crypto import executor as ex
+from secureflhv.compute import executor as ex
 from secureflhv.compute.executor import ComputeError
 from secureflhv.compute.ray_executor import RayExecutor
 

@@ -330,7 +330,7 @@ def _encrypt_crt_halves(priv: PrivateKey, mantissas: list) -> list | None:
 def _task_encrypt_crt_half(p: int, q: int, large: bool, seed: bytes, n_chunks: int,
                            mantissas: list) -> tuple[int, int, list]:
     """One worker's share of a key holder's encryption split by CRT half (run on every worker of a
-    pool of 2 * n_chunks through ``paillier_parallel.on_each_worker``): worker i computes half i % 2
+    pool of 2 * n_chunks through ``compute.pool.on_each_worker``): worker i computes half i % 2
     of row chunk i // 2. Both workers of a chunk derive the same DJN exponents from ``seed`` (a fresh
     256-bit os.urandom seed per batch) and the chunk number with SHAKE-256, so each worker builds and
     keeps only its half's table. Returns (worker index, the table's window w, which the exponents'

@@ -57,7 +57,7 @@ class PartyEntry:
 
 
 def entries(cfg, party_ids: Iterable[str] | None = None) -> list[PartyEntry]:
-    """The page's parties of job ``cfg`` (a :class:`~.job_file.JobConfig`): all, or those in ``party_ids``."""
+    """The page's parties of job ``cfg`` (a :class:`~secureflhv.runtime.job.job_file.JobConfig`): all, or those in ``party_ids``."""
     wanted = None if party_ids is None else set(party_ids)
     return [PartyEntry(p.id, p.role, cfg.output_dir(p.id)) for p in cfg.parties if wanted is None or p.id in wanted]
 

@@ -1,7 +1,7 @@
 """A party's live status file, ``<output_dir>/<party id>/status.json``, for the job page.
 
 The party process rewrites it (temporary file, then rename, so a reader never sees half a file) on
-each progress event (:mod:`.progress`), on a state change, and at most once a second for new log
+each progress event (:mod:`..process.progress`), on a state change, and at most once a second for new log
 lines. The job page (:mod:`.dashboard`) only reads these files, so it works the same for the whole
 job (``secureflhv run --dashboard``) and for one organisation's party (``party --dashboard``).
 
@@ -99,7 +99,7 @@ class PartyStatus:
 
     @classmethod
     def for_party(cls, cfg, spec) -> "PartyStatus":
-        """The status of party ``spec`` of job ``cfg`` (a :class:`~.job_file.JobConfig`)."""
+        """The status of party ``spec`` of job ``cfg`` (a :class:`~secureflhv.runtime.job.job_file.JobConfig`)."""
         return cls(cfg.output_dir(spec.id) / STATUS_FILE, cfg.job.id, spec.id, spec.role)
 
     # ------------------------------------------------------------------ lifecycle

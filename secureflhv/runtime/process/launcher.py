@@ -232,7 +232,7 @@ class Launcher:
                     pass  # it is exiting anyway
 
     def preflight(self) -> int:
-        """Run every party's preflight (:mod:`.preflight`) on this machine; print findings; 0 or 2."""
+        """Run every party's preflight (:mod:`..job.preflight`) on this machine; print findings; 0 or 2."""
         params = job_params(self.cfg)
         insecure = self.cfg.security.insecure or "--insecure" in self.extra_args
         findings = [f for p in self.cfg.parties

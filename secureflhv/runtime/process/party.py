@@ -127,7 +127,7 @@ def _finish(cfg: JobConfig, party_id: str, transport, failure, status: PartyStat
 def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: bool = False) -> int:
     """Run party ``party_id`` of the job in ``job_path``; return the process exit code.
 
-    Order: load and validate the job, preflight (:mod:`.preflight`: files, certificate, data, port),
+    Order: load and validate the job, preflight (:mod:`..job.preflight`: files, certificate, data, port),
     open the endpoint, meet the partners (:mod:`.rendezvous`), run the protocol. The last log line of a
     failed party names the first failure of the job (:mod:`.blame`): ``guest failed: <reason>`` or
     ``guest stopped because host-1 failed: <reason>``.

@@ -3,7 +3,7 @@
 ``@progress``: a task's progress (a progress bar); ``@wire``: the party's bytes on the wire
 (``transport.wire_stats()``), every 2 s while it runs under the launcher and once at the end of the job
 (the launcher's end-of-job table). In-process listeners (:func:`add_listener`) get the progress events
-too: the party's status file for the job page (:mod:`.status`) is written from them.
+too: the party's status file for the job page (:mod:`..observe.status`) is written from them.
 """
 from __future__ import annotations
 
