@@ -126,12 +126,12 @@ class MultiConfederatedPeer(Lifecycle, ProtocolRole):
     def __init__(self, transport, peers, X_train, y_train, X_test, y_test, spec: ModelSpec, config: MCConfig, *,
                  callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
         super().__init__(transport)
-        self._init_lifecycle(callbacks, resume)
         self.all_peers = list(peers)
         if len(set(self.all_peers)) != len(self.all_peers) or len(self.all_peers) < 2:
             raise ValueError(f"MultiConfederated learning needs at least 2 distinct peers, got {self.all_peers}")
         if self.party_id not in self.all_peers:
             raise ValueError(f"{self.party_id} is not among the peers {self.all_peers}")
+        self._init_lifecycle(callbacks, resume)
         self.others = [p for p in self.all_peers if p != self.party_id]
         if spec.task != "classification":  # its divergence filter and evaluation compare class predictions
             raise ValueError(f"{self.party_id}: MultiConfederated learning supports classification models only "

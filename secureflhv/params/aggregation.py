@@ -78,18 +78,13 @@ class AggregationParams(BaseModel):
             raise ValueError(f"precision_bits must be in [0, 40], got {v}")
         return v
 
-    @field_validator("min_clients", mode="before")
+    @field_validator("min_clients", "max_colluders", mode="before")
     @classmethod
-    def _min_clients(cls, v):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 2:
-            raise ValueError(f"min_clients must be an int >= 2 (a sum of one client reveals its update), got {v!r}")
-        return v
-
-    @field_validator("max_colluders", mode="before")
-    @classmethod
-    def _max_colluders(cls, v):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"max_colluders must be an int >= 0, got {v!r}")
+    def _counts(cls, v, info):
+        low, why = {"min_clients": (2, " (a sum of one client reveals its update)"), "max_colluders": (0, "")}[
+            info.field_name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{info.field_name} must be an int >= {low}{why}, got {v!r}")
         return v
 
     @field_validator("stage_timeout_s", "input_timeout_s")
