@@ -1,16 +1,17 @@
 """Test helpers for the role lifecycle (:mod:`secureflhv.transport.lifecycle`).
 
-The in-process resume tests build their roles through shared harnesses that do not take ``callbacks`` /
-``resume`` yet; :func:`give_lifecycle` sets them on a freshly built role before it runs, exactly as the
-constructor arguments would (the role's own callbacks, e.g. the vertical LR guest's EarlyStopping, first).
+The shared harnesses (``run_fl``, ``run_peers``, ``make_roles``, ``run_vertical_lr``, ``vertical_run``,
+``horizontal_run``) take ``callbacks`` / ``resume`` keyed by party id and hand each role its own at
+construction (:func:`lifecycle_kwargs`); nothing is set on a role after it is built.
 """
 from __future__ import annotations
 
 import json
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from secureflhv.transport.lifecycle import Checkpointer
+from secureflhv.transport.lifecycle import Callback, Checkpoint, Checkpointer
 
 
 class _Memory:
@@ -28,6 +29,12 @@ def recorder(saved: dict) -> Checkpointer:
     return Checkpointer(_Memory(saved))
 
 
-def give_lifecycle(role, callbacks=(), resume=None) -> None:
-    """Add ``callbacks`` after the role's own and set its ``resume`` checkpoint (before it runs)."""
-    role._init_lifecycle([*role.callbacks.callbacks, *callbacks], resume)
+def lifecycle_kwargs(callbacks: Mapping[str, Sequence[Callback]] | None = None,
+                     resume: Mapping[str, Checkpoint] | None = None) -> Callable[[str], dict]:
+    """``party id -> {"callbacks": ..., "resume": ...}``: the constructor arguments of that party's role.
+
+    ``callbacks`` / ``resume``: {party id: callbacks list} / {party id: (arrays, state)}; a party absent
+    from either gets none (no callbacks of the harness's, a fresh start).
+    """
+    callbacks, resume = callbacks or {}, resume or {}
+    return lambda party_id: {"callbacks": list(callbacks.get(party_id, ())), "resume": resume.get(party_id)}

@@ -2,6 +2,7 @@
 and run horizontal jobs (a server and clients, or multiconfederated peers) in process or over gRPC + mTLS."""
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 
@@ -15,17 +16,22 @@ from secureflhv.horizontal.strategy_registry import make_strategy
 from secureflhv.horizontal.strategies import LocalTrainConfig
 from secureflhv.transport.inprocess import InProcessNetwork
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import lifecycle_kwargs  # noqa: E402
+
 
 def run_fl(shards, test, spec: ModelSpec, strategy="fedavg", kind="plain", rounds=2, fraction=1.0, seed=0,
            local=None, agg_kw=None, fail=None, mu=0.01, deadline=60.0, on_round=None, fl_kw=None,
-           cert_dir=None, strategy_kw=None, server_transport_cls=None, prepare=None):
+           cert_dir=None, strategy_kw=None, server_transport_cls=None, prepare=None, callbacks=None, resume=None):
     """Run FL over threads; ``shards`` = [(X, y)] per client, ``test`` = (X, y) local test rows for each.
 
     ``fl_kw``: extra :class:`FLConfig` fields (e.g. ``contribution_temperature``); ``cert_dir``: run the
     in-process network with certificate identities (secagg's actively secure mode); ``strategy_kw``: extra
     :func:`make_strategy` arguments (``clusters``, ``personal_layers``); ``server_transport_cls``: the
     server's transport class (e.g. a recording one), built as ``cls(network, "server")``;
-    ``prepare(server, clients)`` runs before they start (e.g. to set checkpoint hooks).
+    ``prepare(server, clients)`` runs before they start (e.g. to swap a client's aggregation class);
+    ``callbacks`` / ``resume``: {party id ("server", "c0", ...): callbacks list / (arrays, state)}, each
+    role's lifecycle arguments at construction (:mod:`secureflhv.transport.lifecycle`; absent: none).
     ``fail``: {client index: round} makes that client raise inside local training of that round (and
     its party goes down), to simulate a client dropping mid-training.
     Returns (server, clients, errors by party id).
@@ -38,11 +44,14 @@ def run_fl(shards, test, spec: ModelSpec, strategy="fedavg", kind="plain", round
                    aggregation=agg, round_timeout_s=deadline, **(fl_kw or {}))
     skw = {"mu": mu, **(strategy_kw or {})}
     server_t = net.transport("server") if server_transport_cls is None else server_transport_cls(net, "server")
-    server = HorizontalServer(server_t, ids, spec, make_strategy(strategy, **skw), cfg, on_round=on_round)
+    life = lifecycle_kwargs(callbacks, resume)
+    server = HorizontalServer(server_t, ids, spec, make_strategy(strategy, **skw), cfg, on_round=on_round,
+                              **life("server"))
     clients = []
     for i, (X, y) in enumerate(shards):
         Xt, yt = test if test is not None else (X[:0], y[:0])
-        c = HorizontalClient(net.transport(ids[i]), "server", X, y, Xt, yt, spec, make_strategy(strategy, **skw), cfg)
+        c = HorizontalClient(net.transport(ids[i]), "server", X, y, Xt, yt, spec, make_strategy(strategy, **skw), cfg,
+                             **life(ids[i]))
         if fail and i in fail:
             _inject_failure(c, fail[i])
         clients.append(c)

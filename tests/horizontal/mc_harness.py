@@ -1,7 +1,9 @@
 """Shared helpers of the MultiConfederated tests: small tabular data and peers run as threads in-process."""
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -10,6 +12,9 @@ from secureflhv.horizontal.models import ModelSpec
 from secureflhv.horizontal.mc_rules import MCConfig
 from secureflhv.horizontal.strategies import LocalTrainConfig
 from secureflhv.transport.inprocess import InProcessNetwork
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import lifecycle_kwargs  # noqa: E402
 
 SPEC = ModelSpec(name="mlp", n_features=30, n_classes=2, hidden=(8,))
 LOCAL = LocalTrainConfig(epochs=1, batch_size=32, lr=0.05)
@@ -32,19 +37,19 @@ def config(**kw) -> MCConfig:
 
 
 def run_peers(shards, cfg: MCConfig, *, ids=None, net=None, transport_of=None, test_rows: int = 20,
-              spec: ModelSpec = SPEC, setup=None):
+              spec: ModelSpec = SPEC, callbacks=None, resume=None):
     """Every peer in its own thread over one InProcessNetwork. ``transport_of(net, pid)`` may wrap a
-    transport (an attacker); ``setup(peer)`` runs on each peer before it starts (checkpoints, resume).
+    transport (an attacker); ``callbacks`` / ``resume``: {peer id: callbacks list / (arrays, state)}, each
+    peer's lifecycle arguments at construction (:mod:`secureflhv.transport.lifecycle`; absent: none).
     The last ``test_rows`` rows of each shard are its local test split. Returns (peers, errors by party id, network)."""
     ids = ids or [f"p{i}" for i in range(len(shards))]
     net = net or InProcessNetwork("mc-test", ids, deadline=cfg.round_timeout_s)
+    life = lifecycle_kwargs(callbacks, resume)
     peers = []
     for pid, (X, y) in zip(ids, shards):
         t = transport_of(net, pid) if transport_of else net.transport(pid)
         peers.append(MultiConfederatedPeer(t, ids, X[:-test_rows], y[:-test_rows], X[-test_rows:], y[-test_rows:],
-                                           spec, cfg))
-        if setup is not None:
-            setup(peers[-1])
+                                           spec, cfg, **life(pid)))
     errors: dict[str, BaseException] = {}
 
     def run(p):

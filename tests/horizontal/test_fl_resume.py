@@ -19,10 +19,7 @@ from fl_harness import blobs, run_fl  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec  # noqa: E402
 from secureflhv.horizontal.strategy_registry import make_strategy  # noqa: E402
 from secureflhv.horizontal.strategies import LocalTrainConfig  # noqa: E402
-import sys as _sys  # noqa: E402
-from pathlib import Path as _Path  # noqa: E402
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
-from lifecycle_helpers import give_lifecycle, recorder
+from lifecycle_helpers import recorder  # noqa: E402 - tests/ is on the path through fl_harness
 
 SPEC = ModelSpec(name="mlp", n_features=6, n_classes=3, hidden=(8,))
 LOCAL = LocalTrainConfig(epochs=1, batch_size=16, lr=0.1, momentum=0.5)
@@ -32,15 +29,10 @@ ROUNDS = 3
 def _fl(strategy, resume=None, **kw):
     """Run FL in threads; returns (server, clients, {party: {rounds done: (arrays, state)}})."""
     shard_list, test = blobs(40, 3, seed=1, skew=True)
-    saved: dict[str, dict] = {}
-
-    def prepare(server, clients):
-        for role in [server, *clients]:
-            saved[role.party_id] = {}
-            give_lifecycle(role, [recorder(saved[role.party_id])], None if resume is None else resume[role.party_id])
-
+    saved: dict[str, dict] = {p: {} for p in ["server", *(f"c{i}" for i in range(len(shard_list)))]}  # run_fl's ids
     server, clients, errors = run_fl(shard_list, test, SPEC, strategy, "plain_quantised", rounds=ROUNDS, seed=2,
-                                     local=LOCAL, prepare=prepare, **kw)
+                                     local=LOCAL, callbacks={p: [recorder(s)] for p, s in saved.items()},
+                                     resume=resume, **kw)
     assert not errors, errors
     return server, clients, saved
 
@@ -76,7 +68,7 @@ def test_foreign_checkpoint_is_rejected():
         for case in cases:
             server, _, errors = run_fl(*blobs(40, 3, seed=1), SPEC, "scaffold", "plain_quantised", rounds=ROUNDS,
                                        seed=2, local=LOCAL, deadline=5,
-                                       prepare=lambda s, c, case=case: give_lifecycle(s, resume=case))
+                                       resume={"server": case})
             assert isinstance(errors.get("server"), ValueError) and re.search(match, str(errors["server"])), errors
     assert make_strategy("fedavg").state_arrays() == {}
 

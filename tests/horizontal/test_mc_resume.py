@@ -20,11 +20,7 @@ from mc_harness import LOCAL, SPEC, cancer_shards, config, run_peers  # noqa: E4
 from secureflhv.horizontal.mc_peer import MultiConfederatedPeer  # noqa: E402
 from secureflhv.runtime.store.checkpoint import CheckpointStore  # noqa: E402
 from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
-import sys as _sys  # noqa: E402
-from pathlib import Path as _Path  # noqa: E402
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
-from lifecycle_helpers import give_lifecycle
-from secureflhv.transport.lifecycle import Checkpointer
+from secureflhv.transport.lifecycle import Checkpointer  # noqa: E402
 
 CFG = config(rounds=4, fork_margin=0.05, max_models=7, merge_tolerance=0.05,
              local=dataclasses.replace(LOCAL, epochs=2, batch_size=16, lr=0.1))
@@ -38,14 +34,11 @@ def data():
 
 
 def _run(data, root: Path, resume_step: int | None = None):
-    stores = {}
-
-    def setup(peer):
-        store = stores[peer.party_id] = CheckpointStore(root / peer.party_id, job_id="mc-resume",
-                                                        party_id=peer.party_id, keep=10)
-        give_lifecycle(peer, [Checkpointer(store)], None if resume_step is None else store.load(resume_step))
-
-    peers, errors, _ = run_peers(data, CFG, setup=setup)
+    stores = {pid: CheckpointStore(root / pid, job_id="mc-resume", party_id=pid, keep=10)
+              for pid in (f"p{i}" for i in range(len(data)))}  # run_peers' peer ids
+    peers, errors, _ = run_peers(data, CFG, callbacks={pid: [Checkpointer(s)] for pid, s in stores.items()},
+                                 resume=None if resume_step is None else
+                                 {pid: s.load(resume_step) for pid, s in stores.items()})
     assert not errors, errors
     return peers, stores
 
@@ -93,6 +86,5 @@ def _run_one_with(data, resume, pid):
     ids = ["p0", "p1", "p2"]
     net = InProcessNetwork("mc-bad", ids, deadline=2)
     X, y = data[ids.index(pid)]
-    peer = MultiConfederatedPeer(net.transport(pid), ids, X[:-20], y[:-20], X[-20:], y[-20:], SPEC, CFG)
-    give_lifecycle(peer, resume=resume)
+    peer = MultiConfederatedPeer(net.transport(pid), ids, X[:-20], y[:-20], X[-20:], y[-20:], SPEC, CFG, resume=resume)
     peer.run()

@@ -1,7 +1,9 @@
 """Helpers of the SecureBoost tests: run the roles as threads over the in-process transport."""
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -9,6 +11,9 @@ from secureflhv.transport import InProcessNetwork
 from secureflhv.tree.horizontal import HorizontalSecureBoostClient, HorizontalSecureBoostServer, tree_aggregation_config
 from secureflhv.tree.reference import fit_reference
 from secureflhv.tree.vertical import SecureBoostGuest, SecureBoostHost
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import lifecycle_kwargs  # noqa: E402
 
 
 def run_threads(targets: dict, timeout: float = 120.0) -> tuple[dict, dict]:
@@ -31,9 +36,11 @@ def run_threads(targets: dict, timeout: float = 120.0) -> tuple[dict, dict]:
 
 
 def vertical_run(X, y, col_groups, params, *, X_val=None, y_val=None, X_pred=None, deadline=60.0, backend="paillier",
-                 host_wrappers=None, keypair=None, max_payload_bytes=None):
+                 host_wrappers=None, keypair=None, max_payload_bytes=None, callbacks=None, resume=None):
     """Train vertical SecureBoost with guest = col_groups[0], hosts = the rest (``max_payload_bytes``:
-    every party's message limit, default the transport's).
+    every party's message limit, default the transport's). ``callbacks`` / ``resume``: {party id: callbacks
+    list / (arrays, state)}, each role's lifecycle arguments at construction
+    (:mod:`secureflhv.transport.lifecycle`; absent: none).
 
     Returns dict(guest, hosts, result, pred (margins of X_pred or None), net, errors).
     """
@@ -41,14 +48,17 @@ def vertical_run(X, y, col_groups, params, *, X_val=None, y_val=None, X_pred=Non
     net = InProcessNetwork("sb-test", ["guest", *host_ids], deadline=deadline,
                            **({} if max_payload_bytes is None else {"max_payload_bytes": max_payload_bytes}))
     sel = lambda A, c: None if A is None else A[:, c]  # noqa: E731
+    life = lifecycle_kwargs(callbacks, resume)
     guest = SecureBoostGuest(net.transport("guest"), host_ids, X[:, col_groups[0]], y, params,
-                             X_val=sel(X_val, col_groups[0]), y_val=y_val, backend=backend, keypair=keypair)
+                             X_val=sel(X_val, col_groups[0]), y_val=y_val, backend=backend, keypair=keypair,
+                             **life("guest"))
     hosts = []
     for hid, cols in zip(host_ids, col_groups[1:]):
         tr = net.transport(hid)
         if host_wrappers and hid in host_wrappers:
             tr = host_wrappers[hid](tr, net)
-        hosts.append(SecureBoostHost(tr, "guest", X[:, cols], params, X_val=sel(X_val, cols), backend=backend))
+        hosts.append(SecureBoostHost(tr, "guest", X[:, cols], params, X_val=sel(X_val, cols), backend=backend,
+                                     **life(hid)))
 
     def host_job(h, cols):
         h.fit()
@@ -92,26 +102,30 @@ def vertical_structure(guest, hosts, tree, col_groups) -> list[tuple]:
 
 
 def horizontal_run(parts, params, *, kind="plain_quantised", deadline=60.0, val_parts=None, feature_ranges=None,
-                   stage_timeout=None, threshold=None, vanish=None, agg_kw=None):
+                   stage_timeout=None, threshold=None, vanish=None, agg_kw=None, callbacks=None, resume=None):
     """parts: list of (X_i, y_i). Returns dict(server_model, client_models, errors, net, server, clients).
 
     ``stage_timeout``: the aggregation's stage and input timeouts (default ``deadline``);
     ``threshold``: the aggregation threshold (default: from max_colluders); ``vanish``: client index ->
     (tree, stage) at which that client dies (:func:`vanish_at`); ``agg_kw``: more aggregation settings
-    (e.g. the two-client opt-in ``min_clients=2, max_colluders=0``).
+    (e.g. the two-client opt-in ``min_clients=2, max_colluders=0``); ``callbacks`` / ``resume``: {party id:
+    callbacks list / (arrays, state)}, each role's lifecycle arguments at construction
+    (:mod:`secureflhv.transport.lifecycle`; absent: none).
     """
     ids = [f"client-{i}" for i in range(len(parts))]
     net = InProcessNetwork("hsb-test", ["server", *ids], deadline=deadline)
     extra = {**({} if threshold is None else {"threshold": threshold}), **(agg_kw or {})}
     st = deadline if stage_timeout is None else stage_timeout
     cfg = tree_aggregation_config(kind, seed=7, stage_timeout_s=st, input_timeout_s=st, **extra)
+    life = lifecycle_kwargs(callbacks, resume)
     server = HorizontalSecureBoostServer(net.transport("server"), ids, params, aggregation=cfg,
-                                         feature_ranges=feature_ranges)
+                                         feature_ranges=feature_ranges, **life("server"))
     clients = []
     for i, (cid, (Xi, yi)) in enumerate(zip(ids, parts)):
         vx, vy = (None, None) if val_parts is None else val_parts[i]
         clients.append(HorizontalSecureBoostClient(net.transport(cid), "server", ids, Xi, yi, params, X_val=vx,
-                                                   y_val=vy, aggregation=cfg, send_ranges=feature_ranges is None))
+                                                   y_val=vy, aggregation=cfg, send_ranges=feature_ranges is None,
+                                                   **life(cid)))
     for i, (tree, stage) in (vanish or {}).items():
         vanish_at(clients[i], net, tree, stage)
     targets = {"server": server.fit, **{c.party_id: c.fit for c in clients}}

@@ -16,17 +16,14 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from sb_harness import run_threads  # noqa: E402
+from sb_harness import horizontal_run  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lifecycle_helpers import recorder  # noqa: E402
 from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
 
 from secureflhv.transport.inprocess import InProcessNetwork  # noqa: E402
-from secureflhv.tree.horizontal import HorizontalSecureBoostClient, HorizontalSecureBoostServer, tree_aggregation_config
+from secureflhv.tree.horizontal import HorizontalSecureBoostClient, tree_aggregation_config  # noqa: E402
 from secureflhv.tree.model import model_to_dict  # noqa: E402
-import sys as _sys  # noqa: E402
-from pathlib import Path as _Path  # noqa: E402
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
-from lifecycle_helpers import give_lifecycle, recorder
 
 IDS = ["client-0", "client-1", "client-2"]
 
@@ -43,19 +40,14 @@ def _data(n_classes: int, seed: int = 1):
 def _train(params: dict, resume: dict | None = None):
     """Server + 3 clients in threads; returns ({party: its model as a dict}, {party: {rounds done: (arrays, state)}})."""
     X, y = _data(params.get("n_classes", 2))
-    net = InProcessNetwork("hsb-resume", ["server", *IDS], deadline=20)
-    agg = tree_aggregation_config("plain_quantised", seed=7, stage_timeout_s=20, input_timeout_s=20)
-    roles = {"server": HorizontalSecureBoostServer(net.transport("server"), IDS, params, aggregation=agg)}
-    for i, cid in enumerate(IDS):
-        rows = slice(i * 50, i * 50 + 40)
-        val = slice(i * 50 + 40, i * 50 + 50)
-        roles[cid] = HorizontalSecureBoostClient(net.transport(cid), "server", IDS, X[rows], y[rows], params,
-                                                 X_val=X[val], y_val=y[val], aggregation=agg)
-    saved = {p: {} for p in roles}
-    for p, role in roles.items():
-        give_lifecycle(role, [recorder(saved[p])], None if resume is None else resume[p])
-    results, errors = run_threads({p: r.fit for p, r in roles.items()}, timeout=120)
-    assert not errors, errors
+    rows = [slice(i * 50, i * 50 + 40) for i in range(len(IDS))]
+    val = [slice(i * 50 + 40, i * 50 + 50) for i in range(len(IDS))]
+    saved = {p: {} for p in ["server", *IDS]}
+    out = horizontal_run([(X[r], y[r]) for r in rows], params, deadline=30, stage_timeout=20,
+                         val_parts=[(X[v], y[v]) for v in val],
+                         callbacks={p: [recorder(s)] for p, s in saved.items()}, resume=resume)
+    assert not out["errors"], out["errors"]
+    results = {"server": out["server_model"], **dict(zip(IDS, out["client_models"]))}
     structure = [t.structure() for t in results["server"].trees]
     assert all([t.structure() for t in results[c].trees] == structure for c in IDS)
     return {p: model_to_dict(m) for p, m in results.items()}, saved
@@ -89,8 +81,8 @@ def test_foreign_checkpoint_is_rejected():
         net = InProcessNetwork("hsb-bad", ["server", "client-1"], deadline=5)
         client = HorizontalSecureBoostClient(net.transport("client-1"), "server", ["client-1", "client-2"],
                                              X[50:90], y[50:90], params, X_val=X[90:100], y_val=y[90:100],
-                                             aggregation=tree_aggregation_config(min_clients=2, max_colluders=0))
-        give_lifecycle(client, resume=bad)
+                                             aggregation=tree_aggregation_config(min_clients=2, max_colluders=0),
+                                             resume=bad)
         client.binning = lambda c=client: _binning_of(saved, c)  # skip the server: the binning it would send
         client.hello = lambda: None
         with pytest.raises(ValueError, match=match):

@@ -10,14 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sb_harness import run_threads
-from secureflhv.transport.inprocess import InProcessNetwork
+from sb_harness import vertical_run  # puts tests/ on the path too
+from lifecycle_helpers import recorder
 from secureflhv.tree.model import model_to_dict
-from secureflhv.tree.vertical import SecureBoostGuest, SecureBoostHost
-import sys as _sys  # noqa: E402
-from pathlib import Path as _Path  # noqa: E402
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
-from lifecycle_helpers import give_lifecycle, recorder
 
 KEY = {"key_bits": 512, "insecure_test_key": True, "shuffle_seed": 5}
 
@@ -34,18 +29,12 @@ def _data(n_classes: int):
 def _train(params: dict, resume: dict | None = None, validate: bool = True):
     X, y = _data(params.get("n_classes", 2))
     tr, va = slice(0, 60), slice(60, 80)
-    net = InProcessNetwork("sb-resume", ["guest", "host-1"], deadline=20)
-    Xv = X[va] if validate else None
-    roles = {"guest": SecureBoostGuest(net.transport("guest"), ["host-1"], X[tr, :2], y[tr], params,
-                                       X_val=None if Xv is None else Xv[:, :2], y_val=y[va] if validate else None),
-             "host-1": SecureBoostHost(net.transport("host-1"), "guest", X[tr, 2:], params,
-                                       X_val=None if Xv is None else Xv[:, 2:])}
-    saved = {p: {} for p in roles}
-    for p, role in roles.items():
-        give_lifecycle(role, [recorder(saved[p])], None if resume is None else resume[p])
-    results, errors = run_threads({p: r.fit for p, r in roles.items()}, timeout=120)
-    assert not errors, errors
-    return results["guest"], roles["host-1"], saved
+    saved = {"guest": {}, "host-1": {}}
+    out = vertical_run(X[tr], y[tr], [[0, 1], [2, 3]], params, X_val=X[va] if validate else None,
+                       y_val=y[va] if validate else None, deadline=30, backend=None,
+                       callbacks={p: [recorder(s)] for p, s in saved.items()}, resume=resume)
+    assert not out["errors"], out["errors"]
+    return out["result"], out["hosts"][0], saved
 
 
 @pytest.mark.parametrize("params", [

@@ -1,16 +1,24 @@
 """Test harness for the split NN: run guest and hosts in threads over InProcessNetwork."""
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
 from secureflhv.transport import InProcessNetwork
 from secureflhv.vertical.split_nn import SplitNNGuest, SplitNNHost
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import lifecycle_kwargs  # noqa: E402
 
-def make_roles(Xg, y, Xhs, cfg, *, deadline=60.0, transports=None, backend=None, host_kwargs=None, guest_kwargs=None):
-    """Build the network and the role objects (not started). ``transports``: {pid: factory(net, pid)}."""
+
+def make_roles(Xg, y, Xhs, cfg, *, deadline=60.0, transports=None, backend=None, host_kwargs=None, guest_kwargs=None,
+               callbacks=None, resume=None):
+    """Build the network and the role objects (not started). ``transports``: {pid: factory(net, pid)};
+    ``callbacks`` / ``resume``: {pid ("guest", "host-1", ...): callbacks list / (arrays, state)}, each
+    role's lifecycle arguments at construction (:mod:`secureflhv.transport.lifecycle`; absent: none)."""
     host_ids = [f"host-{i}" for i in range(1, len(Xhs) + 1)]
     net = InProcessNetwork("snn-test", ["guest"] + host_ids, deadline=deadline)
     transports = transports or {}
@@ -18,8 +26,10 @@ def make_roles(Xg, y, Xhs, cfg, *, deadline=60.0, transports=None, backend=None,
     def tr(pid):
         return transports[pid](net, pid) if pid in transports else net.transport(pid)
 
-    guest = SplitNNGuest(tr("guest"), host_ids, Xg, y, cfg, backend=backend, **(guest_kwargs or {}))
-    hosts = [SplitNNHost(tr(h), "guest", host_ids, X, cfg, backend=backend, **(host_kwargs or {})) for h, X in zip(host_ids, Xhs)]
+    life = lifecycle_kwargs(callbacks, resume)
+    guest = SplitNNGuest(tr("guest"), host_ids, Xg, y, cfg, backend=backend, **(guest_kwargs or {}), **life("guest"))
+    hosts = [SplitNNHost(tr(h), "guest", host_ids, X, cfg, backend=backend, **(host_kwargs or {}), **life(h))
+             for h, X in zip(host_ids, Xhs)]
     return net, guest, hosts
 
 

@@ -7,17 +7,12 @@ with a fresh Paillier key. Covers both modes, several hosts, momentum and early 
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
-from secureflhv.transport.inprocess import InProcessNetwork
-from secureflhv.vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
-import sys as _sys  # noqa: E402
-from pathlib import Path as _Path  # noqa: E402
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
-from lifecycle_helpers import give_lifecycle, recorder
+from vlr_harness import run_vertical_lr  # puts tests/ on the path too
+from lifecycle_helpers import recorder
+from secureflhv.vertical.lr import VerticalLRConfig
 
 
 def _data():
@@ -29,30 +24,10 @@ def _data():
 
 def _train(cfg: VerticalLRConfig, resume: dict | None = None):
     Xg, y, Xh = _data()
-    hosts = ["host-1", "host-2"]
-    arbiter = "server" if cfg.mode == "arbiter" else None
-    net = InProcessNetwork("vlr-resume", ["guest", *hosts] + ([arbiter] if arbiter else []), deadline=20)
-    roles = {"guest": VerticalLRGuest(net.transport("guest"), hosts, Xg, y, cfg, arbiter)}
-    for h, X in zip(hosts, Xh):
-        roles[h] = VerticalLRHost(net.transport(h), "guest", hosts, X, cfg, arbiter)
-    if arbiter:
-        roles[arbiter] = VerticalLRArbiter(net.transport(arbiter), "guest", hosts, cfg)
-    saved = {p: {} for p in roles}
-    for p, role in roles.items():
-        give_lifecycle(role, [recorder(saved[p])], None if resume is None else resume[p])
-    results, errors = {}, {}
-
-    def work(p):
-        try:
-            results[p] = roles[p].fit()
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            errors[p] = exc
-
-    threads = [threading.Thread(target=work, args=(p,), daemon=True) for p in roles]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    # run_vertical_lr's party ids: guest, host-1, host-2 and, in arbiter mode, the arbiter "server"
+    saved = {p: {} for p in ["guest", "host-1", "host-2"] + (["server"] if cfg.mode == "arbiter" else [])}
+    results, errors, _, _ = run_vertical_lr(Xg, y, Xh, cfg, deadline=30, job_id="vlr-resume",
+                                            callbacks={p: [recorder(s)] for p, s in saved.items()}, resume=resume)
     assert not errors, errors
     return results, saved
 

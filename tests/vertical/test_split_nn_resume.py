@@ -25,10 +25,7 @@ from snn_harness import make_roles, run_roles, toy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
-import sys as _sys  # noqa: E402
-from pathlib import Path as _Path  # noqa: E402
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
-from lifecycle_helpers import give_lifecycle, recorder
+from lifecycle_helpers import recorder  # noqa: E402
 
 PARAMS = {"epochs": 4, "batch_size": 32, "host_bottom": [4, 2], "guest_bottom": [3], "interactive_units": 2,
           "key_bits": 512, "learning_rate": 0.05, "optimizer": "adam", "test_fraction": 0.25, "split_seed": 3,
@@ -61,10 +58,9 @@ SMALL = SplitNNConfig(key_bits=512, insecure_test_key=True, host_bottom=[4, 2], 
 
 def _train(Xg, y, Xhs, resume=None, cfg=SMALL):
     """Fit guest + hosts in process; returns (guest, hosts, {party: {epochs done: (arrays, state)}}, guest result)."""
-    _, guest, hosts = make_roles(Xg, y, Xhs, cfg)
-    saved = {r.party_id: {} for r in [guest, *hosts]}
-    for role in [guest, *hosts]:
-        give_lifecycle(role, [recorder(saved[role.party_id])], None if resume is None else resume[role.party_id])
+    saved = {p: {} for p in ["guest", *(f"host-{i}" for i in range(1, len(Xhs) + 1))]}  # make_roles' ids
+    _, guest, hosts = make_roles(Xg, y, Xhs, cfg, callbacks={p: [recorder(s)] for p, s in saved.items()},
+                                 resume=resume)
     results, errors = run_roles(guest, hosts)
     assert not errors, errors
     return guest, hosts, saved, results["guest"]
@@ -105,12 +101,10 @@ def test_foreign_checkpoint_is_rejected():
              "mis-shaped array 'interactive.E'": ({**arrays, "interactive.E": np.zeros((3, 3))}, state),
              "optimiser entry": ({**arrays, "opt.0.exp_avg": np.zeros(7)}, state)}
     for match, bad in cases.items():
-        _, _, hosts = make_roles(Xg, y, Xhs, SMALL)
-        give_lifecycle(hosts[0], resume=bad)
+        _, _, hosts = make_roles(Xg, y, Xhs, SMALL, resume={"host-1": bad})
         with pytest.raises(ValueError, match=match):
             hosts[0]._restored_epochs(torch.optim.Adam(hosts[0].bottom.parameters()), ("seconds",))
-    _, guest, _ = make_roles(Xg, y, Xhs, SMALL)
-    give_lifecycle(guest, resume=(arrays, state))  # a host's checkpoint at the guest
+    _, guest, _ = make_roles(Xg, y, Xhs, SMALL, resume={"guest": (arrays, state)})  # a host's checkpoint at the guest
     with pytest.raises(ValueError, match="not a split NN checkpoint"):
         guest._restored_epochs(None, ("losses", "batch_losses", "seconds"))
 

@@ -3,12 +3,17 @@ centralised plaintext reference of the same Taylor-approximated LR (plain numpy,
 from __future__ import annotations
 
 import math
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
 from secureflhv.transport import InProcessNetwork
 from secureflhv.vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+from lifecycle_helpers import lifecycle_kwargs  # noqa: E402
 
 
 def reference_taylor_lr(X, y01, **cfg):
@@ -134,15 +139,18 @@ def reference_linear_regression(X, y, **cfg):
     return W[:, 0], float(b[0]), losses
 
 
-def run_vertical_lr(X_guest, y, X_hosts, cfg: dict, *, deadline=60.0, transports=None, predict_sets=None,
-                    job_id="vlr-test", n_classes=None, arbiter_rows=None):
+def run_vertical_lr(X_guest, y, X_hosts, cfg: dict | VerticalLRConfig, *, deadline=60.0, transports=None,
+                    predict_sets=None, job_id="vlr-test", n_classes=None, arbiter_rows=None, callbacks=None,
+                    resume=None):
     """Train guest + hosts (+ arbiter) in threads. ``transports``: optional {party: factory(net, pid)}.
 
     Returns (results, errors, net, roles) where results/errors map party id -> FitResult/exception.
     With ``predict_sets`` = (X_guest_pred, [X_host_pred...]) also returns guest probabilities in
     results['proba']; the arbiter then accepts score requests of up to ``arbiter_rows`` rows (default: the
-    prediction set's; ``"job"``: as in a job, ``batch_size``, else the training rows)."""
-    config = VerticalLRConfig(**cfg)
+    prediction set's; ``"job"``: as in a job, ``batch_size``, else the training rows).
+    ``callbacks`` / ``resume``: {party id: callbacks list / (arrays, state)}, each role's
+    lifecycle arguments at construction (:mod:`secureflhv.transport.lifecycle`; absent: none)."""
+    config = cfg if isinstance(cfg, VerticalLRConfig) else VerticalLRConfig(**cfg)
     hosts = [f"host-{i + 1}" for i in range(len(X_hosts))]
     arbiter = "server" if config.mode == "arbiter" else None
     parties = ["guest"] + hosts + ([arbiter] if arbiter else [])
@@ -152,11 +160,13 @@ def run_vertical_lr(X_guest, y, X_hosts, cfg: dict, *, deadline=60.0, transports
     def tr(pid):
         return transports[pid](net, pid) if pid in transports else net.transport(pid)
 
-    roles = {"guest": VerticalLRGuest(tr("guest"), hosts, X_guest, y, config, arbiter, n_classes=n_classes)}
+    life = lifecycle_kwargs(callbacks, resume)
+    roles = {"guest": VerticalLRGuest(tr("guest"), hosts, X_guest, y, config, arbiter, n_classes=n_classes,
+                                      **life("guest"))}
     for h, Xh in zip(hosts, X_hosts):
-        roles[h] = VerticalLRHost(tr(h), "guest", hosts, Xh, config, arbiter)
+        roles[h] = VerticalLRHost(tr(h), "guest", hosts, Xh, config, arbiter, **life(h))
     if arbiter:
-        roles[arbiter] = VerticalLRArbiter(tr(arbiter), "guest", hosts, config)
+        roles[arbiter] = VerticalLRArbiter(tr(arbiter), "guest", hosts, config, **life(arbiter))
     results, errors = {}, {}
 
     def work(pid):
