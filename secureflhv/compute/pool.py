@@ -161,8 +161,17 @@ def on_each_worker(fn, *args) -> list:
     each other); batches may run beside it.
     """
     with _each_lock:
-        pool = _get_pool()
-        futures = [pool.submit(_on_worker, fn, args) for _ in range(get_workers())]
+        pool, barrier = _get_pool(), _barrier
+        futures = []
+        try:
+            futures += [pool.submit(_on_worker, fn, args) for _ in range(get_workers())]
+        except RuntimeError:
+            # Submission stopped part-way (the interpreter is shutting down, or the pool was shut down):
+            # the workers that took a call would wait at the barrier for calls that never come, and the
+            # pool's shutdown at exit would wait BARRIER_TIMEOUT_S for them. Break the barrier to free them.
+            barrier.abort()
+            shutdown()  # the next call starts a fresh pool, with a fresh barrier
+            raise
         try:
             return [f.result() for f in futures]
         except BrokenProcessPool:

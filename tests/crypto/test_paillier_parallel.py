@@ -233,3 +233,33 @@ def test_a_dying_worker_does_not_hang_the_batch():
         assert len(set(par.on_each_worker(os.getpid))) == 2  # a fresh pool starts on demand
     finally:
         P.set_workers(1)
+
+
+def test_a_call_cut_off_while_submitting_frees_its_workers(monkeypatch):
+    """Submission failing part-way (as at interpreter shutdown, when a fast party exits while the pool is
+    still starting in the background): the call raises at once, the worker that took a task is not left
+    waiting at the barrier, and the next call gets one task per worker within seconds (before: the stale
+    worker held the barrier, and the next call, or the pool's shutdown at exit, waited 120 s)."""
+    import threading
+
+    try:
+        P.set_workers(2)
+        pool = par._get_pool()
+        real, calls = pool.submit, []
+
+        def submit_then_shutdown(*a, **kw):
+            calls.append(1)
+            if len(calls) > 1:
+                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+            return real(*a, **kw)
+
+        monkeypatch.setattr(pool, "submit", submit_then_shutdown)
+        with pytest.raises(RuntimeError, match="interpreter shutdown"):
+            par.on_each_worker(os.getpid)
+        out = []
+        t = threading.Thread(target=lambda: out.append(par.on_each_worker(os.getpid)), daemon=True)
+        t.start()
+        t.join(20)
+        assert out and len(set(out[0])) == 2, "the next call waited on a stale barrier"
+    finally:
+        P.set_workers(1)
