@@ -299,7 +299,7 @@ class HorizontalServer(_Resumable, ProtocolRole):
 
     def run(self) -> list[RoundRecord]:
         """Run every round; return the per-round records (also in :attr:`history`)."""
-        return self._guarded(self._run)
+        return self._guarded(self._trained, self._run)
 
     def _run(self) -> list[RoundRecord]:
         self.strategy.server_init(self.dim, self.initial)
@@ -583,6 +583,9 @@ class HorizontalClient(_Resumable, ProtocolRole):
 
     def run(self) -> list[dict]:
         """Serve rounds until the server says stop; return this client's per-round metrics."""
+        return self._trained(self._serve_rounds)  # a failing client tells nobody: it is a dropout
+
+    def _serve_rounds(self) -> list[dict]:
         timeout = self.config.round_timeout_s
         done, arrays, self.history = self._restored_rounds(dict)
         if done:

@@ -57,7 +57,7 @@ from ..proto import messages_pb2
 from ..transport.base import ProtocolError
 from ..transport.collectives import broadcast, gather
 from ..transport.codec import whole_count
-from ..transport.lifecycle import Callback, Checkpoint, Lifecycle, StepState
+from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
 from ..transport.role import ProtocolRole
 from .model_wire import model_bundle, model_tensors
 from .models import ModelSpec, build_model, check_local_data, evaluate, get_flat, set_flat
@@ -321,16 +321,18 @@ class MultiConfederatedPeer(Lifecycle, ProtocolRole):
     # ---------------------------------------------------------------- rounds
     def run(self) -> list[MCRound]:
         """Run every round; return this peer's records (also in :attr:`history`)."""
-        return self._guarded(self._run)
+        return self._guarded(self._trained, self._run)
 
     def _run(self) -> list[MCRound]:
         cfg = self.config
         log.info("%s: MultiConfederated learning with %s, %d rounds, %d initial models, %d parameters",
                  self.party_id, ", ".join(self.others), cfg.rounds, len(self.pool), self.dim)
-        for r in range(self._restore() + 1, cfg.rounds + 1):
+        done = self._restore()
+        self._steps_begin(done, cfg.rounds)
+        for r in range(done + 1, cfg.rounds + 1):
             rec = self.run_round(r)
             # the rounds are fixed: a stop request is not taken
-            self.callbacks.after_step(r, StepState(snapshot=lambda _step: self.checkpoint_state()))
+            self._after_step(r, lambda _step: self.checkpoint_state())
             log.info("%s: round %d/%d: trained %s; pool %s; personal model %s, local test accuracy %.4f (n=%d)%s%s",
                      self.party_id, r, cfg.rounds, ",".join(rec.trained), ",".join(rec.pool), rec.personal,
                      rec.test_accuracy, rec.test_n, f"; forked {rec.forked}" if rec.forked else "",

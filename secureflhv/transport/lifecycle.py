@@ -2,7 +2,10 @@
 
 After XGBoost's ``TrainingCallback`` (``xgboost/callback.py``): a role calls its :class:`CallbackList`
 ``before_training`` once, ``before_step`` / ``after_step`` around every step (an epoch, a boosting round, a
-federated round; steps count from 1 = "steps done"), and ``after_training`` at the end. ``after_step`` returns
+federated round; steps count from 1 = "steps done"), and ``after_training`` at the end. The
+:class:`Lifecycle` mixin fires them: ``_trained`` wraps the role's training, ``before_step`` fires at each
+step boundary it knows (after the resume point is read, and after a step that does not stop the training
+while steps remain). ``after_step`` returns
 True to stop the training after this step. Checkpointing (:class:`Checkpointer`) and early stopping
 (:class:`EarlyStopping`) are callbacks; a checkpoint to continue from arrives as the constructor argument
 ``resume=(arrays, state)`` and is read back by :meth:`Lifecycle._restored` (the one restore path of every
@@ -48,7 +51,7 @@ class Callback:
     """Base class: override what you need. Hooks run in the order of the role's callbacks list."""
 
     def before_training(self, role: Any) -> None:
-        """Once, before the first step (after a resume has been loaded)."""
+        """Once, when the role's training starts (before its resume checkpoint is read)."""
 
     def after_training(self, role: Any) -> None:
         """Once, after the last step (not after a failure)."""
@@ -177,6 +180,21 @@ class Lifecycle:
     def _init_lifecycle(self, callbacks: Iterable[Callback] = (), resume: Checkpoint | None = None) -> None:
         self.callbacks = callbacks if isinstance(callbacks, CallbackList) else CallbackList(callbacks)
         self._resume = resume
+        self._n_steps: int | None = None  # known once the resume point is read (:meth:`_steps_begin`)
+
+    def _trained(self, fn: Callable, *args):
+        """``fn(*args)`` (the role's training) between the callbacks' ``before_training`` and
+        ``after_training`` (the latter not after a failure)."""
+        self.callbacks.before_training(self)
+        out = fn(*args)
+        self.callbacks.after_training(self)
+        return out
+
+    def _steps_begin(self, done: int, n_steps: int) -> None:
+        """The training runs steps ``done + 1 .. n_steps``: fire ``before_step`` of the first one."""
+        self._n_steps = int(n_steps)
+        if done < self._n_steps:
+            self.callbacks.before_step(done + 1)
 
     def _restored(self, n_steps: int, needed: Sequence[str] = (), check: Callable[[int, dict, dict], bool]
                   = lambda done, arrays, state: True) -> tuple[int, dict, dict]:
@@ -186,6 +204,7 @@ class Lifecycle:
         ``step_key`` is an int in [1, n_steps], the ``needed`` arrays are present and ``check`` holds.
         """
         if self._resume is None:
+            self._steps_begin(0, n_steps)
             return 0, {}, {}
         arrays, state = self._resume
         done = state.get(self.step_key)
@@ -193,6 +212,8 @@ class Lifecycle:
                 or not check(done, arrays, state):
             names = f" ({sorted(arrays)})" if self.list_arrays else ""
             raise ValueError(f"checkpoint: not a {self.family} checkpoint of this configuration{names}")
+        if not state.get("stopped"):  # a run that had stopped early resumes with no step left
+            self._steps_begin(done, n_steps)
         return done, arrays, state
 
     def _after_step(self, done: int, snapshot: Callable[[StepState], Checkpoint] | None = None,
@@ -209,4 +230,7 @@ class Lifecycle:
 
         state = StepState(metrics, full if snapshot is not None else None, save_when_stopping=save_when_stopping)
         state.stop = bool(stopping)
-        return self.callbacks.after_step(done, state)
+        stop = self.callbacks.after_step(done, state)
+        if not stop and self._n_steps is not None and done < self._n_steps:
+            self.callbacks.before_step(done + 1)
+        return stop

@@ -354,7 +354,7 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
 
     def fit(self) -> BoostedModel:
         """Train; returns the model (global feature indices, bins, thresholds; exportable to XGBoost)."""
-        return self._guarded(self._fit)
+        return self._guarded(self._trained, self._fit)
 
     def _fit(self) -> BoostedModel:
         prm = self.params
@@ -716,7 +716,7 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
 
     def fit(self) -> BoostedModel:
         """Train with the server; returns the shared model (same as the server's)."""
-        return self._guarded(self._fit)
+        return self._guarded(self._trained, self._fit)
 
     def _fit(self) -> BoostedModel:
         prm = self.params

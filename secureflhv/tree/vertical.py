@@ -355,7 +355,7 @@ class SecureBoostGuest(_Role):
     # ------------------------------------------------------------------------------- training
     def fit(self) -> TrainResult:
         """Train with the hosts; returns :class:`TrainResult`. Raises SecureBoostError naming a failed host."""
-        return self._guarded(self._fit)
+        return self._guarded(self._trained, self._fit)
 
     def _fit(self) -> TrainResult:
         prm, t = self.params, self.t
@@ -838,7 +838,7 @@ class SecureBoostHost(_Role):
 
     def fit(self) -> None:
         """Serve the guest's training until it stops (raises SecureBoostError if the guest fails)."""
-        self._guarded(self._fit)
+        self._guarded(self._trained, self._fit)
 
     def _fit(self):
         t, prm = self.t, self.params

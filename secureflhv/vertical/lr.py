@@ -541,7 +541,7 @@ class VerticalLRGuest(PredictionGuest, ScoreGuest, _Role):
 
     def fit(self) -> FitResult:
         """Train; returns the guest's :class:`FitResult` (weights, intercept, loss per epoch)."""
-        self.result = self._guarded(self._fit)
+        self.result = self._guarded(self._trained, self._fit)
         return self.result
 
     def _fit(self) -> FitResult:
@@ -854,7 +854,7 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
 
     def fit(self) -> FitResult:
         """Train with the guest (and arbiter); returns this host's weights."""
-        self.result = self._guarded(self._fit)
+        self.result = self._guarded(self._trained, self._fit)
         return self.result
 
     def _fit(self) -> FitResult:
@@ -888,7 +888,8 @@ class VerticalLRHost(PredictionHost, ScoreHost, _Role):
             kept.record(w)
             stopped = self._end_epoch(epoch, t0, seconds, "done")
             self._after_step(epoch + 1, lambda _step, w=w, v=v, stopped=stopped: (  # the guest decides the stop
-                {"w": w, "v": v, "kept": np.array(kept.history), "seconds": np.array(seconds)}, {"stopped": stopped}))
+                {"w": w, "v": v, "kept": np.array(kept.history), "seconds": np.array(seconds)}, {"stopped": stopped}),
+                stopping=stopped)
             if stopped:
                 break
         best_epoch = t.recv(self.guest_id, TAG_BEST, parse=_best_epoch_parser(len(seconds)))
@@ -1014,7 +1015,7 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
 
     def fit(self) -> FitResult:
         """Serve key generation and masked decryptions until the guest stops training."""
-        self.result = self._guarded(self._fit)
+        self.result = self._guarded(self._trained, self._fit)
         return self.result
 
     def _fit(self) -> FitResult:
@@ -1042,7 +1043,7 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
                 self._serve_decrypt(priv, pub, self.guest_id, TAG_LOSS, TAG_LOSS_DEC, rnd, (1,))
             stopped = self._end_epoch(epoch, t0, seconds, "served")
             self._after_step(epoch + 1, lambda _step, stopped=stopped: ({"seconds": np.array(seconds)},
-                                                                        {"stopped": stopped}))
+                                                                        {"stopped": stopped}), stopping=stopped)
             if stopped:
                 break
         return FitResult(np.zeros(0), None, [], seconds, stopped)

@@ -482,7 +482,7 @@ class SplitNNGuest(PredictionGuest, _Role):
     # ---- training ----------------------------------------------------------------
     def fit(self) -> FitResult:
         """Train with the hosts; returns the guest's :class:`FitResult`."""
-        self.result = self._guarded(self._fit)
+        self.result = self._guarded(self._trained, self._fit)
         return self.result
 
     def _setup(self) -> None:
@@ -709,7 +709,7 @@ class SplitNNHost(PredictionHost, _Role):
 
     def fit(self) -> FitResult:
         """Train with the guest; returns this host's :class:`FitResult` (times only)."""
-        self.result = self._guarded(self._fit)
+        self.result = self._guarded(self._trained, self._fit)
         return self.result
 
     def _check_setup(self, msg: messages_pb2.Bundle) -> None:

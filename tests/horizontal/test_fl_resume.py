@@ -19,6 +19,7 @@ from fl_harness import blobs, run_fl  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec  # noqa: E402
 from secureflhv.horizontal.strategy_registry import make_strategy  # noqa: E402
 from secureflhv.horizontal.strategies import LocalTrainConfig  # noqa: E402
+from secureflhv.transport.lifecycle import Callback  # noqa: E402
 from lifecycle_helpers import recorder  # noqa: E402 - tests/ is on the path through fl_harness
 
 SPEC = ModelSpec(name="mlp", n_features=6, n_classes=3, hidden=(8,))
@@ -72,3 +73,42 @@ def test_foreign_checkpoint_is_rejected():
             assert isinstance(errors.get("server"), ValueError) and re.search(match, str(errors["server"])), errors
     assert make_strategy("fedavg").state_arrays() == {}
 
+
+class _Order(Callback):
+    """Records every hook a role fires, in order."""
+
+    def __init__(self, seen: list):
+        self.seen = seen
+
+    def before_training(self, role):
+        self.seen.append("before_training")
+
+    def after_training(self, role):
+        self.seen.append("after_training")
+
+    def before_step(self, step):
+        self.seen.append(("before", step))
+
+    def after_step(self, step, state):
+        self.seen.append(("after", step))
+        return False
+
+
+def test_every_hook_fires_in_order_and_a_resumed_run_starts_at_its_next_step():
+    """The role lifecycle's contract on a real role (server and client): before_training, then
+    before_step(k) / after_step(k) for k = 1..rounds, then after_training; resumed after round 1, the
+    hooks start at step 2."""
+    shard_list, test = blobs(40, 3, seed=1, skew=True)
+    parties = ["server", *(f"c{i}" for i in range(len(shard_list)))]  # run_fl's ids
+    seen: dict = {p: [] for p in parties}
+    saved: dict = {p: {} for p in parties}
+    run_fl(shard_list, test, SPEC, "fedavg", "plain_quantised", rounds=ROUNDS, seed=2, local=LOCAL,
+           callbacks={p: [_Order(seen[p]), recorder(saved[p])] for p in parties})
+    steps = [x for k in range(1, ROUNDS + 1) for x in (("before", k), ("after", k))]
+    for p in parties:
+        assert seen[p] == ["before_training", *steps, "after_training"], p
+    resumed: dict = {p: [] for p in parties}
+    run_fl(shard_list, test, SPEC, "fedavg", "plain_quantised", rounds=ROUNDS, seed=2, local=LOCAL,
+           callbacks={p: [_Order(resumed[p])] for p in parties}, resume={p: saved[p][1] for p in parties})
+    for p in parties:
+        assert resumed[p] == ["before_training", *steps[2:], "after_training"], p
