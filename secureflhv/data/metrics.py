@@ -9,7 +9,9 @@ Tasks:
 All metrics are computed with scikit-learn's implementations; ``n`` is the row count.
 
 Plots (:func:`task_plots`, PNG through matplotlib's Agg canvas): binary — ROC and KS curves
-(``roc_ks.png``) and the confusion matrix at 0.5 (``confusion.png``); multi-class — the confusion matrix
+(``roc_ks.png``), the confusion matrix at 0.5 (``confusion.png``) and, as credit scoring reads them, the
+lift and gain by score decile (``lift_gain.png``, with the tables ``ks_table.csv`` and ``lift_gain.csv``,
+:mod:`secureflhv.data.credit_metrics`); multi-class — the confusion matrix
 (``confusion.png``); regression — predicted against true values (``predicted_vs_true.png``).
 """
 from __future__ import annotations
@@ -39,9 +41,10 @@ def task_of(scores: np.ndarray, regression: bool = False) -> str:
 
 
 def task_plots(y: np.ndarray, scores: np.ndarray, task: str, out_dir, *, title: str = "") -> list[Path]:
-    """Write the plots of ``task`` (see the module docstring) for ``scores`` against ``y`` into
-    ``out_dir``; returns the paths written (none for zero rows; no ROC/KS when ``y`` has one class).
+    """Write the plots of ``task`` (see the module docstring; binary: also the KS and lift/gain tables) for
+    ``scores`` against ``y`` into ``out_dir``; returns the plots written (none for zero rows; no ROC/KS when ``y`` has one class).
     Raises ValueError for an unknown task."""
+    from .credit_metrics import ks_table, lift_gain_table, plot_lift_gain
     from .partition.plots import plot_confusion_matrix, plot_predicted_vs_true
 
     out_dir = Path(out_dir)
@@ -57,6 +60,10 @@ def task_plots(y: np.ndarray, scores: np.ndarray, task: str, out_dir, *, title: 
         paths = []
         if len(np.unique(y)) == 2:
             paths.append(plot_roc_ks(y, scores, out_dir / "roc_ks.png", title=title))
+            if len(y) >= 10:  # deciles
+                ks_table(y, scores).to_csv(out_dir / "ks_table.csv", index=False)
+                lift_gain_table(y, scores).to_csv(out_dir / "lift_gain.csv", index=False)
+                paths.append(plot_lift_gain(y, scores, out_dir / "lift_gain.png", title=title))
         paths.append(plot_confusion_matrix(y, (scores >= 0.5).astype(np.int64), 2, out_dir / "confusion.png",
                                            title=title))
         return paths

@@ -99,7 +99,7 @@ from ..proto import tree_pb2
 from ..transport.he_codec import backend_and_codec
 from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
 from ..transport.role import ProtocolRole
-from ..transport.round_layout import RoundLayout
+from ..transport.row_parts import MAX_ROW_PARTS, ROW_PART_ROUNDS, ROW_PART_WINDOW, part_rows
 from ..transport import ProtocolError, Transport, TransportError, parse_message
 from .binning import Binner
 from .model import BoostedModel, Node, Tree, model_from_dict, model_to_dict, plan_children, sibling
@@ -115,45 +115,12 @@ TAG_SETUP, TAG_HELLO, TAG_START = "sb.setup", "sb.hello", "sb.start"
 TAG_PLAN, TAG_HIST, TAG_DECIDE, TAG_SPLIT = "sb.plan", "sb.hist", "sb.decide", "sb.split"
 TAG_ROUTE, TAG_ROUTED = "sb.route", "sb.routed"
 TAG_ROWS, TAG_ROWS_ACK = "sb.rows", "sb.rows_ack"
-# The row pairs of a tree travel in SbRowPart messages, encrypted and sent part by part: a host decodes
-# part k while the guest encrypts part k + 1, on a WAN the transfer hides behind the encryption, and no
-# message grows with the rows (a part stays within a quarter of the job's message limit).
-PART_BYTES = 1 << 20   # a part's size aimed at (2,048 Paillier or 4,096 OU rows at 2048 bits; at least
-                       # 1,024 rows per worker of the executor), unless the message limit asks for less
-MAX_ROW_PARTS = 4096   # parts per tree (a tree's part rounds: tree * MAX_ROW_PARTS + part + 1)
-ROW_PART_WINDOW = 4    # parts a host may hold unacknowledged (<= the job's message limit queued per host)
-
-
 class SecureBoostError(RuntimeError):
     """The federated training or prediction cannot go on (a peer failed, went silent or misbehaved)."""
 
 
-# a tree's row-part rounds: tree * MAX_ROW_PARTS + part + 1 (round 0 of a tree stays unused)
-ROW_PART_ROUNDS = RoundLayout("tree row parts", (("tree", None), ("part", MAX_ROW_PARTS)))
-
-
 def _part_rnd(tree: int, part: int) -> int:
     return ROW_PART_ROUNDS.pack(tree=tree, part=part) + 1
-
-
-def part_rows(n_rows: int, pair_bytes: int, max_payload_bytes: int | None, workers: int = 1) -> int:
-    """Rows per SbRowPart for a tree of ``n_rows`` row pairs of ``pair_bytes`` bytes each, encrypted by
-    ``workers`` workers: parts of 1 to 2 times ``max(PART_BYTES / pair_bytes, 1024 * workers)`` rows, all
-    of one size but the last (so no part is too small for the worker pool, which encrypts a small
-    batch in this process), fewer rows where a part would exceed a quarter of ``max_payload_bytes``
-    (None: no limit), more where there would be more than ``MAX_ROW_PARTS`` parts.
-
-    Raises ValueError (naming ``job.max_message_mb``) when no part size satisfies both."""
-    n, width = max(1, int(n_rows)), int(pair_bytes)
-    cap = n if max_payload_bytes is None else (int(max_payload_bytes) // 4 - 4096) // width
-    want = max(PART_BYTES // width, 1024 * int(workers))
-    parts = min(MAX_ROW_PARTS, max(1, n // want, -(-n // max(cap, 1))))
-    rows = -(-n // parts)
-    if rows > cap:
-        raise ValueError(f"SecureBoost: {n_rows:,} rows of {pair_bytes} bytes do not fit {MAX_ROW_PARTS} messages "
-                         f"of at most a quarter of the message limit ({max_payload_bytes / 2 ** 20:,.2f} MiB); "
-                         "raise job.max_message_mb at every party")
-    return rows
 
 
 class PhaseLog:

@@ -60,7 +60,11 @@ def test_each_task_draws_its_plots(tmp_path):
     y = rng.integers(0, 2, 60)
     p = np.clip(0.4 * y + 0.6 * rng.random(60), 0, 1)
     paths = task_plots(y, p, "binary", tmp_path / "b", title="t")
-    assert [q.name for q in paths] == ["roc_ks.png", "confusion.png"]
+    assert [q.name for q in paths] == ["roc_ks.png", "lift_gain.png", "confusion.png"]
+    import pandas as pd
+
+    gain = pd.read_csv(tmp_path / "b" / "lift_gain.csv")  # the deciles' gain ends with every event captured
+    assert len(gain) == 10 and gain["gain"].iloc[-1] == 1.0
     y3 = rng.integers(0, 3, 60)
     paths = task_plots(y3, np.eye(3)[y3] * 0.5 + 0.5 / 3, "multiclass", tmp_path / "m")
     assert [q.name for q in paths] == ["confusion.png"]

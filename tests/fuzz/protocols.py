@@ -272,6 +272,87 @@ def run_fed_stats(net_cls):
     return fingerprint(results), errors, [net]
 
 
+def run_woe(net_cls):
+    """Federated WOE binning (vertical/woe_binning.py): one host, binary labels, every message once."""
+    from secureflhv.data.woe import ColumnBins, column_edges
+    from secureflhv.vertical import woe_binning as wb
+
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(24, 2))
+    y = (X[:, 0] + 0.3 * rng.normal(size=24) > 0).astype(int)
+    bins = [ColumnBins(f"h{j}", column_edges(X[:, j], "quantile", 3)) for j in range(2)]
+    net = net_cls("fuzz-woe", ["guest", "host-1"], deadline=DEADLINE)
+    guest = wb.BinningGuest(net.transport("guest"), ["host-1"], y, 2, max_features=4, max_bins=3, **KEY)
+
+    def run_guest():
+        got = guest.host_counts()["host-1"]
+        guest.send_decisions({"host-1": wb.HostDecision([np.ones(b.n_bins - 2, bool) for b in bins], [True, False],
+                                                        [np.linspace(-1, 1, b.n_bins) for b in bins])})
+        return got.names, got.counts
+
+    def run_host():
+        d = wb.BinningHost(net.transport("host-1"), "guest", bins, X, max_bins=3, insecure_test_key=True).run()
+        return d.keep_cuts, d.selected, d.woe
+
+    results, errors = sb_harness.run_threads({"guest": run_guest, "host-1": run_host}, timeout=30)
+    return fingerprint(results), errors, [net]
+
+
+def _run_corr(net_cls, reveal_to):
+    from secureflhv.vertical.correlation import CorrelationConfig, CorrelationGuest, CorrelationHost
+
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(12, 3))
+    cfg = CorrelationConfig(**KEY, reveal_to=reveal_to)
+    net = net_cls(f"fuzz-corr-{reveal_to}", ["guest", "host-1"], deadline=DEADLINE)
+    results, errors = sb_harness.run_threads({
+        "guest": lambda: CorrelationGuest(net.transport("guest"), ["host-1"], X[:, :1], cfg).run(),
+        "host-1": lambda: CorrelationHost(net.transport("host-1"), "guest", X[:, 1:], cfg).run(),
+    }, timeout=30)
+    return fingerprint(results), errors, [net]
+
+
+def run_corr_guest(net_cls):
+    """Cross-party correlation (vertical/correlation.py), the guest learns the matrix."""
+    return _run_corr(net_cls, "guest")
+
+
+def run_corr_host(net_cls):
+    """Cross-party correlation, the host learns it (masked decryption by the guest)."""
+    return _run_corr(net_cls, "host")
+
+
+def run_score_totals(net_cls):
+    """A host's per-row totals to the guest (vertical/score_totals.py, the scorecard's last step)."""
+    from secureflhv.vertical.score_totals import gather_totals, send_totals
+
+    net = net_cls("fuzz-totals", ["guest", "host-1"], deadline=DEADLINE)
+    results, errors = sb_harness.run_threads({
+        "guest": lambda: gather_totals(net.transport("guest"), ["host-1"], 5),
+        "host-1": lambda: send_totals(net.transport("host-1"), "guest", np.arange(5.0)),
+    }, timeout=30)
+    return fingerprint(results), errors, [net]
+
+
+def run_selection(net_cls):
+    """Feature selection's exchange (vertical/selection.py): a host's importances, then its kept columns."""
+    from secureflhv.vertical.selection import receive_importance, receive_keep, send_importance, send_keep
+
+    net = net_cls("fuzz-selection", ["guest", "host-1"], deadline=DEADLINE)
+
+    def guest():
+        n, imp = receive_importance(net.transport("guest"), "host-1", 10)
+        send_keep(net.transport("guest"), "host-1", imp > 1.0)
+        return n, imp
+
+    def host():
+        send_importance(net.transport("host-1"), "guest", 3, importance=np.array([0.5, 2.0, 1.5]))
+        return receive_keep(net.transport("host-1"), "guest", 3)
+
+    results, errors = sb_harness.run_threads({"guest": guest, "host-1": host}, timeout=30)
+    return fingerprint(results), errors, [net]
+
+
 PROTOCOLS = {
     "fed_stats": run_fed_stats,
     "rendezvous": run_rendezvous,
@@ -287,4 +368,9 @@ PROTOCOLS = {
     "fl_contrib": run_fl_contrib,
     "mc": run_mc,
     "secagg": run_secagg,
+    "woe": run_woe,
+    "corr_guest": run_corr_guest,
+    "corr_host": run_corr_host,
+    "score_totals": run_score_totals,
+    "selection": run_selection,
 }

@@ -28,9 +28,12 @@ from secureflhv.secagg.result import AggregationError
 from secureflhv.transport.base import ProtocolError, TransportError
 from secureflhv.tree.horizontal import HorizontalSecureBoostError
 from secureflhv.tree.vertical import SecureBoostError
+from secureflhv.vertical.correlation import CorrelationRefused
+from secureflhv.vertical.woe_binning import BinningError
 
 CLEAR_ERRORS = (TransportError, ProtocolError, AggregationError, SecureBoostError, HorizontalSecureBoostError,
-                CiphertextError, LowOrderPointError, JobConfigError, FederatedStatsError)
+                CiphertextError, LowOrderPointError, JobConfigError, FederatedStatsError, BinningError,
+                CorrelationRefused)
 EXAMPLES = 8
 FUZZ = dict(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

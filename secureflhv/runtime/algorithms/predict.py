@@ -59,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...data import load_table
 from ...data.tabular import Preprocessor
+from ...data.woe import WOEEncoder
 from ...transport import Transport
 from ..store.artifacts import write_json
 from ..job.data_prep import align_by_psi
@@ -70,8 +71,8 @@ from ..store.model_bundle import ModelBundle, ModelBundleError, certificate_sha2
 log = logging.getLogger("secureflhv.job")
 
 
-class PredictJobParams(BaseModel):
-    """The job file's ``params`` for ``algorithm: predict``."""
+class ModelDirParams(BaseModel):
+    """Where a job that uses a trained model finds each party's bundle (``predict``, ``scorecard``)."""
 
     # gaps are filled by the bundle's saved preprocessing; a model without one (trees) refuses NaN itself
     accepts_missing_values: ClassVar[bool] = True
@@ -81,6 +82,11 @@ class PredictJobParams(BaseModel):
     model_dir: Path = Field(description="the training job's output_dir: party P reads <model_dir>/P/model/")
     model_job_id: str | None = Field(default=None, description="the training job's id; every party's bundle "
                                                                "must carry it (recommended)")
+
+
+class PredictJobParams(ModelDirParams):
+    """The job file's ``params`` for ``algorithm: predict``."""
+
     batch_rows: int = Field(default=10_000, ge=1, description="rows per prediction request to the hosts")
 
 
@@ -93,7 +99,7 @@ def roles(cfg: JobConfig) -> None:
         raise JobConfigError("parties: a prediction job needs the data parties (guest / hosts) of the model")
 
 
-def check(cfg: JobConfig, params: PredictJobParams) -> None:
+def check(cfg: JobConfig, params: ModelDirParams) -> None:
     """Verify, before anyone starts, every party's bundle that is on this machine (on a party's own
     machine: its own; with ``secureflhv run``: all). A party whose bundle folder is absent here is
     checked when it starts. Raises JobConfigError naming ``params.model_dir``, the party and the field."""
@@ -102,7 +108,7 @@ def check(cfg: JobConfig, params: PredictJobParams) -> None:
             load_party_bundle(cfg, party, params)
 
 
-def load_party_bundle(cfg: JobConfig, party: PartySpec, params: PredictJobParams) -> ModelBundle:
+def load_party_bundle(cfg: JobConfig, party: PartySpec, params: ModelDirParams) -> ModelBundle:
     """This party's verified bundle; JobConfigError naming ``params.model_dir`` / the mismatching field."""
     if cfg.security.ca is None:  # bundles are signed: only the job CA can say by whom
         raise JobConfigError(f"security.ca: required to verify party {party.id!r}'s model bundle, which its "
@@ -158,10 +164,12 @@ def load_new_rows(cfg: JobConfig, party: PartySpec, bundle: ModelBundle):
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc} (the model uses features {names})") from None
 
 
-def _preprocess(X: np.ndarray, bundle: ModelBundle) -> np.ndarray:
-    """The training job's preprocessing (impute, one-hot, standardise), refitted from nothing: the saved
+def model_inputs(X: np.ndarray, bundle: ModelBundle) -> np.ndarray:
+    """The training job's preprocessing (WOE encoding, impute, one-hot, standardise), refitted from nothing: the saved
     state is applied as it is. Raises ValueError on a malformed state."""
     saved = bundle.manifest.get("preprocessing") or {}
+    if saved.get("woe"):  # a feature_binning job's selection and encoding first (params.woe_from)
+        X = WOEEncoder.from_dict(saved["woe"]).transform(X)
     if saved.get("preprocessor"):
         return Preprocessor.from_dict(saved["preprocessor"]).transform(X)
     state = saved.get("standardisation")
@@ -174,7 +182,7 @@ def aligned_rows(cfg: JobConfig, party: PartySpec, transport: Transport, bundle:
     """(X float64 preprocessed, ids, y or None, own row count) of the rows PSI found at every data party."""
     table = load_new_rows(cfg, party, bundle)
     psi = align_by_psi(cfg, party, transport, table)
-    X = _preprocess(np.asarray(table.X, dtype=np.float64)[psi.rows], bundle)
+    X = model_inputs(np.asarray(table.X, dtype=np.float64)[psi.rows], bundle)
     y = None if table.y is None else np.asarray(table.y)[psi.rows]
     return X, np.asarray(psi.ids), y, table.n_rows
 

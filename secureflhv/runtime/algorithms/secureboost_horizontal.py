@@ -44,10 +44,10 @@ from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..store.model_bundle import save_job_bundle
 from ..observe.reports import evaluate_split, objective_metrics, objective_task, save_task_plots
 from ..store.resume import role_lifecycle
-from .secureboost_vertical import SecureBoostJobParams, tree_params
+from .secureboost_vertical import SecureBoostSplitParams, tree_params
 
 
-class HorizontalSecureBoostJobParams(SecureBoostJobParams):
+class HorizontalSecureBoostJobParams(SecureBoostSplitParams):
     """Vertical SecureBoost's ``params`` plus how histograms are aggregated."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -29,7 +29,7 @@ from ...tree.model import json_number, model_to_dict
 from ...tree.params import SecureBoostParams, transform
 from ...tree.vertical import SecureBoostGuest, SecureBoostHost
 from ..store.artifacts import write_json
-from ..job.data_prep import ValidationSplitParams, prepare_vertical
+from ..job.data_prep import ValidationSplitParams, ChainedInputParams, prepare_vertical
 from ..job.job_file import JobConfig, PartySpec
 from ..store.model_bundle import save_job_bundle
 from ..observe.reports import evaluate_split, objective_metrics, objective_task, save_task_plots
@@ -38,15 +38,23 @@ from ..store.resume import role_lifecycle
 log = logging.getLogger("secureflhv.job")
 
 
-class SecureBoostJobParams(SecureBoostParams, ValidationSplitParams):
-    """``params``: :class:`secureflhv.tree.params.SecureBoostParams` plus the split (with validation rows).
+class SecureBoostSplitParams(SecureBoostParams, ValidationSplitParams):
+    """SecureBoost's parameters plus the split (with validation rows), as both SecureBoost jobs take them
+    (missing cells accepted: the trees learn a default direction for them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    accepts_missing_values: ClassVar[bool] = True
+
+
+class SecureBoostJobParams(SecureBoostSplitParams, ChainedInputParams):
+    """``params``: :class:`secureflhv.tree.params.SecureBoostParams` plus the split (with validation rows)
+    and the chaining after a binning job (``woe_from``).
 
     ``insecure_test_key`` follows ``security.insecure_test_keys``. Empty numeric cells are accepted
     (``accepts_missing_values``): the trees learn a default direction for missing values.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    accepts_missing_values: ClassVar[bool] = True
 
 
 def tree_params(params: SecureBoostParams) -> SecureBoostParams:

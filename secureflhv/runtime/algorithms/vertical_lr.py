@@ -30,7 +30,7 @@ from ...crypto.homomorphic.key_prefetch import prefetch_keypair
 from ...data.metrics import task_metrics
 from ...transport import Transport
 from ...vertical.lr import VerticalLRArbiter, VerticalLRConfig, VerticalLRGuest, VerticalLRHost
-from ..job.data_prep import StandardisedSplitParams, bundle_fields, prepare_vertical
+from ..job.data_prep import StandardisedSplitParams, ChainedInputParams, bundle_fields, prepare_vertical
 from ..store.model_bundle import save_job_bundle
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..process.progress import emit_progress
@@ -38,7 +38,7 @@ from ..observe.reports import evaluate_split, log_summary, save_guest_reports
 from ..store.resume import role_lifecycle
 
 
-class VerticalLRJobParams(VerticalLRConfig, StandardisedSplitParams):
+class VerticalLRJobParams(VerticalLRConfig, StandardisedSplitParams, ChainedInputParams):
     """The job file's ``params`` for ``algorithm: vertical_lr``: :class:`VerticalLRConfig` plus the split.
 
     ``insecure_test_key`` is not set here: it follows ``security.insecure_test_keys``. Every field, its
@@ -80,7 +80,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     out_dir = cfg.output_dir(party.id)
     host_ids = [h.id for h in cfg.hosts]
     arbiter_id = cfg.server.id if params.mode == "arbiter" else None
-    config = VerticalLRConfig(**params.model_dump(exclude=set(StandardisedSplitParams.model_fields)))
+    config = VerticalLRConfig(**params.model_dump(include=set(VerticalLRConfig.model_fields)))
     # the key holder's key is generated while the data parties run PSI and split (OU at 2048 bits: 0.3-5 s)
     holder = "server" if params.mode == "arbiter" else "guest"
     keys = prefetch_keypair(config.he_scheme, config.key_bits, config.insecure_test_key) \

@@ -25,7 +25,7 @@ from pydantic import ConfigDict
 from ...crypto.homomorphic.key_prefetch import prefetch_keypair
 from ...transport import Transport
 from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
-from ..job.data_prep import StandardisedSplitParams, bundle_fields, prepare_vertical
+from ..job.data_prep import StandardisedSplitParams, ChainedInputParams, bundle_fields, prepare_vertical
 from ..store.model_bundle import save_job_bundle
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..process.progress import emit_progress
@@ -34,7 +34,7 @@ from ..observe.reports import (classification_metrics, evaluate_split, log_summa
                                save_guest_reports)
 
 
-class VerticalNNJobParams(SplitNNConfig, StandardisedSplitParams):
+class VerticalNNJobParams(SplitNNConfig, StandardisedSplitParams, ChainedInputParams):
     """The job file's ``params`` for ``algorithm: vertical_nn``: :class:`SplitNNConfig` plus the split.
 
     ``insecure_test_key`` is not set here: it follows ``security.insecure_test_keys``.
@@ -57,7 +57,7 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     """
     out_dir = cfg.output_dir(party.id)
     host_ids = [h.id for h in cfg.hosts]
-    config = SplitNNConfig(**params.model_dump(exclude=set(StandardisedSplitParams.model_fields)))
+    config = SplitNNConfig(**params.model_dump(include=set(SplitNNConfig.model_fields)))
     # each host's key is generated while PSI and the split run (OU at 2048 bits: 0.3-5 s)
     keys = prefetch_keypair(config.he_scheme, config.key_bits, config.insecure_test_key) \
         if party.role == "host" else None

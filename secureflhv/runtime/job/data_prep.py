@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from ...data import Dataset, load_table
 from ...data.stream import load_ids_batched, load_table_batched, table_bytes
 from ...data.tabular import Preprocessor
+from ...data.woe import WOEEncoder
 from ...transport import Transport
 from ...vertical import psi as psi_ecdh, psi_kkrt
 from .job_file import JobConfig, JobConfigError, PartySpec
@@ -38,6 +39,18 @@ class SplitParams(BaseModel):
 
     test_fraction: float = Field(default=0.3, ge=0, lt=1, description="share of aligned rows held out")
     split_seed: int = Field(default=0, ge=0, description="seed of the train/test split of aligned rows")
+
+
+class ChainedInputParams(BaseModel):
+    """Chaining after a ``feature_selection`` and / or ``feature_binning`` job (mixed into the vertical jobs'
+    params): the selection first, then the WOE encoding."""
+
+    select_from: str | None = Field(default=None, description="output_dir of a feature_selection job: each party "
+                                                              "reads only the columns it kept, in training and "
+                                                              "prediction")
+    woe_from: str | None = Field(default=None, description="output_dir of a feature_binning job: each party keeps "
+                                                           "the columns it selected and encodes them (WOE, or a host "
+                                                           "sent none: bin index) before preprocessing")
 
 
 class StandardisedSplitParams(SplitParams):
@@ -232,18 +245,56 @@ def standardise(X: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, dict]:
     return (X - mean) / std, {"mean": mean, "std": std}
 
 
-def _preprocess(table: Dataset, X: np.ndarray, rows: np.ndarray, *, standardize: bool,
-               missing_indicator: bool = False) -> tuple[np.ndarray, list[str], Preprocessor | None]:
+def _chained_bundle(cfg: JobConfig, party: PartySpec, field: str, folder: str, algorithm: str):
+    """``party``'s verified bundle of an ``algorithm`` job under ``folder`` (signed under the job's CA by
+    this party); JobConfigError naming ``params.<field>`` when it is missing or of another algorithm."""
+    from ..store.model_bundle import ModelBundleError, read_bundle
+
+    where = f"params.{field} (party {party.id!r})"
+    if cfg.security.ca is None:
+        raise JobConfigError(f"{where}: the {algorithm} bundle is verified under security.ca; the job file names none")
+    try:
+        bundle = read_bundle(cfg.resolve(Path(folder)) / party.id, ca=cfg.resolve(cfg.security.ca),
+                             expect_party=party.id)
+    except ModelBundleError as exc:
+        raise JobConfigError(f"{where}: {exc}") from None
+    if bundle.algorithm != algorithm:
+        raise JobConfigError(f"{where}: a {bundle.algorithm} bundle, not {algorithm}'s")
+    return bundle
+
+
+def woe_encoder(cfg: JobConfig, party: PartySpec, woe_from: str, columns: list[str]) -> WOEEncoder:
+    """The :class:`~secureflhv.data.woe.WOEEncoder` of ``party``'s ``feature_binning`` bundle under
+    ``woe_from``; JobConfigError naming ``params.woe_from`` when it cannot be read or bins columns this
+    table lacks."""
+    bundle = _chained_bundle(cfg, party, "woe_from", woe_from, "feature_binning")
+    try:
+        return WOEEncoder.from_dict({**bundle.extra["woe_encoder"], "columns": columns})
+    except (ValueError, KeyError) as exc:
+        raise JobConfigError(f"params.woe_from (party {party.id!r}): {exc}") from None
+
+
+def selected_columns(cfg: JobConfig, party: PartySpec, select_from: str, columns: list[str]) -> list[str]:
+    """The columns ``party``'s ``feature_selection`` bundle under ``select_from`` kept, in table order;
+    JobConfigError naming ``params.select_from`` when it cannot be read or names a column this table lacks."""
+    kept = list(_chained_bundle(cfg, party, "select_from", select_from, "feature_selection").extra["selected"])
+    missing = [c for c in kept if c not in columns]
+    if missing:
+        raise JobConfigError(f"params.select_from (party {party.id!r}): kept columns {missing} are not in the table")
+    return [c for c in columns if c in kept]
+
+
+def _preprocess(names: list[str], categories: dict, X: np.ndarray, rows: np.ndarray, *, standardize: bool,
+                missing_indicator: bool = False) -> tuple[np.ndarray, list[str], Preprocessor | None]:
     """Fit a :class:`~secureflhv.data.tabular.Preprocessor` on ``X[rows]`` and apply it to ``X``.
 
     Returns ``(X', output feature names, preprocessor)``; ``X`` unchanged and no preprocessor when there
     is nothing to do (no missing cells, no categorical columns, no standardisation).
     Raises ValueError naming a column that is missing in every training row.
     """
-    if not standardize and not table.categories and not np.isnan(X).any():
-        return X, list(table.feature_names), None
-    pre = Preprocessor.fit(X[rows], table.feature_names, table.categories, standardize=standardize,
-                           missing_indicator=missing_indicator)
+    if not standardize and not categories and not np.isnan(X).any():
+        return X, list(names), None
+    pre = Preprocessor.fit(X[rows], names, categories, standardize=standardize, missing_indicator=missing_indicator)
     return pre.transform(X), pre.output_names, pre
 
 
@@ -280,19 +331,28 @@ def prepare_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, par
         psi = align_by_psi(cfg, party, transport, table)
         X, y, own = table.X[psi.rows], table.y[psi.rows] if table.y is not None else None, table.n_rows
     split = split_rows(len(psi), params.test_fraction, params.split_seed, validation_fraction)
-    names, pre = list(table.feature_names), None
+    names, categories, pre, woe = list(table.feature_names), table.categories, None, None
+    if getattr(params, "select_from", None):
+        names = selected_columns(cfg, party, params.select_from, names)
+        X = X[:, [list(table.feature_names).index(c) for c in names]]
+        categories = {c: v for c, v in categories.items() if c in names}
+    inputs = list(names)
+    if getattr(params, "woe_from", None):
+        woe = woe_encoder(cfg, party, params.woe_from, names)
+        X, names, categories = woe.transform(X), woe.output_names, {}
     if preprocess:
         try:
-            X, names, pre = _preprocess(table, X, split.train, standardize=standardize,
+            X, names, pre = _preprocess(names, categories, X, split.train, standardize=standardize,
                                         missing_indicator=getattr(params, "missing_indicator", False))
         except ValueError as exc:
             raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     meta = {"params": params.model_dump(mode="json"), "feature_names": names,
-            "input_features": list(table.feature_names), "schema": party.data.table_schema,
+            "input_features": inputs, "schema": party.data.table_schema,
             "psi": {"common_ids": len(psi), "own_ids": own, "peer_sizes": psi.peer_sizes},
             "standardisation": ({"mean": pre.mean, "std": pre.std}
                                 if pre is not None and pre.standardize and pre.identity_on_complete_numeric else None),
-            "preprocessor": pre.to_dict() if pre is not None else None}
+            "preprocessor": pre.to_dict() if pre is not None else None,
+            "woe": woe.to_dict() if woe is not None else None}
     y = y if party.role == "guest" else None
     return PartyData(X, y, np.asarray(psi.ids), split, names, meta, streamed_batch_rows(cfg, party))
 
@@ -300,7 +360,7 @@ def prepare_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, par
 def preprocessing_state(data: PartyData) -> dict:
     """What a prediction job needs to prepare new rows as training did (saved in the model bundle):
     the input columns, the schema they were read with, and the fitted preprocessor (or None)."""
-    return {key: data.meta.get(key) for key in ("input_features", "schema", "preprocessor", "standardisation")}
+    return {key: data.meta.get(key) for key in ("input_features", "schema", "woe", "preprocessor", "standardisation")}
 
 
 def bundle_fields(data: PartyData, config) -> dict:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from ..algorithms import (horizontal_fl, multiconfederated, predict, secureboost_horizontal,
-                          secureboost_vertical, vertical_lr, vertical_nn)
+from ..algorithms import (feature_binning, feature_selection, horizontal_fl, multiconfederated, predict, scorecard,
+                          secureboost_horizontal, secureboost_vertical, vertical_lr, vertical_nn, vertical_statistics)
 from ..store.loaded_model import torch_scorer, torch_task, tree_scorer, tree_task
 from .job_file import JobConfig
 from .spec import FAMILY_RULES, JOBS, JobSpec, job_spec, register_job, unregister_job
@@ -41,9 +41,21 @@ BUILTINS = (
     JobSpec("multiconfederated", "peer", "MultiConfederated learning, decentralised, no server "
             "(Duchesne et al. 2024)", multiconfederated.MultiConfederatedJobParams, multiconfederated.run,
             multiconfederated.check, roles=multiconfederated.roles, local_model=torch_scorer, task=torch_task),
+    JobSpec("feature_binning", "vertical", "federated binning with WOE / IV and selection by IV, Paillier "
+            "(FATE's hetero feature binning)", feature_binning.FeatureBinningJobParams, feature_binning.run,
+            feature_binning.check, trains=False),
+    JobSpec("feature_selection", "vertical", "feature selection by a fitted vertical LR's |w|·std or SecureBoost's "
+            "total gain", feature_selection.FeatureSelectionJobParams, feature_selection.run, predict.check,
+            roles=predict.roles, trains=False),
+    JobSpec("vertical_statistics", "vertical", "cross-party Pearson correlation under Paillier / OU, and each "
+            "party's column statistics", vertical_statistics.VerticalStatisticsJobParams, vertical_statistics.run,
+            vertical_statistics.check, trains=False),
+    JobSpec("scorecard", "vertical", "credit scorecard (PDO points per bin) from a WOE vertical LR, and the scores "
+            "of the job's rows", scorecard.ScorecardJobParams, scorecard.run, predict.check, roles=predict.roles,
+            trains=False),
     # every party meets every other, as in a vertical job; the roles follow the trained model
     JobSpec("predict", "vertical", "score new rows with the model bundles of a trained job (see docs)",
-            predict.PredictJobParams, predict.run, predict.check, roles=predict.roles),
+            predict.PredictJobParams, predict.run, predict.check, roles=predict.roles, trains=False),
 )
 for _spec in BUILTINS:
     if _spec.name not in JOBS:  # a re-import (importlib.reload) keeps the table as it is

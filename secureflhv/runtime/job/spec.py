@@ -69,6 +69,9 @@ class JobSpec:
             party on its own rows, in the prediction job.
         task: the task of a bundle that does not record one, from its ``config`` and ``extra`` (None:
             ``config.task`` / ``n_classes``, see :func:`secureflhv.runtime.store.loaded_model.config_task`).
+        trains: whether the job trains a model that a prediction scores (False: a data job, such as
+            ``feature_binning`` or ``vertical_statistics``, or one that uses a trained model, such as
+            ``predict`` or ``scorecard``).
     """
 
     name: str
@@ -81,12 +84,16 @@ class JobSpec:
     predict: PredictFn | None = None
     local_model: ScorerFn | None = None
     task: TaskFn | None = None
+    trains: bool = True
 
     def __post_init__(self) -> None:
         if self.family not in ("vertical", "horizontal", "peer"):
             raise ValueError(f"{self.name}: family must be vertical, horizontal or peer, got {self.family!r}")
         if self.roles is None and self.family not in FAMILY_RULES:
             raise ValueError(f"{self.name}: a {self.family} algorithm states its role rule (roles=...)")
+        if self.trains and not (self.predict is not None or self.local_model is not None):
+            raise ValueError(f"{self.name}: a job that trains a model says how its bundles are scored "
+                             f"(predict= or local_model=), or sets trains=False")
         if self.predict is not None and self.local_model is not None:
             raise ValueError(f"{self.name}: a bundle either scores locally or through a prediction protocol")
 
