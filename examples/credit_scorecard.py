@@ -208,14 +208,14 @@ def bin_names(column: str, label: str) -> str:
 
 
 def bad_share_from_score(score: np.ndarray) -> np.ndarray:
-    from secureflhv.data.scorecard import scaling
+    from secureflhv.data.scorecard_points import scaling
 
     factor, offset = scaling(PDO, BASE_SCORE, BASE_ODDS)
     return 1.0 / (1.0 + np.exp(-(offset - score) / factor))
 
 
 def score_from_bad_share(p: np.ndarray) -> np.ndarray:
-    from secureflhv.data.scorecard import score_from_logit
+    from secureflhv.data.scorecard_points import score_from_logit
 
     p = np.asarray(p, dtype=np.float64)
     return score_from_logit(np.log(p / (1 - p)), pdo=PDO, base_score=BASE_SCORE, base_odds=BASE_ODDS)

@@ -2,7 +2,7 @@
 
 The model is a ``vertical_lr`` job's bundles (``params.model_dir``) trained with ``params.woe_from``
 (:mod:`secureflhv.runtime.algorithms.feature_binning`), binary. Each data party turns its own part of
-the model into points per bin (:func:`secureflhv.data.scorecard.scorecard_points`, PDO scaling:
+the model into points per bin (:func:`secureflhv.data.scorecard_points.scorecard_points`, PDO scaling:
 ``score = offset - factor * logit``, factor = pdo / ln 2, offset = base_score - factor * ln(base_odds)):
 for feature j and bin b, points = -factor * w_j * x_jb, where x_jb is the bin's WOE after the LR job's
 own preprocessing (its standardisation), so that a row's points add up to the model's score exactly
@@ -27,7 +27,7 @@ import pandas as pd
 from pydantic import ConfigDict, Field
 
 from ...data.credit_metrics import ks_table, lift_gain_table, plot_ks, plot_lift_gain
-from ...data.scorecard import points_table, scaling, scorecard_points, score_rows
+from ...data.scorecard_points import points_table, scaling, scorecard_points, score_rows
 from ...data.metrics import task_metrics
 from ...data.tabular import Preprocessor
 from ...data.woe import WOEEncoder

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from secureflhv.data.scorecard import points_table, score_from_logit, score_rows, scorecard_points, scaling
+from secureflhv.data.scorecard_points import points_table, score_from_logit, score_rows, scorecard_points, scaling
 
 PDO, BASE, ODDS = 20.0, 600.0, 50.0
 FACTOR = PDO / math.log(2)
