@@ -392,7 +392,8 @@ class HorizontalServer(_Resumable, ProtocolRole):
     def _aggregate(self, r: int, selected: list[str]) -> tuple[dict[str, AggregateResult], str]:
         """Every part's sum, and why the round is refused ("" when it is not): a part whose unmasked sum is
         out of range (:class:`OutOfRangeRound`) refuses the whole round, after the other parts ran (their
-        clients are waiting). Raises AggregationError for any other failure."""
+        clients are waiting); so do parts with different survivors when the strategy combines them
+        (:attr:`Strategy.joint_parts`). Raises AggregationError for any other failure."""
         results: dict[str, AggregateResult] = {}
         refused = []
         for i, part in enumerate(self.strategy.parts):
@@ -403,6 +404,11 @@ class HorizontalServer(_Resumable, ProtocolRole):
                 refused.append(f"part {part!r}: {exc}")
             except AggregationError as exc:
                 raise AggregationError(f"round {r}, part {part!r}: {exc}") from None
+        if not refused and self.strategy.joint_parts:
+            sets = {p: sorted(res.survivors) for p, res in results.items()}
+            if len({tuple(s) for s in sets.values()}) > 1:
+                refused.append(f"{self.strategy.name} combines its parts into one step, but they were summed over "
+                               f"different clients {sets}")
         return ({}, "; ".join(refused)) if refused else (results, "")
 
     def _send_all(self, receivers: Sequence[str], tag: str, round_id: int, payload_of) -> None:

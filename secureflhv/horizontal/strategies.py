@@ -149,6 +149,9 @@ class Strategy(ABC):
         n_models: how many differently initialised models the server starts from (IFCA: k clusters).
         zero_weight_parts: whether a part's total weight may be 0 (IFCA: a cluster nobody chose); else
             the server refuses such a sum as out of range (:mod:`secureflhv.secagg.bounds`).
+        joint_parts: whether :meth:`server_update` combines the parts' sums into one step, so they must be over
+            the same clients (FedNova: ``(Σ p_i a_i)·(Σ p_i d_i)``); the server refuses a round whose parts
+            have different survivors (each part is its own aggregation, and a client may miss one of them).
     """
 
     name: str = ""
@@ -156,6 +159,7 @@ class Strategy(ABC):
     sample_weighted_parts: tuple[str, ...] = ("model",)
     n_models: int = 1
     zero_weight_parts: bool = False
+    joint_parts: bool = False
     trainer = None  # a batched trainer's handle (:mod:`.batched`, simulations only); None = train here
 
     def local_train(self, model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainConfig,
@@ -345,6 +349,7 @@ class FedNova(Strategy):
     name = "fednova"
     parts = ("model", "nova")
     sample_weighted_parts = ("model", "nova")  # p_i weights both Σ p_i d_i and Σ p_i a_i
+    joint_parts = True  # Σ p_i a_i and Σ p_i d_i over the same clients, or the step is rescaled by their ratio
 
     def part_dims(self, dim):
         """The normalised delta d_i (``dim``) and the step count a_i (1)."""

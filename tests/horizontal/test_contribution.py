@@ -188,8 +188,13 @@ def test_job_file_turns_it_on_and_runs_through_secagg(tmp_path):
     npz, _ = job_shards(tmp_path, 3)
     with pytest.raises(JobConfigError, match=r"params\.contribution_temperature"):
         parse_job(job_dict(npz, {**PARAMS, "contribution_temperature": 0}), tmp_path)
-    # FedProx (PARAMS): FedNova + normalisation once fell from 0.60 to 0.15 test accuracy in round 2 under CI
-    # load (not reproduced alone); FedNova's composition is covered exactly by the strategy x partition grid
+    # FedProx (PARAMS). FedNova + normalisation once fell from 0.60 to 0.15 test accuracy in round 2 under CI
+    # load. Investigated: not a protocol fault. At this job's lr 0.1 and momentum 0.9 local training is chaotic,
+    # and FedNova's d = delta / a (a ~ 300 steps) makes its fixed-point rounding ~1000x FedAvg's, so the
+    # unseeded stochastic rounding alone moved round 2 between 0.33 and 0.72 over 81 runs (FedProx + CCN:
+    # 0.66-0.67); at lr 0.03 both are stable. The one real fault found on the way, FedNova combining part sums
+    # over different clients, is refused now (test_fl_dropout.py). FedNova's composition is covered exactly
+    # by the strategy x partition grid.
     cfg = parse_job(job_dict(npz, {**PARAMS, "contribution_temperature": 1.0}, tls=True), tmp_path)
     assert hj.fl_config(cfg, job_params(cfg)).contribution_temperature == 1.0
     run_in_process(cfg)

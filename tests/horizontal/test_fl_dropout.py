@@ -13,6 +13,7 @@ from fl_harness import blobs, run_fl  # noqa: E402
 
 from secureflhv.secagg import AggregationError  # noqa: E402
 from secureflhv.horizontal.models import ModelSpec  # noqa: E402
+from secureflhv.horizontal.strategies import LocalTrainConfig  # noqa: E402
 
 SPEC = ModelSpec(name="mlp", n_features=6, n_classes=3)
 FAST = {"input_timeout_s": 8.0, "stage_timeout_s": 4.0}  # generous: CI machines are slow
@@ -50,3 +51,35 @@ def test_fewer_than_threshold_fails_clearly():
     msg = str(errors["server"])
     assert "round 1" in msg and "c2" in msg and "c3" in msg and "t=3" in msg
     assert server.history == []
+
+
+def _silent_in_model_part(client, fl_round):
+    """``client`` receives the shares of the model part (slot 0) in ``fl_round`` but never sends its masked input:
+    the server leaves it out of that sum (U3), the client learns it from the survivor list and goes on to the
+    next part, where it is on time."""
+    agg = client.agg_clients["model"]
+    honest = agg.masked_input_collection
+
+    def silent(rnd):
+        if rnd.round_id != fl_round * 8:
+            return honest(rnd)
+        agg._receive_shares(rnd, agg._from_server(rnd.round_id, 2, "shares"))
+    agg.masked_input_collection = silent
+
+
+def test_fednova_refuses_a_round_whose_parts_have_different_survivors():
+    """FedNova's step (Σ p_i a_i)·(Σ p_i d_i) needs both sums over one set of clients: c3 missing only the model
+    sum would scale the step by Σ_all p a / Σ_survivors p a (13x here). The round is refused: the model stays."""
+    shards, test = blobs(400, 4, seed=1)
+    shards = [(X[:n], y[:n]) for (X, y), n in zip(shards, (40, 40, 40, 400))]  # a_i from 55 to 910 steps
+    spec = ModelSpec(name="mlp", n_features=6, n_classes=3, hidden=(16, 8))
+    initial = []
+    server, _, errors = run_fl(shards, test, spec, "fednova", "secagg", rounds=1, seed=1,
+                               local=LocalTrainConfig(epochs=4, batch_size=16, lr=0.05, momentum=0.9),
+                               agg_kw={**FAST, "threshold": 3},
+                               prepare=lambda s, cs: (initial.append(s.global_vec.copy()),
+                                                      _silent_in_model_part(cs[3], 1)))
+    assert not errors, errors
+    rec = server.history[0]
+    assert "summed over different clients" in rec.refused
+    assert np.array_equal(server.global_vec, initial[0])

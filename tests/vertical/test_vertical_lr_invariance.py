@@ -84,3 +84,17 @@ def test_okamoto_uchiyama_equals_the_centralised_model(mode):
     cfg = dict(key_bits=1024, insecure_test_key=True, he_scheme="ou", mode=mode, epochs=3, batch_size=15,
                learning_rate=0.4, l2=0.02, seed=3, early_stopping_rounds=None)
     _check(X, y, [2, 5], [[0, 3], [1, 4]], cfg)
+
+
+@pytest.mark.parametrize("mode", ["arbiter", "two_party"])
+def test_a_column_held_by_both_parties_is_two_features_as_in_the_joined_table(mode):
+    """Overlapping columns (issue 39): guest and host both hold column 2 (in a job file both may even give
+    it the same name: each party's feature names are its own, and bundles and reports name them per party).
+    The federation treats the two copies as two features, exactly as the centralised model on the joined
+    table holding both copies does (with l2 > 0 that model is unique: the copies share the weight)."""
+    X, y = _data(seed=8, n=50, d=6)
+    joined = np.column_stack([X[:, [0, 1, 2]], X[:, [2, 3, 4, 5]]])  # the guest's columns, then the host's
+    cfg = dict(KEY, mode=mode, epochs=3, batch_size=25, learning_rate=0.4, l2=0.05, seed=4,
+               early_stopping_rounds=None)
+    results, _ = _check(joined, y, [0, 1, 2], [[3, 4, 5, 6]], cfg)
+    assert results["guest"].weights[2] == pytest.approx(results["host-1"].weights[0], rel=1e-6)
