@@ -64,25 +64,23 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's secureflhv, not an installed one
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _wire  # noqa: E402
+from secureboost import cpu_seconds  # noqa: E402  CPU seconds of this process and its Paillier workers
+
 FATE_URL = "https://github.com/FederatedAI/FATE/blob/master/doc/2.0/fate/performance.md"
 FATE_SECONDS = {"FATE-v2.0.0": 68.0, "FATE-v1.11.4": 105.0}
 FATE_SETUP = ("guest 100,000 x 30 + host 100,000 x 300 features, 2 machines x 16 cores used (Xeon Platinum 8255C), "
               "1 Gb LAN, default 10 quantile bins; other hardware, not re-measured here")
-FATE_SHAPE = (100_000, 300)
+FATE_SHAPE = (100_000, 300)  # rows, host features
+FATE_GUEST_FEATURES = 30
 IV_SELECT = 0.02  # the conventional "useless below" IV threshold (Siddiqi): columns kept by the decision
 
 
-def cpu_seconds() -> float:
-    """CPU seconds of this process and its worker processes (see ``secureboost.py``)."""
-    from secureboost import cpu_seconds as _cpu
-
-    return _cpu()
-
-
 # ---------------------------------------------------------------------------------------------- data
-def make_data(n: int, d_host: int, d_guest: int, seed: int = 0):
-    """Host columns (normal; every 10th with 2% missing values, every 7th an integer code of 5 values),
-    guest columns (normal) and binary labels from a noisy logistic rule over some of both."""
+def make_data(n: int, d_host: int, d_guest: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(Xh, Xg, y)``: host columns Xh (n, d_host) float64 (normal; every 7th an integer code of 5 values,
+    every 10th with 2% NaN), guest columns Xg (n, d_guest) float64 (normal) and labels y (n,) int64 0/1
+    from a noisy logistic rule over the first host and guest columns. Synthetic, seeded by ``seed``."""
     rng = np.random.default_rng(seed)
     Xh = rng.normal(size=(n, d_host))
     for j in range(0, d_host, 7):
@@ -130,22 +128,30 @@ def timed_backend(role, acc: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------- the runs
-def host_bins(X: np.ndarray, n_bins: int):
-    """The host's quantile bins of every column (local, the same in every run)."""
+def host_bins(X: np.ndarray, n_bins: int) -> list:
+    """One :class:`secureflhv.data.woe.ColumnBins` per column of ``X`` (n, d) float64 (NaN = missing), named
+    ``x0``, ``x1``, ...: ``n_bins`` quantile value bins plus a missing-value bin (local, the same in every run)."""
     from secureflhv.data.woe import ColumnBins, column_edges
 
     return [ColumnBins(f"x{j}", column_edges(X[:, j], "quantile", n_bins)) for j in range(X.shape[1])]
 
 
 def iv_of(counts: list[np.ndarray]) -> np.ndarray:
-    """IV of each column from its (bins, 2) non-event / event counts."""
+    """(d,) float64 IV of each column from its (bins, 2) integer [non-event, event] counts
+    (:func:`secureflhv.data.woe.woe_iv`, default adjustment)."""
     from secureflhv.data.woe import woe_iv
 
     return np.array([woe_iv(c[:, 1], c[:, 0])[1] for c in counts])
 
 
 def run_federated(X, y, bins, n_bins: int, backend: str, key_bits: int) -> dict:
-    """One guest and one host in threads: keygen, encrypted passes, IV, decisions. Timings, bytes, counts."""
+    """One guest and one host in threads over the in-process transport: keygen, encrypted passes, IV, decisions.
+
+    ``X`` (n, d) float64 host columns, ``y`` (n,) int64 0/1 labels, ``bins`` (:func:`host_bins`, d of them),
+    ``backend`` ``"paillier"``, ``"ou"`` or ``"identity"``; keys under 2048 bits are insecure test keys.
+    Returns seconds (``total``, ``protocol``, ``keygen``, ``encrypt``, ``decrypt``, ``histogram``, ...), CPU
+    seconds (``cpu``), bytes (``g2h``, ``h2g``, ``by_tag``, ``wire``), the decrypted ``counts`` and ``iv``.
+    Re-raises the host's error; RuntimeError when the host's selection differs from the guest's."""
     from secureflhv.transport import InProcessNetwork
     from secureflhv.vertical import woe_binning as wb
 
@@ -176,15 +182,16 @@ def run_federated(X, y, bins, n_bins: int, backend: str, key_bits: int) -> dict:
     t2 = time.perf_counter()
     iv = iv_of(counts.counts)
     woe_s = time.perf_counter() - t2
-    guest.send_decisions({"host": wb.HostDecision([np.ones(b.n_bins - 2, bool) for b in bins],
-                                                  [bool(v >= IV_SELECT) for v in iv], None)})
+    selected = [bool(v >= IV_SELECT) for v in iv]
+    guest.send_decisions({"host": wb.HostDecision([np.ones(b.n_bins - 2, bool) for b in bins], selected, None)})
     th.join(3600)
     total, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     if errors:
         raise errors[0]
-    if out["host"].selected != [bool(v >= IV_SELECT) for v in iv]:
-        raise RuntimeError("the host's decision differs from the guest's")
-    g = net.wire_stats()["guest"]["host"]
+    if out["host"].selected != selected:
+        raise RuntimeError(f"the host's selection {out['host'].selected} differs from the guest's {selected}")
+    wire = net.wire_stats()
+    g = wire["guest"]["host"]
     return {"backend": backend, "total": total, "cpu": cpu, "protocol": t2 - t1, "index": index_s,
             "keygen": guest_acc["generate_keypair"], "encrypt": guest_acc["encrypt"],
             "decrypt": guest_acc["decrypt"], "woe_iv": woe_s, "histogram": acc["histogram"],
@@ -192,11 +199,13 @@ def run_federated(X, y, bins, n_bins: int, backend: str, key_bits: int) -> dict:
             "g2h": g["sent"] + g["sent_framing"], "h2g": g["received"] + g["received_framing"],
             "by_tag": {t: (c["sent"] + c["sent_framing"], c["received"] + c["received_framing"])
                        for t, c in g["by_tag"].items()},
-            "wire": net.wire_stats(), "counts": counts.counts, "iv": iv}
+            "wire": wire, "counts": counts.counts, "iv": iv}
 
 
 def run_centralised(X, y, bins) -> dict:
-    """One party with labels and columns: bin index, per-bin counts by class (np.bincount) and IV."""
+    """One party with labels and columns: bin index, per-bin counts by class (np.bincount) and IV.
+    ``X`` (n, d) float64, ``y`` (n,) int64 0/1, ``bins`` d :class:`ColumnBins`; returns ``total`` seconds,
+    ``counts`` (d (bins, 2) int64 [non-event, event] arrays) and ``iv`` ((d,) float64)."""
     t0 = time.perf_counter()
     counts = []
     for j, b in enumerate(bins):
@@ -207,7 +216,8 @@ def run_centralised(X, y, bins) -> dict:
 
 
 def guest_local(Xg, y, n_bins: int) -> float:
-    """Seconds for the guest's own columns: quantile cuts, counts and IV in plaintext (no protocol)."""
+    """Seconds for the guest's own columns ``Xg`` (n, d_guest): quantile cuts, counts and IV in plaintext
+    (no protocol; 0 columns: about 0 s)."""
     t0 = time.perf_counter()
     if Xg.shape[1]:
         run_centralised(Xg, y, host_bins(Xg, n_bins))
@@ -215,11 +225,13 @@ def guest_local(Xg, y, n_bins: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------ output
-def _mb(n: float) -> str:
-    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+def fate_shape(args) -> bool:
+    """Whether this run has the shape of FATE's published run (rows, host and guest features)."""
+    return (args.rows, args.features, args.guest_features) == (*FATE_SHAPE, FATE_GUEST_FEATURES)
 
 
 def report(res: dict, args, bits: int) -> None:
+    """Print the figures of :func:`main`'s ``res`` (times in s, bytes in kB / MB) and FATE's published ones."""
     enc, plain, cen = res["enc"], res["plain"], res["central"]
     d, n = args.features, args.rows
     scheme = args.he_scheme
@@ -233,16 +245,16 @@ def report(res: dict, args, bits: int) -> None:
           f"({n / max(enc['encrypt'], 1e-9):,.0f} rows/s) | host bin index {enc['index']:.2f} s | host histograms "
           f"{enc['histogram']:.2f} s + compression {enc['compress']:.2f} s | guest decryption {enc['decrypt']:.2f} s"
           f" + WOE/IV {enc['woe_iv']:.3f} s")
-    print(f"    bytes: guest -> host {_mb(enc['g2h'])} (encrypted labels: independent of the features), "
-          f"host -> guest {_mb(enc['h2g'])}")
+    print(f"    bytes: guest -> host {_wire.mb(enc['g2h'])} (encrypted labels: independent of the features), "
+          f"host -> guest {_wire.mb(enc['h2g'])}")
     print("    by message (guest sent, received): " + "; ".join(
-        f"{t} {_mb(s)}, {_mb(r)}" for t, (s, r) in sorted(enc["by_tag"].items())))
+        f"{t} {_wire.mb(s)}, {_wire.mb(r)}" for t, (s, r) in sorted(enc["by_tag"].items())))
     print(f"    per feature: {enc['total'] / d:.3f} s/feature ({enc['cpu'] / d:.2f} CPU-s), "
           f"{(enc['g2h'] + enc['h2g']) / d / 1e3:.1f} kB/feature both ways "
           f"(host -> guest {enc['h2g'] / d / 1e3:.2f} kB/feature; guest -> host {enc['g2h'] / d / 1e3:.1f} "
           f"kB/feature amortised)")
     print(f"  identity (same protocol, no encryption): total {plain['total']:.2f} s, {plain['cpu']:.1f} CPU-s; "
-          f"bytes guest -> host {_mb(plain['g2h'])}, host -> guest {_mb(plain['h2g'])}; "
+          f"bytes guest -> host {_wire.mb(plain['g2h'])}, host -> guest {_wire.mb(plain['h2g'])}; "
           f"{plain['total'] / d * 1e3:.2f} ms/feature")
     print(f"  centralised numpy (bin index, np.bincount, IV): {cen['total']:.2f} s, "
           f"{cen['total'] / d * 1e3:.2f} ms/feature")
@@ -258,23 +270,24 @@ def report(res: dict, args, bits: int) -> None:
           f"{os.getloadavg()[0]:.2f}")
     print(f"  FATE's published figure ({FATE_URL}): Hetero-Feature-Binning "
           + ", ".join(f"{k} {v:.0f} s" for k, v in FATE_SECONDS.items()) + f"; {FATE_SETUP}.")
-    if (n, d, args.guest_features) == (*FATE_SHAPE, 30):
+    if fate_shape(args):
         print("  same shape as FATE's: ours / FATE " + ", ".join(f"{k} {fate / v:.2f}x" for k, v in FATE_SECONDS.items())
               + " (their 32 cores, job scheduling and LAN against our 2 cores in one process)")
     else:
-        print(f"  (shape differs from FATE's {FATE_SHAPE[0]:,} x {FATE_SHAPE[1]} + 30: no ratio to it)")
+        print(f"  (shape differs from FATE's {FATE_SHAPE[0]:,} x {FATE_SHAPE[1]} + {FATE_GUEST_FEATURES}: "
+              "no ratio to it)")
 
 
 def record(res: dict, args, bits: int, docs: Path | None = None) -> None:
     """The ``woe_binning`` (``woe_binning_ou``) row of docs/benchmarks.json (``docs``: another folder)."""
     import _report
-    import _wire
 
     enc, plain, cen = res["enc"], res["plain"], res["central"]
     d, n = args.features, args.rows
     scheme = "Paillier" if args.he_scheme == "paillier" else "Okamoto-Uchiyama"
-    same = (n, d, args.guest_features) == (*FATE_SHAPE, 30)
-    fate = (f"FATE published 68 s (v2.0.0) / 105 s (v1.11.4) for guest 100,000 x 30 + host 100,000 x 300 on "
+    same = fate_shape(args)
+    fate = ("FATE published " + " / ".join(f"{v:.0f} s ({k.removeprefix('FATE-')})" for k, v in FATE_SECONDS.items())
+            + f" for guest {FATE_SHAPE[0]:,} x {FATE_GUEST_FEATURES} + host {FATE_SHAPE[0]:,} x {FATE_SHAPE[1]} on "
             f"2 x 16 cores, other hardware ({FATE_URL})")
     _report.record("woe_binning" + ("" if args.he_scheme == "paillier" else "_ou"), {
         "what": (f"federated WOE binning + IV, {n:,} rows x {d} host features, {args.bins} quantile bins, {scheme} "
@@ -313,7 +326,7 @@ def main(argv=None) -> dict:
     args.rows = args.rows or (5_000 if args.quick else FATE_SHAPE[0])
     args.features = args.features or (20 if args.quick else FATE_SHAPE[1])
     if args.guest_features is None:
-        args.guest_features = 5 if args.quick else 30
+        args.guest_features = 5 if args.quick else FATE_GUEST_FEATURES
     bits = args.key_bits or (1024 if args.quick else 2048)
     if args.rows < 10 or args.features < 1 or args.bins < 2 or args.guest_features < 0:
         ap.error("need --rows >= 10, --features >= 1, --bins >= 2, --guest-features >= 0")

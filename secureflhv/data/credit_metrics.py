@@ -80,7 +80,11 @@ def ks_value(y, score) -> float:
     :func:`secureflhv.data.metrics.ks_statistic` (max of TPR - FPR, signed) when the score ranks events
     above non-events. Raises ValueError as :func:`ks_table`.
     """
-    y, score = _check(y, score)
+    return _exact_ks(*_check(y, score))
+
+
+def _exact_ks(y: np.ndarray, score: np.ndarray) -> float:
+    """:func:`ks_value` of already validated arrays (:func:`_check`)."""
     _, _, ce, cne = _cum_curve(y, score)
     return float(np.max(np.abs(ce / ce[-1] - cne / cne[-1])))
 
@@ -97,10 +101,10 @@ def _groups(y: np.ndarray, score: np.ndarray, n_groups: int) -> pd.DataFrame:
     m = int(g.max()) + 1
     cnt = np.bincount(g, minlength=m)
     ev = np.bincount(g, weights=ys, minlength=m).astype(np.int64)
+    ends = np.cumsum(cnt)  # one past each group's last sorted position (g is sorted)
     df = pd.DataFrame({
         "group": np.arange(1, m + 1), "n": cnt, "events": ev, "non_events": cnt - ev,
-        "event_rate": ev / cnt,
-        "min_score": s[np.cumsum(cnt) - 1], "max_score": s[np.cumsum(cnt) - cnt],  # g is sorted
+        "event_rate": ev / cnt, "min_score": s[ends - 1], "max_score": s[ends - cnt],
     })
     df["cum_n"] = df["n"].cumsum()
     df["cum_events"] = df["events"].cumsum()
@@ -117,13 +121,17 @@ def ks_table(y, score, n_groups: int = 10) -> pd.DataFrame:
     Raises ValueError when lengths differ, ``y`` is not 0/1 or holds one class, a score is NaN or
     infinite, or ``n_groups`` is not an integer in [2, n].
     """
-    y, score = _check(y, score, n_groups)
+    return _ks_table(*_check(y, score, n_groups), n_groups)
+
+
+def _ks_table(y: np.ndarray, score: np.ndarray, n_groups: int) -> pd.DataFrame:
+    """:func:`ks_table` of already validated arrays (:func:`_check`)."""
     df = _groups(y, score, n_groups)
     E, N = int(df["events"].sum()), int(df["non_events"].sum())
     df["cum_event_share"] = df["cum_events"] / E
     df["cum_nonevent_share"] = df["cum_non_events"] / N
     df["ks"] = (df["cum_event_share"] - df["cum_nonevent_share"]).abs()
-    df.attrs["ks"] = ks_value(y, score)
+    df.attrs["ks"] = _exact_ks(y, score)
     df.attrs["ks_table_max"] = float(df["ks"].max())
     return df
 
@@ -148,6 +156,7 @@ def lift_gain_table(y, score, n_groups: int = 10) -> pd.DataFrame:
 
 
 def _pyplot():
+    """``matplotlib.pyplot`` on the Agg canvas (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,7 +173,7 @@ def plot_ks(y, score, path, n_groups: int = 10, title: str = "") -> Path:
     ``n_groups`` group edges of :func:`ks_table` as markers. Inputs and errors as :func:`ks_table`.
     """
     y, score = _check(y, score, n_groups)
-    tab = ks_table(y, score, n_groups)
+    tab = _ks_table(y, score, n_groups)
     _, cn, ce, cne = _cum_curve(y, score)
     x = np.r_[0.0, cn / len(y)]
     fe, fn = np.r_[0.0, ce / ce[-1]], np.r_[0.0, cne / cne[-1]]

@@ -42,7 +42,8 @@ def task_of(scores: np.ndarray, regression: bool = False) -> str:
 
 def task_plots(y: np.ndarray, scores: np.ndarray, task: str, out_dir, *, title: str = "") -> list[Path]:
     """Write the plots of ``task`` (see the module docstring; binary: also the KS and lift/gain tables) for
-    ``scores`` against ``y`` into ``out_dir``; returns the plots written (none for zero rows; no ROC/KS when ``y`` has one class).
+    ``scores`` against ``y`` into ``out_dir``; returns the plots written (none for zero rows; no ROC/KS, lift
+    or gain when ``y`` has one class; no lift or gain for fewer than 10 rows, one per decile).
     Raises ValueError for an unknown task."""
     from .credit_metrics import ks_table, lift_gain_table, plot_lift_gain
     from .partition.plots import plot_confusion_matrix, plot_predicted_vs_true

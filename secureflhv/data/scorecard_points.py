@@ -159,7 +159,8 @@ def points_table(weights: Mapping[str, float], woe: Mapping[str, np.ndarray], po
     Raises ValueError when keys differ or a feature's WOE, points and labels differ in length.
     """
     if not set(weights) == set(woe) == set(points):
-        raise ValueError("weights, woe and points must have the same features")
+        raise ValueError(f"weights, woe and points must have the same features, got {sorted(weights)}, "
+                         f"{sorted(woe)} and {sorted(points)}")
     rows = []
     if base_points is not None:
         rows.append({"feature": "(base)", "bin": -1, "bin_label": "", "woe": np.nan, "weight": np.nan,

@@ -95,6 +95,7 @@ from ..params import HEParams, with_defaults
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
+from ..transport.row_parts import ROW_PART_WINDOW
 from .common import VerticalRole
 
 log = logging.getLogger("secureflhv.vertical.correlation")
@@ -108,7 +109,7 @@ TAG_RESULT = "corr.result"
 TAG_MASKED = "corr.masked"
 TAG_UNMASK = "corr.unmask"
 
-WINDOW = 4                 # encrypted chunks in flight per host (each <= a quarter of the message limit)
+WINDOW = ROW_PART_WINDOW   # encrypted chunks in flight per host (each <= a quarter of the message limit)
 CHUNK_BYTES = 8 * 2 ** 20  # target payload of one chunk (pipelines the guest's encryption with the host's work)
 MAX_NAME = 256             # characters of one column name on the wire
 CONSTANT_RTOL = 1e-12      # a column whose population sd <= this x max |x| is constant
@@ -164,7 +165,7 @@ def standardise_columns(X, missing: str = "mean", dot_precision_bits: int = DEFA
         ValueError: X not 2-D, an infinite cell, fewer than 2 rows, or n - 1 >= 2^(2 (62 - dot_precision_bits))
             (a z-score could exceed the plaintext multiplier range).
     """
-    X = np.array(X, dtype=np.float64, copy=True)
+    X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2:
         raise ValueError(f"X: expected a 2-D (rows, columns) array, got shape {X.shape}")
     n = X.shape[0]
@@ -189,8 +190,7 @@ def standardise_columns(X, missing: str = "mean", dot_precision_bits: int = DEFA
         X = np.where(miss, means, X)
     mu = X.mean(axis=0)
     sd = X.std(axis=0)
-    scale = np.abs(X).max(axis=0) if n else np.zeros(X.shape[1])
-    undefined |= sd <= CONSTANT_RTOL * scale
+    undefined |= sd <= CONSTANT_RTOL * np.abs(X).max(axis=0)
     Z = np.zeros_like(X)
     ok = ~undefined
     Z[:, ok] = (X[:, ok] - mu[ok]) / sd[ok]
@@ -208,34 +208,36 @@ def column_statistics(X, names: Sequence[str], quantiles: Sequence[float] = (0.0
             interpolation, of the present cells).
         categorical: names of categorical columns: counts only, their numeric statistics are NaN.
     Returns:
-        DataFrame with columns ``rows`` (n), ``missing`` (NaN cells), ``unique`` (distinct present values),
-        ``mean``, ``std`` (sample, ddof 1, as pandas' ``describe``), ``min``, the quantiles, ``max``;
-        statistics of a column without present cells are NaN.
+        DataFrame indexed by name (``column``), p rows, with columns ``rows`` (n), ``missing`` (NaN cells),
+        ``unique`` (distinct present values) as ints, and float64 ``mean``, ``std`` (sample, ddof 1, as
+        pandas' ``describe``), ``min``, the quantiles, ``max``, in the units of X; statistics of a column
+        without present cells are NaN.
     Raises:
-        ValueError: a name count that does not match X, or a level outside [0, 1].
+        ValueError: X not 2-D, a name count that does not match X's columns, or a level outside [0, 1].
     """
     import pandas as pd
 
     X = np.asarray(X, dtype=np.float64)
     names = [str(c) for c in names]
-    if X.ndim != 2 or X.shape[1] != len(names):
-        raise ValueError(f"names: {len(names)} names for an array of shape {X.shape}")
+    if X.ndim != 2:
+        raise ValueError(f"X: expected a 2-D (rows, columns) array, got shape {X.shape}")
+    if X.shape[1] != len(names):
+        raise ValueError(f"names: {len(names)} names for the {X.shape[1]} columns of X; give one name per column")
     qs = [float(q) for q in quantiles]
     if any(not 0.0 <= q <= 1.0 for q in qs):
         raise ValueError(f"quantiles: levels must lie in [0, 1], got {qs}")
     frame = pd.DataFrame(X, columns=names)
     cat = set(categorical)
+    stats = ["mean", "std", "min", *(quantile_name(q) for q in qs), "max"]
     rows = []
     for name in names:
         col = frame[name]
         row = {"rows": int(len(col)), "missing": int(col.isna().sum()), "unique": int(col.nunique(dropna=True))}
-        numeric = name not in cat
-        row["mean"] = float(col.mean()) if numeric else math.nan
-        row["std"] = float(col.std()) if numeric else math.nan
-        row["min"] = float(col.min()) if numeric else math.nan
-        for q in qs:
-            row[quantile_name(q)] = float(col.quantile(q)) if numeric else math.nan
-        row["max"] = float(col.max()) if numeric else math.nan
+        if name in cat:  # counts only
+            row.update(dict.fromkeys(stats, math.nan))
+        else:
+            row.update(mean=float(col.mean()), std=float(col.std()), min=float(col.min()),
+                       **{quantile_name(q): float(col.quantile(q)) for q in qs}, max=float(col.max()))
         rows.append(row)
     return pd.DataFrame(rows, index=pd.Index(names, name="column"))
 
@@ -289,26 +291,27 @@ class _Role(VerticalRole):
         self.Z, self.undefined = standardise_columns(X, cfg.missing, self.he.dot_precision_bits)
         self.n, self.p = self.Z.shape
         if self.p < 1:
-            raise ValueError("X: no columns to correlate")
+            raise ValueError("X: no columns to correlate; give this party at least one numeric column")
         if self.p > cfg.max_features:
-            raise ValueError(f"X: {self.p} columns exceed max_features={cfg.max_features}")
-        names = [f"{self.party_id}:{j}" for j in range(self.p)] if feature_names is None else \
-            [str(c) for c in feature_names]
-        if len(names) != self.p:
-            raise ValueError(f"feature_names: {len(names)} names for {self.p} columns")
-        self.names = names
+            raise ValueError(f"X: {self.p} columns exceed max_features={cfg.max_features}; drop columns or raise "
+                             f"max_features (the same value at every party)")
+        self.names = self._anonymous_names() if feature_names is None else [str(c) for c in feature_names]
+        if len(self.names) != self.p:
+            raise ValueError(f"feature_names: {len(self.names)} names for {self.p} columns of X; give one name "
+                             f"per column")
+
+    def _anonymous_names(self) -> list[str]:
+        """``<party id>:<column index>`` for each of this party's columns."""
+        return [f"{self.party_id}:{j}" for j in range(self.p)]
 
     def _shared_names(self) -> list[str]:
         """This party's column names as the learner sees them."""
         if self.config.share_feature_names:
             return [c[:MAX_NAME] for c in self.names]
-        return [f"{self.party_id}:{j}" for j in range(self.p)]
-
-    def _product_exponent(self) -> int:
-        """Exponent of every honest [[S]]: a fresh encryption times one plaintext product."""
-        return self._exponent(dots=1)
+        return self._anonymous_names()
 
     def _check_learner_columns(self, p_learner: int, who: str) -> None:
+        """Refuse (:class:`CorrelationRefused`) unless n - 1 > min_rows_per_feature x the learner's columns."""
         ratio = self.config.min_rows_per_feature
         if not self.n - 1 > ratio * p_learner:
             raise CorrelationRefused(
@@ -318,6 +321,7 @@ class _Role(VerticalRole):
                 f"{'host' if self.config.reveal_to == 'guest' else 'guest'}")
 
     def _finish(self, S: np.ndarray, undefined_g: np.ndarray, undefined_h: np.ndarray) -> np.ndarray:
+        """R = S / n (p_g, p_h) float64, NaN in the rows / columns of undefined columns."""
         r = np.asarray(S, dtype=np.float64) / self.n
         r[undefined_g, :] = np.nan
         r[:, undefined_h] = np.nan
@@ -342,6 +346,11 @@ def _undefined_from(msg: messages_pb2.Bundle, p: int, what: str) -> np.ndarray:
     if not np.all((flags == 0) | (flags == 1)):
         raise ProtocolError(f"{what}: undefined flags must be 0 or 1")
     return flags.astype(bool)
+
+
+def _chunks(n: int, rows: int) -> list[tuple[int, int]]:
+    """``[a, b)`` row bounds of the ``corr.zg`` chunks: ``rows`` rows each, the last one shorter."""
+    return [(a, min(n, a + rows)) for a in range(0, n, rows)]
 
 
 def _put_columns(msg: messages_pb2.Bundle, names: list[str], undefined: np.ndarray) -> None:
@@ -391,7 +400,9 @@ class CorrelationGuest(_Role):
         return self._guarded(self._run)
 
     def chunk_rows(self, pub) -> int:
-        """Rows per ``corr.zg`` message: at most ``CHUNK_BYTES`` and a quarter of the message limit."""
+        """Rows per ``corr.zg`` message (int in [1, n]): p_g ciphertexts of ``pub.byte_width`` bytes (8 when
+        the key has none, e.g. the identity backend) per row, at most ``CHUNK_BYTES`` and a quarter of the
+        transport's message limit less 4 KiB of framing per message; at least 1 row however small the limit."""
         width = int(getattr(pub, "byte_width", 8) or 8) * self.p
         limit = self.t.max_payload_bytes
         budget = CHUNK_BYTES if limit is None else min(CHUNK_BYTES, int(limit) // 4 - 4096)
@@ -418,23 +429,21 @@ class CorrelationGuest(_Role):
                  {h: v[0] for h, v in hello.items()}, self.n, cfg.reveal_to)
         self._stream(priv, rows)
         out = CorrelationResult(self.n, cfg.reveal_to)
-        e = self._product_exponent()
+        tag = TAG_RESULT if cfg.reveal_to == "guest" else TAG_MASKED
+        product = self._exponent(dots=1)  # every honest [[S]]: a fresh encryption times one plaintext product
         for h in self.host_ids:
             p_h, names_h, undefined_h = hello[h]
+            enc = t.recv(h, tag, round=1, parse=self._enc_parser(pub, (self.p, p_h), f"{tag} from {h}", product))
             if cfg.reveal_to == "guest":
-                enc = t.recv(h, TAG_RESULT, round=1, parse=self._enc_parser(pub, (self.p, p_h),
-                                                                            f"{TAG_RESULT} from {h}", e))
                 r = self._finish(self.he.decrypt(priv, enc), self.undefined, undefined_h)
                 out.matrices[h] = CrossCorrelation(h, list(self.names), names_h, r)
             else:
-                enc = t.recv(h, TAG_MASKED, round=1, parse=self._enc_parser(pub, (self.p, p_h),
-                                                                            f"{TAG_MASKED} from {h}", e))
                 self._send_decrypted(priv, enc, h, TAG_UNMASK, 2)
         return out
 
     def _stream(self, priv, rows: int) -> None:
         """Encrypt Z_g chunk by chunk (once) and send each chunk to every host, WINDOW in flight per host."""
-        bounds = [(a, min(self.n, a + rows)) for a in range(0, self.n, rows)]
+        bounds = _chunks(self.n, rows)
         for k, (a, b) in enumerate(bounds):
             proto = self.wire.to_proto(self.he.encrypt(priv, self.Z[a:b]))
             for h in self.host_ids:
@@ -465,6 +474,7 @@ class CorrelationGuest(_Role):
 
 
 def _setup_text(cfg: CorrelationConfig) -> dict:
+    """The settings guest and hosts must share, as the setup's text fields (a host compares them to its own)."""
     return {"reveal_to": cfg.reveal_to, "he_scheme": cfg.he_scheme, "missing": cfg.missing,
             "precision": f"{cfg.precision_bits}/{cfg.dot_precision_bits}",
             "min_rows_per_feature": repr(float(cfg.min_rows_per_feature))}
@@ -479,6 +489,8 @@ class CorrelationHost(_Role):
         X: float (n, p_h) the host's columns over the aligned rows (same n and order as the guest's),
             1 <= p_h <= max_features.
         config, feature_names, backend: as :class:`CorrelationGuest`.
+
+    Raises (constructor): ValueError for X (see :func:`standardise_columns`) or names that do not fit.
 
     What the host learns: with ``reveal_to: host`` its own matrix R_h (p_g, p_h), the guest's column names
     and undefined columns, i.e. p_h linear functionals of each standardised guest column; with
@@ -515,8 +527,7 @@ class CorrelationHost(_Role):
         t.send(g, TAG_HELLO, hello, round=0)
         fresh = self._exponent()
         S = None
-        for k, a in enumerate(range(0, self.n, rows)):
-            b = min(self.n, a + rows)
+        for k, (a, b) in enumerate(_chunks(self.n, rows)):
             enc = t.recv(g, TAG_ZG, round=k + 1,
                          parse=self._enc_parser(pub, (b - a, p_g), f"{TAG_ZG} part {k} from {g}", fresh))
             t.send(g, TAG_ACK, messages_pb2.Scalars(values={"part": float(k)}), round=k + 1)
@@ -550,10 +561,13 @@ class CorrelationHost(_Role):
             for k, v in ours.items():
                 theirs = m.text.get(k)
                 if theirs != v:
-                    raise ProtocolError(f"{what}: {k} is {theirs!r} at the guest but {v!r} here")
+                    field = "precision_bits/dot_precision_bits" if k == "precision" else k
+                    raise ProtocolError(f"{what}: {k} is {theirs!r} at the guest but {v!r} here; set {field} "
+                                        f"the same at the guest and every host")
             n = whole_count(m.scalars.get("n_rows", -1.0), f"{what}: n_rows")
             if n != self.n:
-                raise ProtocolError(f"{what}: {n} aligned rows at the guest but {self.n} here (run PSI first)")
+                raise ProtocolError(f"{what}: {n} aligned rows at the guest but {self.n} here (align the rows by "
+                                    f"PSI first, with the same row selection at every party)")
             p_g = whole_count(m.scalars.get("p_g", -1.0), f"{what}: p_g", lo=1, hi=cfg.max_features + 1)
             rows = whole_count(m.scalars.get("chunk_rows", -1.0), f"{what}: chunk_rows", lo=1, hi=self.n + 1)
             if cfg.reveal_to == "host":

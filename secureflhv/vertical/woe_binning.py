@@ -101,8 +101,12 @@ class BinningGuest(ProtocolRole):
         y: int (n,) class ids 0..K-1 of the aligned rows (PSI order, the same rows at every host).
         n_classes: K >= 2.
         max_features, max_bins: the job's bounds on a host's columns and value bins per column.
-        key_bits, insecure_test_key: the Paillier key (test keys only with the job's test setting).
-        backend: ``paillier`` (default) or ``identity`` (NO encryption: benchmark baseline only).
+        key_bits, insecure_test_key: the key (test keys only with the job's test setting).
+        backend: ``paillier`` (default), ``ou`` (Okamoto-Uchiyama) or ``identity`` (NO encryption: benchmark
+            baseline only); the hosts must use the same.
+        keypair: a key pair generated beforehand (or its prefetch, :mod:`secureflhv.crypto.homomorphic.key_prefetch`);
+            None: generated here.
+    Raises ValueError for labels that are not class ids 0..n_classes-1 of at least one row.
     """
 
     def __init__(self, transport: Transport, host_ids: Sequence[str], y: np.ndarray, n_classes: int, *,
@@ -136,17 +140,19 @@ class BinningGuest(ProtocolRole):
         self.wire.put_setup_key(setup, self.pub)
         for h in self.host_ids:
             self._send(h, TAG_SETUP, setup, 0)
-        sizes = {h: self._recv(h, TAG_COUNTS, 0, self._counts_parser(h, n)) for h in self.host_ids}
-        counts = {h: [np.zeros((len(c), self.n_classes), np.int64) for c in sizes[h][1]] for h in self.host_ids}
+        announced = {h: self._recv(h, TAG_COUNTS, 0, self._counts_parser(h, n)) for h in self.host_ids}
+        names = {h: a[0] for h, a in announced.items()}
+        sizes = {h: a[1] for h, a in announced.items()}  # per column, its bins' row counts
+        counts = {h: [np.zeros((len(c), self.n_classes), np.int64) for c in sizes[h]] for h in self.host_ids}
         for m in range(passes(self.n_classes)):
             classes = [2 * m, 2 * m + 1]
             sums = self._send_rows(m, n, classes)
             for h in self.host_ids:
-                cum = self._recv(h, TAG_SUMS, m + 1, self._sums_parser(h, m, sums, sizes[h][1]))
-                self._fill(counts[h], sizes[h][1], cum, classes)
+                cum = self._recv(h, TAG_SUMS, m + 1, self._sums_parser(h, m, sums, sizes[h]))
+                self._fill(counts[h], sizes[h], cum, classes)
         for h in self.host_ids:
-            self._check_totals(h, counts[h], sizes[h][1])
-        return {h: HostBins(sizes[h][0], counts[h]) for h in self.host_ids}
+            self._check_totals(h, counts[h], sizes[h])
+        return {h: HostBins(names[h], counts[h]) for h in self.host_ids}
 
     def send_decisions(self, decisions: dict[str, HostDecision]) -> None:
         """``woe.result`` to every host: its columns' kept cuts, selection and (optionally) WOE."""
@@ -261,7 +267,8 @@ class BinningGuest(ProtocolRole):
         for j, (c, size) in enumerate(zip(counts, sizes)):
             if np.any(c < 0) or np.any(c.sum(axis=1) != size) or np.any(c.sum(axis=0) != self.totals):
                 raise BinningError(f"host {host!r} sent bin sums of column {j} that do not match its bin counts or "
-                                   f"the label totals: a lying or broken host; binning stopped")
+                                   f"the label totals: a lying or broken host; binning stopped (ask its operator "
+                                   f"to check its data and software version, or run without that host)")
 
 
 class BinningHost(ProtocolRole):
@@ -274,6 +281,8 @@ class BinningHost(ProtocolRole):
         X: float64 (n, d) the aligned rows (PSI order), NaN = missing.
         max_bins: the job's bound on value bins per column (the guest's SbSetup must agree).
         insecure_test_key: accept the guest's small test key (the job's test setting).
+        backend: the guest's scheme, ``paillier`` (default), ``ou`` or ``identity`` (benchmark baseline).
+    Raises ValueError when X is not (n, len(bins)).
     """
 
     def __init__(self, transport: Transport, guest_id: str, bins: Sequence[ColumnBins], X: np.ndarray, *,

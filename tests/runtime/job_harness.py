@@ -53,3 +53,31 @@ def assert_wire_consistent(wire: dict) -> None:
             assert sent["sent"] == got["received"] and sent["sent_framing"] == got["received_framing"], (a, b)
         for key in ("sent", "received", "sent_framing", "received_framing"):
             assert rep["total"][key] == sum(e[key] for e in rep["peers"].values()), (a, key)
+
+
+def run_cli(*args, timeout: float = 300) -> tuple[int, str]:
+    """``python -m secureflhv ARGS`` in a subprocess: (exit code, stdout and stderr together)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "secureflhv", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout
+
+
+def assert_prediction_job_reproduces(job: Path, work: Path, data: dict) -> None:
+    """A prediction job derived from training ``job`` (in ``work``, on the tables ``data`` = {party: csv})
+    gives exactly the in-job held-out probabilities of every row the training job held out."""
+    import numpy as np
+    import pandas as pd
+
+    from secureflhv.runtime.algorithms.predict import write_predict_job
+
+    in_job = pd.read_csv(job.parent / "out" / "guest" / "predictions.csv", dtype={"id": str})
+    pjob = write_predict_job(job, work / "job.yaml", data=data, new_ports=True)
+    code, log = run_cli("run", str(pjob), "--timeout", "120")
+    assert code == 0, log[-3000:]
+    pred = pd.read_csv(pjob.parent / "predictions" / "guest" / "predictions.csv", dtype={"id": str})
+    both = in_job.merge(pred, on="id")
+    assert len(both) == len(in_job) > 0
+    assert np.array_equal(both["probability"].to_numpy(), both["score"].to_numpy())

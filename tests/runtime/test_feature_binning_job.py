@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -18,15 +16,14 @@ from secureflhv.runtime.algorithms.predict import write_predict_job
 from secureflhv.runtime.job.demo import breast_cancer_tables, vertical_parties, write_job
 from secureflhv.runtime.store.model_bundle import read_bundle
 
+from job_harness import assert_prediction_job_reproduces, run_cli
+
 pytestmark = pytest.mark.slow
 BINNING = {"method": "quantile", "max_bins": 6, "iv_threshold": 2.0, "send_woe": True, "test_fraction": 0.0,
            "key_bits": 1024}
 
 
-def secureflhv(*args) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "secureflhv", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
-    return proc.returncode, proc.stdout
+secureflhv = run_cli
 
 
 @pytest.fixture(scope="module")
@@ -100,15 +97,8 @@ def test_a_chained_lr_job_trains_on_the_selection_and_prediction_applies_it(binn
         model = read_bundle(job.parent / "out" / party, ca=ca, expect_party=party)
         kept = list(iv[(iv.party == party) & iv.selected].column)
         assert model.feature_names == [f"woe({n})" for n in kept], party
-    in_job = pd.read_csv(job.parent / "out" / "guest" / "predictions.csv", dtype={"id": str})
-    data = {"guest": guest_csv, "host-1": host_csv}  # the full raw tables: the bundles select and encode
-    pjob = write_predict_job(job, tmp / "predict" / "job.yaml", data=data, new_ports=True)
-    code, log = secureflhv("run", str(pjob), "--timeout", "120")
-    assert code == 0, log[-3000:]
-    pred = pd.read_csv(pjob.parent / "predictions" / "guest" / "predictions.csv", dtype={"id": str})
-    both = in_job.merge(pred, on="id")
-    assert len(both) == len(in_job) > 0
-    assert np.array_equal(both["probability"].to_numpy(), both["score"].to_numpy())  # same selection and WOE
+    # the full raw tables: the bundles select and encode, so the scores are the in-job ones exactly
+    assert_prediction_job_reproduces(job, tmp / "predict", {"guest": guest_csv, "host-1": host_csv})
 
 
 def test_scorecard_points_add_up_to_the_models_score_and_stay_at_their_party(binned, chained_lr):

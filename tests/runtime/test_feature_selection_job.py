@@ -5,10 +5,7 @@ columns, and a prediction job on the full raw tables gives the in-job scores."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -17,14 +14,13 @@ from secureflhv.runtime.algorithms.predict import write_predict_job
 from secureflhv.runtime.job.demo import breast_cancer_tables, vertical_parties, write_job
 from secureflhv.runtime.store.model_bundle import read_bundle
 
+from job_harness import assert_prediction_job_reproduces, run_cli
+
 pytestmark = pytest.mark.slow
 TOP_K = 4
 
 
-def secureflhv(*args) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "secureflhv", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
-    return proc.returncode, proc.stdout
+secureflhv = run_cli
 
 
 def _derived(job, tmp, name, algorithm, params, data):
@@ -80,11 +76,4 @@ def test_top_k_by_gain_then_a_chained_lr_reads_only_those_columns(tmp_path):
     for party in ("guest", "host-1"):
         model = read_bundle(lr.parent / "out" / party, ca=ca)
         assert sorted(model.feature_names) == sorted(c for p, c in top if p == party), party
-    in_job = pd.read_csv(lr.parent / "out" / "guest" / "predictions.csv", dtype={"id": str})
-    pjob = write_predict_job(lr, tmp_path / "predict" / "job.yaml", data=data, new_ports=True)
-    code, log = secureflhv("run", str(pjob), "--timeout", "120")
-    assert code == 0, log[-3000:]
-    pred = pd.read_csv(pjob.parent / "predictions" / "guest" / "predictions.csv", dtype={"id": str})
-    both = in_job.merge(pred, on="id")
-    assert len(both) == len(in_job) > 0
-    assert np.array_equal(both["probability"].to_numpy(), both["score"].to_numpy())
+    assert_prediction_job_reproduces(lr, tmp_path / "predict", data)

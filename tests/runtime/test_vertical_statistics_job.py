@@ -11,8 +11,8 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,9 @@ from secureflhv.runtime.job.demo import vertical_parties, write_job
 from secureflhv.runtime.job.job_file import JobConfigError
 from secureflhv.runtime.job.load import load_job_params
 from secureflhv.transport.inprocess import InProcessNetwork
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tree"))
+from sb_harness import run_threads  # noqa: E402
 
 QS = [0.01, 0.25, 0.5, 0.75, 0.99]
 
@@ -120,23 +123,12 @@ def test_statistics_job_over_party_processes(tmp_path):
 
 
 # --------------------------------------------------------------------------------------- in process
-def _run_in_process(job: Path) -> dict:
+def _run_in_process(job: Path) -> tuple[dict, dict]:
+    """Every party's ``vertical_statistics.run`` in a thread over one InProcessNetwork: (results, errors)."""
     cfg, params = load_job_params(job)
     net = InProcessNetwork(cfg.job.id, [p.id for p in cfg.parties], deadline=30)
-    results, errors = {}, {}
-
-    def work(party):
-        try:
-            results[party.id] = vertical_statistics.run(cfg, party, net.transport(party.id), params)
-        except BaseException as exc:  # noqa: BLE001 - asserted by the caller
-            errors[party.id] = exc
-
-    threads = [threading.Thread(target=work, args=(p,), daemon=True) for p in cfg.parties]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results, errors
+    return run_threads({p.id: partial(vertical_statistics.run, cfg, p, net.transport(p.id), params)
+                        for p in cfg.parties}, timeout=60)
 
 
 def test_reveal_to_host_training_rows_with_label(tmp_path):

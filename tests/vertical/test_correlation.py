@@ -3,8 +3,10 @@
 decrypts only masked values), lying peers are rejected and named, and the column report equals pandas'."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,6 +18,9 @@ from secureflhv.transport import InProcessNetwork, InProcessTransport, JobAborte
 from secureflhv.vertical import correlation as corr
 from secureflhv.vertical.correlation import (CorrelationConfig, CorrelationGuest, CorrelationHost,
                                              CorrelationRefused, column_statistics, standardise_columns)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tree"))
+from sb_harness import run_threads  # noqa: E402
 
 KEY = {"key_bits": 512, "insecure_test_key": True}
 
@@ -44,20 +49,7 @@ def run_roles(Xg, Xhs, cfg, *, deadline=30.0, transports=None, guest_kwargs=None
                              **(guest_kwargs or {}))
     hosts = [CorrelationHost(tr(h), "guest", X, cfg, feature_names=[f"{h}.c{j}" for j in range(X.shape[1])])
              for h, X in zip(host_ids, Xhs)]
-    results, errors = {}, {}
-
-    def go(role):
-        try:
-            results[role.party_id] = role.run()
-        except BaseException as exc:  # noqa: BLE001
-            errors[role.party_id] = exc
-
-    threads = [threading.Thread(target=go, args=(r,), daemon=True) for r in [guest, *hosts]]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a role hung"
+    results, errors = run_threads({r.party_id: r.run for r in [guest, *hosts]}, timeout)  # asserts none hung
     return results, errors, net, (guest, hosts)
 
 
@@ -235,19 +227,7 @@ def test_host_rejects_a_setup_that_disagrees_with_its_config():
     net = InProcessNetwork("corr-setup", ["guest"] + host_ids, deadline=2.0)
     guest = CorrelationGuest(net.transport("guest"), host_ids, Xg, CorrelationConfig(**KEY, reveal_to="guest"))
     host = CorrelationHost(net.transport("host-1"), "guest", Xhs[0], CorrelationConfig(**KEY, reveal_to="host"))
-    errors = {}
-
-    def go(role):
-        try:
-            role.run()
-        except BaseException as exc:  # noqa: BLE001
-            errors[role.party_id] = exc
-
-    ts = [threading.Thread(target=go, args=(r,), daemon=True) for r in (guest, host)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
+    _, errors = run_threads({r.party_id: r.run for r in (guest, host)}, timeout=30)
     assert isinstance(errors.get("host-1"), (PeerTimeout, JobAborted)), errors  # whichever deadline ends first
     assert isinstance(errors.get("guest"), (PeerTimeout, JobAborted)), errors
     (rec, reason), = net.mailbox("host-1").rejected

@@ -199,7 +199,8 @@ def _reports(cfg: JobConfig, party: PartySpec, rows: list[_Column], params: Feat
     iv.to_csv(out / "iv.csv", index=False)
     detail = []
     for c in rows:
-        labels = c.bins.labels() if c.party == party.id else [f"bin {b}" for b in range(c.bins.n_bins - 1)] + ["missing"]
+        own = c.party == party.id  # a host's cuts stay at the host: its bins are labelled by index
+        labels = c.bins.labels() if own else [f"bin {b}" for b in range(c.bins.n_bins - 1)] + ["missing"]
         for b, label in enumerate(labels):
             detail.append({"party": c.party, "column": c.bins.name, "bin": label, "rows": int(c.counts[b].sum()),
                            **{f"class_{i}": int(v) for i, v in enumerate(c.counts[b])},

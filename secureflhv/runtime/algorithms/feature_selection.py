@@ -80,17 +80,18 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: FeatureS
             send_importance(transport, cfg.guest.id, len(names), groups=labels[[int(r[0]) for r in records]])
             keep = receive_keep(transport, cfg.guest.id, len(names))[labels]
         return _save(cfg, party, bundle, names, keep, None)
-    own = _lr_importance(cfg, party, bundle) if lr else _tree_gain(bundle, party.id, len(names))
+    model = None if lr else _tree_model(bundle)
+    own = _lr_importance(cfg, party, bundle) if lr else _tree_gain(model, party.id, len(names))
     rows = [(party.id, n, float(v)) for n, v in zip(names, own)]
     hosts = {}
     for h in cfg.hosts:
         if lr:
             n, imp = receive_importance(transport, h.id, params.max_features)
         else:
+            gains = _record_gains(model, h.id)
             n, groups = receive_importance(transport, h.id, params.max_features,
-                                           min_records=_max_record(bundle, h.id) + 1)
+                                           min_records=max(gains, default=-1) + 1)
             imp = np.zeros(n)
-            gains = _record_gains(bundle, h.id)
             np.add.at(imp, groups[list(gains)], list(gains.values()))
         hosts[h.id] = n
         rows += [(h.id, f"{h.id}:{i}" if not lr else f"{h.id}:input {i}", float(v)) for i, v in enumerate(imp)]
@@ -120,28 +121,24 @@ def _tree_model(bundle: ModelBundle):
     return model_from_dict(bundle.file("model.json"))
 
 
-def _tree_gain(bundle: ModelBundle, guest_id: str, n: int) -> np.ndarray:
-    """Total split gain per guest column over every tree."""
+def _tree_gain(model, guest_id: str, n: int) -> np.ndarray:
+    """float64 (n,): total split gain per guest column over every tree of ``model`` (a BoostedModel)."""
     out = np.zeros(n)
-    for tree in _tree_model(bundle).trees:
+    for tree in model.trees:
         for node in tree.nodes.values():
             if not node.leaf and node.owner == guest_id:
                 out[node.feature] += node.gain
     return out
 
 
-def _record_gains(bundle: ModelBundle, host: str) -> dict[int, float]:
-    """Total split gain per split record of ``host`` over every tree."""
+def _record_gains(model, host: str) -> dict[int, float]:
+    """Total split gain per split record of ``host`` over every tree of ``model`` (a BoostedModel)."""
     gains: dict[int, float] = {}
-    for tree in _tree_model(bundle).trees:
+    for tree in model.trees:
         for node in tree.nodes.values():
             if not node.leaf and node.owner == host:
                 gains[node.record] = gains.get(node.record, 0.0) + node.gain
     return gains
-
-
-def _max_record(bundle: ModelBundle, host: str) -> int:
-    return max(_record_gains(bundle, host), default=-1)
 
 
 def _choose(values: list[float], params: FeatureSelectionJobParams) -> np.ndarray:

@@ -62,11 +62,11 @@ from ...data.tabular import Preprocessor
 from ...data.woe import WOEEncoder
 from ...transport import Transport
 from ..store.artifacts import write_json
-from ..job.data_prep import align_by_psi
+from ..job.data_prep import align_by_psi, read_party_bundle
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..job.spec import JOBS, JobSpec
 from ..store.loaded_model import LoadedModel
-from ..store.model_bundle import ModelBundle, ModelBundleError, certificate_sha256, read_bundle
+from ..store.model_bundle import ModelBundle, certificate_sha256
 
 log = logging.getLogger("secureflhv.job")
 
@@ -110,14 +110,8 @@ def check(cfg: JobConfig, params: ModelDirParams) -> None:
 
 def load_party_bundle(cfg: JobConfig, party: PartySpec, params: ModelDirParams) -> ModelBundle:
     """This party's verified bundle; JobConfigError naming ``params.model_dir`` / the mismatching field."""
-    if cfg.security.ca is None:  # bundles are signed: only the job CA can say by whom
-        raise JobConfigError(f"security.ca: required to verify party {party.id!r}'s model bundle, which its "
-                             f"certificate signed (the training job's CA)")
-    try:
-        bundle = read_bundle(cfg.resolve(params.model_dir) / party.id, ca=cfg.resolve(cfg.security.ca),
-                             expect_party=party.id, expect_job=params.model_job_id, expect_role=party.role)
-    except ModelBundleError as exc:
-        raise JobConfigError(f"params.model_dir (party {party.id!r}): {exc}") from None
+    bundle = read_party_bundle(cfg, party, "model_dir", params.model_dir, expect_job=params.model_job_id,
+                               expect_role=party.role)
     _check_federation(cfg, party, bundle)
     return bundle
 

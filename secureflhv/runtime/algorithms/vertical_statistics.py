@@ -107,11 +107,12 @@ def _categorical(party: PartySpec) -> set[str]:
 
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalStatisticsJobParams, *,
         resume: bool = False) -> dict:
-    """Run this data party's part: the column report, then the correlation protocol; write the files.
+    """Run this data party's part: the column report, then the correlation protocol; write the files
+    (module docstring).
 
-    ``resume`` is ignored (no checkpoints: the job is one pass). Returns ``{"n_rows", "columns", "learned"}``.
-    Raises JobConfigError for bad data or a refused learner (naming the field), TransportError when a peer
-    fails or goes silent.
+    ``resume`` is ignored (no checkpoints: the job is one pass). Returns ``{"n_rows", "columns", "learned"}``
+    (ints: rows used, columns reported, 1 when this party holds a matrix). Raises JobConfigError for bad data
+    or a refused learner (naming the field), TransportError when a peer fails or goes silent.
     """
     out_dir = cfg.output_dir(party.id)
     host_ids = [h.id for h in cfg.hosts]
@@ -120,8 +121,9 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     keys = prefetch_keypair(config.he_scheme, config.key_bits, config.insecure_test_key) \
         if party.role == "guest" else None
     data = prepare_vertical(cfg, party, transport, params, preprocess=False)
-    rows = data.train if params.rows == "train" else np.arange(len(data.ids))
+    rows = data.train if params.rows == "train" else slice(None)  # all: a view, not a copy of the table
     X, names = np.asarray(data.X, dtype=np.float64)[rows], list(data.feature_names)
+    n_rows = len(X)
     if party.role == "guest" and params.include_label:
         try:
             y = np.asarray(data.y, dtype=np.float64)[rows]
@@ -133,10 +135,11 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     report = column_statistics(X, names, params.quantiles, categorical=sorted(categorical & set(names)))
     numeric = [j for j, c in enumerate(names) if c not in categorical]
     if not numeric:
-        raise JobConfigError(f"{cfg.where(party, 'data')}: no numeric column to correlate")
+        raise JobConfigError(f"{cfg.where(party, 'data')}: no numeric column to correlate (every feature column "
+                             f"is categorical in data.schema, or there is none); give this party a numeric column")
     Xn, numeric_names = X[:, numeric], [names[j] for j in numeric]
     log.info("%s: statistics of %d columns over %d rows (%s); correlating %d numeric columns", party.id,
-             len(names), len(rows), params.rows, len(numeric))
+             len(names), n_rows, params.rows, len(numeric))
     try:
         if party.role == "guest":
             role = CorrelationGuest(transport, host_ids, Xn, config, feature_names=numeric_names, keypair=keys)
@@ -148,16 +151,18 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         result = role.run()
     except CorrelationRefused as exc:
         raise JobConfigError(f"params.min_rows_per_feature: {exc}") from None
-    files = _save(out_dir, cfg, party, params, report, result, len(rows), data.meta.get("psi"))
+    files = _save(out_dir, cfg, party, params, report, result, n_rows, data.meta.get("psi"))
     learned = bool(result.matrices)
     log.info("%s: statistics done: %s%s", party.id, files["statistics"],
              f", correlation {files['correlation_csv']}" if learned else " (the correlation went to the "
              f"{'guest' if params.reveal_to == 'guest' else 'hosts'})")
-    return {"n_rows": len(rows), "columns": len(names), "learned": int(learned)}
+    return {"n_rows": n_rows, "columns": len(names), "learned": int(learned)}
 
 
 def correlation_frame(result: CorrelationResult):
-    """The learner's matrices as one DataFrame: rows the guest's columns, columns ``<host>/<column>``."""
+    """The learner's matrices as one float64 DataFrame (p_g, sum of the hosts' p_h): rows the guest's columns,
+    columns ``<host>/<column>`` in host order; NaN for an undefined column. ValueError (pandas) when
+    ``result`` holds no matrix."""
     import pandas as pd
 
     parts = [pd.DataFrame(m.r, index=pd.Index(m.guest_names, name="guest column"),
@@ -167,7 +172,8 @@ def correlation_frame(result: CorrelationResult):
 
 def _save(out_dir: Path, cfg: JobConfig, party: PartySpec, params, report, result: CorrelationResult,
           n_rows: int, psi: dict | None) -> dict:
-    out_dir = Path(out_dir)
+    """Write statistics.json and columns.csv, and at the learner correlation.csv / .png (module docstring);
+    returns {file key: Path} of what was written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"statistics": out_dir / "statistics.json", "columns_csv": out_dir / "columns.csv"}
     report.to_csv(files["columns_csv"])
@@ -184,7 +190,7 @@ def _save(out_dir: Path, cfg: JobConfig, party: PartySpec, params, report, resul
                             for h, m in result.matrices.items()}
     doc = {"job_id": cfg.job.id, "party_id": party.id, "role": party.role, "rows": params.rows, "n_rows": n_rows,
            "psi": psi, "quantiles": params.quantiles,
-           "columns": {name: row for name, row in report.to_dict(orient="index").items()},
+           "columns": report.to_dict(orient="index"),
            "correlation": corr}
     write_json(files["statistics"], plain_json(doc, nan_as_none=True))
     return files

@@ -245,21 +245,34 @@ def standardise(X: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, dict]:
     return (X - mean) / std, {"mean": mean, "std": std}
 
 
-def _chained_bundle(cfg: JobConfig, party: PartySpec, field: str, folder: str, algorithm: str):
-    """``party``'s verified bundle of an ``algorithm`` job under ``folder`` (signed under the job's CA by
-    this party); JobConfigError naming ``params.<field>`` when it is missing or of another algorithm."""
+def read_party_bundle(cfg: JobConfig, party: PartySpec, field: str, folder, **expect):
+    """``party``'s bundle in ``<folder>/<party id>/model/``, verified under the job's CA and signed by this
+    party (``expect``: ``expect_job`` / ``expect_role`` as :func:`~secureflhv.runtime.store.model_bundle.read_bundle`
+    takes them). The one way a job reads a bundle an earlier job left (``params.model_dir``, ``woe_from``,
+    ``select_from``).
+
+    Raises JobConfigError naming ``security.ca`` when the job file names no CA, else ``params.<field>``
+    with the party and the failed check.
+    """
     from ..store.model_bundle import ModelBundleError, read_bundle
 
-    where = f"params.{field} (party {party.id!r})"
-    if cfg.security.ca is None:
-        raise JobConfigError(f"{where}: the {algorithm} bundle is verified under security.ca; the job file names none")
+    if cfg.security.ca is None:  # bundles are signed: only the job CA can say by whom
+        raise JobConfigError(f"security.ca: required to verify party {party.id!r}'s model bundle, which its "
+                             f"certificate signed (the training job's CA)")
     try:
-        bundle = read_bundle(cfg.resolve(Path(folder)) / party.id, ca=cfg.resolve(cfg.security.ca),
-                             expect_party=party.id)
+        return read_bundle(cfg.resolve(Path(folder)) / party.id, ca=cfg.resolve(cfg.security.ca),
+                           expect_party=party.id, **expect)
     except ModelBundleError as exc:
-        raise JobConfigError(f"{where}: {exc}") from None
+        raise JobConfigError(f"params.{field} (party {party.id!r}): {exc}") from None
+
+
+def _chained_bundle(cfg: JobConfig, party: PartySpec, field: str, folder: str, algorithm: str):
+    """:func:`read_party_bundle` of an ``algorithm`` job; JobConfigError naming ``params.<field>`` for a bundle
+    of another algorithm."""
+    bundle = read_party_bundle(cfg, party, field, folder)
     if bundle.algorithm != algorithm:
-        raise JobConfigError(f"{where}: a {bundle.algorithm} bundle, not {algorithm}'s")
+        raise JobConfigError(f"params.{field} (party {party.id!r}): {bundle.path} is a {bundle.algorithm} bundle; "
+                             f"point it at the output_dir of a {algorithm} job")
     return bundle
 
 
