@@ -238,10 +238,10 @@ class FederatedStatsClient(ProtocolRole):
         spec = self.spec
         vec_a = round_a_vector(X, spec)              # checks the table before anything is sent
         self.t.send(self.server_id, TAG_HELLO, messages_pb2.Bundle(text={"columns": spec.columns_json()}),
-                    round=0, timeout=self.timeout)
+                    round=0)
         self.agg.submit(self.first_round, self.client_ids, _encode(vec_a), 1.0)
-        total_a, clients = self.t.recv(self.server_id, TAG_RANGES, self.first_round, timeout=self.timeout,
-                                       parse=_vector_parser(spec.dim_a, "fpp.ranges"))
+        total_a, clients = self.t.recv_while_reachable(self.server_id, TAG_RANGES, self.first_round,
+                                                       timeout=self.timeout, parse=_vector_parser(spec.dim_a, "fpp.ranges"))
         try:
             counts: Counts = decode_round_a(total_a, spec)
             bits = moment_bits(counts.n_rows)
@@ -255,7 +255,7 @@ class FederatedStatsClient(ProtocolRole):
         if spec.moments:
             out.bits = bits
             self.agg.submit(self.first_round + 1, clients, _encode(round_b_vector(X, spec, counts)), 1.0)
-            total_b, _ = self.t.recv(self.server_id, TAG_STATS, self.first_round, timeout=self.timeout,
-                                     parse=_vector_parser(spec.dim_b, "fpp.stats"))
+            total_b, _ = self.t.recv_while_reachable(self.server_id, TAG_STATS, self.first_round,
+                                                     timeout=self.timeout, parse=_vector_parser(spec.dim_b, "fpp.stats"))
             out.moments = total_b.astype(np.int64).reshape(-1, 3)
         return out

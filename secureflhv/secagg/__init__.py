@@ -35,7 +35,8 @@ clients (see :mod:`.bonawitz`); the result's ``offenders`` names clients whose i
 Timeouts: the server waits ``input_timeout_s`` for the first message of each client (it covers the
 clients' local training), then ``stage_timeout_s`` per later stage; a client silent past the
 deadline is counted as dropped at that stage. Clients wait for the server up to
-``input_timeout_s + 5 * stage_timeout_s``.
+``input_timeout_s + 5 * stage_timeout_s``, but name a server that cannot be reached after one silent job
+deadline (``Transport.recv_while_reachable``).
 
 Transport tags start with ``"agg."``; envelope rounds are ``round_id * 16 + stage``, so round ids
 must strictly increase from one call to the next (the transport rejects stale rounds).

@@ -320,8 +320,11 @@ class SecAggClient(AggregationClient):
                 raise ProtocolError(f"expected {body!r} for stage {stage}, got {which!r} for stage {msg.stage}")
             return msg
         try:
-            msg = self.t.recv(self.server_id, TAG_SERVER, envelope_round(round_id, stage),
-                              timeout=self.config.client_timeout_s, parse=parse_message(pb.ServerMessage, validate))
+            # the server may rightly take longer than the deadline (it outwaits slow clients), but a dead
+            # server is named within about one deadline
+            msg = self.t.recv_while_reachable(self.server_id, TAG_SERVER, envelope_round(round_id, stage),
+                                              timeout=self.config.client_timeout_s,
+                                              parse=parse_message(pb.ServerMessage, validate))
         except PeerTimeout as exc:
             raise AggregationError(f"{self.party_id}: server {self.server_id!r} silent before "
                                    f"{STAGE_NAMES[min(stage, 4)]}: {exc}") from exc
@@ -332,8 +335,9 @@ class SecAggClient(AggregationClient):
     def _send(self, round_id: int, stage: int, tag: str, msg) -> None:
         self._on_stage(stage)
         try:
-            self.t.send(self.server_id, tag, msg, round=envelope_round(round_id, stage),
-                        timeout=self.config.client_timeout_s)
+            # the server's mailbox takes a message at any stage: the job deadline bounds a delivery, as
+            # everywhere else, and an unreachable server is not retried past it
+            self.t.send(self.server_id, tag, msg, round=envelope_round(round_id, stage))
         except TransportError as exc:
             # chained: the runtime's blame names the unreachable server as the root cause
             raise AggregationError(f"{self.party_id}: could not send {STAGE_NAMES[stage]} to the server: {exc}") \

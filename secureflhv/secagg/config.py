@@ -105,8 +105,10 @@ class AggregationConfig(AggregationParams):
 
     @property
     def client_timeout_s(self) -> float:
-        """A client's timeout for each send to / receive from the server: the server's ``input_timeout_s``
-        plus 5 * ``stage_timeout_s`` (the server's later stages), so a client outwaits a slow round."""
+        """The longest a client waits for the server's next message: the server's ``input_timeout_s`` plus
+        5 * ``stage_timeout_s`` (the server's later stages), so a client outwaits a slow round. The wait is
+        cut short when the server cannot be reached (``Transport.recv_while_reachable``); sends are bounded
+        by the job deadline."""
         return self.input_timeout_s + 5 * self.stage_timeout_s
 
     def lowest_threshold(self, n: int) -> int:

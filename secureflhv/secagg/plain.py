@@ -37,8 +37,7 @@ class PlainClient(AggregationClient):
             words = self._encode(x, weight, qp, round_id)
             msg = secagg_pb2.PlainInput(round_id=round_id, vector=tensor_to_proto(words.astype(qp.word_dtype)),
                                         k_bits=qp.k_bits)
-        self.t.send(self.server_id, TAG_PLAIN, msg, round=envelope_round(round_id, 0),
-                    timeout=self.config.client_timeout_s)
+        self.t.send(self.server_id, TAG_PLAIN, msg, round=envelope_round(round_id, 0))
 
 
 class PlainServer(AggregationServer):

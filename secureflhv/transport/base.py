@@ -397,6 +397,37 @@ class Transport(ABC):
         """
         return self._mailbox().take(sender, tag, round, self.deadline if timeout is None else timeout, parse)
 
+    def recv_while_reachable(self, sender: str, tag: str, round: int = 0, timeout: float | None = None,
+                             parse: Callable[[bytes], T] | None = None):
+        """:meth:`recv` for a wait that may rightly outlast the deadline, because ``sender`` itself waits on
+        others (a secure-aggregation server outwaits slow clients): wait up to ``timeout`` seconds in slices
+        of :attr:`deadline`, and after each silent slice probe ``sender`` (:meth:`reachable`, for up to one
+        more deadline). A sender that cannot be reached ends the wait, so a crashed peer is named within two
+        deadlines, not after the whole ``timeout``; a link down for less than a deadline is survived.
+
+        Raises:
+            PeerTimeout: ``sender`` could not be reached after a silent slice, or sent nothing valid within
+                ``timeout``; the error names it.
+            JobAborted: a peer announced the job failed.
+        """
+        total = self.deadline if timeout is None else timeout
+        end = time.monotonic() + total
+        while True:
+            remaining = end - time.monotonic()
+            try:
+                return self.recv(sender, tag, round, timeout=min(self.deadline, max(remaining, 0.0)), parse=parse)
+            except PeerTimeout as exc:
+                if end - time.monotonic() <= 0:
+                    why = f"within {total:g}s: is {sender!r} still running?"
+                elif not self.reachable(sender, self.deadline):  # a link down for less than a deadline is survived
+                    why = f"for {self.deadline:g}s, and it could not be reached for {self.deadline:g}s more " \
+                          f"(stopped or crashed?)"
+                else:
+                    continue
+                silent = PeerTimeout(f"{self.party_id}: no valid message {tag!r} (round {round}) from {sender!r} {why}")
+                silent.sender = sender
+                raise silent from exc
+
     def abort(self, reason: str, peers: Iterable[str]) -> None:
         """Tell ``peers`` this party failed, so they stop now instead of at their deadline (best effort)."""
         for peer in peers:

@@ -212,3 +212,19 @@ def test_inprocess_inject_checks_wire_rules():
     with pytest.raises(MessageRejected, match="job"):
         net.inject(msg(job="job-9"))
     assert net.mailbox("guest").rejected[0][0].job_id == "job-9"
+
+
+def test_a_wait_longer_than_the_deadline_goes_on_while_the_sender_answers_and_ends_when_it_is_gone():
+    """recv_while_reachable: a live sender may take several deadlines (it waits on others); a sender that can
+    no longer be reached is named after one silent deadline, not at the end of the long timeout."""
+    net = InProcessNetwork("job-1", PARTIES, deadline=0.3)
+    guest, server = net.transport("guest"), net.transport("server")
+    threading.Timer(1.0, lambda: server.send("guest", "t", b"late", round=1)).start()
+    assert guest.recv_while_reachable("server", "t", round=1, timeout=30.0) == b"late"  # 3 deadlines late
+    net.take_down("server")
+    start = time.monotonic()
+    with pytest.raises(PeerTimeout, match=r"from 'server' for 0.3s, and it could not be reached") as exc:
+        guest.recv_while_reachable("server", "t", round=2, timeout=30.0)
+    assert exc.value.sender == "server" and time.monotonic() - start < 2.0
+    with pytest.raises(PeerTimeout, match="from 'host-1' within 1s:"):  # the whole timeout runs out on a live, silent sender
+        guest.recv_while_reachable("host-1", "t", round=1, timeout=1.0)
