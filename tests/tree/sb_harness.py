@@ -3,17 +3,21 @@ from __future__ import annotations
 
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from secureflhv.transport import InProcessNetwork
 from secureflhv.tree.horizontal import HorizontalSecureBoostClient, HorizontalSecureBoostServer, tree_aggregation_config
-from secureflhv.tree.reference import fit_reference
 from secureflhv.tree.vertical import SecureBoostGuest, SecureBoostHost
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: lifecycle_helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # tests/tree/: the numpy twin
+import numpy_gbdt as twin  # noqa: E402
 from lifecycle_helpers import lifecycle_kwargs  # noqa: E402
+
+LEAF_TOL = 1e-6   # federated leaves use g, h on a 2^-p grid (p <= 24); the twin float64: ~1e-8 apart here
 
 
 def run_threads(targets: dict, timeout: float = 120.0) -> tuple[dict, dict]:
@@ -162,17 +166,69 @@ def vanish_at(client, net, tree: int, stage: str = "histograms") -> None:
     client.grow_tree, client._submit, client.validation = grow_tree, submit, validate
 
 
-def two_phase_reference(shards, survivors: list[int], first_round: int, model, params) -> list:
-    """The trees a horizontal run that lost clients in round ``first_round`` must equal: the centralised
-    twin (:func:`fit_reference`) on every shard's rows for the rounds before, then boosting continued on
-    the ``survivors``' rows from their margins after those rounds, with the federated cuts, base margin
-    and the binning's row count for the precision."""
+def horizontal_nodes(tree) -> dict:
+    """A federated tree (server/client model or :class:`~secureflhv.tree.model.Tree`) in the twin's terms:
+    id -> ("leaf", value) or ("split", feature, bin, threshold, default_left)."""
+    return {nid: ("leaf", n.value) if n.leaf else ("split", n.feature, n.bin, n.threshold, bool(n.default_left))
+            for nid, n in tree.nodes.items()}
+
+
+def vertical_nodes(tree, guest_cols: int, hosts: list[tuple[str, int, list]]) -> dict:
+    """A vertical guest's tree in the twin's terms with global feature indices (guest columns first, then
+    each host's); ``hosts``: (party id, its number of columns, its split table [(j, bin, threshold,
+    default_left)] by record id), in host order."""
+    offset, table = guest_cols, {}
+    for hid, ncols, records in hosts:
+        table[hid] = (offset, records)
+        offset += ncols
+    out = {}
+    for nid, n in tree.nodes.items():
+        if n.leaf:
+            out[nid] = ("leaf", n.value)
+        elif n.owner in ("guest", ""):
+            out[nid] = ("split", n.feature, n.bin, n.threshold, bool(n.default_left))
+        else:
+            off, records = table[n.owner]
+            j, b, thr, dl = records[n.record]
+            out[nid] = ("split", off + int(j), int(b), float(thr), bool(dl))
+    return out
+
+
+def assert_trees_equal_twin(fed: list[tuple[int, dict]], model: "twin.TwinModel") -> None:
+    """Federated trees [(output, nodes)] equal the twin's: the same nodes, the same split (feature, bin,
+    threshold, default direction) at each, leaf values within :data:`LEAF_TOL`."""
+    assert len(fed) == len(model.trees) > 0, (len(fed), len(model.trees))
+    for t, ((output, nodes), tt) in enumerate(zip(fed, model.trees)):
+        assert output == tt.output, f"tree {t}: output {output} != {tt.output}"
+        assert sorted(nodes) == sorted(tt.nodes), f"tree {t}: nodes {sorted(nodes)} != twin {sorted(tt.nodes)}"
+        for nid, want in tt.nodes.items():
+            got = nodes[nid]
+            if want[0] == "leaf":
+                assert got[0] == "leaf", f"tree {t} node {nid}: {got} where the twin has a leaf"
+                assert abs(got[1] - want[1]) <= LEAF_TOL * max(1.0, abs(want[1])), f"tree {t} node {nid}: {got} != {want}"
+            else:
+                assert got == want, f"tree {t} node {nid}: federated {got} != twin {want}"
+
+
+def pooled_grid_cuts(X, params) -> list[np.ndarray]:
+    """The twin's horizontal cuts of the pooled rows X: the range of every feature over X (as the clients'
+    min/max give it), ``params.sketch_bins`` cells, ``params.max_bin``."""
+    with np.errstate(all="ignore"):
+        lo, hi = np.nanmin(X, axis=0), np.nanmax(X, axis=0)
+    return [twin.grid_cuts(X[:, j], lo[j], hi[j], params.sketch_bins, params.max_bin) for j in range(X.shape[1])]
+
+
+def two_phase_twin(shards, survivors: list[int], first_round: int, params) -> "twin.TwinModel":
+    """The model a horizontal run that lost clients in round ``first_round`` must equal: the numpy twin on
+    every shard's rows (its own cuts and base margin) for the rounds before, then boosting continued on the
+    ``survivors``' rows from their margins after those rounds (cuts and base margin unchanged)."""
     X = np.concatenate([s[0] for s in shards])
     y = np.concatenate([s[1] for s in shards])
-    before = fit_reference(X, y, model.cuts, params.model_copy(update={"n_trees": first_round}),
-                           base=model.base_margin)
+    cuts, cfg = pooled_grid_cuts(X, params), twin.Config.of(params)
+    before = twin.fit(X, y, cuts, replace(cfg, n_trees=first_round))
     Xs = np.concatenate([shards[i][0] for i in survivors])
     ys = np.concatenate([shards[i][1] for i in survivors])
-    after = fit_reference(Xs, ys, model.cuts, params.model_copy(update={"n_trees": params.n_trees - first_round}),
-                          base=model.base_margin, init_margin=before.predict_margin(Xs), precision_rows=len(y))
-    return before.trees + after.trees
+    after = twin.fit(Xs, ys, cuts, replace(cfg, n_trees=params.n_trees - first_round),
+                     init_margin=before.predict_margin(Xs), base=before.base)
+    before.trees += after.trees
+    return before

@@ -38,6 +38,7 @@ def _transport(pid, addresses, cert_dir, deadline=120):
 
 def vertical_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
     from secureflhv.crypto.homomorphic import paillier as pl
+    from secureflhv.tree.model import model_to_dict
     from secureflhv.tree.vertical import SecureBoostGuest, SecureBoostHost
 
     pl.set_workers(1)
@@ -47,16 +48,16 @@ def vertical_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
         t = _transport(pid, addresses, cert_dir)
         if pid == "guest":
             g = SecureBoostGuest(t, HOSTS, X[:, COLS[0]], y, vparams())
-            g.fit()
+            res = g.fit()
             margin = g.predict_margin(X[:, COLS[0]])
             g.end_prediction()
-            queue.put((pid, margin.tolist()))
+            queue.put((pid, (margin.tolist(), model_to_dict(res.model))))
         else:
             cols = COLS[HOSTS.index(pid) + 1]
             h = SecureBoostHost(t, "guest", X[:, cols], vparams())
             h.fit()
             h.serve_predictions(X[:, cols])
-            queue.put((pid, len(h.records)))
+            queue.put((pid, [list(r) for r in h.records]))
     except BaseException:  # noqa: BLE001 - reported to the test
         queue.put((pid, "ERROR " + traceback.format_exc()))
     finally:
@@ -73,6 +74,7 @@ def horizontal_party(pid: str, addresses: dict, cert_dir: str, queue, kill_at_tr
     submission that client SIGKILLs itself (a real process death: no message, no clean-up)."""
     from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer,
                                             tree_aggregation_config)
+    from secureflhv.tree.model import model_to_dict
 
     t = None
     try:
@@ -90,8 +92,7 @@ def horizontal_party(pid: str, addresses: dict, cert_dir: str, queue, kill_at_tr
         t = _transport(pid, addresses, cert_dir, 120 if kill_at_tree is None else 10 if pid == "server" else 45)
         if pid == "server":
             model = HorizontalSecureBoostServer(t, CLIENTS, hparams(), aggregation=cfg).fit()
-            queue.put((pid, (model.predict(X).tolist(), [c.tolist() for c in model.cuts],
-                             model.base_margin.tolist())))
+            queue.put((pid, (model.predict(X).tolist(), model_to_dict(model))))
         else:
             rows = client_rows(pid, len(y))
             client = HorizontalSecureBoostClient(t, "server", CLIENTS, X[rows], y[rows], hparams(), aggregation=cfg)

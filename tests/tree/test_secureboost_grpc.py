@@ -1,7 +1,8 @@
 """SecureBoost across real processes over gRPC with mutual TLS on loopback:
 vertical (guest + 2 hosts) and horizontal (server + 3 clients with secure aggregation; also with one
-client SIGKILLed mid-training). Each run's model must equal the centralised twin (after the kill: the
-twin on all rows before, on the survivors' rows from the killed client's round on)."""
+client SIGKILLed mid-training). Each run's model must equal the independent numpy twin
+(tests/tree/numpy_gbdt.py: its own cuts and base margin; after the kill: the twin on all rows before, on the
+survivors' rows from the killed client's round on)."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -10,12 +11,11 @@ import numpy as np
 import pytest
 
 import sb_procs
-from sb_harness import two_phase_reference
+import numpy_gbdt as twin
+from sb_harness import assert_trees_equal_twin, horizontal_nodes, pooled_grid_cuts, two_phase_twin, vertical_nodes
 from secureflhv.runtime.job.demo import free_ports
 from secureflhv.transport.certs import generate_certificates
-from secureflhv.tree.binning import fit_cuts
-from secureflhv.tree.model import BoostedModel
-from secureflhv.tree.reference import fit_reference
+from secureflhv.tree.model import model_from_dict
 
 
 def _run(target, party_ids, tmp_path, report=None):
@@ -42,24 +42,39 @@ def _run(target, party_ids, tmp_path, report=None):
     return out
 
 
+def _assert_horizontal(model_doc, want) -> None:
+    model = model_from_dict(model_doc)
+    for got, cuts in zip(model.cuts, want.cuts, strict=True):
+        np.testing.assert_array_equal(got, cuts)
+    np.testing.assert_allclose(model.base_margin, want.base, rtol=1e-12, atol=0)
+    assert_trees_equal_twin([(t.output, horizontal_nodes(t)) for t in model.trees], want)
+
+
 @pytest.mark.slow
 def test_vertical_guest_and_two_hosts_over_grpc_tls(tmp_path):
     out = _run(sb_procs.vertical_party, ["guest", *sb_procs.HOSTS], tmp_path)
     X, y = sb_procs.breast_cancer()
-    order = np.concatenate(sb_procs.COLS)
-    cuts = [c for cols in sb_procs.COLS for c in fit_cuts(X[:, cols], sb_procs.vparams().max_bin)]
-    ref = fit_reference(X[:, order], y, cuts, sb_procs.vparams())
-    np.testing.assert_allclose(np.array(out["guest"]), ref.predict_margin(X[:, order]), rtol=1e-9, atol=1e-12)
-    assert out["host-1"] + out["host-2"] > 0  # the hosts' private split tables were used
+    Xo = X[:, np.concatenate(sb_procs.COLS)]
+    params = sb_procs.vparams()
+    ref = twin.fit(Xo, y, [twin.quantile_cuts(Xo[:, j], params.max_bin) for j in range(Xo.shape[1])],
+                   twin.Config.of(params))
+    margin, doc = out["guest"]
+    model = model_from_dict(doc)
+    hosts = [(h, len(c), out[h]) for h, c in zip(sb_procs.HOSTS, sb_procs.COLS[1:])]
+    assert_trees_equal_twin([(t.output, vertical_nodes(t, len(sb_procs.COLS[0]), hosts)) for t in model.trees], ref)
+    np.testing.assert_allclose(np.array(margin), ref.predict_margin(Xo), rtol=0, atol=1e-5)
+    assert len(out["host-1"]) + len(out["host-2"]) > 0  # the hosts' private split tables were used
 
 
 @pytest.mark.slow
 def test_horizontal_server_and_three_clients_over_grpc_tls(tmp_path):
     out = _run(sb_procs.horizontal_party, ["server", *sb_procs.CLIENTS], tmp_path)
     X, y = sb_procs.breast_cancer()
-    pred, cuts, base = out["server"]
-    ref = fit_reference(X, y, [np.array(c) for c in cuts], sb_procs.hparams(), base=np.array(base))
-    np.testing.assert_allclose(np.array(pred), ref.predict(X), rtol=1e-9, atol=1e-12)
+    pred, doc = out["server"]
+    params = sb_procs.hparams()
+    ref = twin.fit(X, y, pooled_grid_cuts(X, params), twin.Config.of(params))
+    _assert_horizontal(doc, ref)
+    np.testing.assert_allclose(np.array(pred), 1 / (1 + np.exp(-ref.predict_margin(X)[:, 0])), rtol=0, atol=1e-6)
     for c in sb_procs.CLIENTS:
         np.testing.assert_allclose(np.array(out[c]), np.array(pred), rtol=0, atol=0)
 
@@ -71,12 +86,13 @@ def test_horizontal_client_killed_mid_training_the_others_finish_over_grpc_tls(t
                report=["server", *survivors])
     assert "client-2" not in out   # killed: it reported nothing
     X, y = sb_procs.breast_cancer()
-    pred, cuts, base = out["server"]
-    model = BoostedModel(sb_procs.hparams(), np.array(base), [], [np.array(c) for c in cuts])
+    pred, doc = out["server"]
+    params = sb_procs.hparams()
     shards = [(X[r], y[r]) for r in (sb_procs.client_rows(c, len(y)) for c in sb_procs.CLIENTS)]
-    model.trees = two_phase_reference(shards, [0, 2], 1, model, sb_procs.hparams())
-    np.testing.assert_allclose(np.array(pred), model.predict(X), rtol=1e-9, atol=1e-12)
-    full = fit_reference(X, y, model.cuts, sb_procs.hparams(), base=model.base_margin)
-    assert not np.allclose(np.array(pred), full.predict(X))   # the survivors' rows alone built trees 1, 2
+    want = two_phase_twin(shards, [0, 2], 1, params)
+    _assert_horizontal(doc, want)
+    np.testing.assert_allclose(np.array(pred), 1 / (1 + np.exp(-want.predict_margin(X)[:, 0])), rtol=0, atol=1e-6)
+    full = twin.fit(X, y, want.cuts, twin.Config.of(params))
+    assert not np.allclose(np.array(pred), 1 / (1 + np.exp(-full.predict_margin(X)[:, 0])), atol=1e-4)
     for c in survivors:
         np.testing.assert_allclose(np.array(out[c]), np.array(pred), rtol=0, atol=0)

@@ -1,7 +1,8 @@
 """Horizontal SecureBoost with t-of-n secure aggregation: a client that vanishes mid-training is dropped
 and the boosting round it was lost in is rebuilt by the others. The model must EQUAL an independent
-computation: the centralised twin on every client's rows for the rounds before the drop, continued
-(same margins) on the survivors' rows only for the rounds from the drop on. A drop leaving fewer than
+computation: the independent numpy twin (tests/tree/numpy_gbdt.py, its own cuts and base margin) on every
+client's rows for the rounds before the drop, continued (same margins) on the survivors' rows only for the
+rounds from the drop on. A drop leaving fewer than
 t clients stops the job naming the client; a threshold t <= n/2 is refused."""
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_iris, make_classification
 
-from sb_harness import horizontal_run, two_phase_reference
+import numpy_gbdt as twin
+from sb_harness import assert_trees_equal_twin, horizontal_nodes, horizontal_run, pooled_grid_cuts, two_phase_twin
 from secureflhv.transport import InProcessNetwork
 from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostError,
                                         HorizontalSecureBoostServer, tree_aggregation_config)
 from secureflhv.tree.params import SecureBoostParams
-from secureflhv.tree.reference import fit_reference
 
 PARAMS = SecureBoostParams(n_trees=4, max_depth=3, max_bin=16, sketch_bins=256, learning_rate=0.3)
 FAST = dict(kind="secagg", deadline=10.0, stage_timeout=2.0)
@@ -42,21 +43,19 @@ def test_vanished_client_is_dropped_and_the_model_equals_the_two_phase_twin(obje
     first_round = tree // params.trees_per_round                       # the round the drop happened in
     where = f"tree {tree}" if stage == "histograms" else f"validation loss of round {first_round}"
     assert list(server.dropped) == ["client-2"] and where in server.dropped["client-2"], server.dropped
-    want = two_phase_reference(shards, [0, 1, 3], first_round, model, params)
-    assert len(model.trees) == len(want) == params.n_trees * params.trees_per_round
-    for i, (tf, tr) in enumerate(zip(model.trees, want)):
-        assert tf.structure() == tr.structure(), f"tree {i}"
-        assert tf.output == tr.output
-        for nid, n in tr.nodes.items():
-            if n.leaf:
-                assert tf.nodes[nid].value == pytest.approx(n.value, rel=1e-6, abs=1e-12)
-            else:
-                assert tf.nodes[nid].threshold == n.threshold
+    want = two_phase_twin(shards, [0, 1, 3], first_round, params)
+    assert len(model.trees) == params.n_trees * params.trees_per_round
+    for got, cuts in zip(model.cuts, want.cuts, strict=True):
+        np.testing.assert_array_equal(got, cuts)
+    np.testing.assert_allclose(model.base_margin, want.base, rtol=1e-12, atol=0)
+    fed = [(t.output, horizontal_nodes(t)) for t in model.trees]
+    assert_trees_equal_twin(fed, want)
     # the trees after the drop differ from the all-rows twin (the survivors' rows alone were used)
     X = np.concatenate([s[0] for s in shards])
     y = np.concatenate([s[1] for s in shards])
-    full = fit_reference(X, y, model.cuts, params, base=model.base_margin)
-    assert [t.structure() for t in full.trees] != [t.structure() for t in model.trees]
+    full = twin.fit(X, y, pooled_grid_cuts(X, params), twin.Config.of(params))
+    splits = lambda nodes: sorted((nid, n) for nid, n in nodes.items() if n[0] == "split")  # noqa: E731
+    assert [splits(t.nodes) for t in full.trees] != [splits(n) for _, n in fed]
     for i in (0, 1, 3):   # every survivor ends with the server's model
         cm = run["client_models"][i]
         assert [t.structure() for t in cm.trees] == [t.structure() for t in model.trees]

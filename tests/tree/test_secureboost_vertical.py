@@ -1,5 +1,8 @@
-"""Vertical SecureBoost: equals the centralised twin for several 3-party feature splits, every objective,
-early stopping and federated prediction; rejects bad histograms; stops with a clear error when a host dies.
+"""Vertical SecureBoost: equals an independent numpy twin (tests/tree/numpy_gbdt.py: its own quantile cuts of
+the pooled columns, its own base margin, float64 gradients) under every vertical feature split of
+secureflhv.data (even, random, explicit, overlap), every objective, early stopping and federated
+prediction; rejects bad histograms; stops with a clear error when a host dies. With a sample overlap
+(PSI in the job): tests/runtime/test_secureboost_vertical_psi.py.
 
 Small Paillier keys (512 bits, insecure_test_key=True) and the worker pool off (threads only) keep it fast.
 """
@@ -11,14 +14,15 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris
 
-from sb_harness import vertical_run, vertical_structure
+import numpy_gbdt as twin
+from sb_harness import assert_trees_equal_twin, vertical_nodes, vertical_run, vertical_structure
 from secureflhv.crypto.homomorphic import paillier as pl
 from secureflhv.data import load_sklearn, vertical_split
+from secureflhv.data.partition.features import VERTICAL_SCHEMES
 from secureflhv.proto import tree_pb2
 from secureflhv.transport import Message
 from secureflhv.tree.binning import fit_cuts
 from secureflhv.tree.params import SecureBoostParams
-from secureflhv.tree.reference import fit_reference
 from secureflhv.tree.vertical import ROW_PART_WINDOW, TAG_HIST, SecureBoostError, part_rows
 
 
@@ -39,30 +43,37 @@ def _params(**kw):
 
 
 def _assert_twin(run, X, y, col_groups, params, X_val=None, y_val=None, X_pred=None):
+    """The run's model equals the numpy twin on the joined columns (guest's, then each host's): cuts, base
+    margin, trees (split feature, bin, threshold, default direction; leaves), validation losses, predictions."""
     assert not run["errors"], run["errors"]
     guest, hosts = run["guest"], run["hosts"]
-    cuts = guest.cuts + [c for h in hosts for c in h.cuts]
     order = np.concatenate(col_groups)
-    ref = fit_reference(X[:, order], y, cuts, params,
-                        X_val=None if X_val is None else X_val[:, order], y_val=y_val)
+    Xo = X[:, order]
+    cuts = [twin.quantile_cuts(Xo[:, j], params.max_bin) for j in range(Xo.shape[1])]
+    for j, (got, want) in enumerate(zip(guest.cuts + [c for h in hosts for c in h.cuts], cuts, strict=True)):
+        np.testing.assert_array_equal(got, want, err_msg=f"joined column {j}: party's cuts != twin's")
+    ref = twin.fit(Xo, y, cuts, twin.Config.of(params), X_val=None if X_val is None else X_val[:, order], y_val=y_val)
     fed = run["result"].model
-    assert len(fed.trees) == len(ref.trees) > 0
-    np.testing.assert_array_equal(fed.base_margin, ref.base_margin)
-    for tf, tr in zip(fed.trees, ref.trees):
-        assert vertical_structure(guest, hosts, tf, col_groups) == tr.structure()
-        for nid, n in tr.nodes.items():
-            if n.leaf:
-                assert tf.nodes[nid].value == pytest.approx(n.value, rel=1e-6, abs=1e-12)
-    assert fed.val_losses == pytest.approx(ref.val_losses, rel=1e-12)
+    np.testing.assert_allclose(fed.base_margin, ref.base, rtol=1e-12, atol=0)
+    tables = [(h.party_id, len(c), h.records) for h, c in zip(hosts, col_groups[1:])]
+    assert_trees_equal_twin([(t.output, vertical_nodes(t, len(col_groups[0]), tables)) for t in fed.trees], ref)
+    assert fed.val_losses == pytest.approx(ref.val_losses, rel=1e-6)
+    assert fed.best_round == ref.best_round
     if X_pred is not None:
-        np.testing.assert_allclose(run["pred"], ref.predict_margin(X_pred[:, order]), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(run["pred"], ref.predict_margin(X_pred[:, order]), rtol=0, atol=1e-5)
     return ref
 
 
-@pytest.mark.parametrize("scheme", ["even", "random", "overlap"])
-def test_vertical_equals_centralised_twin_for_feature_splits(scheme):
+SPLIT_ARGS = {"overlap": {"shared_fraction": 0.2},
+              "explicit": {"columns": [[0, 5, 7, 21, 22, 27], [1, 2, 3, 10, 11, 12, 13, 20], [4, 6, 8, 9, 14, 15, 16,
+                                                                                               17, 18, 19, 23, 24,
+                                                                                               25, 26, 28, 29]]}}
+
+
+@pytest.mark.parametrize("scheme", VERTICAL_SCHEMES)
+def test_vertical_equals_numpy_twin_for_every_feature_split(scheme):
     ds = load_sklearn("breast_cancer")
-    vp = vertical_split(ds, 2, scheme, seed=3, **({"shared_fraction": 0.2} if scheme == "overlap" else {}))
+    vp = vertical_split(ds, 2, scheme, seed=3, **SPLIT_ARGS.get(scheme, {}))
     col_groups = [np.asarray(c) for c in vp.columns]
     X, y = ds.X.astype(np.float64), ds.y
     params = _params()
@@ -89,7 +100,7 @@ def test_vertical_multiclass_and_regression_equal_twin():
     run = vertical_run(Xd, yd, cols, params, X_pred=Xd[:50], keypair=KEY)
     ref = _assert_twin(run, Xd, yd, cols, params, X_pred=Xd[:50])
     # gamma prunes: some node that had rows to split ended as a leaf in both models
-    assert any(n.leaf and n.n_rows >= 2 for t in ref.trees for nid, n in t.nodes.items()
+    assert any(n[0] == "leaf" and t.rows[nid] >= 2 for t in ref.trees for nid, n in t.nodes.items()
                if int(np.log2(nid + 1)) < params.max_depth)
 
 
