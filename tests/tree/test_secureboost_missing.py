@@ -1,6 +1,6 @@
 """SecureBoost with missing values (XGBoost's sparsity-aware default directions, Chen & Guestrin 2016,
-Alg. 3): vertical equals the centralised twin (splits, bins, default directions, leaves) whatever the
-feature split; held-out AUC on breast cancer with 20% of cells missing within 0.005 of xgboost trained
+Alg. 3): vertical and horizontal equal the independent numpy twin (tests/tree/numpy_gbdt.py: splits, bins,
+default directions, leaves; its own cuts and base margin) whatever the feature split or partition; held-out AUC on breast cancer with 20% of cells missing within 0.005 of xgboost trained
 on the same NaN-bearing matrix; the exported model predicts in xgboost exactly as ours on NaN data;
 prediction rows with NaN in a column that had none in training go the XGBoost way (right).
 
@@ -14,7 +14,8 @@ import xgboost as xgb
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import train_test_split
 
-from sb_harness import vertical_run, vertical_structure
+from sb_harness import vertical_run
+from test_secureboost_vertical import _assert_twin as assert_vertical_twin
 from secureflhv.crypto.homomorphic import paillier as pl
 from secureflhv.data import load_dataset, vertical_split
 from secureflhv.tree.binning import fit_cuts
@@ -52,30 +53,20 @@ def _data():
 
 
 @pytest.mark.parametrize("scheme", ["even", "random", "overlap"])
-def test_vertical_with_missing_values_equals_centralised_twin(scheme):
+def test_vertical_with_missing_values_equals_numpy_twin(scheme):
     ds, X, y, X_pred = _data()
     vp = vertical_split(ds, 2, scheme, seed=5, **({"shared_fraction": 0.2} if scheme == "overlap" else {}))
     cols = [np.asarray(c) for c in vp.columns]
     params = _params()
     run = vertical_run(X, y, cols, params, X_pred=X_pred, keypair=KEY)
-    assert not run["errors"], run["errors"]
-    guest, hosts = run["guest"], run["hosts"]
-    order = np.concatenate(cols)
-    ref = fit_reference(X[:, order], y, guest.cuts + [c for h in hosts for c in h.cuts], params)
-    fed = run["result"].model
-    assert len(fed.trees) == len(ref.trees) == 3
-    for tf, tr in zip(fed.trees, ref.trees):
-        assert vertical_structure(guest, hosts, tf, cols) == tr.structure()
-        for nid, n in tr.nodes.items():
-            if n.leaf:
-                assert tf.nodes[nid].value == pytest.approx(n.value, rel=1e-6, abs=1e-12)
-    # prediction: NaN in columns with and without NaN in training, routed by each owner's default direction
+    # prediction rows: NaN in columns with and without NaN in training, routed by each owner's default direction
     assert np.isnan(X_pred[:, FULL]).any() and not np.isnan(X[:, FULL]).any()
-    np.testing.assert_allclose(run["pred"], ref.predict_margin(X_pred[:, order]), rtol=1e-9, atol=1e-12)
+    ref = assert_vertical_twin(run, X, y, cols, params, X_pred=X_pred)
+    assert len(ref.trees) == 3
     # the test exercises both default directions, and host splits that send missing values left
-    splits = [n for t in ref.trees for n in t.nodes.values() if not n.leaf]
-    assert {n.default_left for n in splits} == {False, True}
-    assert any(r[3] for h in hosts for r in h.records), "no host split sends missing values left"
+    splits = [n for t in ref.trees for n in t.nodes.values() if n[0] == "split"]
+    assert {n[4] for n in splits} == {False, True}
+    assert any(r[3] for h in run["hosts"] for r in h.records), "no host split sends missing values left"
 
 
 def test_missing_values_route_like_xgboost_where_training_had_none():
@@ -161,19 +152,19 @@ def test_host_claiming_too_many_candidates_is_rejected():
     assert not run["errors"], run["errors"]
     rejected = run["net"].mailbox("guest").rejected
     assert any(m.sender == "host-1" and m.tag == TAG_HIST and "more candidates" in why for m, why in rejected)
-    ref = fit_reference(X, y, run["guest"].cuts + [c for h in run["hosts"] for c in h.cuts], params)
-    assert vertical_structure(run["guest"], run["hosts"], run["result"].model.trees[0], cols) == ref.trees[0].structure()
+    assert_vertical_twin(run, X, y, cols, params)
 
 
 # ------------------------------------------------------------------------------------------ horizontal
 @pytest.mark.parametrize("scheme", ["iid", "label_dirichlet"])
-def test_horizontal_with_missing_values_equals_centralised_twin(scheme):
+def test_horizontal_with_missing_values_equals_numpy_twin(scheme):
     """Horizontal SecureBoost (secure aggregation) on NaN-bearing shards: the missing counts join the
     sketch aggregation, the clients' histograms carry the missing bucket; the model equals the twin on
-    the pooled rows with the federated cuts (default directions included) and exports to xgboost."""
+    the pooled rows (its cuts of the present values on the nanmin / nanmax grid, default directions
+    included) and exports to xgboost."""
     from sb_harness import horizontal_run
+    from test_secureboost_horizontal import _assert_twin as assert_horizontal_twin
     from secureflhv.data import partition
-    from secureflhv.tree.binning import cuts_from_grid_counts, grid, grid_counts
 
     ds = load_dataset("breast_cancer_missing")
     X_all = ds.X.copy()
@@ -183,27 +174,15 @@ def test_horizontal_with_missing_values_equals_centralised_twin(scheme):
     shards[0][0][:, 5] = np.nan                                            # a client with a column all missing
     params = SecureBoostParams(n_trees=3, max_depth=3, max_bin=16, sketch_bins=256)
     run = horizontal_run(shards, params, kind="secagg")
-    assert not run["errors"], run["errors"]
+    ref = assert_horizontal_twin(run, shards, params)
+    assert any(n[4] for t in ref.trees for n in t.nodes.values() if n[0] == "split")
     model = run["server_model"]
     X = np.concatenate([s[0] for s in shards])
-    y = np.concatenate([s[1] for s in shards])
-    ref = fit_reference(X, y, model.cuts, params, base=model.base_margin)
-    for tf, tr in zip(model.trees, ref.trees):
-        assert tf.structure() == tr.structure()
-    assert any(n.default_left for t in model.trees for n in t.nodes.values() if not n.leaf)
-    np.testing.assert_allclose(model.predict(X), ref.predict(X), rtol=1e-9, atol=1e-12)
-    for cm in run["client_models"]:
-        assert [t.structure() for t in cm.trees] == [t.structure() for t in model.trees]
-    # cuts: those of the pooled present values on the same public grid (nanmin / nanmax range)
-    lo, hi = np.nanmin(X, axis=0), np.nanmax(X, axis=0)
-    for j, cuts in enumerate(model.cuts):
-        v = X[~np.isnan(X[:, j]), j]
-        g = grid(lo[j], hi[j], params.sketch_bins)
-        np.testing.assert_array_equal(cuts, cuts_from_grid_counts(grid_counts(v, g), g, params.max_bin))
     X_pred = X[:100].copy()
     X_pred[::7, 3] = np.nan                                                # complete in training
     np.testing.assert_allclose(_booster(model, X.shape[1]).predict(xgb.DMatrix(X_pred)), model.predict(X_pred),
                                rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.predict_margin(X_pred), ref.predict_margin(X_pred), rtol=0, atol=1e-5)
 
 
 def test_missingness_split_survives_strict_json_and_xgboost():
