@@ -5,7 +5,6 @@ import traceback
 
 import numpy as np
 
-COLS = [list(range(0, 10)), list(range(10, 20)), list(range(20, 30))]
 HOSTS = ["host-1", "host-2"]
 CLIENTS = ["client-1", "client-2", "client-3"]
 
@@ -14,6 +13,16 @@ def breast_cancer():
     from sklearn.datasets import load_breast_cancer
 
     return load_breast_cancer(return_X_y=True)
+
+
+def columns() -> list[list[int]]:
+    """The vertical run's columns: the library's ``overlap`` feature split of breast cancer (guest, 2 hosts;
+    20% of the columns held by every party)."""
+    from secureflhv.data import vertical_split
+
+    X, _ = breast_cancer()
+    vp = vertical_split(X, len(HOSTS), "overlap", seed=3, shared_fraction=0.2)
+    return [[int(c) for c in cc] for cc in vp.columns]
 
 
 def vparams():
@@ -47,13 +56,14 @@ def vertical_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
         X, y = breast_cancer()
         t = _transport(pid, addresses, cert_dir)
         if pid == "guest":
-            g = SecureBoostGuest(t, HOSTS, X[:, COLS[0]], y, vparams())
+            cols = columns()
+            g = SecureBoostGuest(t, HOSTS, X[:, cols[0]], y, vparams())
             res = g.fit()
-            margin = g.predict_margin(X[:, COLS[0]])
+            margin = g.predict_margin(X[:, cols[0]])
             g.end_prediction()
             queue.put((pid, (margin.tolist(), model_to_dict(res.model))))
         else:
-            cols = COLS[HOSTS.index(pid) + 1]
+            cols = columns()[HOSTS.index(pid) + 1]
             h = SecureBoostHost(t, "guest", X[:, cols], vparams())
             h.fit()
             h.serve_predictions(X[:, cols])
@@ -65,20 +75,33 @@ def vertical_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
             t.close()
 
 
-def client_rows(pid: str, n: int):
-    return np.array_split(np.arange(n), 3)[CLIENTS.index(pid)]
+# library partitions of the horizontal runs: label skew with feature noise, and quantity skew for the dropout
+SCHEMES = {"label_dirichlet+feature_noise": {"beta": 0.5, "sigma": 0.3}, "quantity_dirichlet": {"beta": 1.0}}
 
 
-def horizontal_party(pid: str, addresses: dict, cert_dir: str, queue, kill_at_tree: dict | None = None) -> None:
-    """One party of the horizontal run; ``kill_at_tree``: client -> tree at whose first histogram
-    submission that client SIGKILLs itself (a real process death: no message, no clean-up)."""
+def shards(scheme: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Breast cancer partitioned over the 3 clients by ``scheme`` (seed 1): [(X_i, y_i)] in CLIENTS order."""
+    from secureflhv.data import Dataset, partition
+
+    X, y = breast_cancer()
+    ds = Dataset(X, y)
+    part = partition(scheme, ds, len(CLIENTS), seed=1, **SCHEMES[scheme])
+    return [(s.X, s.y) for s in (part.party_data(ds, i) for i in range(len(CLIENTS)))]
+
+
+def horizontal_party(pid: str, addresses: dict, cert_dir: str, queue, kill_at_tree: dict | None = None,
+                     scheme: str = "label_dirichlet+feature_noise") -> None:
+    """One party of the horizontal run on the :func:`shards` of ``scheme``; ``kill_at_tree``: client -> tree at
+    whose first histogram submission that client SIGKILLs itself (a real process death: no message, no
+    clean-up)."""
     from secureflhv.tree.horizontal import (HorizontalSecureBoostClient, HorizontalSecureBoostServer,
                                             tree_aggregation_config)
     from secureflhv.tree.model import model_to_dict
 
     t = None
     try:
-        X, y = breast_cancer()
+        parts = shards(scheme)
+        X = np.concatenate([p[0] for p in parts])    # predictions: of the pooled rows
         # With a death the server must give up on the dead client quickly: its transport deadline (a send to
         # the dead client fails after it) plus one input deadline (the dead client's missing key advertisement)
         # is 10 + 4 = 14 s, well inside the survivors' patience for the server: their secagg wait
@@ -94,8 +117,8 @@ def horizontal_party(pid: str, addresses: dict, cert_dir: str, queue, kill_at_tr
             model = HorizontalSecureBoostServer(t, CLIENTS, hparams(), aggregation=cfg).fit()
             queue.put((pid, (model.predict(X).tolist(), model_to_dict(model))))
         else:
-            rows = client_rows(pid, len(y))
-            client = HorizontalSecureBoostClient(t, "server", CLIENTS, X[rows], y[rows], hparams(), aggregation=cfg)
+            Xi, yi = parts[CLIENTS.index(pid)]
+            client = HorizontalSecureBoostClient(t, "server", CLIENTS, Xi, yi, hparams(), aggregation=cfg)
             if kill_at_tree and pid in kill_at_tree:
                 _kill_self_at(client, kill_at_tree[pid])
             queue.put((pid, client.fit().predict(X).tolist()))
@@ -126,5 +149,5 @@ def _kill_self_at(client, tree: int) -> None:
 
 
 def horizontal_dropout_party(pid: str, addresses: dict, cert_dir: str, queue) -> None:
-    """:func:`horizontal_party` where client-2 is killed (SIGKILL) at tree 1."""
-    horizontal_party(pid, addresses, cert_dir, queue, kill_at_tree={"client-2": 1})
+    """:func:`horizontal_party` on quantity-skewed shards where client-2 is killed (SIGKILL) at tree 1."""
+    horizontal_party(pid, addresses, cert_dir, queue, kill_at_tree={"client-2": 1}, scheme="quantity_dirichlet")

@@ -1,6 +1,7 @@
 """SecureBoost across real processes over gRPC with mutual TLS on loopback:
-vertical (guest + 2 hosts) and horizontal (server + 3 clients with secure aggregation; also with one
-client SIGKILLed mid-training). Each run's model must equal the independent numpy twin
+vertical (guest + 2 hosts, the library's ``overlap`` feature split) and horizontal (server + 3 clients with secure aggregation on the library's
+``label_dirichlet+feature_noise`` partition; also on ``quantity_dirichlet`` with one client SIGKILLed
+mid-training). Each run's model must equal the independent numpy twin
 (tests/tree/numpy_gbdt.py: its own cuts and base margin; after the kill: the twin on all rows before, on the
 survivors' rows from the killed client's round on)."""
 from __future__ import annotations
@@ -54,14 +55,16 @@ def _assert_horizontal(model_doc, want) -> None:
 def test_vertical_guest_and_two_hosts_over_grpc_tls(tmp_path):
     out = _run(sb_procs.vertical_party, ["guest", *sb_procs.HOSTS], tmp_path)
     X, y = sb_procs.breast_cancer()
-    Xo = X[:, np.concatenate(sb_procs.COLS)]
+    cols = sb_procs.columns()
+    assert len(set.intersection(*map(set, cols))) >= 2       # the overlap split: columns every party holds
+    Xo = X[:, np.concatenate(cols)]
     params = sb_procs.vparams()
     ref = twin.fit(Xo, y, [twin.quantile_cuts(Xo[:, j], params.max_bin) for j in range(Xo.shape[1])],
                    twin.Config.of(params))
     margin, doc = out["guest"]
     model = model_from_dict(doc)
-    hosts = [(h, len(c), out[h]) for h, c in zip(sb_procs.HOSTS, sb_procs.COLS[1:])]
-    assert_trees_equal_twin([(t.output, vertical_nodes(t, len(sb_procs.COLS[0]), hosts)) for t in model.trees], ref)
+    hosts = [(h, len(c), out[h]) for h, c in zip(sb_procs.HOSTS, cols[1:])]
+    assert_trees_equal_twin([(t.output, vertical_nodes(t, len(cols[0]), hosts)) for t in model.trees], ref)
     np.testing.assert_allclose(np.array(margin), ref.predict_margin(Xo), rtol=0, atol=1e-5)
     assert len(out["host-1"]) + len(out["host-2"]) > 0  # the hosts' private split tables were used
 
@@ -69,7 +72,7 @@ def test_vertical_guest_and_two_hosts_over_grpc_tls(tmp_path):
 @pytest.mark.slow
 def test_horizontal_server_and_three_clients_over_grpc_tls(tmp_path):
     out = _run(sb_procs.horizontal_party, ["server", *sb_procs.CLIENTS], tmp_path)
-    X, y = sb_procs.breast_cancer()
+    X, y = (np.concatenate(a) for a in zip(*sb_procs.shards("label_dirichlet+feature_noise")))
     pred, doc = out["server"]
     params = sb_procs.hparams()
     ref = twin.fit(X, y, pooled_grid_cuts(X, params), twin.Config.of(params))
@@ -85,10 +88,10 @@ def test_horizontal_client_killed_mid_training_the_others_finish_over_grpc_tls(t
     out = _run(sb_procs.horizontal_dropout_party, ["server", *sb_procs.CLIENTS], tmp_path,
                report=["server", *survivors])
     assert "client-2" not in out   # killed: it reported nothing
-    X, y = sb_procs.breast_cancer()
+    shards = sb_procs.shards("quantity_dirichlet")
+    X, y = (np.concatenate(a) for a in zip(*shards))
     pred, doc = out["server"]
     params = sb_procs.hparams()
-    shards = [(X[r], y[r]) for r in (sb_procs.client_rows(c, len(y)) for c in sb_procs.CLIENTS)]
     want = two_phase_twin(shards, [0, 2], 1, params)
     _assert_horizontal(doc, want)
     np.testing.assert_allclose(np.array(pred), 1 / (1 + np.exp(-want.predict_margin(X)[:, 0])), rtol=0, atol=1e-6)
