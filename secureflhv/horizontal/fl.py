@@ -20,7 +20,10 @@ One job = one server (no data) and N clients (same features, different rows). Pe
    every client multiplies its sample-weighted parts' weights by its Λ_r; the strategy's parts
    then take slots 2, 3;
 3. the server applies the strategy's server half and sends the new global model (``fl.eval``) to
-   every alive client; each evaluates it on its local test split and answers ``fl.metrics``
+   every alive client, telling each which parts of its update are in the sums it applied
+   (``text.applied``, comma-separated; none when the round was refused or the client dropped): the client's
+   strategy commits its cross-round state accordingly (SCAFFOLD's c_i,
+   :meth:`~.strategies.Strategy.client_round_end`); each evaluates it on its local test split and answers ``fl.metrics``
    (``Scalars``: test correct / n / loss sum; if it trained: train loss, samples, steps; a regression
    head adds Σ|ŷ − y|, Σy and Σy² of its test rows, with loss sum = Σ(ŷ − y)² and correct = 0);
 4. the server logs the round (accuracy = Σ correct / Σ n over the reporting clients; each client's
@@ -53,7 +56,8 @@ What each role learns: the server learns the selected/surviving ids, what the ag
 reveals of the updates (secure aggregation: only the weighted sums and total weights), and each
 client's local test counts (correct, n, loss; regression: also Σ|ŷ − y|, Σy, Σy² of its test
 labels) and training statistics (loss, samples, steps). A client
-learns the global models it receives and this round's participant list.
+learns the global models it receives, this round's participant list and which of its own parts the
+server applied.
 """
 from __future__ import annotations
 
@@ -182,6 +186,11 @@ def pooled_regression(metrics: Sequence[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------------ wire helpers
+def applied_parts(bundle: messages_pb2.Bundle) -> set[str]:
+    """The parts named in an ``fl.eval`` bundle's ``text.applied`` (comma-separated; absent: none)."""
+    return {p for p in bundle.text.get("applied", "").split(",") if p}
+
+
 def check_slots(strategy: Strategy, config: FLConfig) -> None:
     """ValueError when the strategy's parts (after contribution's two sums) exceed a round's aggregation slots,
     or when the strategy is decentralised (MultiConfederated: no server, see :mod:`.mc_peer`)."""
@@ -348,7 +357,7 @@ class HorizontalServer(_Resumable, ProtocolRole):
             self.global_vec = self.strategy.server_update(self.global_vec, results)
         if not np.all(np.isfinite(self.global_vec)):
             raise FloatingPointError(f"round {r}: the global model became non-finite (lower lr?)")
-        self._send_all(self._alive(), TAG_EVAL, r, self._eval_message())
+        self._send_all(self._alive(), TAG_EVAL, r, self._eval_message(results))
         metrics = self._collect_metrics(r, self._alive())
         record = self._record(r, selected, survivors, results, metrics, time.monotonic() - t0)
         record.contribution = contribution
@@ -382,12 +391,22 @@ class HorizontalServer(_Resumable, ProtocolRole):
             return b
         return round_msg
 
-    def _eval_message(self) -> Callable[[str], messages_pb2.Bundle]:
-        """``fl.eval``: the new global model and the strategy's evaluation extras (IFCA: every cluster)."""
+    def _eval_message(self, results: dict[str, AggregateResult]) -> Callable[[str], messages_pb2.Bundle]:
+        """``fl.eval``: the new global model, the strategy's evaluation extras (IFCA: every cluster) and, per
+        client, ``text.applied``: its parts whose sums the server applied (``results``; empty when refused)."""
         b = model_bundle(self.shapes, self.global_vec, command="eval")
         for k, v in self.strategy.eval_extras().items():
             b.tensors[f"extra/{k}"].CopyFrom(tensor_to_proto(v, "<f4"))
-        return lambda c: b
+
+        def eval_msg(c):
+            applied = [p for p, res in results.items() if c in res.survivors]
+            if not applied:
+                return b
+            own = messages_pb2.Bundle()
+            own.CopyFrom(b)
+            own.text["applied"] = ",".join(applied)
+            return own
+        return eval_msg
 
     def _aggregate(self, r: int, selected: list[str]) -> tuple[dict[str, AggregateResult], str]:
         """Every part's sum, and why the round is refused ("" when it is not): a part whose unmasked sum is
@@ -552,6 +571,10 @@ class HorizontalClient(_Resumable, ProtocolRole):
             for k in b.tensors:
                 if k.startswith("extra/"):
                     float32_tensor(b.tensors[k], (self.dim,), k)
+        unknown = applied_parts(b) - set(self.strategy.parts)
+        if unknown:
+            raise ProtocolError(f"applied parts {sorted(unknown)} are not {self.strategy.name}'s "
+                                f"{list(self.strategy.parts)}")
         return b
 
     def train_round(self, round_id: int, bundle: messages_pb2.Bundle) -> dict:
@@ -608,6 +631,7 @@ class HorizontalClient(_Resumable, ProtocolRole):
                 stats = self.train_round(r, bundle)
             ev = self.t.recv(self.server_id, TAG_EVAL, r, timeout=timeout, parse=self._parse_round)
             self.global_vec = read_model(ev, self.shapes)
+            self.strategy.client_round_end(applied_parts(ev) if cmd == "train" else set())
             extras = {k[len("extra/"):]: float32_tensor(t, (self.dim,), k) for k, t in ev.tensors.items()
                       if k.startswith("extra/")}
             metrics = self.evaluate(self.strategy.eval_vector(self.model, self.global_vec, extras, self.X_train,

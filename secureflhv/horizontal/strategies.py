@@ -13,8 +13,14 @@ Non-IID Data Silos: An Experimental Study", ICDE 2022, Algorithms 1–2, and its
 * **SCAFFOLD** (Karimireddy et al., ICML 2020, option II): after every optimizer step
   ``w_i ← w_i − lr·(c − c_i)``; after ``K`` steps ``c_i⁺ = c_i − c + (w − w_i)/(K·lr)``; the client
   sends ``Δ_i`` (weight ``n_i``) and ``Δc_i = c_i⁺ − c_i`` (weight 1); the server sets
-  ``w ← w + Σ p_i Δ_i`` and ``c ← c + mean_i Δc_i`` (NIID-Bench divides by the number of clients of
-  the round, not by the total N of the paper). Both are aggregated through (secure) aggregation;
+  ``w ← w + Σ p_i Δ_i`` and ``c ← c + (1/|S|) Σ_{i ∈ S} Δc_i`` over the round's selected clients S
+  (NIID-Bench divides by the number of clients of the round, not by the total N of the paper; with
+  every client selected the two agree). Both are aggregated through (secure) aggregation. A client
+  whose ``Δc_i`` is not in the applied sum (dropped from that part, or the round refused) counts as
+  ``Δc_i = 0`` and keeps its old ``c_i`` (:meth:`Strategy.client_round_end`): Algorithm 1 pairs
+  ``c_i ← c_i⁺`` with the server adding ``Δc_i``, which keeps ``c = mean_i c_i`` (full participation);
+  a client committing ``c_i⁺`` whose ``Δc_i`` the server never added would bias every later correction
+  ``c − c_i`` for good. The two parts need not have the same survivors: each is its own update;
 * **FedNova** (Wang et al., NeurIPS 2020): with ``tau_i`` local steps and momentum ``rho``,
   ``a_i = (tau_i − rho(1 − rho^tau_i)/(1 − rho)) / (1 − rho)`` (``= tau_i`` without momentum) and
   ``d_i = (w − w_i)/a_i``; the server sets ``w ← w − (Σ p_i a_i)·(Σ p_i d_i)``. The client sends
@@ -152,6 +158,8 @@ class Strategy(ABC):
         joint_parts: whether :meth:`server_update` combines the parts' sums into one step, so they must be over
             the same clients (FedNova: ``(Σ p_i a_i)·(Σ p_i d_i)``); the server refuses a round whose parts
             have different survivors (each part is its own aggregation, and a client may miss one of them).
+            SCAFFOLD's parts are two separate updates (w and c), so it does not: a client's ``c_i`` follows
+            what the server applied (:meth:`client_round_end`).
     """
 
     name: str = ""
@@ -252,6 +260,12 @@ class Strategy(ABC):
         """(mu, anchor) of a proximal term in the local loss (FedProx); None = none."""
         return None
 
+    def client_round_end(self, applied: set[str]) -> None:
+        """After a round, when the server's new global model came: ``applied`` = the parts of this client's
+        update that are in the sums the server applied (empty when the round was refused or this client
+        was dropped from every sum). State that must match the server's is committed here (SCAFFOLD's c_i);
+        default: nothing."""
+
     def eval_vector(self, model: nn.Module, global_vec: np.ndarray, extras: dict[str, np.ndarray], X: np.ndarray,
                     y: np.ndarray) -> np.ndarray:
         """The float32 (dim,) model this client evaluates after a round (default: the global model).
@@ -293,6 +307,7 @@ class Scaffold(Strategy):
     def __init__(self):
         self.c_global: np.ndarray | None = None  # server: c
         self.c_local: np.ndarray | None = None   # client: c_i
+        self.c_pending: np.ndarray | None = None  # client: c_i⁺ of the round, until the server applied Δc_i
 
     def part_dims(self, dim):
         """The model delta and the control-variate delta, ``dim`` each."""
@@ -307,17 +322,20 @@ class Scaffold(Strategy):
         return {"control": self.c_global}
 
     def server_update(self, global_vec, results):
-        """FedAvg's step for the model, and ``c += mean of the clients' control deltas``
-        (Karimireddy et al. 2020, Alg. 1 with global step size 1).
+        """FedAvg's step for the model, and ``c += (1/|S|) Σ Δc_i`` over the round's selected clients S, a
+        dropped client's Δc_i counting as 0 (it keeps its c_i: :meth:`client_round_end`), so that c stays
+        the mean of the c_i (Karimireddy et al. 2020, Alg. 1 with global step size 1).
         """
         new = super().server_update(global_vec, results)
         ctrl = results["control"]
-        self.c_global = (self.c_global.astype(np.float64) + ctrl.total / ctrl.weight).astype(np.float32)
+        selected = len(ctrl.survivors) + len(ctrl.dropped)
+        self.c_global = (self.c_global.astype(np.float64) + ctrl.total / selected).astype(np.float32)
         return new
 
     def client_update(self, model, global_vec, X, y, cfg, rng, extras=None):
-        """Local SGD corrected by ``c - c_i`` every step, then the client's new c_i (option II of the paper);
-        sends the model delta and the control delta. ValueError without the server's ``control``.
+        """Local SGD corrected by ``c - c_i`` every step, then the client's new c_i⁺ (option II of the paper),
+        kept aside until the server applies its delta (:meth:`client_round_end`); sends the model delta and
+        the control delta. ValueError without the server's ``control``.
         """
         if extras is None or "control" not in extras:
             raise ValueError("SCAFFOLD needs the server's control variate ('control') with the global model")
@@ -332,8 +350,16 @@ class Scaffold(Strategy):
         w = np.asarray(global_vec, dtype=np.float32).astype(np.float64)
         c_new = self.c_local.astype(np.float64) - c + (w - w_i) / (steps * lr)
         delta_c = c_new - self.c_local.astype(np.float64)
-        self.c_local = c_new.astype(np.float32)
+        self.c_pending = c_new.astype(np.float32)
         return ClientUpdate({"model": (w_i - w, float(len(y))), "control": (delta_c, 1.0)}, len(y), steps, loss)
+
+    def client_round_end(self, applied):
+        """c_i ← c_i⁺ when the server added this client's Δc_i to c (``"control" in applied``); otherwise
+        c_i stays, as the server counted Δc_i = 0 (Karimireddy et al. 2020, Alg. 1: the client's update of
+        c_i and the server's of c go together, so c remains the mean of the c_i)."""
+        if self.c_pending is not None and "control" in applied:
+            self.c_local = self.c_pending
+        self.c_pending = None
 
 
 def fednova_a(tau: int, rho: float) -> float:

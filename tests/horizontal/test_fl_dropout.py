@@ -53,15 +53,16 @@ def test_fewer_than_threshold_fails_clearly():
     assert server.history == []
 
 
-def _silent_in_model_part(client, fl_round):
-    """``client`` receives the shares of the model part (slot 0) in ``fl_round`` but never sends its masked input:
-    the server leaves it out of that sum (U3), the client learns it from the survivor list and goes on to the
-    next part, where it is on time."""
-    agg = client.agg_clients["model"]
+def _silent_in_part(client, fl_round, part="model"):
+    """``client`` receives the shares of ``part`` in ``fl_round`` but never sends its masked input: the server
+    leaves it out of that sum (U3), the client learns it from the survivor list and goes on to the next part,
+    where it is on time."""
+    agg = client.agg_clients[part]
     honest = agg.masked_input_collection
+    round_id = fl_round * 8 + client.strategy.parts.index(part)
 
     def silent(rnd):
-        if rnd.round_id != fl_round * 8:
+        if rnd.round_id != round_id:
             return honest(rnd)
         agg._receive_shares(rnd, agg._from_server(rnd.round_id, 2, "shares"))
     agg.masked_input_collection = silent
@@ -78,8 +79,63 @@ def test_fednova_refuses_a_round_whose_parts_have_different_survivors():
                                local=LocalTrainConfig(epochs=4, batch_size=16, lr=0.05, momentum=0.9),
                                agg_kw={**FAST, "threshold": 3},
                                prepare=lambda s, cs: (initial.append(s.global_vec.copy()),
-                                                      _silent_in_model_part(cs[3], 1)))
+                                                      _silent_in_part(cs[3], 1)))
     assert not errors, errors
     rec = server.history[0]
     assert "summed over different clients" in rec.refused
     assert np.array_equal(server.global_vec, initial[0])
+
+
+def test_scaffold_client_keeps_its_control_variate_when_its_delta_is_dropped():
+    """SCAFFOLD (Karimireddy et al. 2020, Alg. 1) pairs the client's c_i ← c_i⁺ with the server's c ← c + ΣΔc_i/|S|,
+    which keeps c the mean of the c_i. c3 is left out of round 1's control sum only (its model delta is in):
+    it must keep c_i = 0 (the server counted Δc_3 = 0), and c = mean c_i holds after that round and the next.
+    (Committing c_3⁺ anyway, as before, leaves c off the mean for good: every later correction c − c_i is biased.)"""
+    shards, test = blobs(60, 4, seed=3)
+    seen, holder = [], {}
+
+    def on_round(rec, _vec):  # the clients committed their c_i before answering fl.metrics
+        seen.append((rec, holder["server"].strategy.c_global.copy(),
+                     [c.strategy.c_local.copy() for c in holder["clients"]]))
+
+    def prepare(server, clients):
+        holder.update(server=server, clients=clients)
+        _silent_in_part(clients[3], 1, "control")
+
+    server, _, errors = run_fl(shards, test, SPEC, "scaffold", "secagg", rounds=2, seed=4, on_round=on_round,
+                               agg_kw={**FAST, "threshold": 3}, prepare=prepare)
+    assert not errors, errors
+    (r1, c1, locals1), (r2, c2, locals2) = seen
+    assert not r1.refused and r1.aggregation["model"]["survivors"] == 4 and r1.aggregation["control"]["survivors"] == 3
+    assert r2.aggregation["control"]["survivors"] == 4
+    assert np.array_equal(locals1[3], np.zeros_like(locals1[3]))  # its Δc_3 was not added: c_3 stays
+    assert all(np.abs(c).max() > 1e-3 for c in locals1[:3])      # the others committed theirs
+    assert np.abs(locals2[3]).max() > 1e-3                         # round 2 included it
+    for c_global, c_locals, rec in ((c1, locals1, r1), (c2, locals2, r2)):
+        tol = rec.round * 4 / rec.aggregation["control"]["scale"] + 1e-6  # stochastic rounding of the sums
+        np.testing.assert_allclose(c_global, np.mean(c_locals, axis=0), rtol=0, atol=tol)
+    assert np.abs(c1).max() > 100 * tol
+
+
+def test_eval_naming_a_part_the_strategy_lacks_is_rejected():
+    """``fl.eval``'s ``text.applied`` may name only the strategy's parts; anything else is a ProtocolError (the
+    client keeps waiting for a valid message)."""
+    import pytest
+
+    from secureflhv.horizontal.fl import FLConfig, HorizontalClient, applied_parts
+    from secureflhv.horizontal.model_wire import model_bundle
+    from secureflhv.horizontal.models import build_model, get_flat, param_shapes
+    from secureflhv.horizontal.strategy_registry import make_strategy
+    from secureflhv.transport.base import ProtocolError
+    from secureflhv.transport.inprocess import InProcessNetwork
+
+    net = InProcessNetwork("wire", ["server", "c0"])
+    X, y = np.zeros((4, 6), np.float32), np.array([0, 1, 2, 0])
+    client = HorizontalClient(net.transport("c0"), "server", X, y, X[:0], y[:0], SPEC, make_strategy("scaffold"),
+                              FLConfig(rounds=1))
+    model = build_model(SPEC, seed=1)
+    b = model_bundle(param_shapes(model), get_flat(model), command="eval", applied="model,control")
+    assert applied_parts(client._parse_round(b.SerializeToString())) == {"model", "control"}
+    b.text["applied"] = "model,nova"
+    with pytest.raises(ProtocolError, match="nova"):
+        client._parse_round(b.SerializeToString())
