@@ -205,7 +205,8 @@ def assert_trees_equal_twin(fed: list[tuple[int, dict]], model: "twin.TwinModel"
             got = nodes[nid]
             if want[0] == "leaf":
                 assert got[0] == "leaf", f"tree {t} node {nid}: {got} where the twin has a leaf"
-                assert abs(got[1] - want[1]) <= LEAF_TOL * max(1.0, abs(want[1])), f"tree {t} node {nid}: {got} != {want}"
+                assert abs(got[1] - want[1]) <= LEAF_TOL * max(1.0, abs(want[1])), \
+                    f"tree {t} node {nid}: {got} != {want}"
             else:
                 assert got == want, f"tree {t} node {nid}: federated {got} != twin {want}"
 

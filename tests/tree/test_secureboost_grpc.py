@@ -1,9 +1,9 @@
-"""SecureBoost across real processes over gRPC with mutual TLS on loopback:
-vertical (guest + 2 hosts, the library's ``overlap`` feature split) and horizontal (server + 3 clients with secure aggregation on the library's
-``label_dirichlet+feature_noise`` partition; also on ``quantity_dirichlet`` with one client SIGKILLed
-mid-training). Each run's model must equal the independent numpy twin
-(tests/tree/numpy_gbdt.py: its own cuts and base margin; after the kill: the twin on all rows before, on the
-survivors' rows from the killed client's round on)."""
+"""SecureBoost across real processes over gRPC with mutual TLS on loopback: vertical (guest + 2 hosts, the
+library's ``overlap`` feature split) and horizontal (server + 3 clients with secure aggregation on the
+library's ``label_dirichlet+feature_noise`` partition; also on ``quantity_dirichlet`` with one client
+SIGKILLed mid-training). Each run's model must equal the independent numpy twin (tests/tree/numpy_gbdt.py:
+its own cuts and base margin; after the kill: the twin on all rows before, on the survivors' rows from the
+killed client's round on)."""
 from __future__ import annotations
 
 import multiprocessing as mp

@@ -1,8 +1,9 @@
 """SecureBoost with missing values (XGBoost's sparsity-aware default directions, Chen & Guestrin 2016,
 Alg. 3): vertical and horizontal equal the independent numpy twin (tests/tree/numpy_gbdt.py: splits, bins,
-default directions, leaves; its own cuts and base margin) whatever the feature split or partition; held-out AUC on breast cancer with 20% of cells missing within 0.005 of xgboost trained
-on the same NaN-bearing matrix; the exported model predicts in xgboost exactly as ours on NaN data;
-prediction rows with NaN in a column that had none in training go the XGBoost way (right).
+default directions, leaves; its own cuts and base margin) whatever the feature split or partition; held-out
+AUC on breast cancer with 20% of cells missing within 0.005 of xgboost trained on the same NaN-bearing matrix;
+the exported model predicts in xgboost exactly as ours on NaN data; prediction rows with NaN in a column that
+had none in training go the XGBoost way (right).
 
 Small Paillier keys (512 bits, insecure_test_key=True) and the worker pool off keep it fast.
 """
