@@ -6,10 +6,13 @@ contribution normalisation (``fedavg+ccn``, temperature ``--temperature``), IFCA
 MultiConfederated learning (``multiconfederated``, column MC: decentralised peers, no server and no secure
 aggregation, run by :func:`run_mc`; its accuracy is the mean of the peers' personal models on the test rows).
 Partitions: NIID-Bench's (Li, Diao, Chen, He, ICDE 2022) iid, #C=1/2/3, Dir(0.5)/Dir(0.1), quantity skew,
-feature noise, FCUBE, natural ids, plus label noise, temporal and mixed label+quantity skew (``PARTITIONS``).
-Two grids (``GRIDS``): Fashion-MNIST with NIID-Bench's simple CNN, and a tabular set (scikit-learn digits) with
-NIID-Bench's MLP; a partition whose column a grid's data lacks runs on a substitute set (temporal: Statlog
-Shuttle's stream order; FCUBE: NIID-Bench's FCUBE data) or is reported n/a with the reason.
+feature noise, FCUBE, natural ids, plus label noise, temporal, mixed label+quantity and mixed label+feature-noise
+skew (``PARTITIONS``): every scheme of :func:`secureflhv.data.available_schemes` has a row (``SCHEMES_NA`` would
+name a scheme left out, with the reason; none is). Two grids (``GRIDS``): Fashion-MNIST with NIID-Bench's simple
+CNN, and a tabular set (scikit-learn digits) with NIID-Bench's MLP; a partition whose column a grid's data lacks
+runs on a substitute set (natural ids: Palmer Penguins by island; temporal: Statlog Shuttle's stream order, and
+penguins by study year; FCUBE: NIID-Bench's FCUBE data) or is reported n/a with the reason. Penguins has 3
+islands and 3 years, so its rows run with 3 parties (one island or one year each: ``DATA_PARTIES``).
 
 Every run: ``--parties`` clients (threads) and a server over the in-process transport (same protocol code as
 over gRPC), updates aggregated with Bonawitz et al. secure aggregation (``kind: secagg``); the clients of a
@@ -58,10 +61,14 @@ PARTITIONS = [  # (label, scheme, params) — NIID-Bench's settings, plus the su
     ("noise 0.1", "feature_noise", {"sigma": 0.1}),
     ("label noise 0.3", "label_noise", {"flip": 0.3}),
     ("mixed Dir(0.5)+quantity", "label_dirichlet+quantity_dirichlet", {"beta": 0.5, "beta_quantity": 0.5}),
+    ("mixed Dir(0.5)+noise", "label_dirichlet+feature_noise", {"beta": 0.5, "sigma": 0.1}),
     ("natural ids", "feature_natural", {}),
     ("temporal", "temporal", {}),
+    ("temporal (year)", "temporal", {}),
     ("FCUBE", "feature_synthetic", {}),
 ]
+SCHEMES_NA: dict[str, str] = {}  # a scheme of secureflhv.data with no row above -> why (printed and reported)
+DATA_PARTIES = {"penguins": 3}  # data sets whose natural id / time has fewer values than --parties: 3 islands, 3 years
 # The two grids: (name, data set, model). A partition whose column the grid's data lacks runs on the data set
 # named in ``substitutes`` (its own centralised baseline), or is reported n/a with the reason.
 GRIDS = {
@@ -69,13 +76,17 @@ GRIDS = {
                "substitutes": {}, "na": {"natural ids": "Fashion-MNIST has no natural id (NIID-Bench uses "
                                                         "FEMNIST writers)",
                                          "temporal": "Fashion-MNIST has no time column",
+                                         "temporal (year)": "Fashion-MNIST has no time column",
                                          "FCUBE": "FCUBE is a 3-feature synthetic set (see the tabular grid)"}},
     "tabular": {"title": "tabular (scikit-learn digits, 64 columns), MLP 32-16-8", "short": "tabular", "data": "digits",
-                "model": "mlp", "substitutes": {"temporal": "shuttle", "FCUBE": "fcube"},
-                "na": {"natural ids": "none of the bundled tabular sets has a natural id with >= 10 groups"}},
+                "model": "mlp", "substitutes": {"temporal": "shuttle", "FCUBE": "fcube", "natural ids": "penguins",
+                                                "temporal (year)": "penguins"},
+                "na": {}},
 }
 DATA_TITLES = {"fmnist": "Fashion-MNIST", "digits": "digits", "shuttle": "Statlog Shuttle (river; time = stream "
-               "position)", "fcube": "FCUBE (NIID-Bench's synthetic set, 3 features, 2 classes)"}
+               "position)", "fcube": "FCUBE (NIID-Bench's synthetic set, 3 features, 2 classes)",
+               "penguins": "Palmer Penguins (its 333 complete rows, 6 features; natural id = island, time = study "
+                           "year: 3 parties, one island or one year each)"}
 STRATEGIES = [("FedAvg", "fedavg"), ("FedProx", "fedprox"), ("SCAFFOLD", "scaffold"), ("FedNova", "fednova"),
               # the non-IID remedies (issue 14): contribution normalisation on FedAvg, IFCA, FedPer
               ("FedAvg+CCN", "fedavg+ccn"), ("IFCA", "ifca"), ("FedPer", "fedper"),
@@ -202,7 +213,8 @@ def centralised(ds, spec, local, epochs, seed, device=None):
 
 def load_grid_data(name: str, rows: int, test_rows: int, seed: int):
     """(train, test) Datasets of ``name`` with float32 features in a unit range: ``rows`` / ``test_rows``
-    random rows (all when the set is smaller); digits scaled by 1/16, shuttle standardised on its train rows."""
+    random rows (all when the set is smaller; at most a fifth of a bundled set's rows are test rows); digits
+    scaled by 1/16, shuttle and penguins (its complete rows) standardised on their train rows."""
     from secureflhv.data import Dataset, load_dataset
 
     rng = np.random.default_rng(seed)
@@ -212,6 +224,8 @@ def load_grid_data(name: str, rows: int, test_rows: int, seed: int):
         train, test = load_dataset("fcube", seed=seed), load_dataset("fcube_test", seed=seed)
     else:
         full = load_dataset(name)
+        if name == "penguins":  # the MLP takes no NaN: the 11 rows missing a measurement or the sex are dropped
+            full = full.subset(np.flatnonzero(~np.isnan(full.X).any(axis=1)))
         perm = rng.permutation(len(full))
         n_test = min(test_rows, len(full) // 5)
         train, test = full.subset(np.sort(perm[n_test:])), full.subset(np.sort(perm[:n_test]))
@@ -219,7 +233,7 @@ def load_grid_data(name: str, rows: int, test_rows: int, seed: int):
     test = test.subset(np.sort(rng.choice(len(test), min(test_rows, len(test)), replace=False)))
     if name == "digits":
         train.X, test.X = train.X / 16.0, test.X / 16.0
-    if name == "shuttle":
+    if name in ("shuttle", "penguins"):
         mu, sd = train.X.mean(0), train.X.std(0) + 1e-9
         train.X, test.X = (train.X - mu) / sd, (test.X - mu) / sd
     for d in (train, test):
@@ -305,6 +319,8 @@ def main(argv=None) -> int:
     partitions = [p for p in PARTITIONS if p[0] in args.partitions.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     grids = [g for g in GRIDS if g in args.grids.split(",")]
+    for scheme, why in scheme_coverage()[1].items():
+        print(f"{scheme}: n/a: {why}", flush=True)
     out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="niid_quick_")) if args.quick else ROOT / "docs")
     settings = dict(rows=rows, test_rows=test_rows, tabular_rows=args.tabular_rows, rounds=rounds, epochs=epochs,
                     tabular_epochs=tab_epochs, parties=args.parties, batch_size=args.batch_size, lr=args.lr,
@@ -329,12 +345,15 @@ def main(argv=None) -> int:
     for gname in grids:
         grid = GRIDS[gname]
         out[gname] = {"title": grid["title"], "model": grid["model"], "data": grid["data"], "na": {},
-                      "data_of": {}, "results": {}, "baselines": {}}
+                      "data_of": {}, "parties_of": {}, "results": {}, "baselines": {}}
         for plabel, scheme, pparams in partitions:
             if plabel in grid["na"]:
                 out[gname]["na"][plabel] = grid["na"][plabel]
             else:
                 out[gname]["data_of"][plabel] = grid["substitutes"].get(plabel, grid["data"])
+                n_parties = min(args.parties, DATA_PARTIES.get(out[gname]["data_of"][plabel], args.parties))
+                if n_parties != args.parties:
+                    out[gname]["parties_of"][plabel] = n_parties
                 plan.append((gname, plabel, scheme, pparams, out[gname]["data_of"][plabel]))
 
     def setup(gname, dname):
@@ -374,9 +393,10 @@ def main(argv=None) -> int:
                               aggregation=AggregationConfig(kind="secagg", clip=args.clip, seed=seed,
                                                             input_timeout_s=240, stage_timeout_s=60),
                               round_timeout_s=600)
-            part = partition(scheme, ds, args.parties, seed=seed, **pparams)
+            n_parties = out[gname]["parties_of"].get(plabel, args.parties)
+            part = partition(scheme, ds, n_parties, seed=seed, **pparams)
             shards, tests = [], []
-            for i in range(args.parties):
+            for i in range(n_parties):
                 sd = part.party_data(ds, i)
                 split = local_split(len(sd.y), args.local_test, seed, f"party-{i}")
                 X, y = sd.X.astype(np.float32), np.asarray(sd.y)
@@ -451,13 +471,27 @@ def main(argv=None) -> int:
     settings = dict(settings, grid_wall_s=wall(runs), session_seconds=time.perf_counter() - t_grid,
                     run_seconds=sum(c["seconds"] for c in runs), mc_wall_s=wall(mc_runs),
                     mc_run_seconds=sum(c["seconds"] for c in mc_runs), mc_runs=len(mc_runs),
-                    train=args.train, device=args.device,
+                    train=args.train, device=args.device, schemes_na=scheme_coverage()[1],
                     strategies=[n for n, _ in strategies],
                     processes=args.processes, mc_processes=args.mc_processes)
     if trainer is not None and trainer.seconds:
         settings["batched_samples_per_s"] = trainer.samples / trainer.seconds
     write_report(out_dir, out, settings)
     return 0
+
+
+def scheme_coverage() -> tuple[dict, dict]:
+    """({scheme: [partition labels of its rows]}, {scheme: why it has no row}) over
+    :func:`secureflhv.data.available_schemes`; a scheme in neither raises ValueError (the grid would drop it
+    silently)."""
+    from secureflhv.data import available_schemes
+
+    rows = {s: [label for label, scheme, _ in PARTITIONS if scheme == s] for s in available_schemes()}
+    na = {s: SCHEMES_NA[s] for s in available_schemes() if s in SCHEMES_NA}
+    missing = [s for s, labels in rows.items() if not labels and s not in na]
+    if missing:
+        raise ValueError(f"schemes with no row in PARTITIONS and no reason in SCHEMES_NA: {missing}")
+    return {s: labels for s, labels in rows.items() if labels}, na
 
 
 def _same_settings(a: dict | None, b: dict) -> bool:
@@ -531,7 +565,8 @@ def grid_tables(g: dict, names, n_seeds: int = 1) -> str:
         ks = _seed_counts(row)
         k = min(ks, default=0)
         label = plabel if k >= n_seeds or len(ks) > 1 else f"{plabel} ({k} of {n_seeds} seeds)"  # a grid cut short says so
-        lines.append(f"| {label} | {g['data_of'][plabel]} | " + " | ".join(cells) + f" | {_best(row, names)} |")
+        data = g["data_of"][plabel] + (f" ({n} parties)" if (n := g.get("parties_of", {}).get(plabel)) else "")
+        lines.append(f"| {label} | {data} | " + " | ".join(cells) + f" | {_best(row, names)} |")
     for plabel, why in g["na"].items():
         lines.append(f"| {plabel} | – | " + " | ".join("n/a" for _ in names) + f" | {why} |")
     table = head + "\n".join(lines) + "\n"
@@ -602,6 +637,8 @@ def write_report(out_dir: Path, grids: dict, settings: dict) -> None:
     mc_note = ("\nAll columns but MC (MultiConfederated learning, decentralised) go through secure aggregation; "
                "MC's peers see each other's models in the clear, by the paper's design (see Settings).\n"
                if "MC" in names else "")
+    mc_note += "".join(f"\nn/a: `{s}` (a partition scheme of secureflhv.data): {why}\n"
+                       for s, why in st.get("schemes_na", {}).items())
     doc = f"""# Test accuracy under non-IID partitions, through secure aggregation
 
 Produced by `python benchmarks/niid_accuracy.py --seeds {",".join(map(str, st["seeds"]))}` (`--help` for options).
@@ -622,7 +659,7 @@ CONFIG_AND_COMPARISON = """\
 |---|---|---|
 | training rows | 60,000 | Fashion-MNIST: {rows:,} random rows (1/{fmnist_fraction}); digits: all {digits_rows}; shuttle, FCUBE: {tabular_rows:,} |
 | test rows | 10,000 | {test_rows:,} random test rows (digits: {digits_test}) |
-| parties, sampling | 10, all each round | {parties}, all each round |
+| parties, sampling | 10, all each round | {parties}{parties_note}, all each round |
 | rounds × local epochs | 50 × 10 | {rounds} × {epochs} (CNN), {rounds} × {tabular_epochs} (MLP) |
 | local SGD | batch 64, lr 0.01, momentum 0.9 | batch {batch_size}, lr {lr}, momentum {momentum}, weight decay 1e-5 |
 | local steps per party | ≈ 94 per epoch, ≈ 47,000 in all | Fashion-MNIST ≈ {steps_fmnist} in all |
@@ -884,6 +921,10 @@ def _context(grids, names, st) -> dict:
                 fmnist_fraction=round(60000 / st["rows"]), digits_rows=digits["train_rows"] if digits else "–",
                 digits_test=digits["test_rows"] if digits else "–", steps_fmnist=_steps(st), n_runs=n_runs,
                 mc_hparams=mc_hparams,
+                parties_note="".join(sorted({f" ({d}: {n}, one island or one year each)" if d == "penguins" else
+                                             f" ({d}: {n})" for g in grids.values()
+                                             for p, n in g.get("parties_of", {}).items()
+                                             for d in [g["data_of"][p]]})),
                 processes=st.get("processes", "one process"), wall_min=st.get("grid_wall_s", float("nan")) / 60,
                 run_min=st.get("run_seconds", float("nan")) / 60, comparison=comparison(grids, names, st),
                 mc_timing=(f"MC's runs{' ran ' + st['mc_processes'] if st.get('mc_processes') else ''}: "

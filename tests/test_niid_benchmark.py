@@ -1,5 +1,6 @@
 """benchmarks/niid_accuracy.py: cells over seeds summarise to mean ± std, and the committed JSON still
-renders the committed table (``--report-only``) after the grid gained seeds, remedies and worst parties."""
+renders the committed table (``--report-only``) after the grid gained seeds, remedies and worst parties; every
+partition scheme of the library has a row (or a stated reason); the natural-id and year rows run on penguins."""
 import json
 import math
 import sys
@@ -8,6 +9,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import niid_accuracy as nb  # noqa: E402
+
+import pytest  # noqa: E402
+
+from secureflhv.data import available_schemes  # noqa: E402
 
 
 def test_summarise_means_and_stds_over_seeds():
@@ -58,3 +63,38 @@ def test_multiconfederated_cell_on_tiny_data(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| #C=2 | digits |"))
     assert row.count("not run") == len(nb.STRATEGIES) - 1 and f"{mc['accuracy'] * 100:.1f}" in row
     assert "no secure\naggregation" in md
+
+
+def test_every_scheme_of_the_library_has_a_row_or_a_reason(monkeypatch):
+    covered, na = nb.scheme_coverage()
+    assert set(covered) | set(na) == set(available_schemes()) and not set(covered) & set(na)
+    assert na == {} and covered["label_dirichlet+feature_noise"] == ["mixed Dir(0.5)+noise"]
+    assert covered["feature_natural"] == ["natural ids"] and "temporal (year)" in covered["temporal"]
+    # a scheme dropped from the grid without a reason is refused; with one, it is reported n/a
+    monkeypatch.setattr(nb, "PARTITIONS", [p for p in nb.PARTITIONS if p[1] != "label_dirichlet+feature_noise"])
+    with pytest.raises(ValueError, match=r"label_dirichlet\+feature_noise"):
+        nb.scheme_coverage()
+    monkeypatch.setattr(nb, "SCHEMES_NA", {"label_dirichlet+feature_noise": "some reason"})
+    assert nb.scheme_coverage()[1] == {"label_dirichlet+feature_noise": "some reason"}
+
+
+def test_natural_id_and_year_rows_split_the_penguins_by_island_and_year(tmp_path):
+    """The tabular grid's natural-id row runs on Palmer Penguins with one party per island, its year row with
+    one party per study year (3 parties each, not --parties); Fashion-MNIST reports both n/a with the reason."""
+    import numpy as np
+
+    args = ["--quick", "--grids", "fmnist,tabular", "--partitions", "natural ids,temporal (year)", "--parties", "5",
+            "--strategies", "fedavg", "--out-dir", str(tmp_path)]
+    assert nb.main(args) == 0
+    cells = {c["partition"]: c for c in map(json.loads, (tmp_path / "niid_accuracy.cells.jsonl").read_text()
+                                           .splitlines()) if not c.get("baseline")}
+    assert {c["data"] for c in cells.values()} == {"penguins"} and "error" not in cells["natural ids"]
+    train, _ = nb.load_grid_data("penguins", 3000, 1000, 0)
+    _, per_island = np.unique(train.groups, return_counts=True)
+    _, per_year = np.unique(train.times, return_counts=True)
+    assert sorted(cells["natural ids"]["sizes"]) == sorted(per_island.tolist())
+    assert len(cells["temporal (year)"]["sizes"]) == 3 and sum(cells["temporal (year)"]["sizes"]) == sum(per_year)
+    assert np.isfinite(cells["natural ids"]["accuracy"]) and np.isfinite(cells["temporal (year)"]["accuracy"])
+    md = (tmp_path / "niid_accuracy.md").read_text()
+    assert "| natural ids | penguins (3 parties) |" in md and "| temporal (year) | penguins (3 parties) |" in md
+    assert "| natural ids | – | n/a |" in md and "Fashion-MNIST has no natural id" in md
