@@ -345,7 +345,7 @@ def main(argv=None) -> int:
     for gname in grids:
         grid = GRIDS[gname]
         out[gname] = {"title": grid["title"], "model": grid["model"], "data": grid["data"], "na": {},
-                      "data_of": {}, "parties_of": {}, "results": {}, "baselines": {}}
+                      "data_of": {}, "parties_of": {}, "results": {}, "baselines": {}, "not_run": []}
         for plabel, scheme, pparams in partitions:
             if plabel in grid["na"]:
                 out[gname]["na"][plabel] = grid["na"][plabel]
@@ -456,7 +456,8 @@ def main(argv=None) -> int:
     for gname, plabel, _, _, dname in plan:  # cells over the seeds that finished (all, unless cut short)
         b = baselines.get((gname, dname))
         cells = {s: [done[k] for sd in seeds if (k := (gname, plabel, s, sd)) in done] for s, _ in strategies}
-        if b is None or not any(cells.values()):
+        if b is None or not any(cells.values()):  # planned but nothing finished: listed as "not run", not dropped
+            out[gname]["not_run"].append(plabel)
             continue
         out[gname]["baselines"][dname] = {k: b[k] for k in ("accuracy", "seconds", "train_rows", "test_rows",
                                                              "n_classes", "epochs")}
@@ -466,8 +467,7 @@ def main(argv=None) -> int:
     runs = [c for c in done.values() if not c.get("baseline") and "at" in c and c["strategy"] != "MC"]
     mc_runs = [c for c in done.values() if not c.get("baseline") and "at" in c and c["strategy"] == "MC"]
 
-    def wall(rs):
-        return max(c["at"] for c in rs) - min(c["at"] - c["seconds"] for c in rs) if rs else float("nan")
+    wall = busy_seconds
     settings = dict(settings, grid_wall_s=wall(runs), session_seconds=time.perf_counter() - t_grid,
                     run_seconds=sum(c["seconds"] for c in runs), mc_wall_s=wall(mc_runs),
                     mc_run_seconds=sum(c["seconds"] for c in mc_runs), mc_runs=len(mc_runs),
@@ -478,6 +478,16 @@ def main(argv=None) -> int:
         settings["batched_samples_per_s"] = trainer.samples / trainer.seconds
     write_report(out_dir, out, settings)
     return 0
+
+
+def busy_seconds(runs) -> float:
+    """Wall time during which at least one of ``runs`` was going: the length of the union of their
+    [at - seconds, at] intervals (a grid resumed days later does not count the days in between); NaN if none."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted((c["at"] - c["seconds"], c["at"]) for c in runs):
+        total += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return total if runs else float("nan")
 
 
 def scheme_coverage() -> tuple[dict, dict]:
@@ -569,6 +579,9 @@ def grid_tables(g: dict, names, n_seeds: int = 1) -> str:
         lines.append(f"| {label} | {data} | " + " | ".join(cells) + f" | {_best(row, names)} |")
     for plabel, why in g["na"].items():
         lines.append(f"| {plabel} | – | " + " | ".join("n/a" for _ in names) + f" | {why} |")
+    for plabel in g.get("not_run", []):
+        lines.append(f"| {plabel} | {g['data_of'][plabel]} | " + " | ".join("not run" for _ in names)
+                     + " | no finished run (the grid was cut short) |")
     table = head + "\n".join(lines) + "\n"
     clipped = sum(row[s]["n_clipped"] for row in res.values() for s in names)
     table += (f"\nSecure aggregation clipped {clipped:,} model-update coordinates to ±clip in all runs of this grid "

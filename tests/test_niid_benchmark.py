@@ -98,3 +98,12 @@ def test_natural_id_and_year_rows_split_the_penguins_by_island_and_year(tmp_path
     md = (tmp_path / "niid_accuracy.md").read_text()
     assert "| natural ids | penguins (3 parties) |" in md and "| temporal (year) | penguins (3 parties) |" in md
     assert "| natural ids | – | n/a |" in md and "Fashion-MNIST has no natural id" in md
+    # a planned row without any finished run is listed as "not run", not dropped from the table
+    assert nb.main([*args[:4], "natural ids,temporal (year),iid", *args[5:], "--render-only"]) == 0
+    md = (tmp_path / "niid_accuracy.md").read_text()
+    assert "| iid | digits | not run |" in md and "| natural ids | penguins (3 parties) |" in md
+
+
+def test_wall_time_is_the_union_of_the_runs_not_the_span_of_resumed_sessions():
+    runs = [{"at": 10.0, "seconds": 5.0}, {"at": 12.0, "seconds": 4.0}, {"at": 100.0, "seconds": 10.0}]
+    assert nb.busy_seconds(runs) == 17.0 and math.isnan(nb.busy_seconds([]))
