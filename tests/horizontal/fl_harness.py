@@ -1,5 +1,7 @@
 """Shared helpers of the horizontal FL tests: run a server and clients as threads over InProcessNetwork; write
-and run horizontal jobs (a server and clients, or multiconfederated peers) in process or over gRPC + mTLS."""
+and run horizontal jobs (a server and clients, or multiconfederated peers) in process or over gRPC + mTLS;
+shards of a library partition; and the check that a job run as processes ended, bit for bit, where the same
+job run in one process ends (:func:`compare_with_in_process`)."""
 from __future__ import annotations
 
 import sys
@@ -171,3 +173,89 @@ def run_job_threads(cfg, run, *, transport=None, deadline: float = 60.0, join_s:
         t.join(join_s)
     assert not errors, errors
     return results
+
+
+# ------------------------------------------------------------------ processes against the in-process run
+def run_in_process(cfg) -> None:
+    """Every party of the horizontal job ``cfg`` in its own thread over one InProcessNetwork; no party may fail.
+    A job with certificates (``job_dict(..., tls=True)``) gets them generated first when its CA is missing:
+    each party signs its model bundle with its own."""
+    from secureflhv.runtime.algorithms import horizontal_fl as hj
+    from secureflhv.transport.certs import generate_certificates
+
+    if cfg.security.ca is not None and not cfg.resolve(cfg.security.ca).exists():
+        generate_certificates(cfg.resolve(cfg.security.ca).parent, [p.id for p in cfg.parties])
+    run_job_threads(cfg, hj.run)
+
+
+def partitioned_blobs(out_dir: Path, scheme: str, scheme_params: dict, *, n_clients: int = 3, n_rows: int = 240,
+                      n_features: int = 6, n_classes: int = 4, seed: int = 0) -> list[Path]:
+    """Gaussian blobs (``n_classes`` classes, overlapping a little) split among ``n_clients`` by the library's
+    partition ``scheme`` (:func:`secureflhv.data.partition`, its noise or label flips applied) and written as
+    npz shards (:func:`secureflhv.data.write_shards`); every shard holds at least 8 rows."""
+    from secureflhv.data import Dataset, partition, write_shards
+
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 1.5, (n_classes, n_features))
+    y = rng.integers(0, n_classes, n_rows)
+    ds = Dataset((centres[y] + rng.normal(0, 1.0, (n_rows, n_features))).astype(np.float32), y, name="blobs")
+    part = partition(scheme, ds, n_clients, seed=seed + 1, **scheme_params)
+    assert min(len(ix) for ix in part.indices) >= 8, [len(ix) for ix in part.indices]
+    return write_shards(ds, part, out_dir, fmt="npz")
+
+
+def last_checkpoint(out: Path, job_id: str, party: str) -> tuple[dict, dict]:
+    """(arrays, state) of ``party``'s newest checkpoint under the job output ``out``."""
+    from secureflhv.runtime.store.checkpoint import CHECKPOINT_DIR, CheckpointStore
+
+    store = CheckpointStore(out / party / CHECKPOINT_DIR, job_id=job_id, party_id=party)
+    step = store.last_complete_step()
+    assert step is not None, f"{party}: no checkpoint under {out / party}"
+    return store.load(step)
+
+
+def _without_timing(obj):
+    """``obj`` (a metrics / state document) without what differs between two equal runs: wall-clock seconds
+    the job digest (the aggregation kind is part of the job description) and the gRPC
+    transport's byte counts (``wire``)."""
+    if isinstance(obj, dict):
+        return {k: _without_timing(v) for k, v in obj.items() if k not in ("seconds", "job_digest", "wire")}
+    if isinstance(obj, list):
+        return [_without_timing(v) for v in obj]
+    return obj
+
+
+def compare_with_in_process(job: dict, proc_dir: Path, thread_dir: Path, parties) -> dict:
+    """Run the horizontal job ``job`` (already run as processes under ``proc_dir``, secure aggregation) again in
+    one process (threads) under ``thread_dir`` with ``plain_quantised`` aggregation and assert both runs end
+    bit for bit alike at every party: each checkpointed array (global model, strategy state: SCAFFOLD's
+    c / c_i, IFCA's clusters, FedPer's head), the checkpoint's state, every ``metrics.json`` (round records,
+    aggregation statistics, each client's metrics and contribution factors; seconds aside), the server's
+    ``global_model.npz`` (and IFCA's ``cluster_models.npz``). Returns {party: (arrays, state)} of the
+    process run."""
+    import copy
+    import json
+
+    from secureflhv.runtime.job.load import parse_job
+
+    doc = copy.deepcopy(job)
+    doc["params"]["aggregation"]["kind"] = "plain_quantised"
+    thread_dir.mkdir(parents=True, exist_ok=True)
+    run_in_process(parse_job(doc, thread_dir))
+    a_out, b_out, job_id = proc_dir / "out", thread_dir / "out", job["job"]["id"]
+    states = {}
+    for pid in parties:
+        (a, a_state), (b, b_state) = last_checkpoint(a_out, job_id, pid), last_checkpoint(b_out, job_id, pid)
+        assert sorted(a) == sorted(b), (pid, sorted(a), sorted(b))
+        for name in a:
+            assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), (pid, name)
+        assert _without_timing(a_state) == _without_timing(b_state), pid
+        ma, mb = (json.loads((o / pid / "metrics.json").read_text()) for o in (a_out, b_out))
+        assert _without_timing(ma) == _without_timing(mb), pid
+        states[pid] = (a, a_state)
+    for name in ("global_model.npz", "cluster_models.npz"):
+        if (a_out / "server" / name).exists():
+            with np.load(a_out / "server" / name) as za, np.load(b_out / "server" / name) as zb:
+                assert sorted(za.files) == sorted(zb.files)
+                assert all(np.array_equal(za[k], zb[k]) for k in za.files), name
+    return states
