@@ -29,7 +29,7 @@ no code with :mod:`secureflhv.tree` (no binning, gradient, split or model code o
   gain = 1/2 [G_L^2/(H_L+l) + G_R^2/(H_R+l) - G^2/(H+l)]; split when the best gain - gamma > 0;
   leaf weight -eta G / (H + l);
 * tie-break: the first candidate in that order whose gain is the maximum up to float64 rounding
-  (relative 1e-9): the federated roles sum integers exactly, so candidates with the same rows on the
+  (1e-9 relative to the larger of the gain and the node's G^2/(H+l)): the federated roles sum integers exactly, so candidates with the same rows on the
   left (or the same sums) tie exactly there, while float sums of the same rows in another order may
   differ in the last bits here. Gains closer than that but not equal would be a real near-tie that the
   federation's fixed-point gradients (2^-24) may order differently: the tests pick data without them.
@@ -215,13 +215,14 @@ def _gains(hist: np.ndarray, nb: np.ndarray, cfg: Config) -> tuple[np.ndarray, t
     return np.where(ok, gain, -np.inf), (G, H)
 
 
-def _best(gain: np.ndarray):
-    """(feature, default_left, bin, gain) of the first maximum up to rounding, or None."""
+def _best(gain: np.ndarray, scale: float):
+    """(feature, default_left, bin, gain) of the first maximum up to rounding, or None. ``scale``: the size
+    of the terms the gains are differences of (rounding is relative to it, not to a small gain)."""
     flat = gain.ravel()
     top = flat.max()
     if not np.isfinite(top):
         return None
-    i = int(np.nonzero(flat >= top - TIE_RTOL * max(abs(top), 1e-300))[0][0])
+    i = int(np.nonzero(flat >= top - TIE_RTOL * max(abs(top), scale, 1e-300))[0][0])
     j, dl, b1 = np.unravel_index(i, gain.shape)
     return int(j), bool(dl), int(b1) - 1, float(flat[i])
 
@@ -249,7 +250,7 @@ def grow_tree(bins, miss, g, h, cuts, cfg: Config) -> tuple[TwinTree, np.ndarray
         nxt = []
         for nid in frontier:
             gain, (G, H) = _gains(hist[:, local[nid]], nb, cfg)
-            best = _best(gain) if depth < cfg.max_depth else None
+            best = _best(gain, G * G / (H + cfg.reg_lambda)) if depth < cfg.max_depth else None
             here = node == nid
             tree.rows[nid] = int(here.sum())
             if best is None or best[3] - cfg.gamma <= 0:
