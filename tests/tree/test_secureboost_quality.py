@@ -99,3 +99,26 @@ def test_synthetic_100k_regression_rmse_close_to_xgboost():
     ours = rmse(fit_reference(Xtr, ytr, fit_cuts(Xtr, 32), params).predict(Xte))
     theirs = rmse(_xgb(params, Xtr, ytr)(Xte))
     assert ours < 0.5 and abs(ours - theirs) <= TOL, (ours, theirs)
+
+
+@pytest.mark.parametrize("objective", ["binary", "multiclass", "regression"])
+def test_the_library_gbdt_scored_above_predicts_as_the_independent_twin(objective):
+    """Shuttle and the 100k sets score ``secureflhv.tree.reference`` (one process, fast). It stands in for the
+    federated model because it predicts as the independent numpy twin, which the federated models equal
+    split for split (test_secureboost_vertical.py / _horizontal.py)."""
+    import numpy_gbdt as twin
+
+    if objective == "multiclass":
+        X, y = make_classification(3000, 8, n_informative=5, n_classes=3, random_state=1)
+        params = SecureBoostParams(**{**P, "n_trees": 4}, objective="multiclass", n_classes=3)
+    elif objective == "regression":
+        X, y = make_regression(3000, 8, n_informative=5, noise=5, random_state=1)
+        params = SecureBoostParams(**{**P, "n_trees": 4}, objective="regression")
+    else:
+        X, y = make_classification(3000, 8, n_informative=5, random_state=1)
+        params = SecureBoostParams(**{**P, "n_trees": 4})
+    ref = fit_reference(X, y, fit_cuts(X, params.max_bin), params)
+    ours = twin.fit(X, y, [twin.quantile_cuts(X[:, j], params.max_bin) for j in range(X.shape[1])],
+                    twin.Config.of(params))
+    np.testing.assert_allclose(ref.predict_margin(X).reshape(len(y), -1), ours.predict_margin(X), rtol=1e-6,
+                               atol=1e-6)
