@@ -1,38 +1,14 @@
-"""Split NN: equivalence with the centralised torch model, noise cancellation, multi-host, checkpoints."""
+"""Split NN: equivalence with an independent centralised torch twin (:mod:`snn_twin`), noise cancellation,
+multi-host, checkpoints."""
 import numpy as np
 import pytest
 
-from secureflhv.vertical.split_nn import CentralisedSplitNN, SplitNNConfig, load_checkpoint
+from secureflhv.vertical.split_nn import SplitNNConfig, load_checkpoint
 from snn_harness import make_roles, run_roles, toy
+from snn_twin import roles_state, seeded_twin
 
 KEY = {"key_bits": 512, "insecure_test_key": True}
 SMALL = dict(KEY, host_bottom=[5, 3], guest_bottom=[4], interactive_units=3, top_hidden=[4])
-
-
-def _params(central: CentralisedSplitNN):
-    out = {"W_g": central.W_g.detach().numpy(), "bias": central.bias.detach().numpy()}
-    for i, W in enumerate(central.W_hosts):
-        out[f"W_h{i}"] = W.detach().numpy()
-    for name, m in (("top", central.top), ("gb", central.guest_bottom)):
-        for k, v in m.state_dict().items():
-            out[f"{name}.{k}"] = v.numpy()
-    for i, m in enumerate(central.host_bottoms):
-        for k, v in m.state_dict().items():
-            out[f"hb{i}.{k}"] = v.numpy()
-    return out
-
-
-def _fed_params(guest, hosts):
-    out = {"W_g": guest.W_g, "bias": guest.bias}
-    for i, h in enumerate(hosts):
-        out[f"W_h{i}"] = guest.V[h.party_id] + h.E  # the true weights: guest share + host noise share
-    for name, m in (("top", guest.top), ("gb", guest.bottom)):
-        for k, v in m.state_dict().items():
-            out[f"{name}.{k}"] = v.numpy()
-    for i, h in enumerate(hosts):
-        for k, v in h.bottom.state_dict().items():
-            out[f"hb{i}.{k}"] = v.numpy()
-    return out
 
 
 @pytest.mark.parametrize("optimizer,classes,n_hosts", [("sgd", 2, 1), ("adam", 3, 2)])
@@ -44,23 +20,23 @@ def test_training_steps_equal_centralised_torch(optimizer, classes, n_hosts, tmp
                         interactive_lr=0.2, weight_noise=3.0, seed=5, init_seed=2)
     net, guest, hosts = make_roles(Xg, y, Xhs, cfg, guest_kwargs={"checkpoint_dir": tmp_path},
                                    host_kwargs={"checkpoint_dir": tmp_path})
-    central = CentralisedSplitNN.from_roles(guest, hosts)
+    twin = seeded_twin(cfg, guest, hosts, Xg, Xhs, y)
     assert all(np.all(h.E == 0) for h in hosts)
     results, errors = run_roles(guest, hosts, predict_sets=(Xg, Xhs))
     assert not errors, errors
-    ref_losses = central.fit(Xg, Xhs, y)
+    ref_losses = twin.fit(Xg, Xhs, y)
     assert len(results["guest"].batch_losses) == 2
+    # two steps: the fixed-point encoding (2**-32 steps) has had no room to grow
     np.testing.assert_allclose(results["guest"].batch_losses, ref_losses, rtol=1e-8, atol=1e-10)
-    fed, ref = _fed_params(guest, hosts), _params(central)
-    assert fed.keys() == ref.keys()
+    fed, ref = roles_state(guest, hosts), twin.state()
     for k in ref:
         np.testing.assert_allclose(fed[k], ref[k], rtol=1e-7, atol=1e-8, err_msg=k)
     # the noise shares are real: neither side alone holds the interactive weights
     for i, h in enumerate(hosts):
         assert np.max(np.abs(h.E)) > 0.5
-        assert np.max(np.abs(guest.V[h.party_id] - ref[f"W_h{i}"])) > 0.5
-    # federated prediction = centralised forward pass with the trained weights
-    np.testing.assert_allclose(results["proba"], central.predict_proba(Xg, Xhs), rtol=1e-7, atol=1e-9)
+        assert np.max(np.abs(guest.V[h.party_id] - ref[f"W_h.{i}"])) > 0.5
+    # federated prediction = the twin's forward pass
+    np.testing.assert_allclose(results["proba"], twin.predict(Xg, Xhs), rtol=1e-7, atol=1e-9)
     # checkpoints per epoch (npz, no pickle) restore the same model
     g_ckpt = load_checkpoint(results["guest"].checkpoints[-1])
     np.testing.assert_array_equal(g_ckpt["interactive.W_g"], guest.W_g)
@@ -115,10 +91,10 @@ def test_okamoto_uchiyama_steps_equal_centralised_torch():
                         learning_rate=0.05, interactive_lr=0.2, weight_noise=3.0, seed=6, init_seed=1)
     net, guest, hosts = make_roles(Xg, y, Xhs, cfg)
     assert guest.he.name == "ou" and all(h.he.name == "ou" for h in hosts)
-    central = CentralisedSplitNN.from_roles(guest, hosts)
+    twin = seeded_twin(cfg, guest, hosts, Xg, Xhs, y)
     results, errors = run_roles(guest, hosts)
     assert not errors, errors
-    np.testing.assert_allclose(results["guest"].batch_losses, central.fit(Xg, Xhs, y), rtol=1e-8, atol=1e-10)
-    fed, ref = _fed_params(guest, hosts), _params(central)
+    np.testing.assert_allclose(results["guest"].batch_losses, twin.fit(Xg, Xhs, y), rtol=1e-8, atol=1e-10)
+    fed, ref = roles_state(guest, hosts), twin.state()
     for k in ref:
         np.testing.assert_allclose(fed[k], ref[k], rtol=1e-7, atol=1e-8, err_msg=k)
