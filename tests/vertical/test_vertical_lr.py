@@ -49,8 +49,13 @@ def test_breast_cancer_auc_matches_sklearn():
     assert auc_fed >= auc_sk - 0.01, (auc_fed, auc_sk)
     losses = results["guest"].losses
     assert losses[-1] < losses[0]  # training reduced the decrypted loss
-    # federated prediction = the guest's and host's halves of the same linear model
+    # the model is the independent centralised Taylor-LR's (same full batches, early stopping, kept epoch)
     w = np.concatenate([results["guest"].weights, results["host-1"].weights])
+    w_ref, b_ref, losses_ref = reference_taylor_lr(Xtr, ytr, **cfg)
+    np.testing.assert_allclose(w, w_ref, rtol=0, atol=1e-9)
+    assert results["guest"].intercept == pytest.approx(b_ref, abs=1e-9)
+    np.testing.assert_allclose(losses, losses_ref, rtol=0, atol=1e-9)
+    # federated prediction = the guest's and host's halves of the same linear model
     p = 1 / (1 + np.exp(-(Xte @ w + results["guest"].intercept)))
     np.testing.assert_allclose(results["proba"], p, rtol=1e-12)
 
