@@ -211,16 +211,22 @@ def test_a_client_dropping_in_training_leaves_a_normalised_round_of_the_others()
 
 @pytest.mark.slow
 def test_multiprocess_grpc_tls_job_with_contribution_normalisation(tmp_path):
-    """Server and 3 clients as real processes over gRPC with mutual TLS: contribution normalisation's two
-    secure sums and answers run every round, and the model is saved."""
+    """SCAFFOLD + contribution normalisation over label-Dirichlet shards, server and 3 clients as real
+    processes over gRPC with mutual TLS: the two secure sums and answers run every round, and (the learning
+    check) every party's state, factors and metrics equal to the bit those of the same job in one process
+    with plaintext aggregation of the same quantised updates."""
     import json
 
+    from fl_harness import compare_with_in_process
     from test_fl_job import GRPC_JOB_PARTIES as ids, PARAMS, check_artifacts, run_grpc_job
 
     from secureflhv.runtime.job.load import parse_job
 
-    job, out = run_grpc_job(tmp_path, {**PARAMS, "strategy": "scaffold", "contribution_temperature": 1.0})
-    metrics = check_artifacts(parse_job(job, tmp_path), tmp_path / "out", 2)
+    params = {**PARAMS, "strategy": "scaffold", "contribution_temperature": 1.0, "local_epochs": 1,
+              "aggregation": {**PARAMS["aggregation"], "seed": 7}}  # the same stochastic rounding in both runs
+    job, out = run_grpc_job(tmp_path, params)
+    metrics = check_artifacts(parse_job(job, tmp_path), tmp_path / "out", 2, floor=None)
+    compare_with_in_process(job, tmp_path, tmp_path / "threads", ids)
     assert all(r["contribution"]["status"] == "ok" and r["contribution"]["n"] == 3 for r in metrics["rounds"])
     for c in ids[1:]:  # each client kept its own factor; together they sum to 1 (up to quantisation)
         rounds = json.loads((tmp_path / "out" / c / "metrics.json").read_text())["rounds"]
