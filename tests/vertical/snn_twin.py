@@ -29,6 +29,23 @@ import numpy as np
 import torch
 
 F64 = torch.float64
+
+# Tolerances of the federation against the twin. Q: the quantisation step of the interactive layer's plaintext
+# multipliers (V_h, delta: dot_precision_bits = 32, the default; encrypted values carry 40 fraction bits, 256
+# times finer). Per batch the host's bottom gradient G = delta' (V_h + E_h)^T is computed with delta rounded to
+# Q, times the host's noise share E_h (a few units after some steps of uniform(-1, 1) noise), so each entry of G
+# is off by up to o |E_h| Q / 2 ~ 10 Q.
+# * Plain SGD adds those errors into the bottom models, scaled by the learning rate, and they mostly cancel over
+#   rows and steps: measured over 20 runs of test_split_nn_partitions.py's 5 cases at most 4.4e-9 (19 Q) on any
+#   parameter or probability. Two rows swapped in the twin's table move its parameters by 5e-3, another batch
+#   order by 4e-2.
+# * Adam divides each step by the root of the gradient's running square, so the relative error of a host's
+#   gradient (o |E_h| Q / |G|) passes into its step whatever the gradient's size (and a gradient entry near zero
+#   can turn a 1e-10 error into a 1e-6 step: long Adam runs are not compared this tightly). Three Adam steps
+#   (test_split_nn_e2e.py), 4 runs: at most 9.2e-9 on a parameter, 8.4e-10 on a probability.
+Q = 2.0 ** -32
+SGD_TOL = 128 * Q  # 3.0e-8
+ADAM_TOL = 256 * Q  # 6.0e-8
 ACT = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoid, "identity": torch.nn.Identity}
 
 
@@ -141,7 +158,8 @@ class SplitNNTwin:
         out = {"W_g": self.W_g.detach().numpy().copy(), "bias": self.bias.detach().numpy().copy()}
         for i, W in enumerate(self.W_h):
             out[f"W_h.{i}"] = W.detach().numpy().copy()
-        mods = [("top", self.top), ("guest_bottom", self.gb), *[(f"host_bottom.{i}", m) for i, m in enumerate(self.hbs)]]
+        mods = [("top", self.top), ("guest_bottom", self.gb),
+                *[(f"host_bottom.{i}", m) for i, m in enumerate(self.hbs)]]
         for name, m in mods:
             if m is not None:
                 out.update({f"{name}.{k}": v.detach().numpy().copy() for k, v in m.state_dict().items()})

@@ -19,13 +19,8 @@ from secureflhv.runtime.job.demo import write_vertical_nn_job
 from secureflhv.runtime.job.registry import job_params
 from secureflhv.runtime.store.checkpoint import CheckpointStore
 from secureflhv.vertical.split_nn import SplitNNConfig
-from snn_twin import federated_state, job_twin
+from snn_twin import ADAM_TOL as TOL, federated_state, job_twin
 
-# 256 quantisation steps Q = 2**-32 of the interactive layer's encoding (test_split_nn_partitions.py explains the
-# error budget). The job trains with Adam, whose step divides by the root of the gradient's running square: the
-# relative error of a host's bottom gradient (o |E_h| Q / |G|) passes into its step whatever the gradient's size.
-# Measured over 4 runs: at most 9.2e-9 on a parameter, 8.4e-10 on a probability.
-TOL = 256 * 2.0 ** -32  # 6.0e-8
 PARAMS = {"epochs": 1, "batch_size": 128, "host_bottom": [8, 4], "guest_bottom": [8], "interactive_units": 4,
           "key_bits": 1024, "learning_rate": 0.02, "test_fraction": 0.25, "split_seed": 3, "seed": 1}
 
@@ -85,8 +80,8 @@ def test_guest_and_host_processes_over_grpc_tls(tmp_path):
 
 
 def _assert_equals_twin(job, out_dir, test):
-    """The bundles' model and the held-out predictions are the twin's, up to :data:`TOL`; the job's test AUC is
-    the twin's."""
+    """The bundles' model and the held-out predictions are the twin's, up to ``snn_twin.ADAM_TOL`` (the job trains
+    with Adam; 256 quantisation steps of the interactive layer's encoding); the job's test AUC is the twin's."""
     import pandas as pd
 
     twin, held_out, host_ids = job_twin(job, PARAMS, SplitNNConfig)

@@ -3,10 +3,10 @@ and hosts holding a sample of the ids, aligned by PSI), compared with an indepen
 (:mod:`snn_twin`) trained on the joined table: same initial weights (the documented seeding rule, checked
 here bit for bit against the parties' initial state), same rows, batches and order. The federated model and
 its held-out predictions must equal the twin's up to the fixed-point encoding of the Paillier-protected
-interactive layer: :data:`TOL`.
+interactive layer: ``snn_twin.SGD_TOL``, 128 quantisation steps (its comment gives the error budget).
 
 Plain SGD here (the optimiser's equality with Adam is in test_split_nn.py): Adam divides by the root of the
-gradient's running square, so a gradient entry near zero turns a 1e-10 encoding error into a 1e-6 step
+gradient's running square, so a gradient entry near zero can turn a 1e-10 encoding error into a 1e-6 step
 difference; SGD passes encoding errors on linearly, which is what lets the tolerance be a small multiple of
 the quantisation step.
 """
@@ -22,21 +22,11 @@ from secureflhv.data import load_sklearn, vertical_split
 from secureflhv.transport import InProcessNetwork
 from secureflhv.vertical.psi import align_ids_guest, align_ids_host
 from secureflhv.vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
-from snn_twin import SplitNNTwin, federated_state
+from snn_twin import Q, SGD_TOL as TOL, SplitNNTwin, federated_state
 
 CFG = dict(key_bits=512, insecure_test_key=True, host_bottom=[6, 3], guest_bottom=[6, 3], interactive_units=3,
            epochs=2, batch_size=32, optimizer="sgd", learning_rate=0.3,
            interactive_lr=0.3, seed=4, init_seed=1)
-
-# Q: the quantisation step of the interactive layer's plaintext multipliers (V_h, delta: dot_precision_bits = 32,
-# the default; encrypted values carry 40 fraction bits, 256 times finer). Per batch the host's bottom gradient
-# G = delta' (V_h + E_h)^T is computed with delta rounded to Q, times the host's noise share E_h (a few units
-# after some steps of uniform(-1, 1) noise), so each entry of G is off by up to o |E_h| Q / 2 ~ 10 Q; SGD adds
-# those errors into the bottom models, scaled by the learning rate, and they mostly cancel over rows and steps.
-# Measured over 20 runs of these 5 cases: at most 4.4e-9 (19 Q) on any parameter or probability. Two rows
-# swapped in the twin's table move its parameters by 5e-3, another batch order by 4e-2.
-Q = 2.0 ** -SplitNNConfig(**CFG).dot_precision_bits
-TOL = 128 * Q  # 3.0e-8
 
 SCENARIOS = {
     "even": dict(n_hosts=1, scheme="even"),
@@ -104,6 +94,7 @@ def test_every_vertical_partition_equals_the_torch_twin(name):
     ds = load_sklearn("breast_cancer")
     vp = vertical_split(ds, seed=3, **SCENARIOS[name])
     cfg = SplitNNConfig(**CFG)
+    assert 2.0 ** -cfg.dot_precision_bits == Q  # the step the tolerance counts in
     out, host_ids = _federated(ds, vp, cfg)
     ids = out["guest"]["ids"]
     assert all(out[h]["ids"] == ids for h in host_ids)  # PSI: one agreed row order...

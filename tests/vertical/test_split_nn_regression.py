@@ -103,8 +103,8 @@ def test_regression_job_processes_with_overlapping_columns_equals_the_twin(tmp_p
     """Guest and host processes (gRPC, mutual TLS) on diabetes, a third of the columns held by both parties under
     the same names (each party's columns are its own: a shared column is two inputs, one per bottom model), the
     host holding 90% of the ids (PSI aligns them). The model and the held-out values equal the torch twin's on
-    the joined table. Plain SGD: tolerance test_split_nn_partitions.py's TOL (128 quantisation steps of the
-    interactive layer's encoding), on values in the target's units times its standard deviation (the top model
+    the joined table. Plain SGD: tolerance ``snn_twin.SGD_TOL`` (128 quantisation steps of the interactive
+    layer's encoding), on values in the target's units times its standard deviation (the top model
     predicts the standardised target); measured 6e-10 on a parameter, 3.4e-10 std on a value."""
     import pandas as pd
 
@@ -112,8 +112,7 @@ def test_regression_job_processes_with_overlapping_columns_equals_the_twin(tmp_p
     from secureflhv.data import vertical_split, write_vertical_csvs
     from secureflhv.runtime.job.demo import write_vertical_nn_job
     from secureflhv.runtime.store.model_bundle import read_bundle
-    from snn_twin import federated_state, job_twin
-    from test_split_nn_partitions import TOL
+    from snn_twin import SGD_TOL as TOL, federated_state, job_twin
 
     params = {"task": "regression", "epochs": 4, "batch_size": 128, "host_bottom": [8, 4], "guest_bottom": [8],
               "interactive_units": 4, "key_bits": 512, "optimizer": "sgd", "learning_rate": 0.1,

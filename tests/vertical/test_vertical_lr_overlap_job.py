@@ -17,8 +17,7 @@ import pytest
 from secureflhv.data import load_sklearn, vertical_split, write_vertical_csvs
 from secureflhv.runtime.job.demo import write_vertical_lr_job
 from secureflhv.runtime.store.model_bundle import read_bundle
-from test_vertical_lr_partitions import TOL
-from vlr_harness import reference_taylor_lr
+from vlr_harness import TAYLOR_TOL as TOL, reference_taylor_lr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from job_harness import assert_prediction_job_reproduces  # noqa: E402

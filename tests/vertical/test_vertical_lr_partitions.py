@@ -2,7 +2,8 @@
 parties, explicit column lists, overlap, and hosts holding a sample of the ids, aligned by PSI) equals the
 independent centralised Taylor-LR (:func:`vlr_harness.reference_taylor_lr`, plain numpy) on the joined table:
 the rows every party holds in PSI's agreed order, each party's columns side by side (a column held by two
-parties twice: two features), the same batches and seed. Both protocol modes take part."""
+parties twice: two features), the same batches and seed, to ``vlr_harness.TAYLOR_TOL`` (16 quantisation steps
+of the encoded features; its comment gives the error budget). Both protocol modes take part."""
 from __future__ import annotations
 
 import threading
@@ -13,16 +14,10 @@ import pytest
 from secureflhv.data import load_sklearn, vertical_split
 from secureflhv.transport import InProcessNetwork
 from secureflhv.vertical.psi import align_ids_guest, align_ids_host
-from vlr_harness import reference_taylor_lr, run_vertical_lr
+from vlr_harness import TAYLOR_TOL as TOL, reference_taylor_lr, run_vertical_lr
 
 CFG = dict(key_bits=512, insecure_test_key=True, epochs=3, batch_size=64, learning_rate=0.3, momentum=0.5,
            l2=0.01, seed=6, early_stopping_rounds=None)
-
-# Tolerance: the hosts' gradients X^T [[d]] take X on the grid Q = 2**-dot_precision_bits (2**-32) and the
-# residuals d = z/4 - y/2 (|d| < 2 here) on 2**-40, so a weight's batch gradient is off by at most ~|d| Q / 2 < Q;
-# 27 steps of learning rate 0.3 with momentum 0.5 (a step counts at most twice) bound the drift by 16 Q.
-# Measured: at most 1.5e-11 (0.06 Q).
-TOL = 16 * 2.0 ** -32  # 3.7e-9
 
 SCENARIOS = {
     "even": (dict(n_hosts=1, scheme="even"), "arbiter"),
