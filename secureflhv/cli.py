@@ -8,6 +8,7 @@
                                           (``run``/``party`` ``--dashboard [PORT]``: a read-only job page)
     secureflhv partition ...              split a dataset into non-IID party shards, with statistics and a plot
     secureflhv predict TRAIN_JOB --data ID=NEW.csv ...   write the prediction job of a trained job (then `run` it)
+    secureflhv serve PREDICT_JOB --party ID   serve a trained vertical model online (every party runs it)
 """
 from __future__ import annotations
 
@@ -226,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checks(sub)
     _add_party_and_run(sub)
     _add_predict(sub)
+    _add_serve(sub)
 
     from .data.partition import command as partition_cli
 
@@ -312,6 +314,48 @@ def _add_predict(sub) -> None:
     p.add_argument("--job-id", help="id of the prediction job (default: TRAIN-ID-predict)")
     p.add_argument("--output-dir", default="predictions", help="its output_dir (default %(default)s)")
     p.set_defaults(func=_cmd_predict)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .runtime.serve.runner import ServeOptions, run_serve
+
+    opts = ServeOptions(model_dir=args.model, store=args.store, http_port=None if args.http_port < 0 else args.http_port,
+                        grpc_port=None if args.grpc_port < 0 else args.grpc_port, bind=args.bind,
+                        timeout_s=args.timeout, rate=args.rate, burst=args.burst, max_batch=args.max_batch,
+                        deadline_s=args.deadline, ports_file=args.ports_file)
+    return run_serve(Path(args.job), args.party, opts, insecure=args.insecure)
+
+
+def _add_serve(sub) -> None:
+    """``secureflhv serve``."""
+    p = _job_command(sub, "serve", _cmd_serve, help="serve a trained vertical model online (one process per party)",
+                     description="Start one party's long-running prediction service of a trained vertical model "
+                                 "(vertical_lr, secureboost_vertical, vertical_nn): every party of the model runs "
+                                 "it with the model's prediction job file (`secureflhv predict`). The guest takes "
+                                 "requests (ids and its own feature values) over HTTP/JSON (POST /v1/score; GET "
+                                 "/healthz, /readyz, /v1/stats; POST /v1/swap from this machine) and optionally "
+                                 "gRPC; each host reads its features per request from its feature store. Scores "
+                                 "equal the prediction job's. Stop with Ctrl-C or SIGTERM. See docs/serving.md.",
+                     job_help="the model's prediction job file (algorithm: predict)")
+    p.add_argument("--party", required=True, help="this machine's party id")
+    p.add_argument("--model", help="the bundles' folder (default: the job's params.model_dir)")
+    p.add_argument("--store", help="host: feature store, a SQLite file or sqlite:///PATH or postgresql://... URL "
+                                   "(default: built at start from the party's data.path into its output folder)")
+    p.add_argument("--http-port", type=int, default=8470, help="guest: HTTP/JSON port (0: any free; -1: off; "
+                                                                "default %(default)s)")
+    p.add_argument("--grpc-port", type=int, default=-1, help="guest: gRPC request port (0: any free; default off)")
+    p.add_argument("--bind", default="127.0.0.1", help="guest: address of the request ports (default %(default)s: "
+                                                        "this machine only)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds a request may take (default %(default)s)")
+    p.add_argument("--rate", type=float, default=200.0, help="requests per second per caller (default %(default)s)")
+    p.add_argument("--burst", type=int, default=400, help="requests a caller may send at once (default %(default)s)")
+    p.add_argument("--max-batch", type=int, default=64, help="most ids per request (default %(default)s)")
+    p.add_argument("--deadline", type=float, default=10.0, help="seconds a party waits for another within a request; "
+                                                               "a host that is down is named after it (default "
+                                                               "%(default)s)")
+    p.add_argument("--ports-file", type=Path, help="guest: write the bound ports here (JSON) once ready")
+    p.add_argument("--insecure", action="store_true", help="plaintext gRPC between parties (testing only)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1050,12 +1050,13 @@ class VerticalLRArbiter(ScoreArbiter, _Role):
 
     n_rows: int | None = None  # training rows, known after fit()
 
-    def serve_predictions(self, max_rows: int | None = None) -> int:
+    def serve_predictions(self, max_rows: int | None = None, idle_s: float | None = None) -> int:
         """Serve the guest's prediction requests (:meth:`ScoreArbiter.serve_scores`) until it ends
         prediction, with the training key pair after :meth:`fit`, else a fresh one. Rows per request: at
         most ``config.batch_size`` (the guest's request size), full batch: ``max_rows`` (default: the
-        training rows, after :meth:`fit`). Returns the number of requests served."""
+        training rows, after :meth:`fit`); ``idle_s``: as in serve_scores (online serving). Returns the number
+        of requests served."""
         bound = self.config.batch_size or max_rows or self.n_rows
         if bound is None:
             raise ValueError("max_rows: needed with a full-batch config when the arbiter has not trained")
-        return self.serve_scores(bound, resolve_keypair(self._keypair))
+        return self.serve_scores(bound, resolve_keypair(self._keypair), idle_s)

@@ -103,17 +103,19 @@ class ScoreHost(_ScoreKey):
 class ScoreArbiter:
     """Arbiter side (mixin of :class:`~secureflhv.vertical.lr.VerticalLRArbiter`)."""
 
-    def serve_scores(self, max_rows: int, keypair=None) -> int:
+    def serve_scores(self, max_rows: int, keypair=None, idle_s: float | None = None) -> int:
         """Decrypt the guest's masked total scores until it stops.
 
         Args:
             max_rows: most rows per request (a larger request is rejected as a lie).
             keypair: (public, private) to use (default: a fresh one of ``config.key_bits``).
+            idle_s: wait this long for the next request while the guest is reachable (an online service idles
+                between requests; :meth:`Transport.recv_while_reachable`); default: the transport deadline.
         Returns: number of requests served. Raises PeerTimeout when the guest goes silent.
         """
-        return self._guarded(self._serve_scores, int(max_rows), keypair)
+        return self._guarded(self._serve_scores, int(max_rows), keypair, idle_s)
 
-    def _serve_scores(self, max_rows: int, keypair) -> int:
+    def _serve_scores(self, max_rows: int, keypair, idle_s=None) -> int:
         cfg, t = self.config, self.t
         pub, priv = keypair or self.he.generate_keypair(cfg.key_bits, cfg.insecure_test_key)
         key = self.wire.public_key_to_proto(pub)
@@ -123,7 +125,10 @@ class ScoreArbiter:
         served = rnd = 0
         while True:
             rnd += 1
-            enc = t.recv(self.guest_id, TAG_PRED_DEC, round=rnd, parse=parse)
+            if idle_s is None:
+                enc = t.recv(self.guest_id, TAG_PRED_DEC, round=rnd, parse=parse)
+            else:
+                enc = t.recv_while_reachable(self.guest_id, TAG_PRED_DEC, round=rnd, timeout=idle_s, parse=parse)
             if isinstance(enc, str) and enc == _STOP:
                 return served
             self._send_decrypted(priv, enc, self.guest_id, TAG_PRED_TOTAL, rnd)

@@ -185,3 +185,81 @@ def test_arbiter_model_is_never_scored_without_its_server(trained, tmp_path):
             load_job_params(pjob)
     else:
         assert load_job_params(pjob)[0].server is None
+
+
+def _serve_inputs(job: Path, guest_csv: Path):
+    """(held-out ids, their in-job scores, the guest's raw feature rows for them, the guest's input columns)."""
+    out = job.parent / "out"
+    in_job = pd.read_csv(out / "guest" / "predictions.csv", dtype={"id": str})
+    bundle = read_bundle(out / "guest", ca=job.parent / "certs" / "ca.pem")
+    columns = list((bundle.manifest.get("preprocessing") or {}).get("input_features") or bundle.feature_names)
+    guest = pd.read_csv(guest_csv, dtype={"id": str}).set_index("id")
+    ids = list(in_job.id)
+    return ids, in_job.probability.to_numpy(), guest.loc[ids, columns].to_numpy(dtype=np.float64), bundle.algorithm
+
+
+def test_served_scores_equal_the_jobs_and_the_service_outlives_bad_requests_a_swap_and_a_dead_host(trained, tmp_path):
+    """``secureflhv serve`` at every party (processes, mutual TLS): single-id and 64-id requests score exactly as
+    the job's held-out predictions (split NN within 1e-9); an unknown id takes the model's missing-value path and
+    is named; a malformed body and an oversized batch get 400 / 413; a hot swap to a copy of the bundles while
+    requests flow drops none; a killed host is named in a 503 and the guest keeps answering health checks."""
+    import threading
+
+    from serve_harness import Served
+
+    tmp, job, guest_csv, host_csv = trained
+    ids, expected, X, algorithm = _serve_inputs(job, guest_csv)
+    pjob = write_predict_job(job, tmp_path / "serve" / "job.yaml", data={"guest": guest_csv, "host-1": host_csv},
+                             new_ports=True)
+    served = Served(pjob, tmp_path, "--timeout", "30", "--deadline", "5")
+    try:
+        status, one = served.score(ids[:1], X[:1])
+        assert status == 200, (status, one, served.logs())
+        got = []
+        for s in range(0, len(ids), 64):
+            status, ans = served.score(ids[s:s + 64], X[s:s + 64])
+            assert status == 200, (status, ans, served.logs())
+            assert ans["missing"] == {} and len(ans["scores"]) == len(ids[s:s + 64])
+            got += ans["scores"]
+        assert len(got) == len(ids)
+        np.testing.assert_allclose(one["scores"], got[:1], rtol=0, atol=0 if algorithm in EXACT else 1e-9)
+        if algorithm in EXACT:
+            np.testing.assert_array_equal(np.asarray(got), expected)
+        else:
+            np.testing.assert_allclose(np.asarray(got), expected, rtol=0, atol=1e-9)
+
+        status, ans = served.score(["nobody-" + ids[0]], X[:1])
+        assert status == 200 and ans["missing"] == {"nobody-" + ids[0]: ["host-1"]}, ans
+        assert np.all(np.isfinite(ans["scores"]))
+        assert served.call("POST", "/v1/score", raw=b"{not json")[0] == 400
+        assert served.score(ids[:1], X[:1, :-1])[0] == 400                          # a feature short
+        status, ans = served.score((ids * 2)[:65], np.vstack([X, X])[:65])
+        assert status == 413, ans
+
+        models = tmp_path / "models-v2"
+        shutil.copytree(job.parent / "out", models)
+        answers, stop = [], threading.Event()
+
+        def load():
+            while not stop.is_set():
+                answers.append(served.score(ids[:8], X[:8]))
+
+        th = threading.Thread(target=load)
+        th.start()
+        status, ans = served.call("POST", "/v1/swap", {"model_dir": str(models)})
+        stop.set()
+        th.join()
+        assert status == 200, (ans, served.logs())
+        assert answers and all(s == 200 for s, _ in answers), answers[-3:]
+        assert all(a["scores"] == answers[0][1]["scores"] for _, a in answers)
+
+        served.procs["host-1"].kill()
+        served.procs["host-1"].wait()
+        status, ans = served.score(ids[:1], X[:1])
+        assert status in (503, 504) and "host-1" in json.dumps(ans), ans
+        assert served.call("GET", "/healthz")[0] == 200
+        status, ans = served.call("GET", "/readyz")
+        assert status == 503 and "host-1" in json.dumps(ans), ans
+    finally:
+        codes = served.stop()
+    assert codes["guest"] == 0, served.logs()

@@ -230,29 +230,52 @@ def write_predictions(cfg: JobConfig, party: PartySpec, bundle: ModelBundle, ids
 
 
 # ---------------------------------------------------------------------------------------------- predictors
+def lr_role(cfg: JobConfig, party: PartySpec, transport: Transport, bundle: ModelBundle):
+    """The guest's or a host's vertical LR prediction role from its ``bundle`` (arbiter mode: the hosts' scores
+    travel encrypted under the server's key)."""
+    from ...vertical.lr import VerticalLRConfig, VerticalLRGuest, VerticalLRHost
+
+    config, arbiter, weights = VerticalLRConfig(**bundle.config), model_arbiter(bundle), bundle.file("weights.npy")
+    if party.role == "host":
+        return VerticalLRHost.from_model(transport, cfg.guest.id, [h.id for h in cfg.hosts], weights, config, arbiter)
+    return VerticalLRGuest.from_model(transport, model_hosts(bundle), weights, bundle.files.get("intercept.npy"),
+                                      config, arbiter)
+
+
 def vertical_lr(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
                  bundle: ModelBundle) -> dict:
     """Vertical LR's prediction exchange from ``bundle``: the guest scores its new rows with the hosts' partial
     scores (encrypted under the arbiter's key in arbiter mode), hosts and arbiter serve; returns the guest's
     metrics (others ``{}``). JobConfigError for a bundle that does not fit the job.
     """
-    from ...vertical.lr import VerticalLRConfig, VerticalLRGuest, VerticalLRHost
-
-    config = VerticalLRConfig(**bundle.config)
-    arbiter = model_arbiter(bundle)  # arbiter mode: the hosts' scores travel encrypted under its key
     X, ids, y, own = aligned_rows(cfg, party, transport, bundle)
-    weights = bundle.file("weights.npy")
+    role = lr_role(cfg, party, transport, bundle)
     if party.role == "host":
-        host = VerticalLRHost.from_model(transport, cfg.guest.id, [h.id for h in cfg.hosts], weights, config,
-                                         arbiter)
-        host.serve_predictions(X)
+        role.serve_predictions(X)
         return {}
-    intercept = bundle.files.get("intercept.npy")
-    guest = VerticalLRGuest.from_model(transport, model_hosts(bundle), weights, intercept, config,
-                                       arbiter)
-    scores = _in_batches(len(ids), params.batch_rows, lambda rows: guest.predict_proba(X, rows=rows))
-    guest.end_prediction()
-    return write_predictions(cfg, party, bundle, ids, scores, y, own, config.task)
+    scores = _in_batches(len(ids), params.batch_rows, lambda rows: role.predict_proba(X, rows=rows))
+    role.end_prediction()
+    return write_predictions(cfg, party, bundle, ids, scores, y, own, role.config.task)
+
+
+def secureboost_role(cfg: JobConfig, party: PartySpec, transport: Transport, bundle: ModelBundle, n_features: int):
+    """The guest's (its model's trees) or a host's (its split table, features below ``n_features``) vertical
+    SecureBoost prediction role from ``bundle``; JobConfigError naming the bundle file that does not fit."""
+    from ...tree.model import model_from_dict
+    from ...tree.params import SecureBoostParams
+    from ...tree.vertical import SecureBoostGuest, SecureBoostHost
+
+    where = f"params.model_dir (party {party.id!r}): {bundle.path}"
+    if party.role == "host":
+        records = bundle.file("split_table.json")
+        if not all(isinstance(r, list) and len(r) in (3, 4) and 0 <= int(r[0]) < n_features for r in records):
+            raise JobConfigError(f"{where}: files[split_table.json]: records must be [feature, bin, threshold, "
+                                 f"default_left] with a feature index below {n_features}")
+        return SecureBoostHost.from_records(transport, cfg.guest.id, records, SecureBoostParams(**bundle.config))
+    try:
+        return SecureBoostGuest.from_model(transport, model_hosts(bundle), model_from_dict(bundle.file("model.json")))
+    except ValueError as exc:
+        raise JobConfigError(f"{where}: files[model.json]: {exc}") from None
 
 
 def secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
@@ -261,31 +284,36 @@ def secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport,
     trees, asking each host for the splits it owns (the host learns only which rows go left at its nodes);
     returns the guest's metrics (hosts ``{}``). JobConfigError for a bundle that does not fit the job.
     """
-    from ...tree.model import model_from_dict
-    from ...tree.params import SecureBoostParams, transform
-    from ...tree.vertical import SecureBoostGuest, SecureBoostHost
+    from ...tree.params import transform
 
     X, ids, y, own = aligned_rows(cfg, party, transport, bundle)
-    where = f"params.model_dir (party {party.id!r}): {bundle.path}"
+    role = secureboost_role(cfg, party, transport, bundle, X.shape[1])
     if party.role == "host":
-        records = bundle.file("split_table.json")
-        if not all(isinstance(r, list) and len(r) in (3, 4) and 0 <= int(r[0]) < X.shape[1] for r in records):
-            raise JobConfigError(f"{where}: files[split_table.json]: records must be [feature, bin, threshold, "
-                                 f"default_left] "
-                                 f"with a feature index below {X.shape[1]}")
-        host = SecureBoostHost.from_records(transport, cfg.guest.id, records, SecureBoostParams(**bundle.config))
-        host.serve_predictions(X)
+        role.serve_predictions(X)
         return {}
-    try:
-        model = model_from_dict(bundle.file("model.json"))
-        guest = SecureBoostGuest.from_model(transport, model_hosts(bundle), model)
-    except ValueError as exc:
-        raise JobConfigError(f"{where}: files[model.json]: {exc}") from None
     # one routing pass over every row: the hosts check each request against their whole prediction set
-    scores = transform(guest.predict_margin(X), model.params)
-    guest.end_prediction()
+    scores = transform(role.predict_margin(X), role.model.params)
+    role.end_prediction()
     return write_predictions(cfg, party, bundle, ids, scores, y, own,
-                             "regression" if model.params.objective == "regression" else "binary")
+                             "regression" if role.model.params.objective == "regression" else "binary")
+
+
+def split_nn_role(cfg: JobConfig, party: PartySpec, transport: Transport, bundle: ModelBundle, X: np.ndarray):
+    """The guest's or a host's split NN prediction role from ``bundle``, set up for rows like ``X`` (its row count
+    is the setup's; call ``start_prediction``); JobConfigError naming the bundle file that does not fit."""
+    from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
+
+    config = SplitNNConfig(**bundle.config)
+    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in bundle.file("state.safetensors").items()}
+    try:
+        if party.role == "host":
+            return SplitNNHost.from_state(transport, cfg.guest.id, [h.id for h in cfg.hosts], X, config, arrays)
+        n_classes = bundle.extra["n_classes"]  # None: a regression model
+        return SplitNNGuest.from_state(transport, model_hosts(bundle), X, None if n_classes is None else int(n_classes),
+                                       config, arrays)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise JobConfigError(f"params.model_dir (party {party.id!r}): {bundle.path}: files[state.safetensors]: "
+                             f"{exc}") from None
 
 
 def vertical_nn(cfg: JobConfig, party: PartySpec, transport: Transport, params: PredictJobParams,
@@ -294,31 +322,16 @@ def vertical_nn(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     interactive layer, the guest finishes the forward pass; returns the guest's metrics (hosts ``{}``).
     JobConfigError for a bundle that does not fit the job.
     """
-    from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
-
-    config = SplitNNConfig(**bundle.config)
     X, ids, y, own = aligned_rows(cfg, party, transport, bundle)
-    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in bundle.file("state.safetensors").items()}
-    where = f"params.model_dir (party {party.id!r}): {bundle.path}: files[state.safetensors]"
+    role = split_nn_role(cfg, party, transport, bundle, X)
+    role.start_prediction()
     if party.role == "host":
-        try:
-            host = SplitNNHost.from_state(transport, cfg.guest.id, [h.id for h in cfg.hosts], X, config, arrays)
-        except ValueError as exc:
-            raise JobConfigError(f"{where}: {exc}") from None
-        host.start_prediction()
-        host.serve_predictions(X)
+        role.serve_predictions(X)
         return {}
-    try:
-        n_classes = bundle.extra["n_classes"]  # None: a regression model
-        guest = SplitNNGuest.from_state(transport, model_hosts(bundle), X,
-                                        None if n_classes is None else int(n_classes), config, arrays)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise JobConfigError(f"{where}: {exc}") from None
-    guest.start_prediction()
-    scores = _in_batches(len(ids), params.batch_rows, lambda rows: guest.predict_proba(X, rows=rows))
-    guest.end_prediction()
+    scores = _in_batches(len(ids), params.batch_rows, lambda rows: role.predict_proba(X, rows=rows))
+    role.end_prediction()
     return write_predictions(cfg, party, bundle, ids, scores, y, own,
-                             "regression" if config.task == "regression" else "binary")
+                             "regression" if role.config.task == "regression" else "binary")
 
 
 def score_locally(cfg: JobConfig, party: PartySpec, params: PredictJobParams, bundle: ModelBundle,
