@@ -30,6 +30,9 @@ INVENTORY: dict[str, Entry] = {
     "__hello__": E("rendezvous", ("guest", "host-1"), m.Bundle, "rendezvous._parse_hello"),
     # checkpoint step agreement at start-up (runtime/store/resume.py)
     "resume.steps": E("resume", ("guest", "host-1", "server"), m.Bundle, "resume.parse_steps"),
+    # online serving (runtime/serve/federation.py): the guest's steps and the hosts' replies
+    "serve.ctl": E("serve", ("host-1",), m.Bundle, "federation._check_ctl"),
+    "serve.reply": E("serve", ("guest",), m.Bundle, "federation._reply_parser (score) / parse_message(Bundle) (swap)"),
     # ECDH-PSI (vertical/psi.py)
     "psi/hello": E("psi", ("host-1",), p.PsiHello, "psi._hello_parser"),
     "psi/points": E("psi", ("guest", "host-1"), p.PsiPoints, "psi._points_parser(points=True)"),
@@ -181,6 +184,9 @@ RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("vertical/lr.py", "_end_epoch", "TAG_CTL"): ("vlr.ctl",),
     ("runtime/process/rendezvous.py", "_await", "TAG_HELLO"): ("__hello__",),
     ("runtime/store/resume.py", "agree_step", "TAG_STEPS"): ("resume.steps",),
+    ("runtime/serve/federation.py", "run", "TAG_CTL"): ("serve.ctl",),
+    ("runtime/serve/federation.py", "score", "TAG_REPLY"): ("serve.reply",),
+    ("runtime/serve/federation.py", "swap", "TAG_REPLY"): ("serve.reply",),
     ("vertical/lr.py", "_fit", "TAG_BEST"): ("vlr.best",),
     ("vertical/lr.py", "_host_batch", "TAG_CROSS_IN"): ("vlr.cross_in",),
     ("vertical/lr.py", "_host_batch", "TAG_D"): ("vlr.d",),
