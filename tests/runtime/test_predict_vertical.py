@@ -204,6 +204,7 @@ def test_served_scores_equal_the_jobs_and_the_service_outlives_bad_requests_a_sw
     is named; a malformed body and an oversized batch get 400 / 413; a hot swap to a copy of the bundles while
     requests flow drops none; a killed host is named in a 503 and the guest keeps answering health checks."""
     import threading
+    import time
 
     from serve_harness import Served
 
@@ -252,6 +253,14 @@ def test_served_scores_equal_the_jobs_and_the_service_outlives_bad_requests_a_sw
         assert status == 200, (ans, served.logs())
         assert answers and all(s == 200 for s, _ in answers), answers[-3:]
         assert all(a["scores"] == answers[0][1]["scores"] for _, a in answers)
+
+        page, doc = tmp_path / "serve" / "predictions" / "guest" / "status.json", {}  # what the job page draws
+        for _ in range(40):
+            doc = json.loads(page.read_text()) if page.exists() else {}
+            if doc.get("curves", {}).get("p99 ms"):
+                break
+            time.sleep(0.25)
+        assert doc["state"] == "serving" and doc["serving"]["p50_ms"] > 0 and doc["curves"]["requests/s"], doc
 
         served.procs["host-1"].kill()
         served.procs["host-1"].wait()
