@@ -1,0 +1,1 @@
+"""Online serving of trained vertical models (issue 41)."""
