@@ -84,7 +84,7 @@ def _store_opener(cfg: JobConfig, party: PartySpec, opts: ServeOptions, first_bu
     def opener(columns):
         try:
             return open_store(location, columns=columns)
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, ImportError) as exc:
             raise JobConfigError(f"serve --store (party {party.id!r}): {exc}") from None
     return opener
 
