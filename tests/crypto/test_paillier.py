@@ -370,3 +370,32 @@ def test_masked_decryption_round_trip_through_the_codec(keys, other_keys):
         wire.masked_from_proto(msg, pk, (4,), "dec", exponent=-40)
     with pytest.raises(ValueError, match="backend"):
         make_backend("rot13")
+
+
+def test_precomputed_obfuscators_are_used_once_each_and_change_no_answer(other_keys):
+    """PublicEngine.precompute: pooled h_s^alpha are taken first, each by one ciphertext only (fresh, DJN form),
+    and the plaintexts decrypt as without the pool; a background precompute beside encryptions is safe."""
+    import threading
+
+    pk, sk = other_keys
+    eng = E.public_engine(pk.n)
+    eng._pool.clear()
+    assert eng.precompute(40) == 40
+    pooled = [int(r) for r in eng._pool]
+    zeros = P.encrypt(pk, np.zeros(30))  # m = 0: the ciphertext is its obfuscator r itself
+    assert len(eng._pool) == 10  # 30 taken, 10 left
+    assert [int(c) for c in zeros.ciphertexts] == pooled[:30]
+    assert [int(r) for r in eng._pool] == pooled[30:]
+    x = np.linspace(-3, 3, 30)
+    enc = P.encrypt(pk, x)  # 10 pooled, 20 fresh
+    assert not eng._pool
+    np.testing.assert_allclose(P.decrypt(sk, enc), x, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(P.decrypt(sk, zeros), np.zeros(30))
+    more = threading.Thread(target=eng.precompute, args=(200,))
+    more.start()
+    encs = [P.encrypt(pk, x) for _ in range(5)]
+    more.join()
+    assert all(np.allclose(P.decrypt(sk, e), x, rtol=0, atol=1e-12) for e in encs)
+    everything = [int(c) for e in [zeros, enc, *encs] for c in e.ciphertexts]
+    assert len(set(everything)) == len(everything)
+    eng._pool.clear()

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import gmpy2
 import numpy as np
@@ -190,29 +191,52 @@ class PublicEngine:
         self._table: FixedBaseTable | None = None
         self._large = False
         self._used = 0
+        self._lock = threading.Lock()  # a background precompute and an encryption may build the table together
+        self._pool: deque = deque()    # obfuscators computed ahead (precompute), each handed out once
 
     def _ensure_table(self) -> FixedBaseTable | None:
         """The fixed-base table for the usage so far (None while a plain powmod is cheaper)."""
-        if self._table is None and self._used < TABLE_MIN_BATCH:
-            return None
-        if self._table is None or (not self._large and self._used >= LARGE_TABLE_AFTER):
-            self._large = self._used >= LARGE_TABLE_AFTER
-            w = window_bits(self.n_bits, self._large)
-            self._table = None  # free the small table before building the large one
-            self._table = FixedBaseTable(self.h_s, self.n2, self.alpha_bits, w)
-        return self._table
+        with self._lock:
+            if self._table is None and self._used < TABLE_MIN_BATCH:
+                return None
+            if self._table is None or (not self._large and self._used >= LARGE_TABLE_AFTER):
+                self._large = self._used >= LARGE_TABLE_AFTER
+                w = window_bits(self.n_bits, self._large)
+                self._table = None  # free the small table before building the large one
+                self._table = FixedBaseTable(self.h_s, self.n2, self.alpha_bits, w)
+            return self._table
 
     def prepare(self, large: bool = True) -> None:
         """Build the (large) table now, e.g. before a timed phase; encryption is the same either way."""
         self._used = max(self._used, LARGE_TABLE_AFTER if large else TABLE_MIN_BATCH)
         self._ensure_table()
 
-    def _obfuscators(self, count: int, expected: int = 0) -> list[mpz]:
+    def precompute(self, count: int) -> int:
+        """Compute obfuscators h_s^alpha (fresh random alphas) ahead until ``count`` wait in the pool, e.g. in a
+        background thread while a service idles; an encryption takes pooled ones first, each exactly once, so
+        ciphertexts stay fresh and answers do not change. Returns the pool's size."""
+        need = count - len(self._pool)
+        if need > 0:
+            fresh = self._fresh(need, 0)
+            self._pool.extend(fresh)  # deque.extend / popleft are atomic under the GIL
+        return len(self._pool)
+
+    def _fresh(self, count: int, expected: int) -> list[mpz]:
         self._used = max(self._used + count, expected)
         table = self._ensure_table()
         if table is None:
             return [gmpy2.powmod(self.h_s, a, self.n2) for a in random_alphas(count, self.alpha_bits)]
         return table.pow_columns(table.random_columns(count))
+
+    def _obfuscators(self, count: int, expected: int = 0) -> list[mpz]:
+        taken = []
+        while len(taken) < count:
+            try:
+                taken.append(self._pool.popleft())
+            except IndexError:
+                break
+        rest = count - len(taken)
+        return taken + self._fresh(rest, expected) if rest else taken
 
     def encrypt(self, mantissas, expected: int = 0) -> list[mpz]:
         """c = (1 + m n) * h_s^alpha mod n^2, computed as r + n*(m r mod n) (one half-size product).

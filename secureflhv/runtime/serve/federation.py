@@ -32,7 +32,7 @@ from ...proto import messages_pb2
 from ...transport import ProtocolError, Transport, TransportError, parse_message
 from ..job.job_file import JobConfig, JobConfigError, PartySpec
 from ..store.model_bundle import ModelBundle
-from .scoring import GuestScoring, HostScoring, build_scoring, fingerprint, input_columns
+from .scoring import GuestScoring, HostScoring, Precomputer, build_scoring, fingerprint, input_columns
 
 log = logging.getLogger("secureflhv.serve")
 
@@ -104,6 +104,7 @@ class GuestFederation:
         self.model = fingerprint(bundle)
         self.columns = input_columns(bundle)
         self.lock = threading.Lock()
+        self.precompute = Precomputer(2 * max_rows)
 
     def _send_all(self, msg) -> None:
         for h in self.hosts:
@@ -134,6 +135,7 @@ class GuestFederation:
                         missing.setdefault(ids[p], []).append(h)
             except (TransportError, ProtocolError, RuntimeError) as exc:
                 raise self._fail(exc) from exc
+        self.precompute.top_up(self.scoring.role)
         return scores, missing
 
     def swap(self, model_dir: str) -> str:
@@ -193,6 +195,7 @@ class HostLoop:
         self.scoring: HostScoring = build_scoring(cfg, party, t, bundle, max_rows=max_rows)
         self.prepared = None
         self.served = 0
+        self.precompute = Precomputer(2 * max_rows)
 
     def run(self) -> int:
         """Serve until the guest's stop; returns the number of score steps. PeerTimeout when the guest is gone."""
@@ -215,6 +218,7 @@ class HostLoop:
         self._reply(missing=json.dumps(np.flatnonzero(~found).tolist()))
         self.scoring.answer(X)
         self.served += 1
+        self.precompute.top_up(self.scoring.role)
 
     def _prepare(self, msg) -> None:
         self.prepared = None

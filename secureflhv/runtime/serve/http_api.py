@@ -208,7 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
             return req.get("ids"), req.get("features"), req.get("request_id", header_id)
         try:
             answer = self.server.gate.handle(caller, parse)
-        except ServeError as exc:
+        except ServeError:
             if not read:  # refused before the body was read: the connection cannot be reused
                 self.close_connection = True
             raise

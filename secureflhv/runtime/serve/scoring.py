@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -48,6 +49,42 @@ def input_columns(bundle: ModelBundle) -> list[str]:
     """The raw feature columns the bundle's preprocessing takes, in order (what a feature store must hold)."""
     state = bundle.manifest.get("preprocessing") or {}
     return list(state.get("input_features") or bundle.feature_names)
+
+
+class Precomputer:
+    """Between two steps, tops up the Paillier obfuscators (h_s^alpha, DJN) of the public keys a role encrypts
+    under per request (the LR server's score key; a split NN guest's hosts' keys) to ``count`` each, in one
+    background thread (:meth:`PublicEngine.precompute`): the next request's encryptions then cost a
+    multiplication each. Ciphertexts stay fresh (each obfuscator is used once); answers do not change."""
+
+    def __init__(self, count: int):
+        self.count = int(count)
+        self._busy = threading.Lock()
+
+    @staticmethod
+    def keys(role) -> list:
+        """The Paillier public keys ``role`` encrypts under per request."""
+        from ...crypto.homomorphic.paillier import PublicKey
+
+        state = getattr(role, "__dict__", {})
+        found = [state.get("_score_pub"), *(state.get("_keys") or {}).values()]
+        return [k for k in found if isinstance(k, PublicKey)]
+
+    def top_up(self, role) -> None:
+        """Start topping up ``role``'s keys unless a top-up still runs."""
+        keys = self.keys(role)
+        if not keys or not self._busy.acquire(blocking=False):
+            return
+
+        def work() -> None:
+            from ...crypto.homomorphic.paillier_engine import public_engine
+            try:
+                for key in keys:
+                    public_engine(key.n).precompute(self.count)
+            finally:
+                self._busy.release()
+
+        threading.Thread(target=work, name="paillier-precompute", daemon=True).start()
 
 
 def carry_session(old, new) -> None:
