@@ -168,12 +168,18 @@ class GuestFederation:
         return new
 
     def close(self) -> None:
-        """Release the hosts (and an LR arbiter); best effort."""
+        """Release an LR arbiter and the hosts; best effort. The role's own end of prediction goes first: it
+        messages the hosts too (split NN, LR), and a host that has had its "stop" leaves and closes its
+        transport, so a message to it after that would be retried until the deadline (the guest's SIGTERM
+        then took ``--deadline`` seconds, and a supervisor's kill left the arbiter without its end)."""
         with self.lock:
+            try:
+                self.scoring.close()
+            except TransportError as exc:
+                log.info("%s: could not end prediction at every party: %s", self.party.id, exc)
             self.step += 1
             try:
                 self._send_all(_ctl("stop"))
-                self.scoring.close()
             except TransportError as exc:
                 log.info("%s: could not tell every party that serving stopped: %s", self.party.id, exc)
 
