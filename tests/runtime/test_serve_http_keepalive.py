@@ -68,3 +68,39 @@ def test_each_connection_gets_tcp_nodelay(monkeypatch):
     finally:
         front.close()
     assert seen and all(v != 0 for v in seen), seen
+
+
+def test_callers_connecting_at_once_are_not_left_to_the_syn_retransmission():
+    """The listen backlog was socketserver's 5: with the process busy scoring, a burst of new connections
+    overflowed it, and each connection over it waited for its SYN to be resent (1 s)."""
+    import threading
+
+    assert http_api._Server.request_queue_size >= 128
+
+    class Busy(InstantScorer):
+        def score(self, request, timeout_s):
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.02:  # holds the GIL, as scoring does
+                pass
+            return super().score(request, timeout_s)
+
+    front = serve_front(Busy(), rate=1e6, burst=1_000_000, timeout_s=10.0)
+    first: list[float] = []
+
+    def caller(k):
+        conn = http.client.HTTPConnection("127.0.0.1", front.http_port, timeout=10)
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/score", json.dumps({"ids": [f"c-{k}"], "features": [[1.0, 2.0]]}).encode(),
+                     {"Content-Type": "application/json"})
+        conn.getresponse().read()
+        first.append(time.perf_counter() - t0)
+        conn.close()
+    try:
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(32)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+    finally:
+        front.close()
+    assert len(first) == 32 and max(first) < 0.9, sorted(round(t, 2) for t in first)[-5:]

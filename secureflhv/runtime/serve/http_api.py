@@ -237,6 +237,9 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    # the listen backlog: socketserver's default of 5 overflowed when a few callers connected at once while the
+    # process was busy scoring, and each connection over it waited for the client's SYN retransmission (1 s)
+    request_queue_size = socket.SOMAXCONN
 
     def handle_error(self, request, client_address):
         """A connection that broke (reset, TLS failure) is logged at DEBUG, not printed."""
