@@ -47,6 +47,11 @@ class FederationDown(RuntimeError):
     """The federation cannot score any more (a host failed or went away); the message names the party."""
 
 
+class StepRefused(RuntimeError):
+    """A host could not answer this step (e.g. its feature store failed) but the exchange stayed in step: this
+    request fails, naming the host, and the next one is served."""
+
+
 def _ctl(op: str, **text: str) -> messages_pb2.Bundle:
     return messages_pb2.Bundle(text={"op": op, **text})
 
@@ -127,14 +132,18 @@ class GuestFederation:
                 self._send_all(_ctl("score", ids=json.dumps(list(ids))))
                 scores = self.scoring.score(X_raw)
                 missing: dict[str, list[str]] = {}
+                refused = []
                 for h in self.hosts:
                     pos = self.t.recv(h, TAG_REPLY, round=self.step, parse=_reply_parser(h, len(ids)))
                     if isinstance(pos, str):
-                        raise TransportError(f"{h}: {pos}")
+                        refused.append(f"{h}: {pos}")
+                        continue
                     for p in pos:
                         missing.setdefault(ids[p], []).append(h)
             except (TransportError, ProtocolError, RuntimeError) as exc:
                 raise self._fail(exc) from exc
+        if refused:
+            raise StepRefused("; ".join(refused))
         self.precompute.top_up(self.scoring.role)
         return scores, missing
 
@@ -220,8 +229,13 @@ class HostLoop:
 
     def _score(self, msg) -> None:
         ids = _ids_of(msg)
-        X, found = self.store.lookup(ids)
-        self._reply(missing=json.dumps(np.flatnonzero(~found).tolist()))
+        try:
+            X, found = self.store.lookup(ids)
+            self._reply(missing=json.dumps(np.flatnonzero(~found).tolist()))
+        except Exception as exc:  # noqa: BLE001 - a store failure fails this request, not the session
+            log.error("%s: feature store failed on a request of %d ids: %s", self.party.id, len(ids), exc)
+            self._reply(error=f"feature store: {type(exc).__name__}: {exc}"[:500])
+            X = np.full((len(ids), len(self.store.columns)), np.nan)  # the exchange still runs: rounds stay in step
         self.scoring.answer(X)
         self.served += 1
         self.precompute.top_up(self.scoring.role)

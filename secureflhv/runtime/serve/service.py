@@ -13,7 +13,7 @@ from concurrent.futures import Future, TimeoutError as FutureTimeout
 import numpy as np
 
 from ..job.job_file import JobConfigError
-from .federation import FederationDown, GuestFederation
+from .federation import FederationDown, GuestFederation, StepRefused
 from .front import ScoreRequest, ScoreResult, ServeError
 
 log = logging.getLogger("secureflhv.serve")
@@ -125,7 +125,7 @@ class GuestService:
         X = np.vstack([x for _, _, x, _ in batch])
         try:
             scores, missing = self.fed.score(ids, X)
-        except FederationDown as exc:
+        except (FederationDown, StepRefused) as exc:
             for *_, done in batch:
                 done.set_exception(ServeError("unavailable", str(exc)))
             return
