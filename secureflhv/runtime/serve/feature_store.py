@@ -162,11 +162,13 @@ class MemoryFeatureStore(FeatureStore):
         self._closed = False
 
     def lookup(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`FeatureStore.lookup`; RuntimeError after :meth:`close`."""
         if self._closed:
             raise RuntimeError("feature store is closed")
         return _gather(_as_ids(ids), self._pos, self._X, len(self.columns))
 
     def close(self) -> None:
+        """Refuse lookups from now on."""
         self._closed = True
 
     def __len__(self) -> int:
