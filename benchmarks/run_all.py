@@ -54,6 +54,8 @@ BENCHMARKS = (
     Bench("secureboost", ("--only", "a", "--he-scheme", "paillier", "ou"), 60,
           ("--he-scheme", "paillier", "ou"), 1500, 30, "(a) in the default set; (b), FATE's shape, with --full"),
     Bench("woe_binning", None, 0, (), 180, 10, "100,000 x 300 host features, Paillier 2048-bit: --full only"),
+    Bench("serving", None, 0, (), 540, 130, "secureflhv serve, LR / SecureBoost / split NN x 1 and 64 ids, 2048-bit: "
+                                           "--full only"),
     Bench("split_nn", (), 150, (), 150, 60, "Paillier and OU, + label-leakage sweep"),
     Bench("partition", (), 15, (), 15, 2, "1,000,000 rows x 100 parties"),
     Bench("fl_batched", (), 30, (), 30, 10, "vmap vs per-client loop"),
