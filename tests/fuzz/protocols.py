@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-for sub in ("vertical", "tree", "horizontal"):
+for sub in ("vertical", "tree", "horizontal", "runtime"):
     if str(TESTS / sub) not in sys.path:
         sys.path.insert(0, str(TESTS / sub))
 
@@ -359,38 +359,20 @@ def run_serve(net_cls):
     swap the host refuses, a stop. The family's own scoring is stubbed: its messages are fuzzed in the vlr /
     sb / split_nn runs."""
     from types import SimpleNamespace as NS
-    from unittest import mock
 
     from secureflhv.runtime.job.job_file import JobConfigError
     from secureflhv.runtime.serve import federation as fed
     from secureflhv.runtime.serve.feature_store import MemoryFeatureStore
+    from serve_harness import stub_loader, stub_scoring_patches
 
-    class Scoring:  # a model of two columns: the score is their sum; a host answers nothing
-        bundle, role = NS(algorithm="vertical_lr"), None
-
-        def score(self, X):
-            return np.asarray(X).sum(axis=1)
-
-        def answer(self, X):
-            return 0
-
-        def close(self):
-            return None
-
-    def load_for(me):
-        def load(model_dir):
-            if me == "host-1" and model_dir == "v2":
-                raise JobConfigError("no bundle of this party in v2")
-            return NS(algorithm="vertical_lr", model_dir=model_dir)
-        return load
-
+    refuse = {"host-1": {"v2"}}
     guest, host = NS(id="guest", role="guest"), NS(id="host-1", role="host")
     cfg = NS(guest=guest, hosts=[host])
     net = net_cls("fuzz-serve", ["guest", "host-1"], deadline=DEADLINE)
     store = MemoryFeatureStore(["a1", "a2"], np.array([[1.0, 2.0], [3.0, 4.0]]), ["x", "y"])
 
     def run_guest():
-        f = fed.GuestFederation(net.transport("guest"), cfg, guest, load_for("guest"), "v1", max_rows=8)
+        f = fed.GuestFederation(net.transport("guest"), cfg, guest, stub_loader("guest", refuse), "v1", max_rows=8)
         scores, missing = f.score(["a2", "zz"], np.array([[1.0, 1.0], [2.0, 2.0]]))
         try:
             f.swap("v2")
@@ -401,14 +383,20 @@ def run_serve(net_cls):
         return scores, missing, refused
 
     def run_host():
-        loop = fed.HostLoop(net.transport("host-1"), cfg, host, load_for("host-1"), lambda cols: store, "v1", 8)
+        loop = fed.HostLoop(net.transport("host-1"), cfg, host, stub_loader("host-1", refuse), lambda cols: store, "v1",
+                            8)
         return loop.run()
 
-    with mock.patch.object(fed, "build_scoring", lambda *a, **k: Scoring()), \
-            mock.patch.object(fed, "fingerprint", lambda b: f"fp-{b.model_dir}"), \
-            mock.patch.object(fed, "input_columns", lambda b: ["x", "y"]):
+    patches = stub_scoring_patches()
+    for p in patches:
+        p.start()
+    try:
         results, errors = sb_harness.run_threads({"guest": run_guest, "host-1": run_host}, timeout=30)
+    finally:
+        for p in patches:
+            p.stop()
     return fingerprint(results), errors, [net]
+
 
 PROTOCOLS = {
     "fed_stats": run_fed_stats,

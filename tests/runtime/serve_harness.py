@@ -74,3 +74,54 @@ class Served:
                     proc.kill()
                     proc.wait()
         return {p: c.returncode for p, c in self.procs.items()}
+
+
+class StubScoring:
+    """A stand-in for a family's prediction roles (runtime/serve/scoring.py), to test the serving exchange alone:
+    the score is the sum of the guest's columns; a host answers nothing (the families' own exchanges are the
+    prediction job's, tested elsewhere)."""
+
+    def __init__(self, bundle=None):
+        from types import SimpleNamespace
+
+        self.bundle, self.role = bundle or SimpleNamespace(algorithm="vertical_lr"), None
+
+    def score(self, X):
+        """Sum of each row of X (m, d) -> (m,)."""
+        import numpy as np
+
+        return np.asarray(X).sum(axis=1)
+
+    def answer(self, X):
+        """Nothing to answer: 0 requests."""
+        return 0
+
+    def close(self):
+        """Nothing to release."""
+        return None
+
+
+def stub_loader(me: str, refuse: dict):
+    """model_dir -> a stand-in bundle of party ``me`` (``model_dir`` kept), JobConfigError for the model_dirs
+    ``refuse[me]`` names (a party without that bundle)."""
+    from types import SimpleNamespace
+
+    from secureflhv.runtime.job.job_file import JobConfigError
+
+    def load(model_dir):
+        if model_dir in refuse.get(me, ()):
+            raise JobConfigError(f"no bundle of {me} in {model_dir}")
+        return SimpleNamespace(algorithm="vertical_lr", model_dir=model_dir)
+    return load
+
+
+def stub_scoring_patches():
+    """Patches of runtime/serve/federation.py that build :class:`StubScoring` and read the stand-in bundles'
+    fingerprint (``fp-<model_dir>``) and columns (``["x"]``); start() them, stop() after."""
+    from unittest import mock
+
+    from secureflhv.runtime.serve import federation as fed
+
+    return [mock.patch.object(fed, "build_scoring", lambda cfg, party, t, bundle, **k: StubScoring(bundle)),
+            mock.patch.object(fed, "fingerprint", lambda b: f"fp-{b.model_dir}"),
+            mock.patch.object(fed, "input_columns", lambda b: ["x"])]

@@ -8,7 +8,6 @@ import json
 import threading
 import time
 from types import SimpleNamespace as NS
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -18,24 +17,9 @@ from secureflhv.runtime.job.job_file import JobConfigError
 from secureflhv.runtime.serve import federation as fed
 from secureflhv.runtime.serve.feature_store import MemoryFeatureStore
 from secureflhv.transport import InProcessNetwork
+from serve_harness import stub_loader, stub_scoring_patches
 
 HOSTS = ["host-1", "host-2"]
-
-
-class Scoring:
-    """A stub model: the score is the sum of the guest's columns; hosts answer nothing."""
-
-    def __init__(self, bundle):
-        self.bundle, self.role = bundle, None
-
-    def score(self, X):
-        return np.asarray(X).sum(axis=1)
-
-    def answer(self, X):
-        return 0
-
-    def close(self):
-        return None
 
 
 class FlakyStore(MemoryFeatureStore):
@@ -57,20 +41,10 @@ def served():
     refuse = {"host-2": {"v3"}}
     stores = {"host-1": lambda: FlakyStore(["a", "b"], np.ones((2, 1)), ["x"]),  # a fresh store per model
               "host-2": lambda: MemoryFeatureStore(["a"], np.ones((1, 1)), ["y"])}
-
-    def load_for(me):
-        def load(model_dir):
-            if model_dir in refuse.get(me, ()):
-                raise JobConfigError(f"no bundle of {me} in {model_dir}")
-            return NS(algorithm="vertical_lr", model_dir=model_dir)
-        return load
-
-    patches = [mock.patch.object(fed, "build_scoring", lambda cfg, party, t, bundle, **k: Scoring(bundle)),
-               mock.patch.object(fed, "fingerprint", lambda b: f"fp-{b.model_dir}"),
-               mock.patch.object(fed, "input_columns", lambda b: ["x"])]
+    patches = stub_scoring_patches()
     for p in patches:
         p.start()
-    loops = {h.id: fed.HostLoop(net.transport(h.id), cfg, h, load_for(h.id), lambda cols, h=h.id: stores[h](), "v1", 8)
+    loops = {h.id: fed.HostLoop(net.transport(h.id), cfg, h, stub_loader(h.id, refuse), lambda cols, h=h.id: stores[h](), "v1", 8)
              for h in hosts}
     ends = {}
 
@@ -83,7 +57,7 @@ def served():
     threads = [threading.Thread(target=run, args=(h,)) for h in HOSTS]
     for th in threads:
         th.start()
-    g = fed.GuestFederation(net.transport("guest"), cfg, guest, load_for("guest"), "v1", max_rows=8)
+    g = fed.GuestFederation(net.transport("guest"), cfg, guest, stub_loader("guest", refuse), "v1", max_rows=8)
     yield NS(g=g, loops=loops, net=net, ends=ends)
     g.close()
     for th in threads:

@@ -17,6 +17,7 @@ the service (the guest releases the hosts). Exit codes as ``secureflhv party``.
 """
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -102,7 +103,6 @@ def _serve_guest(cfg, party, t, load, model_dir, opts: ServeOptions, stopping: t
         log.info("%s: serving model %s; HTTP %s, gRPC %s on %s", party.id, service.fed.model, ports["http"],
                  ports["grpc"], opts.bind)
         if opts.ports_file is not None:
-            import json
             Path(opts.ports_file).write_text(json.dumps(ports))
         status.set_state("serving", serving={"model": service.fed.model, "ports": ports})
         curves, started = {"requests/s": [], "p50 ms": [], "p99 ms": []}, time.monotonic()
