@@ -57,6 +57,8 @@ from ..proto import messages_pb2
 from ..secagg import AggregationConfig, make_client, make_server
 from ..transport.base import ProtocolError, parse_message
 from ..transport.codec import tensor_from_proto, tensor_to_proto, whole_count
+from .local_data import input_batch
+from .models import model_device
 
 log = logging.getLogger("secureflhv.horizontal.contribution")
 
@@ -94,11 +96,12 @@ def mean_latent(model: nn.Module, X: np.ndarray, batch_size: int = 1024) -> np.n
     captured: list[torch.Tensor] = []
     handle = out.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0]))
     model.train(False)  # inference mode
+    device = model_device(model)
     try:
         for start in range(0, len(X), batch_size):
             captured.clear()
-            model(torch.from_numpy(np.ascontiguousarray(X[start:start + batch_size], dtype=np.float32)))
-            total += captured[0].to(torch.float64).sum(0)
+            model(input_batch(X, start, start + batch_size).to(device))
+            total += captured[0].detach().cpu().to(torch.float64).reshape(-1, out.in_features).sum(0)
     finally:
         handle.remove()
     return (total / len(X)).numpy()

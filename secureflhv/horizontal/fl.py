@@ -79,8 +79,14 @@ from ..transport.round_layout import RoundLayout
 from ..transport.role import ProtocolRole
 from .contribution import SLOTS, ContributionClient, ContributionServer, latent_dim
 from .model_wire import float32_tensor, model_bundle, read_model
-from .models import ModelSpec, build_model, check_local_data, evaluate, get_flat, param_shapes, set_flat
+from .local_data import DatasetRows
+from .models import ModelSpec, build_model, check_local_data, get_flat, param_shapes, set_flat
+from .user_model import ParamLayout, layout_of
 from .strategies import LocalTrainConfig, Strategy, batch_rng
+
+class LayoutMismatch(ValueError):
+    """A client's model differs from the server's (names, shapes or dtypes of the aggregated tensors)."""
+
 
 SUSPECT_SEND_TIMEOUT_S = 2.0  # delivery window for a client the last aggregation lost
 
@@ -89,6 +95,7 @@ log = logging.getLogger("secureflhv.horizontal.fl")
 TAG_ROUND = "fl.round"
 TAG_EVAL = "fl.eval"
 TAG_METRICS = "fl.metrics"
+TAG_LAYOUT = "fl.layout"  # client -> server before round 1: the aggregated tensors' layout (user_model.ParamLayout)
 PARTS_PER_ROUND = 8  # aggregation round id = fl round * 8 + part index
 # the aggregation round id of part ``part`` (contribution's sums first, then the strategy's parts) of a round
 AGG_ROUNDS = RoundLayout("horizontal FL aggregation", (("round", None), ("part", PARTS_PER_ROUND)))
@@ -286,6 +293,7 @@ class HorizontalServer(_Resumable, ProtocolRole):
         self.config = config
         self.on_round = on_round
         model = build_model(spec, seed=config.seed)
+        self.layout = layout_of(model)
         self.shapes = param_shapes(model)
         self.global_vec = get_flat(model)
         self.dim = self.global_vec.size
@@ -315,6 +323,7 @@ class HorizontalServer(_Resumable, ProtocolRole):
         cfg = self.config
         log.info("server: %s, %d clients, %d rounds, fraction %g, %d parameters, aggregation %s",
                  self.strategy.name, len(self.clients), cfg.rounds, cfg.fraction, self.dim, cfg.aggregation.kind)
+        self._agree_layout()
         done, arrays, self.history = self._restored_rounds(lambda **d: RoundRecord(**d))
         if done:
             self.global_vec = self._restored_model(arrays, "global")
@@ -335,6 +344,32 @@ class HorizontalServer(_Resumable, ProtocolRole):
         self._send_all(self._alive(), TAG_ROUND, cfg.rounds + 1,
                        lambda c: messages_pb2.Bundle(text={"command": "stop"}))
         return self.history
+
+    def _agree_layout(self) -> None:
+        """Before round 1: every client's ``fl.layout`` (its aggregated tensors' names, shapes and dtypes) must
+        equal the server's. LayoutMismatch naming the first client that differs and how (the job stops: a
+        silent average of different models would be wrong); a client that sends nothing is marked dead."""
+        def validate(msg):
+            try:
+                layout = ParamLayout.from_json(msg.text.get("layout", ""))
+            except ValueError as exc:  # json's errors are ValueErrors too
+                raise ProtocolError(f"layout: {exc}") from None
+            if msg.text.get("digest") != layout.digest():
+                raise ProtocolError("layout: digest does not match the layout sent")
+            return layout
+
+        got = gather(self.t, self.clients, TAG_LAYOUT, 0, self.config.round_timeout_s, "drop",
+                     parse_message(messages_pb2.Bundle, validate))
+        for c, drop in got.dropped.items():
+            log.warning("server: no model layout from %s (%s); marking it dead", c, drop.error)
+            self.dead.add(c)
+        for c, layout in got.values.items():
+            diff = self.layout.difference(layout, "the server", c)
+            if diff:
+                raise LayoutMismatch(f"{c}: params.model: its model's layout ({layout.digest()}) differs from the "
+                                     f"server's ({self.layout.digest()}): {diff}")
+        log.info("server: %d clients agree on the model layout %s (%d tensors, %d values)", len(got.values),
+                 self.layout.digest(), len(self.layout.entries), self.layout.size)
 
     def run_round(self, r: int) -> RoundRecord:
         """Round ``r``: select and broadcast, aggregate every part, update, evaluate; returns its record."""
@@ -509,6 +544,11 @@ class HorizontalServer(_Resumable, ProtocolRole):
 
 
 # ------------------------------------------------------------------------------------ client
+def _rows(X):
+    """A numpy matrix as float32; a user dataset's rows as they are."""
+    return X if isinstance(X, DatasetRows) else np.asarray(X, np.float32)
+
+
 class HorizontalClient(_Resumable, ProtocolRole):
     """A data holder: trains the global model on its rows and submits its update through aggregation.
 
@@ -521,8 +561,10 @@ class HorizontalClient(_Resumable, ProtocolRole):
         X_train, y_train: local training rows (n, n_features) float32 and int labels in [0, n_classes)
             (a regression head: finite float targets).
         X_test, y_test: local test rows for the per-round metrics (may be empty).
-        spec, strategy, config: as at the server (the client owns its strategy instance).
+        spec, strategy, config: as at the server (the client owns its strategy instance; its ``loop``, when
+            set, is the user's training / evaluation code).
         callbacks, resume: the role lifecycle, as at the server.
+        device: where the model trains (``cpu``, ``cuda``).
 
     Raises ValueError for data that does not fit ``spec`` (names the mismatch).
     """
@@ -531,7 +573,7 @@ class HorizontalClient(_Resumable, ProtocolRole):
 
     def __init__(self, transport, server_id: str, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
                  y_test: np.ndarray, spec: ModelSpec, strategy: Strategy, config: FLConfig, *,
-                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None, device: str = "cpu"):
         super().__init__(transport)
         self._init_lifecycle(callbacks, resume)
         self.server_id = server_id
@@ -539,12 +581,13 @@ class HorizontalClient(_Resumable, ProtocolRole):
         if spec.task == "regression":
             _check_target_scale(self.party_id, np.asarray(y_train, np.float64), spec)
         ydt = np.float64 if spec.task == "regression" else np.int64
-        self.X_train, self.y_train = np.asarray(X_train, np.float32), np.asarray(y_train, ydt)
-        self.X_test, self.y_test = np.asarray(X_test, np.float32), np.asarray(y_test, ydt)
+        self.X_train, self.y_train = _rows(X_train), np.asarray(y_train, ydt)
+        self.X_test, self.y_test = _rows(X_test), np.asarray(y_test, ydt)
         self.spec = spec
         self.strategy = strategy
         self.config = config
-        self.model = build_model(spec)
+        self.model = build_model(spec, seed=config.seed).to(device)
+        self.layout = layout_of(self.model)
         self.shapes = param_shapes(self.model)
         self.dim = sum(int(np.prod(s)) for s in self.shapes.values())
         self.part_dims = strategy.part_dims(self.dim)
@@ -584,6 +627,8 @@ class HorizontalClient(_Resumable, ProtocolRole):
         extras = {k[len("extra/"):]: float32_tensor(t, (self.dim,), k) for k, t in bundle.tensors.items()
                   if k.startswith("extra/")}
         rng = batch_rng(self.config.seed, round_id, self.party_id)
+        if self.strategy.loop is not None:
+            self.strategy.loop.begin(round_id)
         if self.strategy.trainer is not None:  # batched simulation: this round's batch has every participant
             self.strategy.trainer.begin(round_id, len(participants))
         upd = self.strategy.client_update(self.model, global_vec, self.X_train, self.y_train, self.config.local,
@@ -616,6 +661,8 @@ class HorizontalClient(_Resumable, ProtocolRole):
 
     def _serve_rounds(self) -> list[dict]:
         timeout = self.config.round_timeout_s
+        self.t.send(self.server_id, TAG_LAYOUT, messages_pb2.Bundle(
+            text={"layout": self.layout.to_json(), "digest": self.layout.digest()}), round=0, timeout=timeout)
         done, arrays, self.history = self._restored_rounds(dict)
         if done:
             self.global_vec = self._restored_model(arrays, "global")
@@ -665,4 +712,4 @@ class HorizontalClient(_Resumable, ProtocolRole):
         if len(self.y_test) == 0:
             return {"accuracy": float("nan"), "loss": float("nan"), "correct": 0.0, "n": 0.0, "sse": 0.0, "sae": 0.0,
                     "y_sum": 0.0, "y2_sum": 0.0}
-        return evaluate(self.model, self.X_test, self.y_test)
+        return self.strategy.evaluate_rows(self.model, self.X_test, self.y_test)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .models import evaluate, get_flat, set_flat
+from .models import get_flat, set_flat
 from .strategies import ClientUpdate, Strategy
 
 
@@ -109,13 +109,13 @@ class IFCA(Strategy):
             raise ValueError(f"IFCA needs every cluster model with the global model; missing {missing}")
         return [np.asarray(extras[p], dtype=np.float32) for p in self.parts]
 
-    @staticmethod
-    def choose(model: nn.Module, models: list[np.ndarray], X: np.ndarray, y: np.ndarray) -> int:
-        """ĵ = argmin_j mean cross-entropy of θ_j on (X, y) (Ghosh et al., Alg. 1, cluster estimation)."""
+    def choose(self, model: nn.Module, models: list[np.ndarray], X: np.ndarray, y: np.ndarray) -> int:
+        """ĵ = argmin_j mean loss of θ_j on (X, y) (Ghosh et al., Alg. 1, cluster estimation; the user's
+        ``evaluate`` when the job names one)."""
         losses = []
         for vec in models:
             set_flat(model, vec)
-            losses.append(evaluate(model, X, y)["loss"])
+            losses.append(self.evaluate_rows(model, X, y)["loss"])
         return int(np.argmin(losses))
 
     def client_update(self, model, global_vec, X, y, cfg, rng, extras=None):

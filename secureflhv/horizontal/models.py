@@ -19,7 +19,9 @@ Both take flat feature rows ``(batch, n_features)`` float32 (the layout of every
 Flat view: :func:`get_flat` / :func:`set_flat` map the parameters, in ``named_parameters()`` order,
 to one float32 vector of length :func:`n_params`; :func:`named_arrays` gives the same parameters as
 named float32 arrays (the ``.npz`` artifact and the wire format of the global model). Neither
-model has buffers, so parameters are the whole state.
+model has buffers, so parameters are the whole state. A user's model (``params.model.factory``,
+:mod:`.user_model`) aggregates the tensors its spec selects (buffers, trainable parameters only): the same
+functions then walk :func:`fl_entries`.
 """
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
+
+from .local_data import DatasetRows, input_batch
+from .user_model import UserModelSpec, build_user_model
 
 
 class ModelSpec(BaseModel):
@@ -171,12 +176,15 @@ class MLP(nn.Module):
 def check_local_data(party_id: str, spec: ModelSpec, X_train, y_train, X_test, y_test) -> None:
     """Check a party's own training and test data against the model spec before any round starts.
 
-    X_*: (rows, spec.n_features); y_*: (rows,), class indices in [0, spec.n_classes) or, for
+    X_*: (rows, spec.n_features), or a user dataset's :class:`~.local_data.DatasetRows` (any input shape: the
+    forward pass is probed at preflight); y_*: (rows,), class indices in [0, spec.n_classes) or, for
     ``spec.task == "regression"``, finite numbers. Raises ValueError naming the party, the split and the
     job-file field to fix; at least one training row is required.
     """
     for what, X, y in (("training", X_train, y_train), ("test", X_test, y_test)):
-        if X.ndim != 2 or X.shape[1] != spec.n_features:
+        if isinstance(X, DatasetRows):
+            pass
+        elif X.ndim != 2 or X.shape[1] != spec.n_features:
             raise ValueError(f"{party_id}: {what} data has shape {X.shape}, the model expects "
                              f"(rows, {spec.n_features}) (model.n_features)")
         if len(y) != len(X):
@@ -191,8 +199,9 @@ def check_local_data(party_id: str, spec: ModelSpec, X_train, y_train, X_test, y
         raise ValueError(f"{party_id}: no training rows")
 
 
-def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
-    """A fresh model of ``spec``; with ``seed``, its initial weights depend only on the seed.
+def build_model(spec, seed: int | None = None) -> nn.Module:
+    """A fresh model of ``spec`` (a :class:`ModelSpec`, or a :class:`~.user_model.UserModelSpec`: the user's
+    factory, FactoryError when it fails); with ``seed``, its initial weights depend only on the seed.
 
     Thread-safe: torch's initialisers draw from its one global generator, so builds are serialised (peers
     or clients simulated in threads of one process would otherwise interleave their draws)."""
@@ -202,6 +211,8 @@ def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
             gen_state = torch.random.get_rng_state()
             torch.manual_seed(seed)
         try:
+            if isinstance(spec, UserModelSpec):
+                return build_user_model(spec)
             if spec.name == "cnn":
                 model = SimpleCNN(spec.resolved_image_shape(), spec.n_outputs)
             else:
@@ -218,35 +229,53 @@ def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
 _BUILD_LOCK = threading.Lock()
 
 
+def fl_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The aggregated tensors of ``model`` as (name, tensor), in flat-vector order: every parameter of a built-in
+    model, or the ``state_dict`` entries a user model's spec selects (``model.fl_names``, :mod:`.user_model`)."""
+    names = getattr(model, "fl_names", None)
+    if names is None:
+        return list(model.named_parameters())
+    state = model.state_dict(keep_vars=True)
+    return [(n, state[n]) for n in names]
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where ``model``'s tensors live (CPU for a model without any)."""
+    for t in model.parameters():
+        return t.device
+    return torch.device("cpu")
+
+
 def param_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """Parameter name → shape, in the flat-vector order."""
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    """Aggregated tensor name → shape, in the flat-vector order."""
+    return {name: tuple(p.shape) for name, p in fl_entries(model)}
 
 
 def n_params(model: nn.Module) -> int:
-    """The number of scalar parameters of ``model``."""
-    return sum(p.numel() for p in model.parameters())
+    """The number of scalars in the flat vector (every parameter of a built-in model)."""
+    return sum(p.numel() for _, p in fl_entries(model))
 
 
 def get_flat(model: nn.Module) -> np.ndarray:
-    """All parameters as one float32 vector (a copy), in ``named_parameters()`` order."""
+    """All aggregated tensors as one float32 vector (a copy, on the CPU), in :func:`fl_entries` order."""
     with torch.no_grad():
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().astype(np.float32, copy=True)
+        return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for _, p in fl_entries(model)]
+                         ).numpy().astype(np.float32, copy=True)
 
 
 def set_flat(model: nn.Module, vector: np.ndarray) -> None:
-    """Load a flat vector (any float dtype; cast to float32) into the parameters.
-
-    Raises ValueError when the length differs from :func:`n_params`.
+    """Load a flat vector (any float dtype; cast to float32, then to each tensor's dtype and device) into the
+    aggregated tensors. Raises ValueError when the length differs from :func:`n_params`.
     """
     vector = np.asarray(vector)
-    total = n_params(model)
+    entries = fl_entries(model)
+    total = sum(p.numel() for _, p in entries)
     if vector.shape != (total,):
         raise ValueError(f"flat parameter vector has shape {vector.shape}, the model has {total} parameters")
     flat = torch.from_numpy(vector.astype(np.float32, copy=True))
     offset = 0
     with torch.no_grad():
-        for p in model.parameters():
+        for _, p in entries:
             n = p.numel()
             p.copy_(flat[offset:offset + n].reshape(p.shape))
             offset += n
@@ -290,10 +319,9 @@ def predict(model: nn.Module, X: np.ndarray, batch_size: int = 1024) -> np.ndarr
     for feature rows ``X`` (n, n_features)."""
     model.train(False)  # inference mode
     regression = model.task == "regression"
-    out = []
+    out, device = [], model_device(model)
     for start in range(0, len(X), batch_size):
-        xb = torch.from_numpy(np.asarray(X[start:start + batch_size], dtype=np.float32))
-        o = model(xb)
+        o = model(input_batch(X, start, start + batch_size).to(device)).cpu()
         out.append(o[:, 0].double().numpy() if regression else o.argmax(1).numpy())
     return np.concatenate(out) if out else np.zeros(0, np.float64 if regression else np.int64)
 
@@ -315,10 +343,10 @@ def evaluate(model: nn.Module, X: np.ndarray, y: np.ndarray, batch_size: int = 1
         sse = float(err @ err)
         return {"accuracy": float("nan"), "loss": sse / n if n else float("nan"), "correct": 0.0, "n": float(n),
                 "sse": sse, "sae": float(np.abs(err).sum()), "y_sum": float(yy.sum()), "y2_sum": float(yy @ yy)}
-    correct, loss_sum = 0, 0.0
+    correct, loss_sum, device = 0, 0.0, model_device(model)
     for start in range(0, n, batch_size):
-        xb = torch.from_numpy(np.asarray(X[start:start + batch_size], dtype=np.float32))
-        yb = torch.from_numpy(np.asarray(y[start:start + batch_size], dtype=np.int64))
+        xb = input_batch(X, start, start + batch_size).to(device)
+        yb = torch.from_numpy(np.asarray(y[start:start + batch_size], dtype=np.int64)).to(device)
         logits = model(xb)
         loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
         correct += int((logits.argmax(1) == yb).sum())

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .models import get_flat, label_tensor, set_flat, task_loss
+from .local_data import as_inputs
+from .models import evaluate, fl_entries, get_flat, label_tensor, model_device, set_flat, task_loss
 
 StrategyName = Literal["fedavg", "fedprox", "scaffold", "fednova"]
 STRATEGIES = ("fedavg", "fedprox", "scaffold", "fednova")  # the FedAvg family (contribution normalisation composes)
@@ -107,8 +108,7 @@ def local_sgd(model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainCon
     n = len(y)
     if n == 0:
         raise ValueError("local training needs at least one sample")
-    Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32))
-    yt = label_tensor(model, y)
+    Xt, yt, device = as_inputs(X), label_tensor(model, y), model_device(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     model.train()
     steps, loss_sum = 0, 0.0
@@ -117,7 +117,7 @@ def local_sgd(model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainCon
         for start in range(0, n, cfg.batch_size):
             idx = perm[start:start + cfg.batch_size]
             opt.zero_grad()
-            loss = task_loss(model, model(Xt[idx]), yt[idx])
+            loss = task_loss(model, model(Xt[idx].to(device)), yt[idx].to(device))
             if extra_loss is not None:
                 loss = loss + extra_loss(model)
             loss.backward()
@@ -129,12 +129,14 @@ def local_sgd(model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainCon
     return steps, loss_sum / steps
 
 
-def _split_like(model: nn.Module, flat: np.ndarray) -> list[torch.Tensor]:
-    """A flat vector as one float32 tensor per parameter (shapes of ``model``)."""
+def split_like(model: nn.Module, flat: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A flat vector cut as the aggregated tensors (:func:`~.models.fl_entries`): (tensor, float32 piece on its
+    device) for each tensor with ``requires_grad`` (what SGD moves; buffers and frozen weights are skipped)."""
     out, offset = [], 0
     t = torch.from_numpy(np.asarray(flat, dtype=np.float32).copy())
-    for p in model.parameters():
-        out.append(t[offset:offset + p.numel()].reshape(p.shape))
+    for _, p in fl_entries(model):
+        if p.requires_grad:
+            out.append((p, t[offset:offset + p.numel()].reshape(p.shape).to(p.device)))
         offset += p.numel()
     return out
 
@@ -169,6 +171,7 @@ class Strategy(ABC):
     zero_weight_parts: bool = False
     joint_parts: bool = False
     trainer = None  # a batched trainer's handle (:mod:`.batched`, simulations only); None = train here
+    loop = None     # the user's train / evaluate functions (:class:`~.user_loop.UserLoop`); None = the built-in ones
 
     def local_train(self, model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainConfig,
                     rng: np.random.Generator, *, prox: tuple[float, np.ndarray] | None = None,
@@ -178,22 +181,37 @@ class Strategy(ABC):
         ``(mu/2)||w − anchor||²``; ``correction`` (dim,): SCAFFOLD's ``w ← w − lr·correction`` per step."""
         if self.trainer is not None:
             return self.trainer.train(model, X, y, cfg, rng, prox=prox, correction=correction)
+        if self.loop is not None and self.loop.train_fn is not None:
+            return self.loop.train(model, X, y, cfg, rng, prox=prox, correction=correction)
         extra_loss = after_step = None
         if prox is not None:
-            mu, anchors = prox[0], [t.detach() for t in _split_like(model, prox[1])]
+            mu, anchors = prox[0], split_like(model, prox[1])
 
             def prox_loss(m: nn.Module) -> torch.Tensor:
-                return (mu / 2) * sum(torch.sum((p - a) ** 2) for p, a in zip(m.parameters(), anchors))
+                return (mu / 2) * sum(torch.sum((p - a) ** 2) for p, a in anchors)
             extra_loss = prox_loss
         if correction is not None:
-            corr, lr = [t.detach() for t in _split_like(model, correction)], cfg.lr
+            corr, lr = split_like(model, correction), cfg.lr
 
             def correct(m: nn.Module) -> None:  # w_i <- w_i - lr (c - c_i), after every optimizer step
                 with torch.no_grad():
-                    for p, d in zip(m.parameters(), corr):
+                    for p, d in corr:
                         p.sub_(lr * d)
             after_step = correct
         return local_sgd(model, X, y, cfg, rng, extra_loss=extra_loss, after_step=after_step)
+
+    def evaluate_rows(self, model: nn.Module, X, y: np.ndarray) -> dict[str, float]:
+        """:func:`~.models.evaluate` of ``model`` on (X, y), or the user's ``evaluate`` when the job names one."""
+        if self.loop is not None and self.loop.evaluate_fn is not None:
+            return self.loop.evaluate(model, X, y)
+        return evaluate(model, X, y)
+
+    def lr_total(self, steps: int, lr: float) -> float:
+        """Σ lr over the last local training's steps: ``steps · lr`` (the built-in loop), or what the user's loop
+        stepped (a scheduler may vary it)."""
+        if self.loop is not None and self.loop.train_fn is not None:
+            return self.loop.lr_sum
+        return steps * lr
 
     # ---------------------------------------------------------------- shared
     def part_dims(self, dim: int) -> dict[str, int]:
@@ -345,10 +363,9 @@ class Scaffold(Strategy):
         set_flat(model, global_vec)
         steps, loss = self.local_train(model, X, y, cfg, rng,
                                        correction=c.astype(np.float64) - self.c_local.astype(np.float64))
-        lr = cfg.lr
         w_i = get_flat(model).astype(np.float64)
         w = np.asarray(global_vec, dtype=np.float32).astype(np.float64)
-        c_new = self.c_local.astype(np.float64) - c + (w - w_i) / (steps * lr)
+        c_new = self.c_local.astype(np.float64) - c + (w - w_i) / self.lr_total(steps, cfg.lr)
         delta_c = c_new - self.c_local.astype(np.float64)
         self.c_pending = c_new.astype(np.float32)
         return ClientUpdate({"model": (w_i - w, float(len(y))), "control": (delta_c, 1.0)}, len(y), steps, loss)

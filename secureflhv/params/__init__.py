@@ -17,7 +17,8 @@ imports pydantic and crypto constants only, so every algorithm family and the ru
 from .aggregation import KINDS, AggregationParams, Kind
 from .aliases import deprecated_names, with_defaults
 from .he import HEKeyParams, HEParams
+from .factory import FactoryError, FactoryRef
 from .training import EarlyStopping, LocalTraining, MinibatchSGD
 
-__all__ = ["AggregationParams", "EarlyStopping", "HEKeyParams", "HEParams", "KINDS", "Kind", "LocalTraining",
+__all__ = ["AggregationParams", "EarlyStopping", "FactoryError", "FactoryRef", "HEKeyParams", "HEParams", "KINDS", "Kind", "LocalTraining",
            "MinibatchSGD", "deprecated_names", "with_defaults"]

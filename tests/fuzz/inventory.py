@@ -127,6 +127,7 @@ INVENTORY: dict[str, Entry] = {
     "fl.round": E("fl", ("c0", "c1"), m.Bundle, "HorizontalClient._parse_round"),
     "fl.eval": E("fl", ("c0", "c1"), m.Bundle, "HorizontalClient._parse_round"),
     "fl.metrics": E("fl", ("server",), m.Scalars, "_collect_metrics.validate"),
+    "fl.layout": E("fl", ("server",), m.Bundle, "_agree_layout.validate"),
     # client contribution normalisation (horizontal/contribution.py)
     "fl.latent_sum": E("fl_contrib", ("c0", "c1"), m.Bundle, "ContributionClient._latent_parser"),
     "fl.exp_sum": E("fl_contrib", ("c0", "c1"), m.Bundle, "ContributionClient._exp_parser"),
@@ -154,6 +155,7 @@ RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("horizontal/contribution.py", "factor_for", "TAG_EXP_SUM"): ("fl.exp_sum",),
     ("horizontal/contribution.py", "factor_for", "TAG_LATENT_SUM"): ("fl.latent_sum",),
     ("horizontal/fl.py", "_collect_metrics", "TAG_METRICS"): ("fl.metrics",),
+    ("horizontal/fl.py", "_agree_layout", "TAG_LAYOUT"): ("fl.layout",),
     ("horizontal/mc_peer.py", "run_round", "TAG_UPDATE"): ("mc.update",),
     ("fedstats/preprocessing.py", "_hello", "TAG_HELLO"): ("fpp.hello",),
     ("fedstats/preprocessing.py", "_run", "TAG_RANGES"): ("fpp.ranges",),

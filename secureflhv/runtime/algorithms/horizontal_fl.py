@@ -57,19 +57,23 @@ agreement: which rounds the others completed, nothing else.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import math
-from typing import Literal
+from typing import Annotated, Literal, Union
 
 import numpy as np
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Discriminator, Field, Tag
 
-from ...params import AggregationParams, LocalTraining
+from ...params import AggregationParams, FactoryError, FactoryRef, LocalTraining
 from ...secagg import AggregationConfig, AggregationConfigError
 from ...horizontal.fl import (DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, HorizontalClient,
                               HorizontalServer, RoundRecord)
 from ...data.metrics import task_metrics
-from ...horizontal.models import ModelSpec, build_model, named_arrays, set_flat
+from ...horizontal.local_data import DatasetRows, input_batch, take
+from ...horizontal.models import ModelSpec, build_model, model_device, named_arrays, set_flat
+from ...horizontal.user_model import UserModelSpec, layout_of
+from . import user_code
 from ...horizontal.strategy_registry import make_strategy
 from ...horizontal.strategies import LocalTrainConfig
 from ...transport import Transport
@@ -106,8 +110,30 @@ class LocalTrainingParams(LocalTraining):
         return True
 
 
+def _model_kind(v) -> str:
+    """The union tag: ``<factory>`` for a user's model (a mapping with ``factory``), else ``<builtin>`` (tags in
+    angle brackets are dropped from the field names of errors: :func:`~..job.job_file.params_error`)."""
+    if isinstance(v, UserModelSpec) or (isinstance(v, dict) and "factory" in v):
+        return "<factory>"
+    return "<builtin>"
+
+
+AnyModel = Annotated[Union[Annotated[ModelSpec, Tag("<builtin>")], Annotated[UserModelSpec, Tag("<factory>")]],
+                     Discriminator(_model_kind)]
+
+
 class HorizontalJobParams(LocalTrainingParams):
-    """The job file's ``params`` for ``algorithm: horizontal``."""
+    """The job file's ``params`` for ``algorithm: horizontal``: a built-in model or the user's own
+    (``model.factory``, :mod:`secureflhv.horizontal.user_model`), optionally the user's training and evaluation
+    loops (:mod:`secureflhv.horizontal.user_loop`) and where training runs."""
+
+    model: AnyModel
+    train: FactoryRef | None = Field(default=None, description="the user's train(model, loader, ctx) (default: "
+                                                               "the built-in SGD loop)")
+    evaluate: FactoryRef | None = Field(default=None, description="the user's evaluate(model, loader, ctx) -> "
+                                                                  "{'loss', 'accuracy'} (default: built-in)")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="where clients train: auto = "
+                                                                                "cuda when present, else cpu")
 
     strategy: Literal["fedavg", "fedprox", "scaffold", "fednova", "ifca", "fedper"] = "fedavg"
     clusters: int = Field(default=2, ge=2, description="IFCA: number of cluster models k (at most 8)")
@@ -127,6 +153,10 @@ class HorizontalJobParams(LocalTrainingParams):
     def raw_features(self) -> bool:
         """Whether clients train on their columns as read (no ``params.preprocessing``); preflight reads it."""
         return self.preprocessing is None
+
+    def party_checks(self, cfg: JobConfig, party: PartySpec) -> list[tuple[str, str]]:
+        """Preflight of the user's code at ``party`` (:mod:`.user_code`): (job-file field, problem)."""
+        return user_code.party_checks(cfg, party, self)
 
     @property
     def accepts_missing_values(self) -> bool:
@@ -154,6 +184,10 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     except AggregationConfigError as exc:
         raise JobConfigError(f"params.aggregation.{exc.field}: {exc} (fraction {params.fraction} of {n} clients)") \
             from None
+    user_data = any(p.data is not None and p.data.factory is not None for p in cfg.clients)
+    if params.preprocessing is not None and (isinstance(params.model, UserModelSpec) or user_data):
+        raise JobConfigError("params.preprocessing: federated preprocessing works on tables for the built-in models; "
+                             "a user's model or dataset does its own (remove params.preprocessing)")
     if params.strategy == "ifca" and params.contribution_temperature is not None:
         raise JobConfigError("params.contribution_temperature: contribution normalisation re-weights sample-weighted "
                              "updates (FedAvg family, FedPer); IFCA's cluster averages are unweighted (set it to null)")
@@ -169,13 +203,18 @@ def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConf
     return AggregationConfig(**a, job_clients=tuple(c.id for c in cfg.clients))
 
 
+def local_config(params: LocalTrainingParams) -> LocalTrainConfig:
+    """A client's local training settings from the job's params."""
+    return LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.learning_rate,
+                            momentum=params.momentum, weight_decay=params.weight_decay)
+
+
 def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
     """The protocol's :class:`FLConfig` from the job: local training, aggregation (bound to the job's clients),
     per-part clip ranges, and timeouts (``round_timeout_s``, else the job deadline). ValueError from the
     config's own checks.
     """
-    local = LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.learning_rate,
-                             momentum=params.momentum, weight_decay=params.weight_decay)
+    local = local_config(params)
     timeout = params.round_timeout_s or cfg.job.deadline_s
     return FLConfig(rounds=params.rounds, fraction=params.fraction, seed=params.seed, local=local,
                     aggregation=_aggregation(cfg, params), part_clips={**DEFAULT_PART_CLIPS, **params.part_clips},
@@ -185,13 +224,21 @@ def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
                     round_timeout_s=timeout, send_timeout_s=min(30.0, timeout / 4))
 
 
-def load_client_data(cfg: JobConfig, party: PartySpec, params: LocalTrainingParams) -> tuple[np.ndarray, np.ndarray]:
-    """(X float32 (n, n_features), y int64 (n,); regression: float64 targets) of a client; JobConfigError
-    naming the party's data."""
-    table = load_party_table(cfg, party, label_column=party.data.label_column or params.label_column,
-                             require_label=True, id_required=False)
-    where, path = cfg.where(party, "data"), cfg.resolve(party.data.path)
-    y = np.asarray(table.y)
+def load_client_data(cfg: JobConfig, party: PartySpec, params: LocalTrainingParams):
+    """(X, y) of a client: X float32 (n, n_features) of its table, or the :class:`DatasetRows` of its dataset
+    factory (``data.factory``); y int64 (n,) class ids, regression: float64 targets. JobConfigError naming the
+    party's data."""
+    if party.data.factory is not None:
+        X, y = user_code.load_dataset(cfg, party)
+        where, path = cfg.where(party, "data.factory"), party.data.factory
+    else:
+        table = load_party_table(cfg, party, label_column=party.data.label_column or params.label_column,
+                                 require_label=True, id_required=False)
+        where, path = cfg.where(party, "data"), cfg.resolve(party.data.path)
+        X, y = np.asarray(table.X, dtype=np.float32), np.asarray(table.y)
+        if params.raw_features and table.n_features != params.model.n_features:
+            raise JobConfigError(f"{where}: {path} has {table.n_features} feature columns, params.model.n_features is "
+                                 f"{params.model.n_features}")
     if params.model.task == "regression":
         if not np.issubdtype(y.dtype, np.number) or not np.all(np.isfinite(np.asarray(y, float))):
             raise JobConfigError(f"{where}: regression targets in {path} must be finite numbers")
@@ -200,13 +247,10 @@ def load_client_data(cfg: JobConfig, party: PartySpec, params: LocalTrainingPara
         raise JobConfigError(f"{where}: labels in {path} must be integer class ids 0..n_classes-1")
     else:
         y = y.astype(np.int64)
-    if params.raw_features and table.n_features != params.model.n_features:
-        raise JobConfigError(f"{where}: {path} has {table.n_features} feature columns, params.model.n_features is "
-                             f"{params.model.n_features}")
     if params.model.task == "classification" and len(y) and (y.min() < 0 or y.max() >= params.model.n_classes):
         raise JobConfigError(f"{where}: labels in {path} range {y.min()}..{y.max()}, outside 0.."
                              f"{params.model.n_classes - 1} (params.model.n_classes)")
-    return np.asarray(table.X, dtype=np.float32), y
+    return X, y
 
 
 def _finite(obj):
@@ -231,9 +275,26 @@ def _save_bundle(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, 
     preprocessing its state (``prep``: input columns, preprocessor, pooled statistics)."""
     spec = params.model
     task = "regression" if spec.task == "regression" else ("binary" if spec.n_classes == 2 else "multiclass")
-    save_job_bundle(cfg, party, files={"model.safetensors": arrays}, config=params.model_dump(mode="json"),
-                    metrics=metrics, extra={"n_features": spec.n_features}, task=task,
+    config = params.model_dump(mode="json")
+    if isinstance(spec, UserModelSpec):  # the bundle holds the whole state_dict: no initial weights file needed
+        config["model"]["weights"] = None
+        extra = {"layout_hash": layout_of(build_model(spec, seed=params.seed)).digest()}
+    else:
+        extra = {"n_features": spec.n_features}
+    save_job_bundle(cfg, party, files={"model.safetensors": arrays}, config=config,
+                    metrics=metrics, extra=extra, task=task,
                     feature_names=prep["input_features"] if prep else None, preprocessing=prep)
+
+
+def bundle_arrays(params: HorizontalJobParams, vec: np.ndarray, model=None) -> dict[str, np.ndarray]:
+    """The arrays of a model bundle for the flat vector ``vec``: a built-in model's parameters (float32), or a
+    user model's whole ``state_dict`` (``model``: this client's own, with its local batch-norm state under
+    FedBN; default a fresh one from the factory and the job's seed) with ``vec`` loaded."""
+    if not isinstance(params.model, UserModelSpec):
+        return named_arrays(build_model(params.model), vec)
+    model = build_model(params.model, seed=params.seed) if model is None else copy.deepcopy(model)
+    set_flat(model, vec)
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
 
 
 def _check_width(params: HorizontalJobParams, pre, where: str) -> None:
@@ -279,6 +340,8 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Horizont
     AggregationError when a round keeps fewer than t clients. ``resume``: continue from the last checkpoint
     every party holds (``--resume``, :func:`~secureflhv.runtime.store.resume.role_lifecycle`).
     """
+    if isinstance(params.model, UserModelSpec):  # the factory's folder and weights, relative to the job file
+        params = params.model_copy(update={"model": params.model.resolved(cfg.base_dir)})
     config = fl_config(cfg, params)
     strategy = make_strategy(params.strategy, mu=params.mu, clusters=params.clusters,
                              personal_layers=params.personal_layers)
@@ -310,13 +373,13 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
                               **role_lifecycle(cfg, party, transport, resume))
     history = server.run()
     out_dir = cfg.output_dir(party.id)
-    arrays = named_arrays(build_model(params.model), server.global_vec)
+    arrays = bundle_arrays(params, server.global_vec)
     out_dir.mkdir(parents=True, exist_ok=True)
     npz = out_dir / "global_model.npz"
     np.savez(npz, **arrays)
     final = _record_json(history[-1]) if history else {}
     if params.strategy == "ifca":  # every cluster model (the global one is the most chosen cluster)
-        blank = build_model(params.model)
+        blank = build_model(params.model, seed=params.seed)
         np.savez(out_dir / "cluster_models.npz", **{f"cluster{j}/{k}": v for j, vec in enumerate(strategy.clusters)
                                                     for k, v in named_arrays(blank, vec).items()})
     write_json(out_dir / "metrics.json", {"job_id": cfg.job.id, "strategy": params.strategy,
@@ -349,11 +412,17 @@ def _final_metrics(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams
 
     if not len(y_test):
         return {}
-    model = build_model(params.model)
+    # a user model: this client's own (its local batch-norm state under FedBN), with the global tensors loaded
+    model = copy.deepcopy(client.model) if isinstance(params.model, UserModelSpec) else build_model(params.model)
     set_flat(model, client.global_vec)
     model.train(False)  # inference mode
     with torch.no_grad():
-        out = model(torch.from_numpy(np.asarray(X_test, np.float32)))
+        if isinstance(X_test, DatasetRows):
+            device = model_device(model)
+            out = torch.cat([model(input_batch(X_test, s, s + 256).to(device)).cpu()
+                             for s in range(0, len(y_test), 256)])
+        else:
+            out = model(torch.from_numpy(np.asarray(X_test, np.float32)))
     if params.model.task == "regression":
         scores, task = out[:, 0].double().numpy(), "regression"
     else:
@@ -377,19 +446,22 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     split = local_split(len(y), params.test_fraction, params.seed, party.id)
     train, test = split.train, split.test
     X, prep = _preprocess_client(cfg, party, transport, params, config, X, train)
-    log.info("%s: %d rows (%d train, %d local test) x %d features from %s", party.id, len(y), len(train), len(test),
-             X.shape[1], cfg.resolve(party.data.path))
+    log.info("%s: %d rows (%d train, %d local test) of shape %s from %s", party.id, len(y), len(train), len(test),
+             list(X.shape[1:]), party.data.factory or cfg.resolve(party.data.path))
+    strategy.loop = user_code.make_loop(cfg, party, params)
+    device = user_code.resolve_device(params.device)
     try:
-        client = HorizontalClient(transport, cfg.server.id, X[train], y[train], X[test], y[test], params.model,
-                                  strategy, config, **role_lifecycle(cfg, party, transport, resume))
+        client = HorizontalClient(transport, cfg.server.id, take(X, train), y[train], take(X, test), y[test],
+                                  params.model, strategy, config, device=device,
+                                  **role_lifecycle(cfg, party, transport, resume))
     except ValueError as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
     history = client.run()
     final = {}
     if client.global_vec is not None:  # the last global model the server sent: every client can score with it
-        _save_bundle(cfg, party, params, named_arrays(build_model(params.model), client.global_vec),
+        _save_bundle(cfg, party, params, bundle_arrays(params, client.global_vec, client.model),
                      _finite(history[-1]) if history else {}, prep)
-        final = _final_metrics(cfg, party, params, client, X[test], y[test], test)
+        final = _final_metrics(cfg, party, params, client, take(X, test), y[test], test)
     write_json(cfg.output_dir(party.id) / "metrics.json",
                {"job_id": cfg.job.id, "party_id": party.id, "n_train": len(train), "n_test": len(test),
                 "rounds": _finite(history), "final": final})

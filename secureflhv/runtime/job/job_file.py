@@ -47,6 +47,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ...data.schema import parse_schema
+from ...params.factory import FactoryRef
 
 
 DEFAULT_MAX_MESSAGE_MB = 256.0  # = transport.DEFAULT_MAX_PAYLOAD_BYTES
@@ -64,9 +65,15 @@ class _Strict(BaseModel):
 
 
 class DataSpec(_Strict):
-    """One party's data: a CSV/Parquet/NumPy file with an id column (and the label at the guest)."""
+    """One party's data: a CSV/Parquet/NumPy file with an id column (and the label at the guest), or (horizontal
+    FL) a torch ``Dataset`` of ``(x, y)`` items built by the consortium's function ``factory`` with ``kwargs``
+    (:class:`secureflhv.params.FactoryRef`; the loaders of :mod:`secureflhv.data.torch_datasets` are such
+    functions). A relative ``root`` or ``path`` keyword is taken relative to the job file."""
 
-    path: Path
+    path: Path | None = None
+    factory: str | None = Field(default=None, description="horizontal FL: 'package.module:function' returning a torch "
+                                                           "Dataset of (x, y) items (instead of path)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of data.factory")
     id_column: str = "id"
     label_column: str | None = None
     feature_columns: list[str] | None = Field(
@@ -88,7 +95,21 @@ class DataSpec(_Strict):
     def _batch_rows_needs_budget(self) -> "DataSpec":
         if self.batch_rows is not None and self.max_memory_mb is None:
             raise ValueError("batch_rows: only used with max_memory_mb (streamed reading)")
+        if (self.path is None) == (self.factory is None):
+            raise ValueError("path / factory: give the data file (path) or the function that builds a dataset "
+                             "(factory), one of the two")
+        if self.factory is not None:
+            FactoryRef(factory=self.factory)  # 'package.module:function' (pydantic names the field)
+        elif self.kwargs:
+            raise ValueError("kwargs: only with factory")
         return self
+
+    def factory_ref(self, base: Path) -> FactoryRef:
+        """:attr:`factory` and :attr:`kwargs` as a FactoryRef, a relative ``root`` / ``path`` keyword resolved
+        against the job file's folder ``base``."""
+        kwargs = {k: (str((base / v).resolve()) if k in ("root", "path") and isinstance(v, str)
+                      and not Path(v).is_absolute() else v) for k, v in self.kwargs.items()}
+        return FactoryRef(factory=self.factory, kwargs=kwargs)
 
     @field_validator("table_schema")
     @classmethod
@@ -365,7 +386,8 @@ def params_error(err: ValidationError) -> JobConfigError:
     """A pydantic error on ``params`` as a JobConfigError naming ``params.<field>`` for each problem."""
     lines = []
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"])
+        # a discriminated union's tag (written <like this>) is not a field of the job file
+        where = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p.startswith("<")))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown parameter (check its spelling)"

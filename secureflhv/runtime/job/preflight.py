@@ -15,6 +15,9 @@ the file, the column and the first bad row:
   column has its declared type (:func:`column_problems`: no empty cell, numeric features, unique ids).
   A table above ``data.max_memory_mb`` is checked one row batch at a time, as the job reads it
   (:func:`check_columns_batched`: the same findings; memory: one batch plus the ids).
+* User code (horizontal FL, ``params.party_checks``): the model factory builds, its layout is the declared
+  ``params.model.layout_hash``, the loops import, the client's dataset factory builds and one batch goes through
+  the model (:mod:`secureflhv.runtime.algorithms.user_code`).
 * Network: the listen address can be bound now (not in use, an address of this machine).
 * Output: ``job.output_dir`` can be created and written.
 
@@ -201,8 +204,12 @@ def preflight(cfg: JobConfig, party_id: str, params=None, *, insecure: bool = Fa
     report = _Report(cfg, party)
     if not insecure:
         _check_tls(report)
-    if party.data is not None:
+    if party.data is not None and party.data.factory is None:
         _check_data(report, params)
+    hook = getattr(params, "party_checks", None)  # the algorithm's own (horizontal FL: the user's code)
+    if hook is not None:
+        for fld, message in hook(cfg, party):
+            report.add(fld, message)
     if check_port:
         listen = party.listen or party.address
         exc = port_problem(listen)

@@ -34,7 +34,7 @@ BUILTINS = (
     JobSpec("horizontal", "horizontal", "FedAvg / FedProx / SCAFFOLD / FedNova (+ contribution normalisation), "
             "IFCA, FedPer over secure aggregation",
             horizontal_fl.HorizontalJobParams, horizontal_fl.run, horizontal_fl.check,
-            local_model=torch_scorer, task=torch_task),
+            local_model=torch_scorer, task=torch_task, data_factories=True),
     JobSpec("secureboost_horizontal", "horizontal", "histogram GBDT, histograms through secure aggregation",
             secureboost_horizontal.HorizontalSecureBoostJobParams, secureboost_horizontal.run,
             secureboost_horizontal.check, local_model=tree_scorer, task=tree_task),

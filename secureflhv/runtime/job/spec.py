@@ -72,6 +72,8 @@ class JobSpec:
         trains: whether the job trains a model that a prediction scores (False: a data job, such as
             ``feature_binning`` or ``vertical_statistics``, or one that uses a trained model, such as
             ``predict`` or ``scorecard``).
+        data_factories: whether a party's data may be a user dataset (``parties[i].data.factory``) instead of a
+            table (horizontal FL); other algorithms refuse it.
     """
 
     name: str
@@ -85,6 +87,7 @@ class JobSpec:
     local_model: ScorerFn | None = None
     task: TaskFn | None = None
     trains: bool = True
+    data_factories: bool = False
 
     def __post_init__(self) -> None:
         if self.family not in ("vertical", "horizontal", "peer"):
@@ -118,6 +121,10 @@ class JobSpec:
         Raises JobConfigError naming the field (``parties: ...``, ``params.<field>: ...``).
         """
         (self.roles or FAMILY_RULES[self.family])(cfg)
+        for p in cfg.parties:
+            if p.data is not None and p.data.factory is not None and not self.data_factories:
+                raise JobConfigError(f"{cfg.where(p, 'data.factory')}: {self.name} reads tables (data.path); a "
+                                     f"dataset factory is for algorithm 'horizontal'")
         params = validate_params(self.params, cfg, paillier="insecure_test_key" in self.params.model_fields)
         if self.check is not None:
             self.check(cfg, params)

@@ -51,8 +51,14 @@ def torch_scorer(bundle: ModelBundle, task: str) -> Callable[[np.ndarray], np.nd
     import torch
 
     from ...horizontal.models import ModelSpec, build_model
+    from ...horizontal.user_model import UserModelSpec
+    from ...params.factory import FactoryError
 
-    net = build_model(ModelSpec(**bundle.config["model"]))
+    doc = bundle.config["model"]
+    try:  # a user's model is rebuilt through its factory: the consortium's code must be importable here
+        net = build_model(UserModelSpec(**doc) if "factory" in doc else ModelSpec(**doc))
+    except FactoryError as exc:
+        raise ModelBundleError(f"{bundle.path}: config.model: {exc}") from None
     state = {k: torch.from_numpy(np.array(v)) for k, v in bundle.file("model.safetensors").items()}
     try:
         net.load_state_dict(state, strict=True)
@@ -62,8 +68,8 @@ def torch_scorer(bundle: ModelBundle, task: str) -> Callable[[np.ndarray], np.nd
     net.train(False)  # inference mode
 
     def score(X: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            out = net(torch.from_numpy(X.astype(np.float32)))
+        with torch.no_grad():  # floats as float32; integer inputs (token ids) as they are
+            out = net(torch.from_numpy(X.astype(np.float32) if X.dtype.kind == "f" else X))
             if task == "regression":  # the head's values, in the target's units
                 return out[:, 0].numpy().astype(np.float64)
             return torch.softmax(out, dim=1).numpy().astype(np.float64)
