@@ -19,18 +19,19 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
+from .models import fl_entries
 from .strategies import Strategy
 
 
 def personal_mask(model: nn.Module, personal_layers: int) -> np.ndarray:
-    """Boolean (n_params,) mask of the flat vector: True for the last ``personal_layers`` ``nn.Linear``
-    layers' weights and biases. Raises ValueError when the model has fewer linear layers than that, or
+    """Boolean (n_params,) mask of the flat vector (:func:`~.models.fl_entries`): True for the last
+    ``personal_layers`` ``nn.Linear`` layers' weights and biases. Raises ValueError when the model has fewer linear layers than that, or
     when nothing would be left to share."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if personal_layers > len(linears):
         raise ValueError(f"FedPer: {personal_layers} personal layers, the model has {len(linears)} linear layers")
     head = {id(p) for m in linears[len(linears) - personal_layers:] for p in m.parameters()}
-    mask = np.concatenate([np.full(p.numel(), id(p) in head) for p in model.parameters()])
+    mask = np.concatenate([np.full(p.numel(), id(p) in head) for _, p in fl_entries(model)])
     if mask.all():
         raise ValueError(f"FedPer: {personal_layers} personal layers leave no shared base")
     return mask

@@ -120,11 +120,11 @@ class JobSpec:
 
         Raises JobConfigError naming the field (``parties: ...``, ``params.<field>: ...``).
         """
-        (self.roles or FAMILY_RULES[self.family])(cfg)
         for p in cfg.parties:
             if p.data is not None and p.data.factory is not None and not self.data_factories:
                 raise JobConfigError(f"{cfg.where(p, 'data.factory')}: {self.name} reads tables (data.path); a "
                                      f"dataset factory is for algorithm 'horizontal'")
+        (self.roles or FAMILY_RULES[self.family])(cfg)
         params = validate_params(self.params, cfg, paillier="insecure_test_key" in self.params.model_fields)
         if self.check is not None:
             self.check(cfg, params)

@@ -138,6 +138,12 @@ class LoadedModel:
             if missing:
                 raise ValueError(f"X: no column(s) {missing[:5]} (the model uses {names})")
             X = X[names] if names else X
+        if "factory" in ((self.bundle.config or {}).get("model") or {}):  # a user's model: its own input shape
+            X = np.asarray(X)
+            if X.ndim < 2 or X.dtype.kind not in "iuf":
+                raise ValueError(f"X: expected a numeric array (rows, ...) of the model's inputs, got {X.dtype} "
+                                 f"{X.shape}")
+            return X
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2:
             raise ValueError(f"X: expected a 2-D array (rows, features), got shape {X.shape}")
