@@ -14,6 +14,12 @@ Architecture (every width is in :class:`SplitNNConfig`)::
              with m, s the mean and standard deviation of the guest's training targets (its own data: nothing
              leaves it; they keep the top model's output near unit scale whatever the target's units)
 
+User modules: any of bottom_h, bottom_g and top may instead be a torch module of the consortium's code, named
+by ``host_bottom_factory`` / ``guest_bottom_factory`` / ``top_factory`` (:class:`~secureflhv.params.FactoryRef`)
+with the bottoms' output widths declared in the job (``host_bottom_output_width`` = k_h,
+``guest_bottom_output_width`` = k_g). Each party builds its own from the job's seed and checks it on a probe of
+its own rows before any message (:mod:`.split_modules`); the interactive layer is the same.
+
 The true host weights are **shared**: W_h = V_h + E_h, the guest holds V_h and host h holds its
 accumulated noise E_h (zero at start, as in FATE), so neither side holds W_h once training started.
 
@@ -88,10 +94,11 @@ every array is plain float/int numpy, no pickle. The guest stores W_g, c, its sh
 bottom ``state_dict`` entries, the torch optimiser state (``opt.<param index>.<key>``: Adam's step,
 exp_avg, exp_avg_sq; SGD has none) and the loss history; a host stores E_h, its bottom ``state_dict``
 and its optimiser state. No RNG state is needed for an identical continuation: the batch order is
-drawn from ``[seed, epoch]`` and the models have no dropout; the secret noise (OS randomness) is fresh
-after a resume as in any run, so V_h and E_h differ from run to run while W_h = V_h + E_h (the model)
-is the same up to fixed-point rounding (~2^-40). The host keys are not stored: a resumed session
-makes fresh ones (no trained value depends on them).
+drawn from ``[seed, epoch]`` and the MLPs have no dropout (a user module with dropout draws from torch's
+global generator, so its runs are not reproducible bit for bit, resumed or not); the secret noise (OS
+randomness) is fresh after a resume as in any run, so V_h and E_h differ from run to run while
+W_h = V_h + E_h (the model) is the same up to fixed-point rounding (~2^-40). The host keys are not stored:
+a resumed session makes fresh ones (no trained value depends on them).
 """
 from __future__ import annotations
 
@@ -109,7 +116,7 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field, model_validator
 
-from ..params import HEParams, MinibatchSGD
+from ..params import FactoryRef, HEParams, MinibatchSGD
 from ..crypto.homomorphic.key_prefetch import resolve_keypair
 from ..proto import messages_pb2
 from ..transport import ProtocolError, Transport, parse_message
@@ -118,6 +125,7 @@ from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
 from ..data.dataset import check_matrix
 from .common import MAX_BATCHES, VerticalRole, control_parser, round_id
 from .prediction import PredictionGuest, PredictionHost
+from .split_modules import check_output, inference, probe_rows, seeded_module
 
 log = logging.getLogger("secureflhv.vertical.split_nn")
 
@@ -159,10 +167,24 @@ class SplitNNConfig(HEParams, MinibatchSGD):
 
     host_bottom: list[int] = Field(default=[16, 8], min_length=1,
                                    description="widths of each host's bottom MLP; the last is its output width")
+    host_bottom_factory: FactoryRef | None = Field(
+        default=None, description="each host's bottom model as a torch module of the consortium's code, "
+                                  "factory(**kwargs, in_features, out_features), instead of the host_bottom MLP")
+    host_bottom_output_width: int | None = Field(
+        default=None, ge=1, le=4096, description="output width of host_bottom_factory's module (required with it)")
     guest_bottom: list[int] = Field(default=[16, 8], description="guest bottom widths; [] = raw guest features")
+    guest_bottom_factory: FactoryRef | None = Field(
+        default=None, description="the guest's bottom model as a torch module of the consortium's code, "
+                                  "factory(**kwargs, in_features, out_features), instead of the guest_bottom MLP")
+    guest_bottom_output_width: int | None = Field(
+        default=None, ge=1, le=4096, description="output width of guest_bottom_factory's module (required with it)")
     interactive_units: int = Field(default=8, ge=1, le=256, description="output width o of the interactive layer")
     interactive_activation: Literal["relu", "tanh", "sigmoid", "identity"] = "relu"
     top_hidden: list[int] = Field(default=[], description="hidden widths of the guest's top model")
+    top_factory: FactoryRef | None = Field(
+        default=None, description="the guest's top model as a torch module of the consortium's code, "
+                                  "factory(**kwargs, in_features=interactive_units, out_features=<outputs>), "
+                                  "instead of the top_hidden MLP")
     activation: Literal["relu", "tanh", "sigmoid"] = "relu"
     task: Literal["classification", "regression"] = Field(
         default="classification", description="classification (labels 0..C-1) or regression (float targets, MSE)")
@@ -185,11 +207,51 @@ class SplitNNConfig(HEParams, MinibatchSGD):
         for name in ("host_bottom", "guest_bottom", "top_hidden"):
             if any(w < 1 or w > 4096 for w in getattr(self, name)):
                 raise ValueError(f"{name}: widths must be in [1, 4096]")
+        for side in ("host", "guest"):
+            factory, width = getattr(self, f"{side}_bottom_factory"), getattr(self, f"{side}_bottom_output_width")
+            if factory is not None and width is None:
+                raise ValueError(f"{side}_bottom_output_width: required with {side}_bottom_factory (the output width "
+                                 f"of its module, which the interactive layer is built for)")
+            if factory is None and width is not None:
+                raise ValueError(f"{side}_bottom_output_width: applies to {side}_bottom_factory only (the MLP's "
+                                 f"output width is the last of {side}_bottom); remove it or set the factory")
         return self
 
+    @property
+    def host_width(self) -> int:
+        """k_h, the output width of every host's bottom model (the declared one with a factory)."""
+        return self.host_bottom_output_width if self.host_bottom_factory is not None else self.host_bottom[-1]
+
+    def guest_width(self, d_guest: int) -> int:
+        """k_g, the width of the guest's bottom output for ``d_guest`` feature columns."""
+        if self.guest_bottom_factory is not None:
+            return self.guest_bottom_output_width
+        return self.guest_bottom[-1] if self.guest_bottom else d_guest
+
+    def user_factories(self, role: str) -> list[tuple[str, FactoryRef]]:
+        """(field, factory) of the user modules a ``guest`` or ``host`` builds (those set in the job)."""
+        names = ("host_bottom_factory",) if role == "host" else ("guest_bottom_factory", "top_factory")
+        return [(n, getattr(self, n)) for n in names if getattr(self, n) is not None]
+
+    def resolved(self, base: Path) -> "SplitNNConfig":
+        """This config with every factory's relative ``path`` made absolute against ``base`` (the job
+        file's folder), so that a model bundle finds the code wherever its prediction job file is."""
+        update = {n: f.model_copy(update={"path": (base / f.path).resolve()})
+                  for n in FACTORY_FIELDS if (f := getattr(self, n)) is not None
+                  and f.path is not None and not f.path.is_absolute()}
+        return self.model_copy(update=update) if update else self
+
     def protocol_fields(self) -> dict:
-        """The fields every party must agree on (all of them)."""
-        return self.model_dump(mode="json")
+        """The fields every party must agree on: all of them, except each factory's ``path`` (a folder
+        of the party's own machine)."""
+        out = self.model_dump(mode="json")
+        for name in FACTORY_FIELDS:
+            if out.get(name) is not None:
+                out[name] = {k: v for k, v in out[name].items() if k != "path"}
+        return out
+
+
+FACTORY_FIELDS = ("host_bottom_factory", "guest_bottom_factory", "top_factory")
 
 
 def batch_plan(n_rows: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
@@ -224,6 +286,38 @@ def build_mlp(in_dim: int, widths: Sequence[int], activation: str, seed: int, *,
                 m.weight.uniform_(-bound, bound, generator=g)
                 m.bias.uniform_(-bound, bound, generator=g)
     return torch.nn.Sequential(*layers)
+
+
+def bottom_model(cfg: SplitNNConfig, side: Literal["host", "guest"], X: np.ndarray, seed: int,
+                 party: str) -> torch.nn.Module | None:
+    """The bottom model of a ``side`` party whose rows are ``X`` (n, d): the module of
+    ``params.<side>_bottom_factory`` when set (seeded, float64, checked on a probe of ``X``'s first rows:
+    :mod:`.split_modules`), else the MLP of the ``<side>_bottom`` widths (None for the guest's ``[]``).
+    Raises FactoryError naming ``party`` and the field."""
+    ref, d = getattr(cfg, f"{side}_bottom_factory"), X.shape[1]
+    if ref is None:
+        widths = getattr(cfg, f"{side}_bottom")
+        return build_mlp(d, widths, cfg.activation, seed) if widths else None
+    field, k = f"params.{side}_bottom_factory", getattr(cfg, f"{side}_bottom_output_width")
+    module = seeded_module(ref, field, party, seed, d, k)
+    check_output(module, probe_rows(X), k, factory_field=field, width_field=f"params.{side}_bottom_output_width",
+                 party=party)
+    return module
+
+
+def top_model(cfg: SplitNNConfig, out_dim: int, seed: int, party: str) -> torch.nn.Module:
+    """The guest's top model, (b, interactive_units) -> (b, ``out_dim``): the module of ``params.top_factory``
+    when set (seeded, float64, checked on a probe batch), else the MLP of ``top_hidden`` and a last Linear.
+    Raises FactoryError naming ``party`` and the field."""
+    o = cfg.interactive_units
+    if cfg.top_factory is None:
+        return build_mlp(o, cfg.top_hidden, cfg.activation, seed, out_dim=out_dim)
+    module = seeded_module(cfg.top_factory, "params.top_factory", party, seed, o, out_dim)
+    outputs = ("regression: 1" if cfg.task == "regression" else
+               "2 classes: 1" if out_dim == 1 else f"{out_dim} classes")
+    check_output(module, np.zeros((4, o)), out_dim, factory_field="params.top_factory", party=party,
+                 width_field="params.top_factory", why=f"the task's output width ({outputs})")
+    return module
 
 
 def target_scale(y: np.ndarray) -> tuple[float, float]:
@@ -417,20 +511,19 @@ class SplitNNGuest(PredictionGuest, _Role):
                 raise ValueError(f"y: label {int(self.y.max())} >= n_classes {self.n_classes}")
             self.out_dim = 1 if self.n_classes == 2 else self.n_classes
         d_g = self.X.shape[1]
-        if d_g == 0 and cfg.guest_bottom:
-            raise ValueError("X: the guest has no features; set guest_bottom=[]")
-        self.bottom = build_mlp(d_g, cfg.guest_bottom, cfg.activation, cfg.init_seed * 1000 + 1) \
-            if cfg.guest_bottom else None
-        k_g = cfg.guest_bottom[-1] if cfg.guest_bottom else d_g
+        if d_g == 0 and (cfg.guest_bottom or cfg.guest_bottom_factory is not None):
+            raise ValueError("X: the guest has no features; set guest_bottom=[] (and no guest_bottom_factory)")
+        self.bottom = bottom_model(cfg, "guest", self.X, cfg.init_seed * 1000 + 1, self.party_id)
+        k_g = cfg.guest_width(d_g)
         o = cfg.interactive_units
-        k_hosts = cfg.host_bottom[-1]
+        k_hosts = cfg.host_width
         fan_in = k_g + k_hosts * len(self.host_ids)
         lim = math.sqrt(6.0 / (fan_in + o))  # Xavier over the concatenated input of the interactive layer
         rng = np.random.default_rng([cfg.init_seed, 7])
         self.W_g = rng.uniform(-lim, lim, size=(k_g, o))
         self.V = {h: rng.uniform(-lim, lim, size=(k_hosts, o)) for h in self.host_ids}
         self.bias = np.zeros(o)
-        self.top = build_mlp(o, cfg.top_hidden, cfg.activation, cfg.init_seed * 1000 + 2, out_dim=self.out_dim)
+        self.top = top_model(cfg, self.out_dim, cfg.init_seed * 1000 + 2, self.party_id)
         self.checkpoint_dir = checkpoint_dir
         self._keys: dict[str, object] = {}
         self._noise_rng = _secret_rng()  # a host knows the job seed: noise drawn from it would hide nothing
@@ -535,7 +628,7 @@ class SplitNNGuest(PredictionGuest, _Role):
     def _host_forward(self, rnd: int, nb: int, tags=(TAG_FWD, TAG_FWD_MASKED, TAG_FWD_DEC)) -> np.ndarray:
         """Run the forward exchange with every host; return sum_h z_h (nb, o) and keep [[A]]_h."""
         he, t, cfg = self.he, self.t, self.config
-        k, o = cfg.host_bottom[-1], cfg.interactive_units
+        k, o = cfg.host_width, cfg.interactive_units
         tf, tm, td = tags
         enc_A, masks = {}, {}
         for h in self.host_ids:
@@ -551,7 +644,7 @@ class SplitNNGuest(PredictionGuest, _Role):
     def _train_batch(self, opt, idx: np.ndarray, rnd: int) -> float:
         cfg, he, t = self.config, self.he, self.t
         nb = len(idx)
-        k, o = cfg.host_bottom[-1], cfg.interactive_units
+        k, o = cfg.host_width, cfg.interactive_units
         z_hosts = torch.as_tensor(self._host_forward(rnd, nb), dtype=DTYPE).requires_grad_(True)
         W_g = torch.as_tensor(self.W_g, dtype=DTYPE).requires_grad_(True)
         c = torch.as_tensor(self.bias, dtype=DTYPE).requires_grad_(True)
@@ -647,7 +740,7 @@ class SplitNNGuest(PredictionGuest, _Role):
             chunk = sel[s:s + step]
             rnd = self._request_rows(X.shape[0], chunk.tolist()) * 10
             z = self._host_forward(rnd, len(chunk), (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
-            with torch.no_grad():
+            with torch.no_grad(), inference(self.bottom, self.top):
                 logits = self._head(torch.as_tensor(z, dtype=DTYPE), self._alpha_g(X[chunk]),
                                     torch.as_tensor(self.W_g, dtype=DTYPE), torch.as_tensor(self.bias, dtype=DTYPE))
             out.append(self._proba(logits))
@@ -689,8 +782,8 @@ class SplitNNHost(PredictionHost, _Role):
         self.X = check_matrix(X, "X")
         if self.X.shape[1] == 0:
             raise ValueError("X: a host needs at least one feature")
-        self.bottom = build_mlp(self.X.shape[1], cfg.host_bottom, cfg.activation, cfg.init_seed * 1000 + 10 + self.index)
-        self.E = np.zeros((cfg.host_bottom[-1], cfg.interactive_units))
+        self.bottom = bottom_model(cfg, "host", self.X, cfg.init_seed * 1000 + 10 + self.index, self.party_id)
+        self.E = np.zeros((cfg.host_width, cfg.interactive_units))
         self._keypair = keypair
         self.public_key = None
         self.checkpoint_dir = checkpoint_dir
@@ -797,7 +890,7 @@ class SplitNNHost(PredictionHost, _Role):
         cfg, he = self.config, self.he
         pub, priv = self.public_key, self._priv
         nb = len(idx)
-        k, o = cfg.host_bottom[-1], cfg.interactive_units
+        k, o = cfg.host_width, cfg.interactive_units
         if opt is not None:
             opt.zero_grad()
         alpha, A = self._forward(self.X[idx], rnd)
@@ -849,7 +942,7 @@ class SplitNNHost(PredictionHost, _Role):
         return self._recv(TAG_PRED_REQ, round=rnd, parse=parse)
 
     def _answer(self, X, rows, rnd):
-        with torch.no_grad():
+        with torch.no_grad(), inference(self.bottom):
             self._forward(X[rows], rnd * 10, (TAG_PRED_FWD, TAG_PRED_MASKED, TAG_PRED_DEC))
 
 
@@ -895,16 +988,17 @@ class CentralisedSplitNN:
         columns (Glorot-uniform interactive weights, seeded as the federated roles are).
         """
         cfg = config
-        gb = build_mlp(d_guest, cfg.guest_bottom, cfg.activation, seed * 1000 + 1) if cfg.guest_bottom else None
-        hbs = [build_mlp(d, cfg.host_bottom, cfg.activation, seed * 1000 + 10 + i) for i, d in enumerate(d_hosts)]
-        k_g = cfg.guest_bottom[-1] if cfg.guest_bottom else d_guest
+        gb = bottom_model(cfg, "guest", np.zeros((0, d_guest)), seed * 1000 + 1, "guest")
+        hbs = [bottom_model(cfg, "host", np.zeros((0, d)), seed * 1000 + 10 + i, f"host {i}")
+               for i, d in enumerate(d_hosts)]
+        k_g, k_h = cfg.guest_width(d_guest), cfg.host_width
         o = cfg.interactive_units
-        lim = math.sqrt(6.0 / (k_g + cfg.host_bottom[-1] * len(d_hosts) + o))
+        lim = math.sqrt(6.0 / (k_g + k_h * len(d_hosts) + o))
         rng = np.random.default_rng([seed, 7])
         W_g = rng.uniform(-lim, lim, size=(k_g, o))
-        W_h = [rng.uniform(-lim, lim, size=(cfg.host_bottom[-1], o)) for _ in d_hosts]
+        W_h = [rng.uniform(-lim, lim, size=(k_h, o)) for _ in d_hosts]
         out = 1 if cfg.task == "regression" or n_classes == 2 else n_classes
-        top = build_mlp(o, cfg.top_hidden, cfg.activation, seed * 1000 + 2, out_dim=out)
+        top = top_model(cfg, out, seed * 1000 + 2, "guest")
         return cls(cfg, gb, hbs, W_g, W_h, np.zeros(o), top, n_classes)
 
     def logits(self, Xg: np.ndarray, Xhs: Sequence[np.ndarray]) -> torch.Tensor:
@@ -946,7 +1040,7 @@ class CentralisedSplitNN:
         """Predictions (n,) float64: P(y=1) for binary, class probabilities (n, K) for multiclass, values in
         label units for regression.
         """
-        with torch.no_grad():
+        with torch.no_grad(), inference(self.guest_bottom, *self.host_bottoms, self.top):
             logits = self.logits(Xg, Xhs)
         if self.target is not None:
             return (self.target[0] + self.target[1] * logits[:, 0]).numpy()

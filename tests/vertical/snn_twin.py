@@ -20,10 +20,18 @@ each ``Linear`` in layer order draws weight then bias from ``U(-1/sqrt(fan_in), 
 ``torch.Generator`` seeded ``1000 * init_seed + 1`` (guest bottom), ``+ 2`` (top), ``+ 10 + i`` (host i, from 0);
 ``rng = numpy.random.default_rng([init_seed, 7])`` draws W_g (k_g, o), then W_h (k_h, o) per host in order, all
 ``U(-lim, lim)`` with ``lim = sqrt(6 / (k_g + H k_h + o))``; c = 0.
+
+User modules (issue 37: ``host_bottom_factory`` / ``guest_bottom_factory`` / ``top_factory`` =
+``{factory: "module:function", kwargs, path}``): the function is imported here with importlib and called as
+``function(**kwargs, in_features=d, out_features=k)`` with torch's global generator seeded by the same rule
+(``torch.manual_seed(1000 * init_seed + 1 | + 2 | + 10 + i)``), then cast to float64; k is the declared
+``*_bottom_output_width`` (the top: the outputs). Modules predict in inference mode (``train(False)``).
 """
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 
 import numpy as np
 import torch
@@ -69,6 +77,34 @@ def _seed_mlp(module: torch.nn.Sequential, seed: int) -> None:
                 m.bias.uniform_(-bound, bound, generator=g)
 
 
+def _user_module(ref: dict, seed: int, d_in: int, d_out: int) -> torch.nn.Module:
+    """The module of a job-file factory reference, seeded and float64 (the module docstring's rule)."""
+    if ref.get("path") is not None and str(ref["path"]) not in sys.path:
+        sys.path.insert(0, str(ref["path"]))
+    module_name, attr = ref["factory"].split(":")
+    fn = importlib.import_module(module_name)
+    for part in attr.split("."):
+        fn = getattr(fn, part)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = fn(**(ref.get("kwargs") or {}), in_features=d_in, out_features=d_out)
+    return module.to(F64)
+
+
+def _bottom(c: dict, side: str, d_in: int, seed: int):
+    """(module or None, output width) of a party's bottom: the factory's module, else the seeded MLP."""
+    ref = c.get(f"{side}_bottom_factory")
+    if ref is not None:
+        k = c[f"{side}_bottom_output_width"]
+        return _user_module(ref, seed, d_in, k), k
+    widths = c[f"{side}_bottom"]
+    if not widths:
+        return None, d_in
+    m = _mlp(d_in, widths, c["activation"])
+    _seed_mlp(m, seed)
+    return m, widths[-1]
+
+
 class SplitNNTwin:
     """The split network trained centrally. ``cfg``: the job's hyperparameters (a mapping, or a pydantic model
     whose values are read); ``d_guest`` / ``d_hosts``: input widths; ``y_train`` fixes the outputs (class count,
@@ -86,17 +122,16 @@ class SplitNNTwin:
         else:
             k = n_classes or c.get("n_classes") or max(2, int(y.max()) + 1)
             self.target, self.out = None, 1 if k == 2 else k
-        o, act = c["interactive_units"], c["activation"]
-        self.gb = _mlp(d_guest, c["guest_bottom"], act) if c["guest_bottom"] else None
-        self.hbs = [_mlp(d, c["host_bottom"], act) for d in d_hosts]
-        self.top = _mlp(o, c["top_hidden"], act, out=self.out)
-        k_g = c["guest_bottom"][-1] if c["guest_bottom"] else d_guest
-        k_h = c["host_bottom"][-1]
-        s = c["init_seed"]
-        for m, seed in [(self.gb, 1000 * s + 1), (self.top, 1000 * s + 2),
-                        *[(hb, 1000 * s + 10 + i) for i, hb in enumerate(self.hbs)]]:
-            if m is not None:
-                _seed_mlp(m, seed)
+        o, act, s = c["interactive_units"], c["activation"], c["init_seed"]
+        self.gb, k_g = _bottom(c, "guest", d_guest, 1000 * s + 1)
+        hosts = [_bottom(c, "host", d, 1000 * s + 10 + i) for i, d in enumerate(d_hosts)]
+        self.hbs = [m for m, _ in hosts]
+        k_h = hosts[0][1] if hosts else 0
+        if c.get("top_factory") is not None:
+            self.top = _user_module(c["top_factory"], 1000 * s + 2, o, self.out)
+        else:
+            self.top = _mlp(o, c["top_hidden"], act, out=self.out)
+            _seed_mlp(self.top, 1000 * s + 2)
         lim = math.sqrt(6.0 / (k_g + k_h * len(d_hosts) + o))
         rng = np.random.default_rng([s, 7])
         self.W_g = torch.tensor(rng.uniform(-lim, lim, size=(k_g, o)), dtype=F64, requires_grad=True)
@@ -146,8 +181,13 @@ class SplitNNTwin:
 
     def predict(self, Xg, Xhs) -> np.ndarray:
         """P(y=1) (n,), class probabilities (n, C), or regression values in the target's units (n,)."""
+        mods = [m for m in [self.gb, *self.hbs, self.top] if m is not None]
+        for m in mods:
+            m.train(False)
         with torch.no_grad():
             logits = self._logits(Xg, Xhs)
+        for m in mods:
+            m.train(True)
         if self.regression:
             return (self.target[0] + self.target[1] * logits[:, 0]).numpy()
         return torch.sigmoid(logits[:, 0]).numpy() if self.out == 1 else torch.softmax(logits, 1).numpy()

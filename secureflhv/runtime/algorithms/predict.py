@@ -300,10 +300,15 @@ def secureboost_vertical(cfg: JobConfig, party: PartySpec, transport: Transport,
 
 def split_nn_role(cfg: JobConfig, party: PartySpec, transport: Transport, bundle: ModelBundle, X: np.ndarray):
     """The guest's or a host's split NN prediction role from ``bundle``, set up for rows like ``X`` (its row count
-    is the setup's; call ``start_prediction``); JobConfigError naming the bundle file that does not fit."""
+    is the setup's; call ``start_prediction``); JobConfigError naming the bundle file that does not fit.
+
+    User modules (the config's ``*_factory``) are rebuilt through the same factory (its ``path`` is absolute
+    in a bundle; a relative one is taken against this job file's folder), then loaded with the bundle's
+    ``state_dict`` arrays; JobConfigError naming the bundle's ``config`` field when the factory fails."""
+    from ...params import FactoryError
     from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
 
-    config = SplitNNConfig(**bundle.config)
+    config = SplitNNConfig(**bundle.config).resolved(cfg.base_dir)
     arrays = {k: np.asarray(v, dtype=np.float64) for k, v in bundle.file("state.safetensors").items()}
     try:
         if party.role == "host":
@@ -311,6 +316,8 @@ def split_nn_role(cfg: JobConfig, party: PartySpec, transport: Transport, bundle
         n_classes = bundle.extra["n_classes"]  # None: a regression model
         return SplitNNGuest.from_state(transport, model_hosts(bundle), X, None if n_classes is None else int(n_classes),
                                        config, arrays)
+    except FactoryError as exc:  # the training job's params, saved as the bundle's config
+        raise JobConfigError(f"params.model_dir (party {party.id!r}): {bundle.path}: config: {exc}") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise JobConfigError(f"params.model_dir (party {party.id!r}): {bundle.path}: files[state.safetensors]: "
                              f"{exc}") from None

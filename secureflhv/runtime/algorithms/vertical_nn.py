@@ -16,13 +16,23 @@ epoch under ``<output_dir>/<party>/checkpoints/step-<epochs done>/`` (what is st
 module docstring). At start-up (after PSI) they agree on a step (:mod:`secureflhv.runtime.store.resume`); with
 ``--resume`` they continue after it, and the finished model equals an uninterrupted run's (to ~1e-12).
 What a peer learns from the agreement: which epochs the others completed, nothing else.
+
+User modules (``host_bottom_factory``, ``guest_bottom_factory``, ``top_factory``:
+:mod:`secureflhv.vertical.split_modules`): each party imports the factories it builds at preflight (:meth:`VerticalNNJobParams.party_checks`) and again
+at the start of ``run``, before PSI (a missing module stops it there); it builds and probes its modules on its
+own preprocessed rows after PSI, before the first split NN message (their input width is known only then).
+Each failure names the party and the field (a preflight finding, or JobConfigError in ``run``).
+A factory's ``path`` is taken relative to the job file and saved absolute in the bundle's config.
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 from pydantic import ConfigDict
 
 from ...crypto.homomorphic.key_prefetch import prefetch_keypair
+from ...params import FactoryError
 from ...transport import Transport
 from ...vertical.split_nn import SplitNNConfig, SplitNNGuest, SplitNNHost
 from ..job.data_prep import StandardisedSplitParams, ChainedInputParams, bundle_fields, prepare_vertical
@@ -42,6 +52,14 @@ class VerticalNNJobParams(SplitNNConfig, StandardisedSplitParams, ChainedInputPa
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    def party_checks(self, cfg: JobConfig, party: PartySpec) -> list[tuple[str, str]]:
+        """Preflight of the user modules ``party`` builds (:func:`factory_problems`): (job-file field, problem)."""
+        return [(exc.field, exc.message) for exc in factory_problems(cfg, party, self.split_config(cfg))]
+
+    def split_config(self, cfg: JobConfig) -> SplitNNConfig:
+        """The :class:`SplitNNConfig` of these params, factory paths made absolute against the job file's folder."""
+        return SplitNNConfig(**self.model_dump(include=set(SplitNNConfig.model_fields))).resolved(cfg.base_dir)
+
 
 def check(cfg: JobConfig, params: VerticalNNJobParams) -> None:
     """Split NN runs between guest and hosts only."""
@@ -49,15 +67,49 @@ def check(cfg: JobConfig, params: VerticalNNJobParams) -> None:
         raise JobConfigError("parties: vertical_nn runs between guest and hosts only; remove the server party")
 
 
+@contextlib.contextmanager
+def factory_errors():
+    """A FactoryError of the block (user modules: it names the party and field) as a JobConfigError."""
+    try:
+        yield
+    except FactoryError as exc:
+        raise JobConfigError(str(exc)) from exc
+
+
+def factory_problems(cfg: JobConfig, party: PartySpec, config: SplitNNConfig) -> list[FactoryError]:
+    """Each factory ``party`` builds (its role's ``*_factory``) that cannot be imported or is not callable, as a
+    FactoryError naming the party and ``params.<field>.factory``. Only imports: the modules are built and probed
+    when the party's rows are ready (their input width is known after PSI and preprocessing)."""
+    problems = []
+    for name, ref in config.user_factories(party.role):
+        try:
+            ref.resolve(f"params.{name}.factory")
+        except FactoryError as exc:
+            problems.append(exc.at(party.id))
+    return problems
+
+
+def user_module_config(cfg: JobConfig, party: PartySpec, params: VerticalNNJobParams) -> SplitNNConfig:
+    """The split NN config of ``params`` (:meth:`VerticalNNJobParams.split_config`) after checking, before any
+    message, that the factories ``party`` builds import. JobConfigError naming the party and
+    ``params.<field>.factory`` otherwise."""
+    config = params.split_config(cfg)
+    problems = factory_problems(cfg, party, config)
+    if problems:
+        raise JobConfigError("; ".join(str(p) for p in problems))
+    return config
+
+
 def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: VerticalNNJobParams, *,
         resume: bool = False) -> dict:
     """Run this party's role of a vertical NN job; return the guest's metrics (hosts: ``{}``).
 
-    Raises JobConfigError for bad data, TransportError when a peer fails or goes silent.
+    Raises JobConfigError for bad data or a user module that cannot be built or has the wrong shape
+    (naming the party and field), TransportError when a peer fails or goes silent.
     """
     out_dir = cfg.output_dir(party.id)
     host_ids = [h.id for h in cfg.hosts]
-    config = SplitNNConfig(**params.model_dump(include=set(SplitNNConfig.model_fields)))
+    config = user_module_config(cfg, party, params)
     # each host's key is generated while PSI and the split run (OU at 2048 bits: 0.3-5 s)
     keys = prefetch_keypair(config.he_scheme, config.key_bits, config.insecure_test_key) \
         if party.role == "host" else None
@@ -65,8 +117,9 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
     X, train = data.X, data.train
 
     if party.role == "host":
-        host = SplitNNHost(transport, cfg.guest.id, host_ids, X[train], config, keypair=keys,
-                           **role_lifecycle(cfg, party, transport, resume))
+        with factory_errors():
+            host = SplitNNHost(transport, cfg.guest.id, host_ids, X[train], config, keypair=keys,
+                               **role_lifecycle(cfg, party, transport, resume))
         host.fit()
         host.serve_predictions(X)
         save_job_bundle(cfg, party, files={"state.safetensors": host.state_arrays()}, **bundle_fields(data, config))
@@ -81,10 +134,11 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         raise JobConfigError(f"{cfg.where(party, 'data.label_column')}: labels must be integers 0..C-1")
     else:
         data.y = data.y.astype(np.int64)
-    guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config,
-                         on_epoch=lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs,
-                                                                    f"loss {loss:.5f}", {"loss": loss}),
-                         **role_lifecycle(cfg, party, transport, resume))
+    with factory_errors():
+        guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config,
+                             on_epoch=lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs,
+                                                                        f"loss {loss:.5f}", {"loss": loss}),
+                             **role_lifecycle(cfg, party, transport, resume))
     result = guest.fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      regression_metrics if regression else classification_metrics)
