@@ -66,6 +66,8 @@ def _nested_models(annotation) -> list[tuple[type[BaseModel], str]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [(annotation, "")]
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:  # a tagged member of a discriminated union (params.model)
+        return _nested_models(args[0])
     if origin in (list, tuple, set, frozenset):
         return [(m, "[i]" + suffix) for a in args for m, suffix in _nested_models(a)]
     if origin in (typing.Union, types.UnionType):

@@ -24,7 +24,7 @@ from .strategies import Strategy
 
 
 def personal_mask(model: nn.Module, personal_layers: int) -> np.ndarray:
-    """Boolean (n_params,) mask of the flat vector (:func:`~.models.fl_entries`): True for the last
+    """Boolean (n_params,) mask of the flat vector (:func:`~.user_model.fl_entries`): True for the last
     ``personal_layers`` ``nn.Linear`` layers' weights and biases. Raises ValueError when the model has fewer linear layers than that, or
     when nothing would be left to share."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from .local_data import DatasetRows, input_batch
-from .user_model import UserModelSpec, build_user_model
+from .user_model import UserModelSpec, build_user_model, fl_entries, model_device  # noqa: F401 (re-exported)
 
 
 class ModelSpec(BaseModel):
@@ -227,23 +227,6 @@ def build_model(spec, seed: int | None = None) -> nn.Module:
 
 
 _BUILD_LOCK = threading.Lock()
-
-
-def fl_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The aggregated tensors of ``model`` as (name, tensor), in flat-vector order: every parameter of a built-in
-    model, or the ``state_dict`` entries a user model's spec selects (``model.fl_names``, :mod:`.user_model`)."""
-    names = getattr(model, "fl_names", None)
-    if names is None:
-        return list(model.named_parameters())
-    state = model.state_dict(keep_vars=True)
-    return [(n, state[n]) for n in names]
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """Where ``model``'s tensors live (CPU for a model without any)."""
-    for t in model.parameters():
-        return t.device
-    return torch.device("cpu")
 
 
 def param_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:

@@ -130,7 +130,7 @@ def local_sgd(model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainCon
 
 
 def split_like(model: nn.Module, flat: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A flat vector cut as the aggregated tensors (:func:`~.models.fl_entries`): (tensor, float32 piece on its
+    """A flat vector cut as the aggregated tensors (:func:`~.user_model.fl_entries`): (tensor, float32 piece on its
     device) for each tensor with ``requires_grad`` (what SGD moves; buffers and frozen weights are skipped)."""
     out, offset = [], 0
     t = torch.from_numpy(np.asarray(flat, dtype=np.float32).copy())

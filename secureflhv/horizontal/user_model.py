@@ -145,6 +145,23 @@ class ParamLayout:
         return ""
 
 
+def fl_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The aggregated tensors of ``model`` as (name, tensor), in flat-vector order: every parameter of a built-in
+    model, or the ``state_dict`` entries a user model's spec selects (``model.fl_names``, :mod:`.user_model`)."""
+    names = getattr(model, "fl_names", None)
+    if names is None:
+        return list(model.named_parameters())
+    state = model.state_dict(keep_vars=True)
+    return [(n, state[n]) for n in names]
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where ``model``'s tensors live (CPU for a model without any)."""
+    for t in model.parameters():
+        return t.device
+    return torch.device("cpu")
+
+
 def _batch_norm_tensors(model: nn.Module) -> set[str]:
     """State-dict names of every batch-norm layer's affine weight and bias (FedBN keeps them local)."""
     names = set()
@@ -173,9 +190,7 @@ def aggregated_names(model: nn.Module, buffers: str = "aggregate", trainable_onl
 
 
 def layout_of(model: nn.Module) -> ParamLayout:
-    """The :class:`ParamLayout` of ``model``'s aggregated tensors (:func:`~.models.fl_entries`)."""
-    from .models import fl_entries
-
+    """The :class:`ParamLayout` of ``model``'s aggregated tensors (:func:`fl_entries`)."""
     return ParamLayout(tuple((n, tuple(t.shape), str(t.dtype).replace("torch.", "")) for n, t in fl_entries(model)))
 
 

@@ -109,6 +109,11 @@ class LocalTrainingParams(LocalTraining):
         makes them): then their count must be ``model.n_features``."""
         return True
 
+    def local_config(self) -> LocalTrainConfig:
+        """A client's local training settings (:class:`~secureflhv.horizontal.strategies.LocalTrainConfig`)."""
+        return LocalTrainConfig(epochs=self.local_epochs, batch_size=self.batch_size, lr=self.learning_rate,
+                                momentum=self.momentum, weight_decay=self.weight_decay)
+
 
 def _model_kind(v) -> str:
     """The union tag: ``<factory>`` for a user's model (a mapping with ``factory``), else ``<builtin>`` (tags in
@@ -203,18 +208,12 @@ def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConf
     return AggregationConfig(**a, job_clients=tuple(c.id for c in cfg.clients))
 
 
-def local_config(params: LocalTrainingParams) -> LocalTrainConfig:
-    """A client's local training settings from the job's params."""
-    return LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.learning_rate,
-                            momentum=params.momentum, weight_decay=params.weight_decay)
-
-
 def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
     """The protocol's :class:`FLConfig` from the job: local training, aggregation (bound to the job's clients),
     per-part clip ranges, and timeouts (``round_timeout_s``, else the job deadline). ValueError from the
     config's own checks.
     """
-    local = local_config(params)
+    local = params.local_config()
     timeout = params.round_timeout_s or cfg.job.deadline_s
     return FLConfig(rounds=params.rounds, fraction=params.fraction, seed=params.seed, local=local,
                     aggregation=_aggregation(cfg, params), part_clips={**DEFAULT_PART_CLIPS, **params.part_clips},

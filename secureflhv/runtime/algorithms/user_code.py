@@ -58,8 +58,6 @@ def make_loop(cfg: JobConfig, party: PartySpec, params) -> UserLoop | None:
     ``params.train`` / ``params.evaluate`` when one cannot be imported."""
     if params.train is None and params.evaluate is None:
         return None
-    from .horizontal_fl import local_config
-
     fns = {}
     for name in ("train", "evaluate"):
         ref = getattr(params, name)
@@ -67,7 +65,7 @@ def make_loop(cfg: JobConfig, party: PartySpec, params) -> UserLoop | None:
             fns[name] = ref.resolve(f"params.{name}", cfg.base_dir) if ref is not None else None
         except FactoryError as exc:
             raise JobConfigError(str(exc.at(party.id))) from None
-    return UserLoop(fns["train"], fns["evaluate"], party.id, params.strategy, local_config(params))
+    return UserLoop(fns["train"], fns["evaluate"], party.id, params.strategy, params.local_config())
 
 
 def party_checks(cfg: JobConfig, party: PartySpec, params) -> list[tuple[str, str]]:
