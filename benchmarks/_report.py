@@ -29,7 +29,7 @@ COLUMNS = (("what", "benchmark (command)"), ("ours", "ours"), ("baseline", "base
 # Table order: rows are keyed, and keys not listed here come last in the order they were first recorded.
 ORDER = ("paillier", "paillier_workers", "ou", "vertical_lr", "vertical_lr_ou", "psi", "psi_kkrt", "secagg",
          "secureboost_a", "secureboost_a_ou", "secureboost_b", "secureboost_b_ou", "woe_binning", "woe_binning_ou",
-         "split_nn", "split_nn_ou", "serving_lr", "serving_secureboost", "serving_split_nn",
+         "split_nn", "split_nn_ou", "serving_lr", "serving_secureboost", "serving_split_nn", "byom_throughput",
          "partition", "wan")
 
 

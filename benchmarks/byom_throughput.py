@@ -16,9 +16,9 @@ secureflhv (:func:`secureflhv_figures`): :class:`~secureflhv.horizontal.fl.Horiz
 :class:`~secureflhv.transport.InProcessNetwork` with certificate identities (as over mutual TLS, no sockets),
 aggregation ``secagg`` (Bonawitz et al., CCS 2017, actively secure: signed keys and the consistency check,
 the library's default clip / precision / threshold) and ``plain`` (the server sees every update) as the
-baseline; one torch thread per operation. Today its model is the built-in ``cnn`` (NIID-Bench's simple CNN,
-the same architecture as ``byom_models.cnn``); it switches to the user-model path (``params.model.factory:
-byom_models:resnet8``) once that lands.
+baseline; one torch thread per operation. The model comes through the user-model path
+(``params.model.factory``: ``byom_models:cnn`` or ``byom_models:resnet8``, :mod:`secureflhv.horizontal.user_model`),
+so ResNet-8's batch-norm statistics are aggregated with its parameters, as Flower sends them.
 
 Flower (:func:`flower_figures`): ``flower_side.py`` in Flower's own virtualenv (``benchmarks/flower_env.sh``
 makes ``.venv-flower``; flwr pins protobuf < 7, secureflhv needs >= 7), Ray simulation runtime, SecAgg+
@@ -51,7 +51,7 @@ import byom_models  # noqa: E402
 
 FLOWER_VENV = ROOT / ".venv-flower"
 NOT_MEASURED = "Flower not measured"
-SECUREFLHV_MODELS = ("cnn",)  # + "resnet8" once the user-model path lands
+SECUREFLHV_MODELS = ("cnn", "resnet8")
 
 
 def secureflhv_figures(n_clients: int, rounds: int, *, epochs: int = 1, batch_size: int = 32, lr: float = 0.03,
@@ -59,11 +59,9 @@ def secureflhv_figures(n_clients: int, rounds: int, *, epochs: int = 1, batch_si
                        seed: int = 0, model: str = "cnn", kinds=("secagg", "plain")) -> dict:
     """secureflhv's horizontal FedAvg on the benchmark's workload, for each aggregation kind in ``kinds``.
 
-    Runs the library as it is today: ``HorizontalServer`` / ``HorizontalClient`` threads over an
-    ``InProcessNetwork`` with certificate identities, the built-in ``cnn``
-    (``ModelSpec(name="cnn", n_features=784, n_classes=10)``) on the same rows as flat float32 (n, 784).
-    It will switch to the user-model path (``params.model.factory`` = ``byom_models:resnet8``) once that lands;
-    until then ``model`` other than ``cnn`` raises ValueError.
+    ``HorizontalServer`` / ``HorizontalClient`` threads over an ``InProcessNetwork`` with certificate identities,
+    the user's model ``byom_models:<model>`` through the user-model path (``UserModelSpec``, its factory seeded
+    by the job's seed) on the same rows as flat float32 (n, 784). ValueError for another ``model``.
 
     Returns ``{kind: {"client_samples_per_s", "wall_s" (sum of the rounds' seconds at the server),
     "round_s" (list), "samples", "rounds", "accuracy" (final global model on the test rows), "clipped" (update
@@ -71,14 +69,15 @@ def secureflhv_figures(n_clients: int, rounds: int, *, epochs: int = 1, batch_si
     Raises RuntimeError naming the party when a role fails.
     """
     if model not in SECUREFLHV_MODELS:
-        raise ValueError(f"secureflhv side runs {SECUREFLHV_MODELS} until the user-model path lands, not {model!r}")
+        raise ValueError(f"secureflhv side runs {SECUREFLHV_MODELS}, not {model!r}")
     import torch
 
-    from secureflhv.horizontal.models import ModelSpec, build_model
+    from secureflhv.horizontal.models import build_model
+    from secureflhv.horizontal.user_model import UserModelSpec
 
     torch.set_num_threads(1)
     shards, test = byom_models.workload(n_clients, train_rows, test_rows, beta, seed)
-    spec = ModelSpec(name="cnn", n_features=784, n_classes=10)
+    spec = UserModelSpec(factory=f"byom_models:{model}", path=BENCH, kwargs={"n_classes": 10}, n_classes=10)
     byom_models.warm_up(build_model(spec), *shards[0], batch_size)
     ids = [f"client{i:02d}" for i in range(n_clients)]
     out = {}
@@ -240,16 +239,16 @@ def report(ours: dict | None, fl: dict | None, ours_reason: str, fl_reason: str)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=("cnn", "resnet8"), default="cnn",
-                    help="cnn: both sides; resnet8: Flower only until secureflhv's user-model path lands")
+    ap.add_argument("--model", choices=SECUREFLHV_MODELS, default="resnet8",
+                    help="the user's model on both sides (byom_models.py): ResNet-8 with batch norm, or a small CNN")
     ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=1, help="local epochs per round")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.03)
     ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--train-rows", type=int, default=10000, help="Fashion-MNIST training rows over all clients")
-    ap.add_argument("--test-rows", type=int, default=10000, help="held-out rows scoring the final model")
+    ap.add_argument("--train-rows", type=int, default=3000, help="Fashion-MNIST training rows over all clients")
+    ap.add_argument("--test-rows", type=int, default=2000, help="held-out rows scoring the final model")
     ap.add_argument("--beta", type=float, default=0.5, help="Dirichlet concentration of the label split")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--flower-python", help="interpreter with flwr[simulation] and torch (default: "
@@ -271,9 +270,7 @@ def main(argv=None) -> int:
           f"{sizes[len(sizes) // 2]} / {sizes[-1]}, Dirichlet {a.beta}), {a.rounds} rounds × {a.epochs} epoch(s), "
           f"batch {a.batch_size}, lr {a.lr}, momentum {a.momentum}; {os.cpu_count()} CPUs, load average {load0:.1f}",
           flush=True)
-    ours, why_not = None, f"secureflhv not measured (model {a.model}: the user-model path has not landed)"
-    if a.model in SECUREFLHV_MODELS:
-        ours = secureflhv_figures(a.clients, a.rounds, **kw)
+    ours, why_not = secureflhv_figures(a.clients, a.rounds, **kw), ""
     fl = None
     if a.no_flower:
         why_fl = f"{NOT_MEASURED} (--no-flower)"
@@ -284,7 +281,7 @@ def main(argv=None) -> int:
     print("\n".join(lines), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"secureflhv": ours, "flower": fl, "flower_reason": why_fl}, indent=1))
-    if not (a.quick or a.no_record or ours is None):  # a Flower-only run (resnet8, for now) is not recorded
+    if not (a.quick or a.no_record):
         import _report
 
         _report.record("byom_throughput", {

@@ -182,8 +182,8 @@ def check_local_data(party_id: str, spec: ModelSpec, X_train, y_train, X_test, y
     job-file field to fix; at least one training row is required.
     """
     for what, X, y in (("training", X_train, y_train), ("test", X_test, y_test)):
-        if isinstance(X, DatasetRows):
-            pass
+        if isinstance(X, DatasetRows) or isinstance(spec, UserModelSpec):
+            pass  # the user's model takes its own input shape (probed at preflight)
         elif X.ndim != 2 or X.shape[1] != spec.n_features:
             raise ValueError(f"{party_id}: {what} data has shape {X.shape}, the model expects "
                              f"(rows, {spec.n_features}) (model.n_features)")
