@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.secureflhv-installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: demo test setup gmp datasets browser docs-img bench bench-all clean
+.PHONY: demo test setup gmp datasets browser docs-img bench bench-all clean flower
 
 demo: setup
 	$(PY) examples/vertical_lr.py
@@ -42,6 +42,10 @@ gmp:
 	else \
 	  echo "note: gmpy2 keeps the GMP of its wheel (modular exponentiation ~25% slower): install $(GMP_DEV) and run 'make gmp'"; \
 	fi
+
+# Flower in its own virtualenv (.venv-flower: it pins protobuf < 7), for benchmarks/byom_throughput.py's comparison
+flower:
+	bash benchmarks/flower_env.sh
 
 # Fashion-MNIST as IDX files from Debian (no download at run time); needs root or sudo.
 datasets:
