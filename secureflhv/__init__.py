@@ -4,11 +4,14 @@ Layers, bottom to top (each imports only from layers below it; docs/architecture
 compute -> crypto -> transport -> data -> algorithms (vertical, horizontal, tree, secagg, fedstats) -> runtime -> cli.
 
 ``secureflhv.load_model(dir, ca=...)`` (:mod:`secureflhv.runtime.store.model_api`) opens a saved model bundle and
-verifies its signature against the job CA.
+verifies its signature against the job CA. ``secureflhv.Job`` builds a job in Python, ``secureflhv.simulate(job)``
+runs every party of it in this process and returns a ``secureflhv.SimulationResult`` (:mod:`secureflhv.runtime.api`).
 """
 from ._version import __version__
 
-__all__ = ["__version__", "load_model"]
+__all__ = ["__version__", "Job", "SimulationError", "SimulationResult", "load_model", "simulate"]
+
+_API = ("Job", "SimulationError", "SimulationResult", "simulate")
 
 
 def __getattr__(name: str):
@@ -17,4 +20,8 @@ def __getattr__(name: str):
         from .runtime.store.model_api import load_model
 
         return load_model
+    if name in _API:
+        from .runtime import api
+
+        return getattr(api, name)
     raise AttributeError(f"module 'secureflhv' has no attribute {name!r}")

@@ -3,18 +3,23 @@
 ``@progress``: a task's progress (a progress bar); ``@wire``: the party's bytes on the wire
 (``transport.wire_stats()``), every 2 s while it runs under the launcher and once at the end of the job
 (the launcher's end-of-job table). In-process listeners (:func:`add_listener`) get the progress events
-too: the party's status file for the job page (:mod:`..observe.status`) is written from them.
+too: the party's status file for the job page (:mod:`..observe.status`) is written from them. Within
+:func:`listeners_only` (an in-process simulation, :func:`secureflhv.simulate`) they go to the listeners alone.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import threading
 from typing import Callable
 
 PROGRESS_PREFIX = "@progress "
 WIRE_PREFIX = "@wire "
 
 _listeners: list[Callable[[dict], None]] = []
+_quiet = [0]  # open listeners_only blocks: while > 0 no event line goes to stdout
+_quiet_lock = threading.Lock()
 
 
 def add_listener(fn: Callable[[dict], None]) -> None:
@@ -28,6 +33,19 @@ def remove_listener(fn: Callable[[dict], None]) -> None:
         _listeners.remove(fn)
 
 
+@contextlib.contextmanager
+def listeners_only():
+    """Within the block, progress events reach the in-process listeners only, not stdout: every party runs
+    in this process (a simulation), so no launcher reads its stdout and a notebook shows no raw lines."""
+    with _quiet_lock:
+        _quiet[0] += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet[0] -= 1
+
+
 def emit_progress(task: str, done: int, total: int, info: str = "", metrics: dict[str, float] | None = None) -> None:
     """Print one progress event on stdout for the launcher (harmless when a party runs standalone).
 
@@ -36,7 +54,8 @@ def emit_progress(task: str, done: int, total: int, info: str = "", metrics: dic
     ev = {"task": task, "done": done, "total": total, "info": info}
     if metrics:
         ev["metrics"] = {k: float(v) for k, v in metrics.items()}
-    print(PROGRESS_PREFIX + json.dumps(ev), flush=True)
+    if not _quiet[0]:
+        print(PROGRESS_PREFIX + json.dumps(ev), flush=True)
     for fn in list(_listeners):
         fn(ev)
 
