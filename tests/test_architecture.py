@@ -33,7 +33,7 @@ NO_WIRE_SCHEMA = ("compute", "crypto", "data")  # must not import secureflhv.pro
 GRPC_ALLOWED = ("transport", "proto")
 # the package root's lazy exports (PEP 562 ``__getattr__``): imported on first use of the name, never when
 # ``secureflhv`` is imported, so they neither layer the root above runtime nor close an import cycle
-LAZY_EXPORTS = {("secureflhv", "secureflhv.runtime.store.model_api")}
+LAZY_EXPORTS = {("secureflhv", "secureflhv.runtime.store.model_api"), ("secureflhv", "secureflhv.runtime.api")}
 
 
 def module_files(src: Path = SRC) -> dict[str, Path]:
