@@ -45,7 +45,7 @@ from ..job.job_file import JobConfig, JobConfigError
 from ..job.preflight import preflight
 from ..process.blame import Blame, Failure, root_cause
 from ..process.progress import add_listener, listeners_only, remove_listener
-from ..process.rendezvous import meet, partners
+from ..process.party import play_role
 from .job_builder import Job
 from .simulation_result import SimulationResult
 
@@ -159,8 +159,8 @@ class _Parties:
         _party.current = (self, party.id)
         transport = _PartyTransport(self.net, party.id)
         try:
-            meet(transport, self.cfg, partners(self.cfg, party, self.spec.family), timeout_s=self.cfg.job.deadline_s)
-            self.results[party.id] = self.spec.run(self.cfg, party, transport, self.params, resume=self.resume)
+            self.results[party.id] = play_role(self.cfg, party, self.spec, transport, self.params, resume=self.resume,
+                                               timeout_s=self.cfg.job.deadline_s)
         except BaseException as exc:  # noqa: BLE001 - any failure is reported by simulate, naming the party
             self._failed(party.id, transport, exc)
         finally:

@@ -124,6 +124,18 @@ def _finish(cfg: JobConfig, party_id: str, transport, failure, status: PartyStat
     status.close()
 
 
+def play_role(cfg, party, job, transport, params, *, resume: bool = False, timeout_s: float | None = None,
+              on_met=None):
+    """What every party does once its endpoint is open, in a process (:func:`run_party`) or in a simulation
+    (:func:`secureflhv.simulate`): meet its partners (:func:`~.rendezvous.meet`: the same job, the same digest),
+    then run the algorithm's role (``job.run``); returns its result. ``on_met`` is called in between."""
+    kw = {} if timeout_s is None else {"timeout_s": timeout_s}
+    meet(transport, cfg, partners(cfg, party, job.family), **kw)
+    if on_met is not None:
+        on_met()
+    return job.run(cfg, party, transport, params, resume=resume)
+
+
 def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: bool = False) -> int:
     """Run party ``party_id`` of the job in ``job_path``; return the process exit code.
 
@@ -160,9 +172,8 @@ def run_party(job_path: Path, party_id: str, insecure: bool = False, resume: boo
         # the executor (local pool or this party's Ray cluster) is connected before the partners are met
         # vertical jobs (LR, split NN, SecureBoost) encrypt from their first step: start the workers now
         with party_executor(spec.compute, party_id, cfg.where(spec, "compute"), start=job.family == "vertical"):
-            meet(transport, cfg, partners(cfg, spec, job.family))
-            status.set_state("running")
-            result = job.run(cfg, spec, transport, params, resume=resume)
+            result = play_role(cfg, spec, job, transport, params, resume=resume,
+                               on_met=lambda: status.set_state("running"))
         stopping.set()
     except BaseException as exc:  # noqa: BLE001 - any failure must reach the peers, the log and the exit code
         stopping.set()
