@@ -289,9 +289,10 @@ def _relative(value: str, base: Path, out: Path) -> str:
         return absolute.as_posix()
 
 
-# the fields of a factory reference that are paths relative to the job file: its import folder ``path`` and a
-# user model's agreed initial ``weights`` (params.model); a data factory's ``root`` / ``path`` keywords
-_FACTORY_PATHS = ("path", "weights")
+# the fields of a factory reference that are paths relative to the job file: its import folder ``path`` (a data
+# factory's: ``code_path``) and a user model's agreed initial ``weights`` (params.model); a data factory's
+# ``root`` / ``path`` keywords
+_FACTORY_PATHS = ("path", "weights", "code_path")
 _DATA_FACTORY_KWARGS = ("root", "path")
 
 

@@ -74,6 +74,8 @@ class DataSpec(_Strict):
     factory: str | None = Field(default=None, description="horizontal FL: 'package.module:function' returning a torch "
                                                            "Dataset of (x, y) items (instead of path)")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of data.factory")
+    code_path: Path | None = Field(default=None, description="folder added to the import path for data.factory "
+                                                            "(relative to the job file)")
     id_column: str = "id"
     label_column: str | None = None
     feature_columns: list[str] | None = Field(
@@ -100,8 +102,8 @@ class DataSpec(_Strict):
                              "(factory), one of the two")
         if self.factory is not None:
             FactoryRef(factory=self.factory)  # 'package.module:function' (pydantic names the field)
-        elif self.kwargs:
-            raise ValueError("kwargs: only with factory")
+        elif self.kwargs or self.code_path is not None:
+            raise ValueError("kwargs, code_path: only with factory")
         return self
 
     def factory_ref(self, base: Path) -> FactoryRef:
@@ -109,7 +111,8 @@ class DataSpec(_Strict):
         against the job file's folder ``base``."""
         kwargs = {k: (str((base / v).resolve()) if k in ("root", "path") and isinstance(v, str)
                       and not Path(v).is_absolute() else v) for k, v in self.kwargs.items()}
-        return FactoryRef(factory=self.factory, kwargs=kwargs)
+        code = None if self.code_path is None else (base / self.code_path).resolve()
+        return FactoryRef(factory=self.factory, kwargs=kwargs, path=code)
 
     @field_validator("table_schema")
     @classmethod
