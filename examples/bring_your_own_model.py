@@ -3,11 +3,11 @@
 party processes over gRPC with mutual TLS and secure aggregation, with FedAvg and with FedBN, next to the same
 network trained centrally.
 
-The consortium's code is ``examples/byom/``: ``models.py`` (the ResNet-8 and its training / evaluation loops,
-plain torch) and ``hospital_data.py`` (its data factory: a hospital's image folder, where some classes may be
-absent). The job names them (``params.model: {factory: "models:resnet8", path: examples/byom, n_classes: 10}``,
-``params.train`` / ``params.evaluate``, each client's ``data.factory``); every party imports its own copy, no code
-travels. The script
+The consortium's code is ``examples/byom/models.py`` (the ResNet-8 and its training / evaluation loops, plain
+torch). The job names it (``params.model: {factory: "models:resnet8", path: examples/byom, n_classes: 10}``,
+``params.train`` / ``params.evaluate``); each hospital's data is the library's image-folder loader
+(``data.factory: secureflhv.data.torch_datasets:image_folder`` with the consortium's class list: a hospital may
+lack classes); every party imports its own copy, no code travels. The script
 
 1. writes Fashion-MNIST (Xiao, Rasul, Vollgraf 2017; Debian's IDX files, via
    :func:`secureflhv.data.torch_datasets.fashion_mnist` and :func:`~secureflhv.data.torch_datasets.write_image_folder`)
@@ -168,7 +168,7 @@ def write_job(work: Path, name: str, hospitals: dict, args, buffers: str) -> Pat
     """``work/<name>/job.yaml`` and its certificates (:meth:`secureflhv.Job.write`); returns the job file."""
     import secureflhv
 
-    clients = {hid: {"factory": "hospital_data:hospital_images",
+    clients = {hid: {"factory": "secureflhv.data.torch_datasets:image_folder",
                      "kwargs": {"root": f"clients/{hid}", "grayscale": True, "classes": CLASS_DIRS}}
                for hid in hospitals}
     job = secureflhv.Job.horizontal(clients=clients, params=job_params(args, buffers), job_id=f"byom-{name}",
@@ -179,9 +179,9 @@ def write_job(work: Path, name: str, hospitals: dict, args, buffers: str) -> Pat
 
 
 def party_env() -> dict:
-    """The parties' environment: one torch thread each, the consortium's code and this checkout importable."""
-    paths = [str(BYOM), str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(paths)}
+    """The parties' environment: one torch thread each (the consortium's code is found through the job's
+    ``params.model.path``)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def run_job(job_path: Path, args) -> float:

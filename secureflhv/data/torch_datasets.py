@@ -137,6 +137,7 @@ def _scan(root: Path, classes, extensions) -> tuple[list[str], list[tuple[str, i
     """The class names and the ``(path, label)`` samples of an image folder (no image opened)."""
     if not root.is_dir():
         raise DataError(f"image folder {root} does not exist or is not a folder")
+    agreed = classes is not None  # the consortium's class list: a silo may hold some classes only (non-IID)
     if classes is None:
         classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
         if not classes:
@@ -146,11 +147,15 @@ def _scan(root: Path, classes, extensions) -> tuple[list[str], list[tuple[str, i
     samples: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
         if not (root / name).is_dir():
+            if agreed:
+                continue
             raise DataError(f"image folder {root}: class folder {name!r} not found")
         files = _image_files(root / name, exts)
-        if not files:
+        if not files and not agreed:
             raise DataError(f"image folder {root}: class folder {name!r} has no images ({', '.join(exts)})")
         samples += [(f, label) for f in files]
+    if not samples:
+        raise DataError(f"image folder {root}: no images of the classes {classes[:10]}")
     return classes, samples
 
 
@@ -225,7 +230,8 @@ def image_folder(root, *, grayscale: bool = False, size=None, mean=None, std=Non
     Args:
         root: the folder; its non-hidden subfolders are the classes, sorted by name (label = index),
             unless ``classes`` lists the class folder names in label order (e.g. when names do not sort
-            in label order). Files with one of ``extensions`` (case-insensitive) under a class folder,
+            in label order): the consortium's class list, of which a silo may hold some only (a listed
+            folder that is absent or empty gives no images; labels stay the list's indices). Files with one of ``extensions`` (case-insensitive) under a class folder,
             also in its subfolders, sorted by path, are its images.
         grayscale: True: 1 channel (Pillow mode "L"); False: RGB, 3 channels (alpha dropped).
         size: None (keep each file's size; batching then needs equal sizes), an int or (h, w): resize,
@@ -233,7 +239,7 @@ def image_folder(root, *, grayscale: bool = False, size=None, mean=None, std=Non
         mean, std: None, a number or one per channel: x = (pixel / 255 - mean) / std.
 
     The scan lists files only; images are read in ``__getitem__``. Raises DataError for a missing root,
-    no class folders, a listed class folder missing or a class folder without images; DataError naming the
+    no class folders, a class folder without images (unless ``classes`` lists it), no image at all; DataError naming the
     file when an image cannot be read (at access); ValueError for a bad size, mean or std.
     """
     root = Path(root)

@@ -106,6 +106,13 @@ def test_image_folder_errors(tmp_path):
     assert len(ds) == 3 and list(ds.targets) == [0, 0, 1]
     with pytest.raises(DataError, match="broken.PNG"):
         ds[2]
+    # a consortium's class list: this silo holds classes a and c only; labels stay the list's indices
+    write_image_folder(_images((2, 3, 3)), [0, 0], tmp_path / "silo", ["c"])
+    write_image_folder(_images((1, 3, 3)), [0], tmp_path / "silo", ["a"])
+    silo = image_folder(tmp_path / "silo", classes=["a", "b", "c"])
+    assert silo.classes == ["a", "b", "c"] and sorted(silo.targets.tolist()) == [0, 2, 2]
+    with pytest.raises(DataError, match="no images of the classes"):
+        image_folder(tmp_path / "silo", classes=["x", "y"])
     with pytest.raises(DataError, match="class_names"):
         write_image_folder(_images((1, 2, 2)), [0], tmp_path / "w", ["T-shirt/top"])
     with pytest.raises(DataError, match="uint8"):
