@@ -1,6 +1,9 @@
 """Horizontal FL roles over the transport: :class:`HorizontalServer` and :class:`HorizontalClient`.
 
-One job = one server (no data) and N clients (same features, different rows). Per round ``r``
+One job = one server (no data) and N clients (same features, different rows). Before round 1 each client sends
+``fl.layout`` (transport round 0): the names, shapes and dtypes of the tensors it aggregates
+(:class:`~.user_model.ParamLayout`, JSON and its digest); the server stops the job (:class:`LayoutMismatch`)
+naming a client whose layout differs from its own. Per round ``r``
 (1-based), with message tags ``fl.*`` and transport round ``r``:
 
 1. the server samples ``max(1, int(fraction · |alive|))`` of the clients still alive with
@@ -52,8 +55,8 @@ aggregation's stochastic rounding are drawn from (seed, round[, client]), so a r
 ``aggregation.seed`` gives the uninterrupted run's model exactly. A resumed job starts with every client
 alive (they all took part in the step agreement).
 
-What each role learns: the server learns the selected/surviving ids, what the aggregation kind
-reveals of the updates (secure aggregation: only the weighted sums and total weights), and each
+What each role learns: the server learns each client's model layout (public to the job), the
+selected/surviving ids, what the aggregation kind reveals of the updates (secure aggregation: only the weighted sums and total weights), and each
 client's local test counts (correct, n, loss; regression: also Σ|ŷ − y|, Σy, Σy² of its test
 labels) and training statistics (loss, samples, steps). A client
 learns the global models it receives, this round's participant list and which of its own parts the
@@ -83,6 +86,7 @@ from .local_data import DatasetRows
 from .models import ModelSpec, build_model, check_local_data, get_flat, param_shapes, set_flat
 from .user_model import ParamLayout, layout_of
 from .strategies import LocalTrainConfig, Strategy, batch_rng
+
 
 class LayoutMismatch(ValueError):
     """A client's model differs from the server's (names, shapes or dtypes of the aggregated tensors)."""
