@@ -59,6 +59,7 @@ BENCHMARKS = (
     Bench("split_nn", (), 150, (), 150, 60, "Paillier and OU, + label-leakage sweep"),
     Bench("partition", (), 15, (), 15, 2, "1,000,000 rows x 100 parties"),
     Bench("fl_batched", (), 30, (), 30, 10, "vmap vs per-client loop"),
+    Bench("byom_throughput", (), 60, (), 60, 40, "ResNet-8 through the user-model path vs Flower (SecAgg+), when .venv-flower exists"),
     Bench("scale", None, 0, (), 400, 90, "Ray 1 and 2 workers: --full only"),
     Bench("wan", None, 0, (), 900, 300, "needs root (network namespaces): --full only"),
     Bench("niid_accuracy", None, 0, (), 3600, 120, "the accuracy grid (docs/niid_accuracy.md): --full only"),
