@@ -65,7 +65,7 @@ from typing import Annotated, Literal, Union
 import numpy as np
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
-from ...params import AggregationParams, FactoryError, FactoryRef, LocalTraining
+from ...params import AggregationParams, FactoryRef, LocalTraining
 from ...secagg import AggregationConfig, AggregationConfigError
 from ...horizontal.fl import (DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, HorizontalClient,
                               HorizontalServer, RoundRecord)
