@@ -6,7 +6,12 @@ Clients are the job's guest and hosts (``cfg.clients``); the server aggregates a
 Each client reads ``parties[i].data.path`` — an ``.npz`` shard written by ``secureflhv partition``
 (:func:`secureflhv.data.write_shards`; label array ``y``) or a CSV / Parquet table (label column
 ``parties[i].data.label_column``, else ``params.label_column``; the id column, if present, is not a
-feature) — and holds out ``params.test_fraction`` of its rows as its local test split.
+feature), or the torch ``Dataset`` its ``parties[i].data.factory`` builds — and holds out
+``params.test_fraction`` of its rows as its local test split.
+
+The model is a built-in one (``params.model.name``) or the user's own (``params.model.factory``), trained by the
+built-in loop or the user's (``params.train`` / ``params.evaluate``) on ``params.device``: :mod:`.user_code`,
+:mod:`secureflhv.horizontal.user_model`, docs/byom.md.
 
 Example ``params``::
 
