@@ -24,7 +24,7 @@ SRC = Path(__file__).resolve().parents[1] / PACKAGE
 # first component below secureflhv -> layer (the package root ``secureflhv`` itself is below everything);
 # ``params`` (the shared pydantic parameter models) sits with data: it imports only pydantic and crypto
 # constants, and every algorithm family and the runtime embed it
-LAYERS = {"_version": -1, "compute": 0, "crypto": 1, "transport": 2, "proto": 2, "data": 3, "params": 3,
+LAYERS = {"_version": -1, "compute": 0, "crypto": 1, "transport": 2, "proto": 2, "data": 3, "params": 3, "dp": 3,
           "vertical": 4, "horizontal": 4, "tree": 4, "secagg": 4, "fedstats": 4,
           "runtime": 5, "cli": 6, "__main__": 6}
 LAYER_NAMES = {-1: "package root", 0: "compute", 1: "crypto", 2: "transport", 3: "data", 4: "algorithms",
