@@ -635,8 +635,8 @@ class HorizontalClient(_Resumable, ProtocolRole):
             self.strategy.loop.begin(round_id)
         if self.strategy.trainer is not None:  # batched simulation: this round's batch has every participant
             self.strategy.trainer.begin(round_id, len(participants))
-        upd = self.strategy.client_update(self.model, global_vec, self.X_train, self.y_train, self.config.local,
-                                          rng, extras)
+        upd = self.strategy.client_update(self.model, global_vec, self.X_train, self.y_train,
+                                          self.config.local.for_round(round_id), rng, extras)
         for part in self.strategy.parts:
             vec, _ = upd.parts[part]
             if vec.shape != (self.part_dims[part],):

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Literal
 
 import numpy as np
@@ -52,6 +52,12 @@ StrategyName = Literal["fedavg", "fedprox", "scaffold", "fednova"]
 STRATEGIES = ("fedavg", "fedprox", "scaffold", "fednova")  # the FedAvg family (contribution normalisation composes)
 
 
+OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}  # params.optimizer -> torch.optim class
+# torch.optim.lr_scheduler classes a job may name (stepped once per round; none needs a metric)
+LR_SCHEDULERS = ("StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "LinearLR", "ConstantLR",
+                 "PolynomialLR")
+
+
 @dataclass(frozen=True)
 class LocalTrainConfig:
     """Local training settings (NIID-Bench's names in brackets).
@@ -59,9 +65,13 @@ class LocalTrainConfig:
     Attributes:
         epochs: local epochs per round [epochs].
         batch_size: mini-batch size [batch-size].
-        lr: SGD learning rate [lr].
+        lr: learning rate [lr] (of round 1 when ``lr_scheduler`` is set).
         momentum: SGD momentum [rho], in [0, 1).
-        weight_decay: L2 weight decay of SGD [reg].
+        weight_decay: L2 weight decay [reg].
+        optimizer: ``sgd`` (NIID-Bench), ``adam`` or ``adamw`` (torch's, with lr and weight decay).
+        lr_scheduler: None, or (name of a torch.optim.lr_scheduler class in :data:`LR_SCHEDULERS`, its keyword
+            arguments as sorted (key, value) pairs): the learning rate of round r is what that scheduler gives
+            after r - 1 steps (:meth:`for_round`), so every client and a resumed job agree on it.
     """
 
     epochs: int = 1
@@ -69,6 +79,8 @@ class LocalTrainConfig:
     lr: float = 0.01
     momentum: float = 0.0
     weight_decay: float = 1e-5
+    optimizer: str = "sgd"
+    lr_scheduler: tuple | None = None
 
     def __post_init__(self):
         if self.epochs < 1 or self.batch_size < 1:
@@ -79,6 +91,38 @@ class LocalTrainConfig:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.lr_scheduler is not None and self.lr_scheduler[0] not in LR_SCHEDULERS:
+            raise ValueError(f"lr_scheduler must be one of {LR_SCHEDULERS}, got {self.lr_scheduler[0]!r}")
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """A fresh optimiser (every round, as NIID-Bench) over ``params``: SGD with momentum, or Adam / AdamW."""
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        return getattr(torch.optim, OPTIMIZERS[self.optimizer])(params, lr=self.lr, weight_decay=self.weight_decay)
+
+    def round_lrs(self, rounds: int) -> list[float]:
+        """The learning rate of rounds 1..``rounds`` under :attr:`lr_scheduler` (torch's own scheduler class,
+        stepped once per round on a throw-away optimiser; constant without one). TypeError / ValueError from
+        torch for bad scheduler arguments."""
+        if self.lr_scheduler is None:
+            return [self.lr] * rounds
+        name, kwargs = self.lr_scheduler
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=self.lr)
+        scheduler = getattr(torch.optim.lr_scheduler, name)(opt, **dict(kwargs))
+        lrs = []
+        for _ in range(rounds):
+            lrs.append(float(opt.param_groups[0]["lr"]))
+            opt.step()
+            scheduler.step()
+        return lrs
+
+    def for_round(self, round_id: int) -> "LocalTrainConfig":
+        """These settings with the learning rate of round ``round_id`` (1-based): :meth:`round_lrs`."""
+        if self.lr_scheduler is None or round_id <= 1:
+            return self
+        return replace(self, lr=self.round_lrs(round_id)[-1])
 
 
 @dataclass
@@ -109,7 +153,7 @@ def local_sgd(model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainCon
     if n == 0:
         raise ValueError("local training needs at least one sample")
     Xt, yt, device = as_inputs(X), label_tensor(model, y), model_device(model)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    opt = cfg.make_optimizer(model.parameters())
     model.train()
     steps, loss_sum = 0, 0.0
     for _ in range(cfg.epochs):

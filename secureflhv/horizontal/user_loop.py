@@ -105,9 +105,9 @@ class StrategyOptimizer:
 class TrainContext:
     """What the user's ``train`` / ``evaluate`` receive besides the model and the loader.
 
-    Attributes: ``round`` (1-based), ``client`` (this party's id), ``epochs``, ``batch_size``, ``lr``,
-    ``momentum``, ``weight_decay`` (the job's local training settings), ``device`` (torch.device),
-    ``strategy`` (its name); :meth:`optimizer` and :meth:`wrap`.
+    Attributes: ``round`` (1-based), ``client`` (this party's id), ``epochs``, ``batch_size``, ``lr`` (this
+    round's), ``momentum``, ``weight_decay`` (the job's local training settings), ``device`` (torch.device),
+    ``strategy`` (its name), ``optimizer_name`` (``params.optimizer``); :meth:`optimizer` and :meth:`wrap`.
     """
 
     round: int
@@ -119,25 +119,30 @@ class TrainContext:
     weight_decay: float
     device: torch.device
     strategy: str
+    optimizer_name: str = "sgd"
     _model: nn.Module | None = None
     _prox: tuple | None = None
     _correction: np.ndarray | None = None
     wrapped: list = field(default_factory=list)
 
     def optimizer(self, params=None) -> StrategyOptimizer:
-        """``torch.optim.SGD`` over ``params`` (default: the model's) with the job's lr, momentum and weight
-        decay, wrapped (:meth:`wrap`)."""
+        """The job's optimiser (``params.optimizer``: SGD by default) over ``params`` (default: the model's trainable
+        ones) with the job's lr (this round's, under ``params.lr_scheduler``), momentum and weight decay, wrapped
+        (:meth:`wrap`)."""
         params = [p for p in self._model.parameters() if p.requires_grad] if params is None else params
-        return self.wrap(torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay))
+        return self.wrap(self._config().make_optimizer(params))
+
+    def _config(self) -> LocalTrainConfig:
+        return LocalTrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
+                                weight_decay=self.weight_decay, optimizer=self.optimizer_name)
 
     def wrap(self, optimizer: torch.optim.Optimizer) -> StrategyOptimizer:
         """``optimizer`` with the strategy's per-step work (module docstring). ValueError for FedNova with
         another optimiser than SGD at the job's momentum."""
         prox = split_like(self._model, self._prox[1]) if self._prox is not None else None
         corr = split_like(self._model, self._correction) if self._correction is not None else None
-        cfg = LocalTrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
-                               weight_decay=self.weight_decay)
-        opt = StrategyOptimizer(optimizer, self.strategy, cfg, prox, self._prox[0] if self._prox else 0.0, corr)
+        mu = self._prox[0] if self._prox else 0.0
+        opt = StrategyOptimizer(optimizer, self.strategy, self._config(), prox, mu, corr)
         self.wrapped.append(opt)
         return opt
 
@@ -166,7 +171,7 @@ class UserLoop:
     def context(self, model: nn.Module, cfg: LocalTrainConfig, prox=None, correction=None) -> TrainContext:
         """The :class:`TrainContext` of this round."""
         return TrainContext(self.round, self.client, cfg.epochs, cfg.batch_size, cfg.lr, cfg.momentum,
-                            cfg.weight_decay, model_device(model), self.strategy, model, prox, correction)
+                            cfg.weight_decay, model_device(model), self.strategy, cfg.optimizer, model, prox, correction)
 
     def train(self, model: nn.Module, X: Rows, y: np.ndarray, cfg: LocalTrainConfig, rng: np.random.Generator, *,
               prox=None, correction=None) -> tuple[int, float]:

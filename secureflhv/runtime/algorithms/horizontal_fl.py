@@ -65,10 +65,11 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from typing import Annotated, Literal, Union
+from dataclasses import replace
+from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from ...params import AggregationParams, FactoryRef, LocalTraining
 from ...secagg import AggregationConfig, AggregationConfigError
@@ -80,7 +81,7 @@ from ...horizontal.models import ModelSpec, build_model, model_device, named_arr
 from ...horizontal.user_model import UserModelSpec, layout_of
 from . import user_code
 from ...horizontal.strategy_registry import make_strategy
-from ...horizontal.strategies import LocalTrainConfig
+from ...horizontal.strategies import LR_SCHEDULERS, LocalTrainConfig
 from ...transport import Transport
 from ..store.artifacts import plot_curves, write_json
 from ..job.data_prep import load_party_table, local_split
@@ -132,6 +133,16 @@ AnyModel = Annotated[Union[Annotated[ModelSpec, Tag("<builtin>")], Annotated[Use
                      Discriminator(_model_kind)]
 
 
+class LRSchedulerParams(BaseModel):
+    """``params.lr_scheduler``: a torch.optim.lr_scheduler class stepped once per round (round r trains with the
+    learning rate it gives after r - 1 steps; every client and a resumed job compute the same)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal[LR_SCHEDULERS] = Field(description="torch.optim.lr_scheduler class, e.g. CosineAnnealingLR")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="its keyword arguments, e.g. {T_max: 20}")
+
+
 class HorizontalJobParams(LocalTrainingParams):
     """The job file's ``params`` for ``algorithm: horizontal``: a built-in model or the user's own
     (``model.factory``, :mod:`secureflhv.horizontal.user_model`), optionally the user's training and evaluation
@@ -144,6 +155,16 @@ class HorizontalJobParams(LocalTrainingParams):
                                                                   "{'loss', 'accuracy'} (default: built-in)")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="where clients train: auto = "
                                                                                 "cuda when present, else cpu")
+    optimizer: Literal["sgd", "adam", "adamw"] = Field(default="sgd", description="the clients' optimiser (momentum: "
+                                                                                   "SGD only)")
+    lr_scheduler: LRSchedulerParams | None = Field(default=None, description="learning rate per round (None: "
+                                                                               "constant)")
+
+    def local_config(self) -> LocalTrainConfig:
+        """A client's local training settings, with the job's optimiser and learning-rate schedule."""
+        sched = None if self.lr_scheduler is None else (self.lr_scheduler.name,
+                                                        tuple(sorted(self.lr_scheduler.kwargs.items())))
+        return replace(super().local_config(), optimizer=self.optimizer, lr_scheduler=sched)
 
     strategy: Literal["fedavg", "fedprox", "scaffold", "fednova", "ifca", "fedper"] = "fedavg"
     clusters: int = Field(default=2, ge=2, description="IFCA: number of cluster models k (at most 8)")
@@ -198,6 +219,19 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     if params.preprocessing is not None and (isinstance(params.model, UserModelSpec) or user_data):
         raise JobConfigError("params.preprocessing: federated preprocessing works on tables for the built-in models; "
                              "a user's model or dataset does its own (remove params.preprocessing)")
+    if params.optimizer != "sgd" and params.strategy in ("scaffold", "fednova"):
+        raise JobConfigError(f"params.optimizer: {params.strategy}'s update assumes SGD (its control variates / its "
+                             f"normaliser a_i are defined for SGD steps); use optimizer: sgd")
+    if params.lr_scheduler is not None:
+        try:
+            lrs = params.local_config().round_lrs(params.rounds)
+        except (TypeError, ValueError) as exc:
+            raise JobConfigError(f"params.lr_scheduler: {params.lr_scheduler.name}: {exc}") from None
+        bad = [r for r, lr in enumerate(lrs, 1) if not lr > 0]
+        if bad:
+            raise JobConfigError(f"params.lr_scheduler: {params.lr_scheduler.name} gives learning rate {lrs[bad[0] - 1]} "
+                                 f"in round {bad[0]} of {params.rounds} (every round must train: e.g. eta_min > 0, "
+                                 f"or T_max >= rounds)")
     if params.strategy == "ifca" and params.contribution_temperature is not None:
         raise JobConfigError("params.contribution_temperature: contribution normalisation re-weights sample-weighted "
                              "updates (FedAvg family, FedPer); IFCA's cluster averages are unweighted (set it to null)")
