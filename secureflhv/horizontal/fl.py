@@ -81,6 +81,7 @@ from ..transport.collectives import broadcast, gather
 from ..transport.round_layout import RoundLayout
 from ..transport.role import ProtocolRole
 from .contribution import SLOTS, ContributionClient, ContributionServer, latent_dim
+from .dp_fedavg import CentralDP
 from .model_wire import float32_tensor, model_bundle, read_model
 from .local_data import DatasetRows
 from .models import ModelSpec, build_model, check_local_data, get_flat, param_shapes, set_flat
@@ -126,6 +127,7 @@ class FLConfig:
         send_timeout_s: how long the server keeps trying to deliver one message to a client.
         contribution_temperature: T of client contribution normalisation (Kundalwal et al. 2024,
             :mod:`.contribution`), composable with every strategy; None = off.
+        dp: client-level differential privacy with central noise (:mod:`.dp_fedavg`, FedAvg / FedProx); None = off.
     """
 
     rounds: int = 10
@@ -137,6 +139,7 @@ class FLConfig:
     round_timeout_s: float = 600.0
     send_timeout_s: float = 30.0
     contribution_temperature: float | None = None
+    dp: CentralDP | None = None
 
     def __post_init__(self):
         if self.rounds < 1:
@@ -182,6 +185,7 @@ class RoundRecord:
     worst_client_accuracy: float = float("nan")          # min of client_accuracy (personalisation's measure)
     test_metrics: dict = field(default_factory=dict)     # regression: pooled rmse, mae, r2 over the test rows
     refused: str = ""   # why the round's sum was refused as out of range (the global model stayed as it was)
+    privacy: dict = field(default_factory=dict)  # with params.dp: the (ε, δ) spent after this round and its mechanism
 
 
 def pooled_regression(metrics: Sequence[dict]) -> dict:
@@ -331,7 +335,14 @@ class HorizontalServer(_Resumable, ProtocolRole):
         done, arrays, self.history = self._restored_rounds(lambda **d: RoundRecord(**d))
         if done:
             self.global_vec = self._restored_model(arrays, "global")
+        if cfg.dp is not None:  # the rounds released so far (a refused round releases nothing)
+            self.privacy = cfg.dp.accountant_for()
+            released = sum(1 for h in self.history if not h.refused)
+            if released:
+                self.privacy.step(released)
         for r in range(done + 1, cfg.rounds + 1):
+            if self._over_budget(r):
+                break
             record = self.run_round(r)
             self._round_done(r, {"global": self.global_vec}, [dict(vars(h)) for h in self.history])
             tm = record.test_metrics
@@ -345,9 +356,24 @@ class HorizontalServer(_Resumable, ProtocolRole):
                      record.seconds)
             if self.on_round is not None:
                 self.on_round(record, self.global_vec)
-        self._send_all(self._alive(), TAG_ROUND, cfg.rounds + 1,
+        # the round the clients wait for: after the last one, or the one the privacy budget stopped
+        self._send_all(self._alive(), TAG_ROUND, len(self.history) + 1,
                        lambda c: messages_pb2.Bundle(text={"command": "stop"}))
         return self.history
+
+    def _over_budget(self, r: int) -> bool:
+        """Whether round ``r`` would take the privacy spent past ``dp.epsilon_budget`` (then the job stops here,
+        before any of its noise is drawn)."""
+        dp = self.config.dp
+        if dp is None or dp.epsilon_budget is None:
+            return False
+        if not self.privacy.would_exceed(dp.epsilon_budget, dp.delta, self.privacy.rounds + 1):
+            return False
+        log.error("server: stopping before round %d of %d: it would spend ε = %.4g > the budget %.4g (δ = %g; %d "
+                  "rounds released, ε = %.4g)", r, self.config.rounds,
+                  self.privacy.epsilon(dp.delta, self.privacy.rounds + 1), dp.epsilon_budget, dp.delta,
+                  self.privacy.rounds, self.privacy.epsilon(dp.delta))
+        return True
 
     def _agree_layout(self) -> None:
         """Before round 1: every client's ``fl.layout`` (its aggregated tensors' names, shapes and dtypes) must
@@ -390,8 +416,14 @@ class HorizontalServer(_Resumable, ProtocolRole):
         survivors = sorted(set.intersection(*(set(res.survivors) for res in results.values()))) if results else []
         if results:
             self.suspect.update(set(selected) - set(survivors))
+        if not refused and self.config.dp is not None:
+            refused = self._dp_refusal(results["model"])
         if refused:  # never used: the model (and the strategy's state) stay as they were
             log.error("round %d refused, the global model is unchanged: %s", r, refused)
+        elif self.config.dp is not None:  # DP-FedAvg: (Σ clipped + noise) / n
+            res = results["model"]
+            self.global_vec = self.config.dp.noised_step(self.global_vec, res.total, res.weight, r)
+            self.privacy.step()
         else:
             self.global_vec = self.strategy.server_update(self.global_vec, results)
         if not np.all(np.isfinite(self.global_vec)):
@@ -401,8 +433,15 @@ class HorizontalServer(_Resumable, ProtocolRole):
         record = self._record(r, selected, survivors, results, metrics, time.monotonic() - t0)
         record.contribution = contribution
         record.refused = refused
+        if self.config.dp is not None:
+            record.privacy = self.privacy.record(self.config.dp.delta)
         self.history.append(record)
         return record
+
+    def _dp_refusal(self, res: AggregateResult) -> str:
+        """DP-FedAvg's check of the unmasked sum: every survivor clipped (‖Σ‖₂ ≤ n·C + the quantisation slack)."""
+        slack = math.sqrt(res.total.size) * res.weight / res.scale if res.k_bits else 1e-9 * res.weight
+        return self.config.dp.sum_refusal(res.total, res.weight, slack)
 
     def _alive(self) -> list[str]:
         return [c for c in self.clients if c not in self.dead]
@@ -653,6 +692,8 @@ class HorizontalClient(_Resumable, ProtocolRole):
                                              AGG_ROUNDS.pack(round=round_id, part=0))
         for i, part in enumerate(self.strategy.parts):
             vec, weight = upd.parts[part]
+            if self.config.dp is not None and part == "model":  # DP-FedAvg: clipped to C, every client weighs 1
+                vec, weight = self.config.dp.clip(vec), 1.0
             if factor is not None and part in self.strategy.sample_weighted_parts:
                 weight = weight * factor  # Λ_r ∈ [0, 1]; Σ_r Λ_r = 1 keeps the total weight away from 0
             self.agg_clients[part].submit(AGG_ROUNDS.pack(round=round_id, part=self.config.part_offset + i),

@@ -17,8 +17,9 @@ imports pydantic and crypto constants only, so every algorithm family and the ru
 from .aggregation import KINDS, AggregationParams, Kind
 from .aliases import deprecated_names, with_defaults
 from .he import HEKeyParams, HEParams
+from .privacy import ClientDPParams
 from .factory import FactoryError, FactoryRef
 from .training import EarlyStopping, LocalTraining, MinibatchSGD
 
-__all__ = ["AggregationParams", "EarlyStopping", "FactoryError", "FactoryRef", "HEKeyParams", "HEParams", "KINDS", "Kind", "LocalTraining",
+__all__ = ["AggregationParams", "ClientDPParams", "EarlyStopping", "FactoryError", "FactoryRef", "HEKeyParams", "HEParams", "KINDS", "Kind", "LocalTraining",
            "MinibatchSGD", "deprecated_names", "with_defaults"]

@@ -71,8 +71,9 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from ...params import AggregationParams, FactoryRef, LocalTraining
+from ...params import AggregationParams, ClientDPParams, FactoryRef, LocalTraining
 from ...secagg import AggregationConfig, AggregationConfigError
+from ...horizontal.dp_fedavg import CentralDP
 from ...horizontal.fl import (DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, HorizontalClient,
                               HorizontalServer, RoundRecord)
 from ...data.metrics import task_metrics
@@ -159,6 +160,8 @@ class HorizontalJobParams(LocalTrainingParams):
                                                                                    "SGD only)")
     lr_scheduler: LRSchedulerParams | None = Field(default=None, description="learning rate per round (None: "
                                                                                "constant)")
+    dp: ClientDPParams | None = Field(default=None, description="client-level differential privacy (DP-FedAvg, "
+                                                                "central noise); docs/privacy.md")
 
     def local_config(self) -> LocalTrainConfig:
         """A client's local training settings, with the job's optimiser and learning-rate schedule."""
@@ -219,6 +222,8 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     if params.preprocessing is not None and (isinstance(params.model, UserModelSpec) or user_data):
         raise JobConfigError("params.preprocessing: federated preprocessing works on tables for the built-in models; "
                              "a user's model or dataset does its own (remove params.preprocessing)")
+    if params.dp is not None:
+        _check_dp(cfg, params)
     if params.optimizer != "sgd" and params.strategy in ("scaffold", "fednova"):
         raise JobConfigError(f"params.optimizer: {params.strategy}'s update assumes SGD (its control variates / its "
                              f"normaliser a_i are defined for SGD steps); use optimizer: sgd")
@@ -240,6 +245,36 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
                              f"aggregations of a round")
 
 
+def _check_dp(cfg: JobConfig, params: HorizontalJobParams) -> None:
+    """What client-level DP needs of the job: a single model part (FedAvg, FedProx), no contribution
+    normalisation (it re-weights the clipped updates), δ below 1 / clients."""
+    if params.strategy not in ("fedavg", "fedprox"):
+        raise JobConfigError(f"params.dp: client-level DP clips and noises the model delta of FedAvg / FedProx; "
+                             f"{params.strategy} sends other parts (use strategy fedavg or fedprox)")
+    if params.contribution_temperature is not None:
+        raise JobConfigError("params.dp: contribution normalisation re-weights the clipped updates, which changes "
+                             "the sensitivity (set contribution_temperature to null)")
+    if not params.dp.delta < 1 / len(cfg.clients):
+        raise JobConfigError(f"params.dp.delta: {params.dp.delta:g} is not below 1 / {len(cfg.clients)} clients: "
+                             f"such a δ allows releasing one client's data outright")
+
+
+def dp_config(cfg: JobConfig, params: HorizontalJobParams) -> CentralDP | None:
+    """The protocol's :class:`~secureflhv.horizontal.dp_fedavg.CentralDP` (None without ``params.dp``): z as given,
+    or calibrated for ``target_epsilon`` over ``params.rounds`` (the same at every party)."""
+    dp = params.dp
+    if dp is None:
+        return None
+    z = dp.noise_multiplier
+    if z is None:
+        from ...dp.accounting import noise_multiplier_for
+
+        z = noise_multiplier_for(dp.target_epsilon, dp.delta, params.rounds, params.fraction, amplification=False,
+                                 accountant=dp.accountant)
+    return CentralDP(clip_norm=dp.clip_norm, noise_multiplier=z, delta=dp.delta, epsilon_budget=dp.epsilon_budget,
+                     accountant=dp.accountant, sampling_rate=params.fraction, noise_seed=dp.noise_seed)
+
+
 def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConfig:
     a = params.aggregation.model_dump()
     if a["input_timeout_s"] is None:
@@ -256,7 +291,7 @@ def fl_config(cfg: JobConfig, params: HorizontalJobParams) -> FLConfig:
     timeout = params.round_timeout_s or cfg.job.deadline_s
     return FLConfig(rounds=params.rounds, fraction=params.fraction, seed=params.seed, local=local,
                     aggregation=_aggregation(cfg, params), part_clips={**DEFAULT_PART_CLIPS, **params.part_clips},
-                    contribution_temperature=params.contribution_temperature,
+                    contribution_temperature=params.contribution_temperature, dp=dp_config(cfg, params),
                     # a send may retry for a quarter of a client's wait, so a slow delivery to one
                     # client never makes the others give up on the server
                     round_timeout_s=timeout, send_timeout_s=min(30.0, timeout / 4))
@@ -307,7 +342,7 @@ def _record_json(rec: RoundRecord) -> dict:
 
 
 def _save_bundle(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, arrays: dict, metrics: dict,
-                 prep: dict | None = None) -> None:
+                 prep: dict | None = None, privacy: dict | None = None) -> None:
     """The global model as a bundle: ``model.safetensors`` (the torch ``state_dict``, float32) and the
     architecture in the config (:func:`secureflhv.load_model` rebuilds and runs it); with federated
     preprocessing its state (``prep``: input columns, preprocessor, pooled statistics)."""
@@ -319,6 +354,8 @@ def _save_bundle(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, 
         extra = {"layout_hash": layout_of(build_model(spec, seed=params.seed)).digest()}
     else:
         extra = {"n_features": spec.n_features}
+    if privacy:  # the (ε, δ) of the released model, its mechanism and parameters
+        extra["privacy"] = privacy
     save_job_bundle(cfg, party, files={"model.safetensors": arrays}, config=config,
                     metrics=metrics, extra=extra, task=task,
                     feature_names=prep["input_features"] if prep else None, preprocessing=prep)
@@ -401,9 +438,12 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
             emit_progress("rounds", rec.round, params.rounds, f"R² {r2:.4f}", {"train loss": rec.train_loss,
                                                                                "test R²": r2})
             return
+        eps = {"ε": rec.privacy["epsilon"]} if rec.privacy else {}
         emit_progress("rounds", rec.round, params.rounds,
-                      f"accuracy {rec.test_accuracy:.4f}" if rec.test_n else f"loss {rec.train_loss:.4f}",
-                      {"train loss": rec.train_loss, **({"test accuracy": rec.test_accuracy} if rec.test_n else {})})
+                      (f"accuracy {rec.test_accuracy:.4f}" if rec.test_n else f"loss {rec.train_loss:.4f}")
+                      + (f", ε {eps['ε']:.3g}" if eps else ""),
+                      {"train loss": rec.train_loss, **({"test accuracy": rec.test_accuracy} if rec.test_n else {}),
+                       **eps})
 
     clients = [p.id for p in cfg.clients]
     prep = _preprocess_server(cfg, party, transport, params, config)
@@ -432,7 +472,7 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
         plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc,
                                                       "worst client": [r.worst_client_accuracy for r in history]},
                            title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="accuracy")
-    _save_bundle(cfg, party, params, arrays, final, prep)
+    _save_bundle(cfg, party, params, arrays, final, prep, privacy=final.get("privacy"))
     log.info("%s: done: %d rounds, final %s; model %s; plot %s", party.id, len(history),
              (f"R² {r2[-1]:.4f}" if regression else f"accuracy {history[-1].test_accuracy:.4f}") if history else "-",
              npz, plot)
@@ -478,6 +518,16 @@ def _final_metrics(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams
     return {"task": task, "test": metrics}
 
 
+def _client_privacy(config: FLConfig, rounds_seen: int) -> dict | None:
+    """A client's own bound on the released model's privacy: every round it received counted as released (an
+    upper bound: a refused round releases nothing), so it need not trust the server's figure."""
+    if config.dp is None or not rounds_seen:
+        return None
+    acc = config.dp.accountant_for()
+    acc.step(rounds_seen)
+    return {**acc.record(config.dp.delta), "bound": "at most: every round received counted"}
+
+
 def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
                 config: FLConfig, strategy, resume: bool) -> dict:
     X, y = load_client_data(cfg, party, params)
@@ -498,7 +548,7 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     final = {}
     if client.global_vec is not None:  # the last global model the server sent: every client can score with it
         _save_bundle(cfg, party, params, bundle_arrays(params, client.global_vec, client.model),
-                     _finite(history[-1]) if history else {}, prep)
+                     _finite(history[-1]) if history else {}, prep, privacy=_client_privacy(config, len(history)))
         final = _final_metrics(cfg, party, params, client, take(X, test), y[test], test)
     write_json(cfg.output_dir(party.id) / "metrics.json",
                {"job_id": cfg.job.id, "party_id": party.id, "n_train": len(train), "n_test": len(test),

@@ -1,0 +1,43 @@
+"""Differential privacy settings a job embeds (``params.dp``): what is protected, where the noise is added, and
+how much (docs/privacy.md).
+
+Names follow the field: clip norm C, noise multiplier z (noise standard deviation over C), ε and δ.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ClientDPParams(BaseModel):
+    """Client-level DP of horizontal FL (DP-FedAvg, McMahan, Ramage, Talwar, Zhang, ICLR 2018): every client's
+    update is clipped to L2 norm ``clip_norm`` and the sum of a round's updates gets Gaussian noise of standard
+    deviation ``noise_multiplier · clip_norm`` per coordinate.
+
+    ``placement: central``: the server adds the noise to the unmasked sum, so the server is trusted with the
+    un-noised sum (secure aggregation still hides each client's own update from it). Give ``noise_multiplier``,
+    or ``target_epsilon`` and every party calibrates the same z for ``rounds`` rounds at ``delta``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    placement: Literal["central"] = Field(default="central", description="central: the server adds the noise to "
+                                                                          "the unmasked sum (it is trusted with it)")
+    clip_norm: float = Field(gt=0, allow_inf_nan=False, description="C: L2 clip of one client's update per round")
+    noise_multiplier: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                           description="z: noise std over C on the round's sum")
+    target_epsilon: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                         description="calibrate z so that all rounds spend this ε at delta")
+    delta: float = Field(default=1e-5, gt=0, lt=1, description="δ of the (ε, δ) guarantee; below 1/clients")
+    epsilon_budget: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                         description="stop before a round would take ε beyond this")
+    accountant: Literal["rdp", "pld"] = Field(default="rdp", description="dp-accounting's RDP or PLD accountant")
+    noise_seed: int | None = Field(default=None, ge=0, description="TESTS ONLY: a seed for the noise (whoever "
+                                                                    "knows it can remove the noise); None: OS entropy")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "ClientDPParams":
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("noise_multiplier / target_epsilon: give one of the two")
+        return self
