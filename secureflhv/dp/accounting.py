@@ -403,6 +403,7 @@ class SkellamAccountant(_RoundAccountant):
 
     @property
     def rounds(self) -> int:
+        """Rounds recorded by :meth:`step`."""
         return len(self.variances)
 
     def step(self, variance: float | None = None) -> None:
