@@ -245,10 +245,19 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(monkeypatch):
         resolve_device("cuda")
 
 
-def test_fednova_refuses_a_user_optimiser_it_cannot_normalise(tmp_path):
-    doc = _job(tmp_path, strategy="fednova", kind="plain", train={"factory": "byom_code:train_adam", "path": CODE})
-    with pytest.raises(AssertionError, match="FedNova's a_i assumes torch.optim.SGD"):
-        _run(doc, tmp_path / "run")
+def test_fednova_refuses_a_user_optimiser_it_cannot_normalise():
+    """FedNova's a_i assumes SGD at the job's momentum: the wrapper refuses Adam (and SGD at another momentum),
+    so a user loop cannot make FedNova's normalisation silently wrong."""
+    from secureflhv.horizontal.strategies import LocalTrainConfig
+    from secureflhv.horizontal.user_loop import StrategyOptimizer
+
+    params = list(byom_code.bn_net().parameters())
+    with pytest.raises(ValueError, match="FedNova's a_i assumes torch.optim.SGD"):
+        StrategyOptimizer(torch.optim.Adam(params, lr=1e-3), "fednova", LocalTrainConfig(), None, 0.0, None)
+    with pytest.raises(ValueError, match="FedNova's a_i assumes torch.optim.SGD"):
+        StrategyOptimizer(torch.optim.SGD(params, lr=0.1, momentum=0.5), "fednova", LocalTrainConfig(), None, 0.0,
+                          None)
+    StrategyOptimizer(torch.optim.SGD(params, lr=0.1), "fednova", LocalTrainConfig(), None, 0.0, None)
 
 
 def test_a_dataset_factory_is_refused_by_a_vertical_job(tmp_path):
