@@ -136,11 +136,12 @@ def _wire(tmp: Path, party: str) -> dict:
 
 
 @pytest.mark.slow
-def test_only_adapter_tensors_reach_the_wire(process_run):
+def test_only_adapter_tensors_reach_the_wire_and_the_backbone_stays_frozen(process_run):
     """Each global model the server sends a client (``fl.round`` to train, ``fl.eval`` to evaluate, once per round)
     weighs the adapters' float32 bytes plus their names, far below the model's float32 size; each client's masked
     input (``agg.masked``: one uint64 word per aggregated value) is sized by the adapters too; over the whole job no
-    client sent, and the server sent no client, as much as one float32 copy of the model."""
+    client sent, and the server sent no client, as much as one float32 copy of the model. Then the bundles
+    (:func:`_adapters_moved_the_backbone_did_not_and_the_bundle_scores_token_ids`)."""
     tmp, job, out = process_run
     assert "aggregation secagg" in out and "(secagg): 3 survivors" in out and f"round {ROUNDS}/{ROUNDS}" in out
     n_adapter, n_full, adapters = _sizes()
@@ -164,6 +165,8 @@ def test_only_adapter_tensors_reach_the_wire(process_run):
         assert _wire(tmp, client)["server"]["by_tag"]["agg.masked"]["sent"] == sum(masked)
         assert sum(p["sent"] for p in _wire(tmp, client).values()) < full_f32  # the whole job, every tag
         assert _wire(tmp, "server")[client]["sent"] < full_f32
+    # one process run for both checks (a module fixture would run once per xdist worker)
+    _adapters_moved_the_backbone_did_not_and_the_bundle_scores_token_ids(process_run)
 
 
 def test_without_trainable_only_the_whole_model_travels(tmp_path):
@@ -193,8 +196,9 @@ def test_without_trainable_only_the_whole_model_travels(tmp_path):
 
 
 # ------------------------------------------------------------------ 3. what training changed, and the bundles
-@pytest.mark.slow
-def test_adapters_moved_the_backbone_did_not_and_the_bundle_scores_token_ids(process_run):
+def _adapters_moved_the_backbone_did_not_and_the_bundle_scores_token_ids(process_run):
+    """After the process run: every party's bundle holds the global adapters and the initial backbone exactly; the
+    adapters moved; load_model scores int64 token ids as predictions.csv and a plain-torch twin do."""
     import pandas as pd
     import secureflhv
     from safetensors.numpy import load_file
