@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import importlib.util
 import os
 import struct
 from pathlib import Path
@@ -36,6 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+EXAMPLE_MODELS = Path(__file__).resolve().parents[1] / "examples" / "byom" / "models.py"
 IMAGE = (1, 28, 28)
 
 
@@ -44,42 +46,16 @@ def _as_image(x: torch.Tensor, channels: int) -> torch.Tensor:
     return x.reshape(x.shape[0], channels, IMAGE[1], IMAGE[2]) if x.dim() == 2 else x
 
 
-class BasicBlock(nn.Module):
-    """Two 3×3 conv + batch norm layers and a shortcut (identity, or 1×1 conv + batch norm when the shape
-    changes); He et al. 2016, Fig. 2 / option B."""
-
-    def __init__(self, c_in: int, c_out: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(c_out)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, stride=1, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c_out)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+def _example_models():
+    """``examples/byom/models.py`` (plain torch: the example consortium's ResNet-8), loaded by path so that this
+    file stays importable in Flower's virtualenv, where neither secureflhv nor ``examples`` is a package."""
+    spec = importlib.util.spec_from_file_location("byom_example_models", EXAMPLE_MODELS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class ResNet8(nn.Module):
-    """CIFAR-style ResNet-8 (see the module docstring). Input (batch, c·28·28) or (batch, c, 28, 28) float32."""
-
-    def __init__(self, n_classes: int = 10, in_channels: int = 1):
-        super().__init__()
-        self.in_channels = in_channels
-        self.conv = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(16)
-        self.layer1 = BasicBlock(16, 16, 1)
-        self.layer2 = BasicBlock(16, 32, 2)
-        self.layer3 = BasicBlock(32, 64, 2)
-        self.fc = nn.Linear(64, n_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.bn(self.conv(_as_image(x, self.in_channels))))
-        x = self.layer3(self.layer2(self.layer1(x)))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+ResNet8 = _example_models().ResNet8  # the same architecture (and layout) as the example's
 
 
 class SimpleCNN(nn.Module):

@@ -33,6 +33,8 @@ central placement the server sees the sum before it adds the noise, and is trust
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import math
 import operator
 from typing import Sequence
@@ -101,15 +103,16 @@ def _accountant_kind(value, name: str = "accountant") -> str:
 
 
 # ------------------------------------------------------------------------------------------ per-round accounting
-class _RoundAccountant:
+class _RoundAccountant(ABC):
     """What every per-round accountant shares: a count of rounds done, the budget stop and the largest number of
     rounds within a budget. Subclasses define ``rounds`` and ``epsilon(delta, rounds)``, non-decreasing in
     ``rounds``."""
 
     rounds: int
 
+    @abstractmethod
     def epsilon(self, delta: float, rounds: int | None = None) -> float:
-        raise NotImplementedError
+        """ε at ``delta`` after ``rounds`` rounds (default: those recorded); non-decreasing in ``rounds``."""
 
     def would_exceed(self, budget_epsilon: float, delta: float, next_round: int | None = None) -> bool:
         """True when running round ``next_round`` (1-based; default: the round after those recorded) would take ε

@@ -35,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from .local_data import DatasetRows, input_batch
-from .user_model import UserModelSpec, build_user_model, fl_entries, model_device  # noqa: F401 (re-exported)
+from .user_model import (UserModelSpec, build_user_model, check_outputs, fl_entries,  # noqa: F401 (re-exported)
+                         model_device)
 
 
 class ModelSpec(BaseModel):
@@ -68,10 +69,7 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _shape(self) -> "ModelSpec":
-        if self.task == "classification" and self.n_classes is None:
-            raise ValueError("n_classes: required for task 'classification' (an integer >= 2)")
-        if self.task == "regression" and self.n_classes is not None:
-            raise ValueError(f"n_classes: task 'regression' has one output; remove n_classes ({self.n_classes})")
+        check_outputs(self.task, self.n_classes)
         if self.task == "classification" and (self.target_mean, self.target_std) != (0.0, 1.0):
             raise ValueError("target_mean, target_std: only for task 'regression'")
         if self.name == "cnn":

@@ -45,6 +45,15 @@ from ..params.factory import FactoryError, FactoryRef
 MODEL_FIELD = "params.model.factory"
 
 
+def check_outputs(task: str, n_classes: int | None) -> None:
+    """A model spec's task and class count fit: ``n_classes`` for classification, none for regression (one output).
+    ValueError naming ``n_classes`` (pydantic reports it under ``params.model``)."""
+    if task == "classification" and n_classes is None:
+        raise ValueError("n_classes: required for task 'classification' (an integer >= 2)")
+    if task == "regression" and n_classes is not None:
+        raise ValueError(f"n_classes: task 'regression' has one output; remove n_classes ({n_classes})")
+
+
 class UserModelSpec(FactoryRef):
     """``params.model`` naming the consortium's own torch model (see the module docstring).
 
@@ -70,10 +79,7 @@ class UserModelSpec(FactoryRef):
 
     @model_validator(mode="after")
     def _task(self) -> "UserModelSpec":
-        if self.task == "classification" and self.n_classes is None:
-            raise ValueError("n_classes: required for task 'classification' (an integer >= 2)")
-        if self.task == "regression" and self.n_classes is not None:
-            raise ValueError(f"n_classes: task 'regression' has one output; remove n_classes ({self.n_classes})")
+        check_outputs(self.task, self.n_classes)
         return self
 
     @property

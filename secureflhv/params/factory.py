@@ -58,9 +58,10 @@ class FactoryRef(BaseModel):
             raise ValueError(f"{v!r} is not 'package.module:function'")
         return v
 
-    def resolve(self, field: str, base: Path | None = None) -> Callable:
+    def resolve(self, field: str, base: Path | None = None, path_field: str | None = None) -> Callable:
         """The named callable; FactoryError naming ``field`` when it cannot be imported or is not callable.
-        ``base``: the job file's folder, against which a relative :attr:`path` is taken."""
+        ``base``: the job file's folder, against which a relative :attr:`path` is taken; ``path_field``: the job-file
+        field of the import folder that the error suggests (default: the reference's ``path``)."""
         module_name, attr = self.factory.split(":")
         if self.path is not None:
             folder = str(self.path if self.path.is_absolute() or base is None else (base / self.path).resolve())
@@ -69,8 +70,9 @@ class FactoryRef(BaseModel):
         try:
             obj: Any = importlib.import_module(module_name)
         except ImportError as exc:
+            folder = path_field or f"{field.removesuffix('.factory')}.path"  # the reference's own import folder
             raise FactoryError(field, f"cannot import {module_name!r} ({exc}): install the consortium's agreed code "
-                                      f"at this party, or set {field.rsplit('.', 1)[0]}.path to its folder") from None
+                                      f"at this party, or set {folder} to its folder") from None
         except Exception as exc:  # noqa: BLE001 - the module's own top-level code failed
             raise FactoryError(field, f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
         for part in attr.split("."):
@@ -81,9 +83,10 @@ class FactoryRef(BaseModel):
             raise FactoryError(field, f"{self.factory!r} is a {type(obj).__name__}, not a function or class")
         return obj
 
-    def call(self, field: str, base: Path | None = None, **extra: Any) -> Any:
-        """``factory(**kwargs, **extra)``; FactoryError naming ``field`` when it cannot be resolved or raises."""
-        fn = self.resolve(field, base)
+    def call(self, field: str, base: Path | None = None, path_field: str | None = None, **extra: Any) -> Any:
+        """``factory(**kwargs, **extra)``; FactoryError naming ``field`` when it cannot be resolved (see
+        :meth:`resolve`) or raises."""
+        fn = self.resolve(field, base, path_field)
         try:
             return fn(**{**self.kwargs, **extra})
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one clear error

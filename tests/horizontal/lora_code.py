@@ -10,7 +10,8 @@ Plain torch, numpy, ``transformers`` and ``peft``, nothing from secureflhv:
   is frozen (``requires_grad`` False). Deterministic given torch's seed: the framework seeds torch before calling a
   factory, so every party builds the same frozen backbone.
 * :func:`token_rows`: a dataset of int64 token ids (seq,) whose label says whether token :data:`MARK` appears.
-* :func:`train` / :func:`evaluate`: the user's loops (cross-entropy, SGD through ``ctx.optimizer()``).
+* the loops are the consortium's generic ones, ``byom_code:train`` / ``byom_code:evaluate`` (cross-entropy, SGD through
+  ``ctx.optimizer()``).
 """
 from __future__ import annotations
 
@@ -84,30 +85,3 @@ def token_arrays(n_rows: int, client: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def token_rows(n_rows: int = 96, client: int = 0) -> Dataset:
     """The dataset factory: :func:`token_arrays` as a torch Dataset."""
     return TokenRows(*token_arrays(n_rows, client))
-
-
-def train(model, loader, ctx):
-    """Cross-entropy with SGD through ``ctx.optimizer()`` (the trainable tensors only), ``ctx.epochs`` passes."""
-    opt = ctx.optimizer()
-    total, steps = 0.0, 0
-    for _ in range(ctx.epochs):
-        for x, y in loader:
-            x, y = x.to(ctx.device), y.to(ctx.device)
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            total, steps = total + loss.item(), steps + 1
-    return {"loss": total / steps}
-
-
-def evaluate(model, loader, ctx):
-    """Mean cross-entropy and accuracy over the loader."""
-    loss, correct, n = 0.0, 0, 0
-    with torch.no_grad():
-        for x, y in loader:
-            out = model(x.to(ctx.device))
-            loss += float(nn.functional.cross_entropy(out, y.to(ctx.device), reduction="sum"))
-            correct += int((out.argmax(1).cpu() == y).sum())
-            n += len(y)
-    return {"loss": loss / n, "accuracy": correct / n}

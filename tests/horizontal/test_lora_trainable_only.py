@@ -40,7 +40,7 @@ MODEL = {"factory": "lora_code:lora_bert", "kwargs": {"n_labels": 2}, "path": CO
 PARAMS = {"strategy": "fedavg", "model": MODEL, "rounds": ROUNDS, "local_epochs": 2, "batch_size": 16,
           "learning_rate": 1.0, "momentum": 0.5, "seed": SEED, "test_fraction": 0.25, "device": "cpu",
           "aggregation": {"kind": "secagg", "clip": 4.0, "precision_bits": 16, "seed": 11, "stage_timeout_s": 20},
-          "train": {"factory": "lora_code:train", "path": CODE}, "evaluate": {"factory": "lora_code:evaluate",
+          "train": {"factory": "byom_code:train", "path": CODE}, "evaluate": {"factory": "byom_code:evaluate",
                                                                               "path": CODE}}
 CLIENTS = ["client-1", "client-2", "client-3"]
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # transformers via peft

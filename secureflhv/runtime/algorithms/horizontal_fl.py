@@ -79,7 +79,7 @@ from ...horizontal.fl import (DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, Hor
 from ...data.metrics import task_metrics
 from ...horizontal.local_data import DatasetRows, input_batch, take
 from ...horizontal.models import ModelSpec, build_model, model_device, named_arrays, set_flat
-from ...horizontal.user_model import UserModelSpec, layout_of
+from ...horizontal.user_model import UserModelSpec
 from . import user_code
 from ...horizontal.strategy_registry import make_strategy
 from ...horizontal.strategies import LR_SCHEDULERS, LocalTrainConfig
@@ -342,16 +342,17 @@ def _record_json(rec: RoundRecord) -> dict:
 
 
 def _save_bundle(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams, arrays: dict, metrics: dict,
-                 prep: dict | None = None, privacy: dict | None = None) -> None:
+                 prep: dict | None = None, privacy: dict | None = None, layout: str = "") -> None:
     """The global model as a bundle: ``model.safetensors`` (the torch ``state_dict``, float32) and the
     architecture in the config (:func:`secureflhv.load_model` rebuilds and runs it); with federated
-    preprocessing its state (``prep``: input columns, preprocessor, pooled statistics)."""
+    preprocessing its state (``prep``: input columns, preprocessor, pooled statistics); with ``params.dp`` its
+    ``privacy`` record; a user model's ``layout`` digest (``extra.layout_hash``)."""
     spec = params.model
     task = "regression" if spec.task == "regression" else ("binary" if spec.n_classes == 2 else "multiclass")
     config = params.model_dump(mode="json")
     if isinstance(spec, UserModelSpec):  # the bundle holds the whole state_dict: no initial weights file needed
         config["model"]["weights"] = None
-        extra = {"layout_hash": layout_of(build_model(spec, seed=params.seed)).digest()}
+        extra = {"layout_hash": layout}  # the role's ParamLayout digest, agreed before round 1
     else:
         extra = {"n_features": spec.n_features}
     if privacy:  # the (ε, δ) of the released model, its mechanism and parameters
@@ -472,7 +473,7 @@ def _run_server(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
         plot = plot_curves(out_dir / "accuracy.png", {"clients' local test accuracy": acc,
                                                       "worst client": [r.worst_client_accuracy for r in history]},
                            title=f"{params.strategy}, job {cfg.job.id}", xlabel="round", ylabel="accuracy")
-    _save_bundle(cfg, party, params, arrays, final, prep, privacy=final.get("privacy"))
+    _save_bundle(cfg, party, params, arrays, final, prep, privacy=final.get("privacy"), layout=server.layout.digest())
     log.info("%s: done: %d rounds, final %s; model %s; plot %s", party.id, len(history),
              (f"R² {r2[-1]:.4f}" if regression else f"accuracy {history[-1].test_accuracy:.4f}") if history else "-",
              npz, plot)
@@ -548,7 +549,8 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     final = {}
     if client.global_vec is not None:  # the last global model the server sent: every client can score with it
         _save_bundle(cfg, party, params, bundle_arrays(params, client.global_vec, client.model),
-                     _finite(history[-1]) if history else {}, prep, privacy=_client_privacy(config, len(history)))
+                     _finite(history[-1]) if history else {}, prep, privacy=_client_privacy(config, len(history)),
+                     layout=client.layout.digest())
         final = _final_metrics(cfg, party, params, client, take(X, test), y[test], test)
     write_json(cfg.output_dir(party.id) / "metrics.json",
                {"job_id": cfg.job.id, "party_id": party.id, "n_train": len(train), "n_test": len(test),

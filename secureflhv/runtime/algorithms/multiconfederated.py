@@ -50,7 +50,6 @@ from pydantic import Field
 from ...horizontal.mc_peer import MultiConfederatedPeer
 from ...horizontal.models import build_model, named_arrays
 from ...horizontal.mc_rules import MCConfig
-from ...horizontal.strategies import LocalTrainConfig
 from ...transport import Transport
 from ..store.artifacts import write_json
 from ..job.data_prep import local_split
@@ -101,8 +100,7 @@ def mc_config(cfg: JobConfig, params: MultiConfederatedJobParams) -> MCConfig:
     Alg. 1-2) and timeouts (``round_timeout_s``, else the job deadline; sends retry for a quarter of it,
     at most 30 s). ValueError from the config's own checks.
     """
-    local = LocalTrainConfig(epochs=params.local_epochs, batch_size=params.batch_size, lr=params.learning_rate,
-                             momentum=params.momentum, weight_decay=params.weight_decay)
+    local = params.local_config()
     timeout = params.round_timeout_s or cfg.job.deadline_s
     return MCConfig(rounds=params.rounds, seed=params.seed, local=local, initial_models=params.initial_models,
                     tolerance=params.tolerance, popularity_weight=params.popularity_weight,

@@ -29,7 +29,7 @@ def load_dataset(cfg: JobConfig, party: PartySpec) -> tuple[DatasetRows, np.ndar
 
     field = cfg.where(party, "data.factory")
     try:
-        ds = party.data.factory_ref(cfg.base_dir).call(field)
+        ds = party.data.factory_ref(cfg.base_dir).call(field, path_field=cfg.where(party, "data.code_path"))
     except FactoryError as exc:
         raise JobConfigError(str(exc)) from None
     if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
