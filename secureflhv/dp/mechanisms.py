@@ -225,10 +225,13 @@ def sensitivity(clip: float, gamma: float, dim: int, beta: float = BETA) -> tupl
 
     Delta_2 = :func:`l2_bound`; Delta_1 = min(Delta_2^2, sqrt(dim) * Delta_2) (an integer vector has
     |v_j| <= v_j^2, and Cauchy-Schwarz), as Agarwal et al. (2021) use in the Skellam RDP bound (Thm. 3.5).
-    These bound one client's contribution (add/remove one client); ``dim`` is d'. Delta_1 is kept >= Delta_2
+    These bound one client's contribution (add/remove one client); ``dim`` is d'. Delta_2 carries a relative
+    margin of 1e-9 over :func:`l2_bound`, which covers the float error of the norm that :func:`scale_and_round`
+    compares with the bound (the margin must not go into the acceptance test itself: at a fine gamma, clip /
+    gamma ~ 2^32, 1e-9 of the norm exceeds the room the rounding leaves, and no try would pass). Delta_1 is kept >= Delta_2
     (true of any vector; it only matters for Delta_2 < 1, where the sole integer vector allowed is 0).
     """
-    l2 = l2_bound(clip, gamma, dim, beta)
+    l2 = l2_bound(clip, gamma, dim, beta) * (1 + _NORM_SLACK)
     return max(l2, min(l2 * l2, math.sqrt(dim) * l2)), l2
 
 
@@ -240,8 +243,8 @@ def scale_and_round(x, gamma: float, beta: float, rng: np.random.Generator, max_
     redrawn until its L2 norm is <= :func:`l2_bound` (clip, gamma, d', beta), which is what makes the
     sensitivity Delta_2 hold for every client. A try fails with probability <= beta, so ``max_tries`` = 100
     fails with probability <= beta^100 (1e-22 at the default). The conditioning biases the result slightly
-    towards smaller norms (Kairouz et al., Sec. 4.1); the check keeps a relative margin of 1e-9 for float
-    rounding of the norm.
+    towards smaller norms (Kairouz et al., Sec. 4.1); the float rounding of the norm is covered by the margin of
+    :func:`sensitivity`.
 
     Args:
         x: the clipped, rotated vector, float, shape (d',), L2 norm <= clip (model units).
@@ -269,7 +272,7 @@ def scale_and_round(x, gamma: float, beta: float, rng: np.random.Generator, max_
     frac = v - low
     for tries in range(1, max_tries + 1):
         rounded = low + (rng.random(v.size) < frac)
-        if _norm(rounded) <= bound * (1 - _NORM_SLACK):
+        if _norm(rounded) <= bound:  # the float norm's error is covered by sensitivity()'s margin
             return rounded.astype(np.int64), tries
     raise RuntimeError(f"conditional rounding failed {max_tries} times (beta = {beta}); raise max_tries or beta")
 

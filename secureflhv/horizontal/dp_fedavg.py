@@ -19,16 +19,68 @@ from __future__ import annotations
 
 import math
 import secrets
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..dp.mechanisms import clip_l2
+from ..secagg import AggregateResult, AggregationConfig
+
+
+class ClientDP(ABC):
+    """What the FL roles ask of client-level DP, whichever the placement of the noise (:class:`CentralDP` here,
+    :class:`~secureflhv.horizontal.dp_distributed.DistributedDP`). Implementations are frozen dataclasses with
+    ``delta``, ``epsilon_budget`` and ``placement``."""
+
+    placement: str
+    delta: float
+    epsilon_budget: float | None
+
+    def bound(self, dim: int) -> "ClientDP":
+        """These settings for a model of ``dim`` parameters (default: the same)."""
+        return self
+
+    def aggregation_for(self, config: AggregationConfig) -> AggregationConfig:
+        """The aggregation settings of the ``model`` part (default: the job's)."""
+        return config
+
+    def agg_dim(self, dim: int) -> int:
+        """The length of the vector the ``model`` part aggregates for a model of ``dim`` parameters."""
+        return dim
+
+    @abstractmethod
+    def client_input(self, update: np.ndarray, round_id: int, n_selected: int, party_id: str
+                     ) -> tuple[np.ndarray, float]:
+        """What a client submits for its model delta ``update`` (float64 (d,)): (vector, weight)."""
+
+    @abstractmethod
+    def release(self, global_vec: np.ndarray, res: AggregateResult, round_id: int, n_selected: int
+                ) -> tuple[np.ndarray | None, str]:
+        """(the new global model float32 (d,), "") from the round's unmasked sum, or (None, why it is refused)."""
+
+    @abstractmethod
+    def accountant_for(self):
+        """A fresh accountant (no round recorded): :class:`~secureflhv.dp.ClientLevelAccountant` or
+        :class:`~secureflhv.dp.SkellamAccountant`."""
+
+    def account(self, accountant, res: AggregateResult, n_selected: int) -> dict:
+        """Record the released round in ``accountant``; returns what the round's record adds (default nothing)."""
+        accountant.step()
+        return {}
+
+    def replay(self, accountant, record: dict) -> None:
+        """Record in ``accountant`` a round released before a resume, from its round record's ``privacy``."""
+        accountant.step()
+
+    def describe(self) -> dict:
+        """The placement's parameters for the round records and the bundle (JSON-ready)."""
+        return {"placement": self.placement}
 
 
 @dataclass(frozen=True)
-class CentralDP:
-    """DP-FedAvg settings shared by the server and every client (module docstring).
+class CentralDP(ClientDP):
+    """DP-FedAvg with the noise added by the server (module docstring).
 
     Attributes:
         clip_norm: C, the L2 clip of a client's model delta per round.
@@ -47,10 +99,15 @@ class CentralDP:
     accountant: str = "rdp"
     sampling_rate: float = 1.0
     noise_seed: int | None = None
+    placement = "central"
 
     def clip(self, delta_vec: np.ndarray) -> np.ndarray:
         """A client's model delta (float64 (d,)) clipped to L2 norm C."""
         return clip_l2(delta_vec, self.clip_norm)[0]
+
+    def client_input(self, update, round_id, n_selected, party_id):
+        """The delta clipped to C, with weight 1 (every client counts the same in DP-FedAvg)."""
+        return self.clip(update), 1.0
 
     def accountant_for(self):
         """A fresh :class:`secureflhv.dp.ClientLevelAccountant` of these settings (no round recorded)."""
@@ -67,6 +124,12 @@ class CentralDP:
             return (f"the sum of {n:g} clipped updates has L2 norm {norm:.6g} > {n:g} x clip_norm {self.clip_norm:g} "
                     f"(+ {slack:.3g} quantisation slack): a client did not clip its update")
         return ""
+
+    def release(self, global_vec, res, round_id, n_selected):
+        """Check ‖Σ‖₂ ≤ n·C (+ the quantisation's slack), then step by (Σ + noise) / n."""
+        slack = math.sqrt(res.total.size) * res.weight / res.scale if res.k_bits else 1e-9 * res.weight
+        why = self.sum_refusal(res.total, res.weight, slack)
+        return (None, why) if why else (self.noised_step(global_vec, res.total, res.weight, round_id), "")
 
     def noised_step(self, global_vec: np.ndarray, total: np.ndarray, n: float, round_id: int) -> np.ndarray:
         """The new global model (float32): ``w + (Σ + N(0, (z·C)² I)) / n``."""

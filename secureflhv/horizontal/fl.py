@@ -67,7 +67,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -81,7 +81,7 @@ from ..transport.collectives import broadcast, gather
 from ..transport.round_layout import RoundLayout
 from ..transport.role import ProtocolRole
 from .contribution import SLOTS, ContributionClient, ContributionServer, latent_dim
-from .dp_fedavg import CentralDP
+from .dp_fedavg import ClientDP
 from .model_wire import float32_tensor, model_bundle, read_model
 from .local_data import DatasetRows
 from .models import ModelSpec, build_model, check_local_data, get_flat, param_shapes, set_flat
@@ -127,7 +127,8 @@ class FLConfig:
         send_timeout_s: how long the server keeps trying to deliver one message to a client.
         contribution_temperature: T of client contribution normalisation (Kundalwal et al. 2024,
             :mod:`.contribution`), composable with every strategy; None = off.
-        dp: client-level differential privacy with central noise (:mod:`.dp_fedavg`, FedAvg / FedProx); None = off.
+        dp: client-level differential privacy of FedAvg / FedProx, the noise added by the server (:mod:`.dp_fedavg`)
+            or by the clients inside secure aggregation (:mod:`.dp_distributed`); None = off.
     """
 
     rounds: int = 10
@@ -139,7 +140,7 @@ class FLConfig:
     round_timeout_s: float = 600.0
     send_timeout_s: float = 30.0
     contribution_temperature: float | None = None
-    dp: CentralDP | None = None
+    dp: ClientDP | None = None
 
     def __post_init__(self):
         if self.rounds < 1:
@@ -155,12 +156,22 @@ class FLConfig:
         """Aggregation slot of the strategy's first part in a round (after contribution's two sums)."""
         return SLOTS if self.contribution_temperature is not None else 0
 
+    def for_model(self, dim: int) -> "FLConfig":
+        """These settings for a model of ``dim`` parameters (client-level DP planned for it; ValueError when it
+        cannot be)."""
+        return self if self.dp is None else replace(self, dp=self.dp.bound(dim))
+
+    def agg_dim(self, part: str, dim: int) -> int:
+        """The length of the vector ``part`` aggregates for an update of ``dim`` values (distributed DP sends the
+        rotated, padded model)."""
+        return self.dp.agg_dim(dim) if part == "model" and self.dp is not None else dim
+
     def part_config(self, part: str) -> AggregationConfig:
         """The aggregation settings of ``part`` (``model``, or a strategy's extra part such as SCAFFOLD's control
         variates): the job's, with the part's own clip range where one is set.
         """
         if part == "model":
-            return self.aggregation
+            return self.aggregation if self.dp is None else self.dp.aggregation_for(self.aggregation)
         clip = self.part_clips.get(part, DEFAULT_PART_CLIPS.get(part, self.aggregation.clip))
         return self.aggregation.replace(clip=float(clip))
 
@@ -305,6 +316,7 @@ class HorizontalServer(_Resumable, ProtocolRole):
         self.shapes = param_shapes(model)
         self.global_vec = get_flat(model)
         self.dim = self.global_vec.size
+        self.config = config = config.for_model(self.dim)
         # IFCA's k cluster models: the global model, then one fresh initialisation per extra seed
         self.initial = [self.global_vec] + [get_flat(build_model(spec, seed=config.seed + 7919 * j))
                                             for j in range(1, strategy.n_models)]
@@ -337,9 +349,9 @@ class HorizontalServer(_Resumable, ProtocolRole):
             self.global_vec = self._restored_model(arrays, "global")
         if cfg.dp is not None:  # the rounds released so far (a refused round releases nothing)
             self.privacy = cfg.dp.accountant_for()
-            released = sum(1 for h in self.history if not h.refused)
-            if released:
-                self.privacy.step(released)
+            for h in self.history:
+                if not h.refused:
+                    cfg.dp.replay(self.privacy, h.privacy)
         for r in range(done + 1, cfg.rounds + 1):
             if self._over_budget(r):
                 break
@@ -416,15 +428,15 @@ class HorizontalServer(_Resumable, ProtocolRole):
         survivors = sorted(set.intersection(*(set(res.survivors) for res in results.values()))) if results else []
         if results:
             self.suspect.update(set(selected) - set(survivors))
-        if not refused and self.config.dp is not None:
-            refused = self._dp_refusal(results["model"])
+        released = {}
+        if not refused and self.config.dp is not None:  # DP-FedAvg: (Σ clipped + noise) / n, or refused
+            new_vec, refused = self.config.dp.release(self.global_vec, results["model"], r, len(selected))
+            if not refused:
+                self.global_vec = new_vec
+                released = self.config.dp.account(self.privacy, results["model"], len(selected))
         if refused:  # never used: the model (and the strategy's state) stay as they were
             log.error("round %d refused, the global model is unchanged: %s", r, refused)
-        elif self.config.dp is not None:  # DP-FedAvg: (Σ clipped + noise) / n
-            res = results["model"]
-            self.global_vec = self.config.dp.noised_step(self.global_vec, res.total, res.weight, r)
-            self.privacy.step()
-        else:
+        elif self.config.dp is None:
             self.global_vec = self.strategy.server_update(self.global_vec, results)
         if not np.all(np.isfinite(self.global_vec)):
             raise FloatingPointError(f"round {r}: the global model became non-finite (lower lr?)")
@@ -434,14 +446,9 @@ class HorizontalServer(_Resumable, ProtocolRole):
         record.contribution = contribution
         record.refused = refused
         if self.config.dp is not None:
-            record.privacy = self.privacy.record(self.config.dp.delta)
+            record.privacy = {**self.privacy.record(self.config.dp.delta), **self.config.dp.describe(), **released}
         self.history.append(record)
         return record
-
-    def _dp_refusal(self, res: AggregateResult) -> str:
-        """DP-FedAvg's check of the unmasked sum: every survivor clipped (‖Σ‖₂ ≤ n·C + the quantisation slack)."""
-        slack = math.sqrt(res.total.size) * res.weight / res.scale if res.k_bits else 1e-9 * res.weight
-        return self.config.dp.sum_refusal(res.total, res.weight, slack)
 
     def _alive(self) -> list[str]:
         return [c for c in self.clients if c not in self.dead]
@@ -496,7 +503,8 @@ class HorizontalServer(_Resumable, ProtocolRole):
         for i, part in enumerate(self.strategy.parts):
             try:
                 results[part] = self.agg_servers[part].aggregate(
-                    AGG_ROUNDS.pack(round=r, part=self.config.part_offset + i), selected, self.part_dims[part])
+                    AGG_ROUNDS.pack(round=r, part=self.config.part_offset + i), selected,
+                    self.config.agg_dim(part, self.part_dims[part]))
             except OutOfRangeRound as exc:
                 refused.append(f"part {part!r}: {exc}")
             except AggregationError as exc:
@@ -633,6 +641,7 @@ class HorizontalClient(_Resumable, ProtocolRole):
         self.layout = layout_of(self.model)
         self.shapes = param_shapes(self.model)
         self.dim = sum(int(np.prod(s)) for s in self.shapes.values())
+        self.config = config = config.for_model(self.dim)
         self.part_dims = strategy.part_dims(self.dim)
         check_slots(strategy, config)
         self.agg_clients = {p: make_client(transport, server_id, config.part_config(p)) for p in strategy.parts}
@@ -692,8 +701,8 @@ class HorizontalClient(_Resumable, ProtocolRole):
                                              AGG_ROUNDS.pack(round=round_id, part=0))
         for i, part in enumerate(self.strategy.parts):
             vec, weight = upd.parts[part]
-            if self.config.dp is not None and part == "model":  # DP-FedAvg: clipped to C, every client weighs 1
-                vec, weight = self.config.dp.clip(vec), 1.0
+            if self.config.dp is not None and part == "model":  # DP-FedAvg: clipped (and encoded), weight 1
+                vec, weight = self.config.dp.client_input(vec, round_id, len(participants), self.party_id)
             if factor is not None and part in self.strategy.sample_weighted_parts:
                 weight = weight * factor  # Λ_r ∈ [0, 1]; Σ_r Λ_r = 1 keeps the total weight away from 0
             self.agg_clients[part].submit(AGG_ROUNDS.pack(round=round_id, part=self.config.part_offset + i),

@@ -126,7 +126,7 @@ class SecAggServer(AggregationServer):
         total, weight, n_clipped = dequantise(rnd.acc, rnd.qp)
         if rnd.late:
             log.info("round %d: clients %s left after sending their input (still in the sum)", round_id, rnd.late)
-        res = AggregateResult(total, weight, rnd.u3, sorted(rnd.dropped_at), cfg.clip, cfg.scale, rnd.qp.k_bits,
+        res = AggregateResult(total, weight, rnd.u3, sorted(rnd.dropped_at), rnd.qp.clip, rnd.qp.scale, rnd.qp.k_bits,
                               n_clipped, dict(rnd.dropped_at), dict(rnd.offenders))
         self._log_result(round_id, res)
         return res

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from ..crypto.quantise import QuantParams, choose_k_bits
 from ..params.aggregation import KINDS, AggregationParams, Kind
@@ -69,6 +69,13 @@ class AggregationConfig(AggregationParams):
         stage_timeout_s: server wait per stage after the first.
         input_timeout_s: server wait for each client's first message (covers local training).
         seed: seed of stochastic rounding (None: OS randomness); same seed => same rounding.
+        ring_bits: k of a fixed ring Z_{2^k} for inputs that are already integers (distributed DP's encoded
+            words, :mod:`secureflhv.dp.mechanisms`), None = quantise floats as above. Each input must be a signed
+            integer vector in [-2^(k-1), 2^(k-1)) submitted with weight 1; ``clip``, ``precision_bits`` and
+            ``max_weight`` are then not used (clip 2^(k-1), scale 1, max weight 1), the sum is taken mod 2^k
+            and may wrap (the encoder sizes k so that it does so only with negligible probability), and the
+            server's per-coordinate range check is the caller's (its bound covers the whole ring). In [2, 53]:
+            float64 carries such integers exactly.
 
     Raises:
         AggregationConfigError (a ValueError): an unknown kind, a threshold fraction not in (1/2, 1] or
@@ -79,6 +86,7 @@ class AggregationConfig(AggregationParams):
     job_clients: tuple[str, ...] = ()
     zero_weight_ok: bool = False
     input_timeout_s: float = 600.0
+    ring_bits: int | None = Field(default=None, ge=2, le=53)
 
     def __init__(self, **data: Any):
         try:
@@ -154,5 +162,7 @@ class AggregationConfig(AggregationParams):
         Raises:
             ValueError: k would exceed the word size (lower ``precision_bits`` or ``max_weight``).
         """
+        if self.ring_bits is not None:  # integer inputs in a fixed ring: SR(v * 1) = v, nothing is clipped
+            return QuantParams(float(1 << (self.ring_bits - 1)), 1.0, 1.0, self.ring_bits)
         k = choose_k_bits(n_clients, dim, self.clip, self.scale, self.max_weight)
         return QuantParams(self.clip, self.scale, self.max_weight, k)

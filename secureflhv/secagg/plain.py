@@ -65,7 +65,7 @@ class PlainServer(AggregationServer):
             acc &= qp.modulus_mask
             check_sum(acc, qp, len(survivors), round_id, zero_weight_ok=cfg.zero_weight_ok)
             total, weight, n_clipped = dequantise(acc, qp)
-            res = AggregateResult(total, weight, survivors, sorted(dropped_at), cfg.clip, cfg.scale, qp.k_bits,
+            res = AggregateResult(total, weight, survivors, sorted(dropped_at), qp.clip, qp.scale, qp.k_bits,
                                   n_clipped, dropped_at)
         else:
             total = np.zeros(dim, dtype=np.float64)

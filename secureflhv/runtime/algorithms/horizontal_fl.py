@@ -73,7 +73,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from ...params import AggregationParams, ClientDPParams, FactoryRef, LocalTraining
 from ...secagg import AggregationConfig, AggregationConfigError
-from ...horizontal.dp_fedavg import CentralDP
+from ...horizontal.dp_distributed import DistributedDP
+from ...horizontal.dp_fedavg import CentralDP, ClientDP
 from ...horizontal.fl import (DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, HorizontalClient,
                               HorizontalServer, RoundRecord)
 from ...data.metrics import task_metrics
@@ -161,7 +162,7 @@ class HorizontalJobParams(LocalTrainingParams):
     lr_scheduler: LRSchedulerParams | None = Field(default=None, description="learning rate per round (None: "
                                                                                "constant)")
     dp: ClientDPParams | None = Field(default=None, description="client-level differential privacy (DP-FedAvg, "
-                                                                "central noise); docs/privacy.md")
+                                                                "central or distributed noise); docs/privacy.md")
 
     def local_config(self) -> LocalTrainConfig:
         """A client's local training settings, with the job's optimiser and learning-rate schedule."""
@@ -254,17 +255,27 @@ def _check_dp(cfg: JobConfig, params: HorizontalJobParams) -> None:
     if params.contribution_temperature is not None:
         raise JobConfigError("params.dp: contribution normalisation re-weights the clipped updates, which changes "
                              "the sensitivity (set contribution_temperature to null)")
+    if params.dp.placement == "distributed" and params.aggregation.kind == "plain":
+        raise JobConfigError("params.dp.placement: distributed noise is added in the ring of secure aggregation; "
+                             "aggregation kind plain has none (use secagg)")
+    if params.dp.placement == "distributed" and params.dp.accountant != "rdp":
+        raise JobConfigError("params.dp.accountant: the Skellam mechanism of placement distributed is accounted "
+                             "with its RDP bound (use rdp)")
     if not params.dp.delta < 1 / len(cfg.clients):
         raise JobConfigError(f"params.dp.delta: {params.dp.delta:g} is not below 1 / {len(cfg.clients)} clients: "
                              f"such a δ allows releasing one client's data outright")
 
 
-def dp_config(cfg: JobConfig, params: HorizontalJobParams) -> CentralDP | None:
-    """The protocol's :class:`~secureflhv.horizontal.dp_fedavg.CentralDP` (None without ``params.dp``): z as given,
-    or calibrated for ``target_epsilon`` over ``params.rounds`` (the same at every party)."""
+def dp_config(cfg: JobConfig, params: HorizontalJobParams) -> ClientDP | None:
+    """The protocol's client-level DP (None without ``params.dp``), derived from the job alone, so the same at every
+    party: central (:class:`~secureflhv.horizontal.dp_fedavg.CentralDP`, z as given or calibrated for
+    ``target_epsilon`` over ``params.rounds``) or distributed (:class:`~secureflhv.horizontal.dp_distributed.
+    DistributedDP`, planned for the model's dimension by each role)."""
     dp = params.dp
     if dp is None:
         return None
+    if dp.placement == "distributed":
+        return _distributed_dp(cfg, params)
     z = dp.noise_multiplier
     if z is None:
         from ...dp.accounting import noise_multiplier_for
@@ -273,6 +284,25 @@ def dp_config(cfg: JobConfig, params: HorizontalJobParams) -> CentralDP | None:
                                  accountant=dp.accountant)
     return CentralDP(clip_norm=dp.clip_norm, noise_multiplier=z, delta=dp.delta, epsilon_budget=dp.epsilon_budget,
                      accountant=dp.accountant, sampling_rate=params.fraction, noise_seed=dp.noise_seed)
+
+
+def _distributed_dp(cfg: JobConfig, params: HorizontalJobParams) -> DistributedDP:
+    """Every round size the job allows (up to ``fraction`` of the clients, at least the aggregation's smallest
+    round) with its fewest honest survivors t - c: the plan must fit all of them."""
+    dp, agg = params.dp, _aggregation(cfg, params)
+    sizes = []
+    for n in range(agg.smallest_round(), max(1, int(len(cfg.clients) * params.fraction)) + 1):
+        try:
+            sizes.append((n, agg.resolve_threshold(n) - agg.max_colluders))
+        except AggregationConfigError:  # such a round fails anyway
+            continue
+    if not sizes:
+        raise JobConfigError(f"params.dp.placement: no round of this job can be aggregated (min_clients "
+                             f"{agg.min_clients}, {len(cfg.clients)} clients, fraction {params.fraction:g})")
+    return DistributedDP(clip_norm=dp.clip_norm, bits=dp.bits, aggregation=agg, sizes=tuple(sizes),
+                         noise_multiplier=dp.noise_multiplier, target_epsilon=dp.target_epsilon, rounds=params.rounds,
+                         job_seed=params.seed, delta=dp.delta, epsilon_budget=dp.epsilon_budget,
+                         sampling_rate=params.fraction, noise_seed=dp.noise_seed)
 
 
 def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConfig:
@@ -525,8 +555,9 @@ def _client_privacy(config: FLConfig, rounds_seen: int) -> dict | None:
     if config.dp is None or not rounds_seen:
         return None
     acc = config.dp.accountant_for()
-    acc.step(rounds_seen)
-    return {**acc.record(config.dp.delta), "bound": "at most: every round received counted"}
+    for _ in range(rounds_seen):
+        acc.step()
+    return {**acc.record(config.dp.delta), **config.dp.describe(), "bound": "at most: every round received counted"}
 
 
 def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
@@ -549,7 +580,7 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     final = {}
     if client.global_vec is not None:  # the last global model the server sent: every client can score with it
         _save_bundle(cfg, party, params, bundle_arrays(params, client.global_vec, client.model),
-                     _finite(history[-1]) if history else {}, prep, privacy=_client_privacy(config, len(history)),
+                     _finite(history[-1]) if history else {}, prep, privacy=_client_privacy(client.config, len(history)),
                      layout=client.layout.digest())
         final = _final_metrics(cfg, party, params, client, take(X, test), y[test], test)
     write_json(cfg.output_dir(party.id) / "metrics.json",
