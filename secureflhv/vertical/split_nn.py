@@ -39,14 +39,15 @@ Z_n, each multiplied in as a fresh encryption so the ciphertext is also re-rando
     g -> h : [[G]]_h;  g updates V_h -= lr_i gW   (so V_h + E_h moves by exactly -lr_i A^T delta)
     h      : G = decrypt(..) = delta' W_h^T = dL/dalpha_h;  alpha_h.backward(G); optimiser step
 
-``delta' = delta`` unless the label-leakage mitigation is on (``host_grad_noise > 0``, below).
+``delta' = delta`` (the exact gradient) unless label DP is on (``label_dp``, below): then every delta
+above, gW's included, and the guest's own updates (top, bottom, W_g, c) come from the noised gradient.
 The guest's own interactive weights W_g and the bias c are plain guest parameters. The whole
 interactive layer (V_h, W_g, c) is updated with plain SGD at ``interactive_lr`` -- the noise trick
 needs an update that is linear in the gradient; bottom and top models use the torch optimiser
 named by ``optimizer`` (sgd | adam) at ``learning_rate``.
 
 Randomness: the job's ``seed`` / ``init_seed`` drive only what every party must agree on or may know
-(batches, model initialisation); secret noise (``host_grad_noise``, the hosts' ``weight_noise``) comes
+(batches, model initialisation); secret noise (``label_dp``'s, the hosts' ``weight_noise``) comes
 from OS randomness. Batches: per epoch, ``numpy.random.default_rng([seed, epoch]).permutation(n)`` cut
 into chunks of ``batch_size`` rows, computed identically at every party.
 
@@ -63,12 +64,16 @@ What each party learns (semi-honest, non-colluding):
   e.g. for binary tasks the gradient norm or direction separates positives from negatives
   ("norm/direction attacks", Li et al., "Label Leakage and Protection in Two-party Split Learning",
   ICLR 2022). It learns nothing about the guest's features or other hosts (hosts never talk).
-* **mitigation switch** ``host_grad_noise = s > 0``: the guest perturbs the per-sample output gradient
-  before it reaches the host, ``delta' = delta + N(0, (s * rms(delta))^2)`` (rms over the batch); the host
-  trains on G computed from delta'. The noise is drawn from OS randomness, not from the job seed (which
-  the hosts know and could use to subtract it), so runs with s > 0 are not bit-for-bit reproducible. Larger s hides more label information and costs accuracy (measured
-  in ``examples/vertical_nn.py`` and ``benchmarks/split_nn.py``). Equivalence with the centralised
-  model holds only for s = 0.
+* **label DP** (``label_dp``, :mod:`.label_dp`): (ε, δ)-label-DP against the hosts (Ghazi et al., NeurIPS
+  2021). Per batch the guest clips each example's loss gradient w.r.t. its logits to L2 norm C and adds
+  N(0, (z C)^2) per entry (Gaussian mechanism on per-example clipped gradients, Li et al. ICLR 2022), then
+  back-propagates only that: the top model, the guest's bottom, W_g, c, the interactive shares V_h (gW uses
+  delta') and every host's G = delta' W_h^T are all post-processing of the noised gradients, so the labels reach
+  a host (and the trained model) only through them. Had the top model or W_g trained on the true gradient, later
+  batches' delta of every row would carry earlier labels and the per-row accounting would not hold. ε(δ) is
+  composed over epochs (one release per example per epoch, no subsampling amplification: the batch plan is
+  public) with ``dp_accounting``; ``FitResult.epsilons`` holds it per epoch. With label DP the federated model is
+  the centralised one only in distribution; without it the equivalence is exact.
 * prediction: the guest learns z_h for the rows it asks about; the host learns which rows are scored.
 
 Messages are protobuf (``messages.proto`` Bundle/EncryptedTensor/PaillierPublicKey/Control/Tensor,
@@ -123,6 +128,7 @@ from ..transport import ProtocolError, Transport, parse_message
 from ..transport.codec import whole_count
 from ..transport.lifecycle import Callback, Checkpoint, Lifecycle
 from ..data.dataset import check_matrix
+from .label_dp import LabelDP, LabelDPParams
 from .common import MAX_BATCHES, VerticalRole, control_parser, round_id
 from .prediction import PredictionGuest, PredictionHost
 from .split_modules import check_output, inference, probe_rows, seeded_module
@@ -194,14 +200,26 @@ class SplitNNConfig(HEParams, MinibatchSGD):
     optimizer: Literal["sgd", "adam"] = "adam"
     interactive_lr: float = Field(default=0.1, gt=0, description="plain SGD step of the interactive layer")
     weight_noise: float = Field(default=1.0, ge=0, description="host noise per step: uniform(-s, s) added to E_h")
-    host_grad_noise: float = Field(default=0.0, ge=0,
-                                   description="label-leakage mitigation: N(0,(s*rms)^2) on the host's gradient")
+    label_dp: LabelDPParams | None = Field(
+        default=None, description="label differential privacy against the hosts (clip, noise, accounting); "
+                                  "None: off. See secureflhv.vertical.label_dp")
     seed: int = Field(default=0, ge=0, description="mini-batch shuffle seed (secret noise never derives from it)")
     init_seed: int = Field(default=0, ge=0, description="model initialisation seed")
     predict_batch_size: int = Field(default=512, ge=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data):
+        if isinstance(data, dict) and "host_grad_noise" in data:
+            raise ValueError("host_grad_noise: removed (its noise had no privacy accounting); use label_dp, e.g. "
+                             "label_dp: {clip_norm: 1.0, target_epsilon: 3.0} (docs/privacy.md, label DP for split NN)")
+        return data
+
     @model_validator(mode="after")
     def _check(self):
+        if self.label_dp is not None and self.task == "classification" and self.n_classes is None:
+            raise ValueError("n_classes: required with label_dp (inferring the class count from the labels would "
+                             "make the model's shape depend on them)")
         if self.task == "regression" and self.n_classes is not None:
             raise ValueError(f"n_classes: task 'regression' has one output; remove n_classes ({self.n_classes})")
         for name in ("host_bottom", "guest_bottom", "top_hidden"):
@@ -352,12 +370,15 @@ def _optimizer(cfg: SplitNNConfig, params) -> torch.optim.Optimizer | None:
 
 @dataclass
 class FitResult:
-    """What ``fit`` returns: per-epoch mean loss and per-batch losses (guest only), wall time per epoch."""
+    """What ``fit`` returns: per-epoch mean loss and per-batch losses (guest only), wall time per epoch; with
+    label DP (guest only) ε after each epoch (nats, at ``label_dp.delta``) and the final privacy record."""
 
     losses: list[float] = field(default_factory=list)
     batch_losses: list[float] = field(default_factory=list)
     epoch_seconds: list[float] = field(default_factory=list)
     checkpoints: list[str] = field(default_factory=list)
+    epsilons: list[float] = field(default_factory=list)  # label DP: ε(δ) against the hosts after each epoch
+    privacy: dict | None = None  # label DP: the final guarantee (LabelDP.record)
 
     @property
     def epochs(self) -> int:
@@ -475,7 +496,8 @@ class SplitNNGuest(PredictionGuest, _Role):
         backend: "paillier" (default), "identity" (NO encryption, benchmarks only) or an
             :class:`~secureflhv.crypto.homomorphic.backend.HEBackend`.
         checkpoint_dir: write a checkpoint after every epoch there (optional).
-        on_epoch: optional ``callback(epoch, loss)`` after each epoch (progress reporting).
+        on_epoch: optional ``callback(epoch, loss)`` after each epoch (progress reporting;
+            :attr:`label_dp_epsilon` is that epoch's ε then).
         callbacks, resume: the role lifecycle (Resume in the module docstring); the epochs are fixed.
 
     After ``fit``: ``bottom`` (torch, or None), ``W_g`` (d_alpha_g, o), ``bias`` (o,), ``V`` {host: (k_h, o)},
@@ -501,7 +523,8 @@ class SplitNNGuest(PredictionGuest, _Role):
             if not np.all(np.isfinite(y)):
                 raise ValueError("y: regression targets must be finite numbers")
             self.y, self.n_classes, self.out_dim = y, None, 1
-            self.target = target_scale(y)
+            # label DP: no standardisation, whose mean and std would read every label (targets in their units)
+            self.target = (0.0, 1.0) if cfg.label_dp is not None else target_scale(y)
         else:
             if not np.all(np.equal(np.mod(y, 1), 0)) or y.min() < 0:
                 raise ValueError("y: labels must be integers 0..C-1")
@@ -526,7 +549,8 @@ class SplitNNGuest(PredictionGuest, _Role):
         self.top = top_model(cfg, self.out_dim, cfg.init_seed * 1000 + 2, self.party_id)
         self.checkpoint_dir = checkpoint_dir
         self._keys: dict[str, object] = {}
-        self._noise_rng = _secret_rng()  # a host knows the job seed: noise drawn from it would hide nothing
+        # label DP's noise is secret (OS entropy): a host knows the job seed, noise drawn from it would hide nothing
+        self._label_dp = LabelDP(cfg.label_dp, cfg.epochs) if cfg.label_dp is not None else None
         self.result: FitResult | None = None
 
     @classmethod
@@ -545,6 +569,12 @@ class SplitNNGuest(PredictionGuest, _Role):
             raise ValueError(f"n_classes: {n_classes} saved, config gives {guest.n_classes}")
         guest.load_state(arrays)
         return guest
+
+    @property
+    def label_dp_epsilon(self) -> float | None:
+        """Label DP: ε (nats) at ``label_dp.delta`` against the hosts for the releases so far (an epoch counts
+        from its first batch); None without label DP."""
+        return None if self._label_dp is None else self._label_dp.epsilon()
 
     def start_prediction(self) -> None:
         """Before predicting with a saved model: send the setup, receive every host's public key."""
@@ -599,12 +629,20 @@ class SplitNNGuest(PredictionGuest, _Role):
         params = list(self.top.parameters()) + (list(self.bottom.parameters()) if self.bottom is not None else [])
         opt = _optimizer(cfg, params)
         res = FitResult()
-        first, arrays = self._restored_epochs(opt, ("losses", "batch_losses", "seconds"))
+        dp = self._label_dp
+        first, arrays = self._restored_epochs(opt, ("losses", "batch_losses", "seconds")
+                                              + (("epsilon", "label_dp_releases") if dp is not None else ()))
         if first:
             res.losses, res.batch_losses = arrays["losses"].tolist(), arrays["batch_losses"].tolist()
             res.epoch_seconds = arrays["seconds"].tolist()
+            if dp is not None:  # the interrupted epoch may have released batches: count it (module label_dp)
+                res.epsilons = arrays["epsilon"].tolist()
+                dp.releases = int(arrays["label_dp_releases"][-1]) + 1
+        releases = list(arrays["label_dp_releases"]) if first and dp is not None else []
         for epoch in range(first, cfg.epochs):
             t0 = time.perf_counter()
+            if dp is not None:
+                dp.releases += 1  # counted before the first batch goes out
             losses = []
             for b, idx in enumerate(batch_plan(n, cfg.batch_size, cfg.seed, epoch)):
                 losses.append(self._train_batch(opt, idx, round_id(epoch, b, 0)))
@@ -617,10 +655,16 @@ class SplitNNGuest(PredictionGuest, _Role):
                 res.checkpoints.append(str(save_checkpoint(self.checkpoint_dir, self.party_id, epoch,
                                                            self.state_arrays(), {"loss": res.losses[-1]})))
             res.epoch_seconds.append(time.perf_counter() - t0)
-            self._epoch_done(epoch + 1, opt, {"losses": res.losses, "batch_losses": res.batch_losses,
-                                              "seconds": res.epoch_seconds})
-            log.info("%s: epoch %d/%d loss %.6f %.2fs", self.party_id, epoch + 1, cfg.epochs, res.losses[-1],
-                     res.epoch_seconds[-1])
+            history = {"losses": res.losses, "batch_losses": res.batch_losses, "seconds": res.epoch_seconds}
+            if dp is not None:
+                res.epsilons.append(dp.epsilon())
+                res.privacy = dp.record()
+                releases.append(dp.releases)
+                history.update(epsilon=res.epsilons, label_dp_releases=releases)
+            self._epoch_done(epoch + 1, opt, history)
+            log.info("%s: epoch %d/%d loss %.6f %.2fs%s", self.party_id, epoch + 1, cfg.epochs, res.losses[-1],
+                     res.epoch_seconds[-1], "" if dp is None else
+                     f"; label DP epsilon {res.epsilons[-1]:.4g} at delta {dp.params.delta:g} against the hosts")
             if self.on_epoch is not None:
                 self.on_epoch(epoch, res.losses[-1])
         return res
@@ -651,14 +695,20 @@ class SplitNNGuest(PredictionGuest, _Role):
         if opt is not None:
             opt.zero_grad()
         alpha_g = self._alpha_g(self.X[idx])
-        loss = self._loss(self._head(z_hosts, alpha_g, W_g, c), self.y[idx])
-        loss.backward()
-        delta = z_hosts.grad.numpy().copy()  # dL/dz (nb, o), the same for every host's term
+        logits = self._head(z_hosts, alpha_g, W_g, c)
+        loss = self._loss(logits, self.y[idx])
+        if self._label_dp is None:
+            loss.backward()
+        else:  # every gradient below follows from the released g' only (module label_dp)
+            (g,) = torch.autograd.grad(loss, logits, retain_graph=True)  # per-example dl_i/dlogits_i over nb
+            released = self._label_dp.privatise(g.numpy() * nb)
+            logits.backward(torch.as_tensor(released / nb, dtype=DTYPE))
+        # dL/dz (nb, o), the same for every host's term; with label DP delta' (noised), else the exact delta
+        delta = z_hosts.grad.numpy().copy()
         # interactive weight gradients of the hosts' shares, masked, and the hosts' old noise E_h
         masks = {}
         for h in self.host_ids:
             masks[h] = self._ask_decrypt(self._keys[h], he.t_matmul(self._enc_A[h], delta), h, TAG_GW, rnd + S_GW)
-        delta_h = self._host_delta(delta)
         grads_V = {}
         for h in self.host_ids:
             pub = self._keys[h]
@@ -666,7 +716,7 @@ class SplitNNGuest(PredictionGuest, _Role):
             enc_E = t.recv(h, TAG_ACC, round=rnd + S_GW_DEC,
                            parse=self._enc_parser(pub, (k, o), f"{TAG_ACC} from {h}", self._exponent()))
             # [[G]] = delta' (V_h + [[E_h]])^T : the host's bottom-output gradient, under its own key
-            enc_G = he.add(he.matmul_t(delta_h, enc_E), delta_h @ self.V[h].T)
+            enc_G = he.add(he.matmul_t(delta, enc_E), delta @ self.V[h].T)
             self._send_enc(h, TAG_GIN, enc_G, rnd + S_GIN)
         lr_i = cfg.interactive_lr
         for h in self.host_ids:
@@ -677,16 +727,6 @@ class SplitNNGuest(PredictionGuest, _Role):
             opt.step()
         self._enc_A = {}
         return float(loss.detach())
-
-    def _host_delta(self, delta: np.ndarray) -> np.ndarray:
-        """delta' (b, o) the hosts' gradients are computed from: delta plus N(0, (s * rms(delta))^2) per entry
-        when ``host_grad_noise`` = s > 0 (label-leakage mitigation), else delta. The noise comes from OS
-        randomness (:func:`_secret_rng`), never from the job seed the hosts know."""
-        s = self.config.host_grad_noise
-        if s <= 0:
-            return delta
-        rms = float(np.sqrt(np.mean(delta * delta)))
-        return delta + self._noise_rng.normal(0.0, s * rms, size=delta.shape)
 
     # ---- state ----------------------------------------------------------------------
     def state_arrays(self) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Split NN: bad messages rejected and logged while training goes on; a dead host named; the mitigation."""
+"""Split NN: bad messages rejected and logged while training goes on; a dead host named; label DP's path."""
 import logging
 import time
 
@@ -111,23 +111,33 @@ def test_config_mismatch_named_and_guest_stops():
     assert isinstance(errors.get("guest"), TransportError) and "host-1" in str(errors["guest"])
 
 
-def test_gradient_noise_mitigation_only_touches_the_hosts_gradient():
-    """host_grad_noise perturbs what the host receives (its bottom model changes) while the guest's own
-    updates of this step are those of the exact protocol."""
+def test_label_dp_without_effective_noise_or_clip_is_the_exact_protocol():
+    """label_dp's private backward (per-example logit gradients, clipped and noised, back-propagated) with a clip
+    no row reaches and negligible noise trains exactly what plain autograd trains; with real noise the host sees
+    different gradients and trains on them, and so does the guest (everything follows from the noised ones)."""
     X, y = toy(n=10, d=5, seed=7)
     outs = {}
-    for s in (0.0, 1.0):
-        cfg = SplitNNConfig(**CFG, epochs=1, host_grad_noise=s)
+    for name, dp in (("off", None), ("inert", {"clip_norm": 100.0, "noise_multiplier": 1e-15}),
+                     ("noisy", {"clip_norm": 1.0, "noise_multiplier": 1.0})):
+        cfg = SplitNNConfig(**CFG, epochs=1, n_classes=2, label_dp=dp)
         _, guest, hosts = make_roles(X[:, :2], y, [X[:, 2:]], cfg, host_kwargs={"record_gradients": True})
         results, errors = run_roles(guest, hosts)
         assert not errors, errors
-        outs[s] = (guest.state_arrays(), hosts[0].state_arrays(), hosts[0].gradient_norms.copy(),
-                   results["guest"].batch_losses)
-    g0, h0, n0, l0 = outs[0.0]
-    g1, h1, n1, l1 = outs[1.0]
-    assert l0 == pytest.approx(l1, rel=1e-9)
+        outs[name] = (guest.state_arrays(), hosts[0].state_arrays(), hosts[0].gradient_norms.copy(),
+                      results["guest"].batch_losses)
+    g0, h0, n0, l0 = outs["off"]
+    for name in ("inert", "noisy"):
+        assert np.all(np.isfinite(outs[name][2]))
+    gi, hi, ni, li = outs["inert"]
+    assert l0 == pytest.approx(li, rel=1e-9)
+    np.testing.assert_allclose(n0, ni, rtol=1e-8)
     for k in ("interactive.W_g", "interactive.bias", "top.0.weight", "bottom.0.weight"):
-        np.testing.assert_allclose(g0[k], g1[k], rtol=1e-9, err_msg=k)
-    assert np.all(np.isfinite(n0)) and np.all(np.isfinite(n1))
+        np.testing.assert_allclose(g0[k], gi[k], rtol=1e-8, atol=1e-12, err_msg=k)
+    # W_h = V_h + E_h (each share carries the host's secret noise, the sum does not)
+    np.testing.assert_allclose(g0["interactive.V.host-1"] + h0["interactive.E"],
+                               gi["interactive.V.host-1"] + hi["interactive.E"], rtol=1e-8, atol=1e-9)
+    np.testing.assert_allclose(h0["bottom.0.weight"], hi["bottom.0.weight"], rtol=1e-8, atol=1e-12)
+    g1, h1, n1, _ = outs["noisy"]
     assert np.max(np.abs(n0 - n1)) > 1e-3  # the host saw different gradients...
     assert np.max(np.abs(h0["bottom.0.weight"] - h1["bottom.0.weight"])) > 1e-6  # ...and trained on them
+    assert np.max(np.abs(g0["top.0.weight"] - g1["top.0.weight"])) > 1e-6  # the guest's top too

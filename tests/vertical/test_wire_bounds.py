@@ -2,7 +2,7 @@
 values) at another exponent than the agreed one (2^31 - 1 would make the receiver's rescale run for hours),
 with one ciphertext too few or too many, or with a ciphertext outside Z*_{n^2} is rejected and logged, and
 training goes on with the honest message; a peer that sends only the bad message is named when the wait
-ends. Also: the split NN's label-leakage noise is not derived from the job seed."""
+ends. Also: the split NN's label-DP noise is not derived from the job seed."""
 import logging
 import time
 
@@ -192,22 +192,24 @@ def test_split_nn_host_sending_only_a_huge_exponent_is_named_quickly():
 
 
 # --------------------------------------------------------------------------- secret noise
-def _guest(seed, noise=1.0):
+def _guest(seed, noise_seed=None):
     X, y = toy(n=10, d=4, seed=0)
-    cfg = SplitNNConfig(**{**SNN, "seed": seed, "init_seed": seed}, epochs=1, host_grad_noise=noise)
+    dp = {"clip_norm": 1.0, "noise_multiplier": 1.0, "noise_seed": noise_seed}
+    cfg = SplitNNConfig(**{**SNN, "seed": seed, "init_seed": seed}, epochs=1, n_classes=2, label_dp=dp)
     _, guest, _ = make_roles(X[:, :2], y, [X[:, 2:]], cfg)
     return guest
 
 
-def test_label_leakage_noise_is_not_reproducible_from_the_job_seed():
-    delta = np.random.default_rng(0).normal(size=(10, 2))
-    a, b = _guest(seed=5)._host_delta(delta), _guest(seed=5)._host_delta(delta)
-    assert a.shape == delta.shape and np.all(np.isfinite(a))
+def test_label_dp_noise_is_not_reproducible_from_the_job_seed():
+    g = np.random.default_rng(0).normal(size=(10, 1)) * 0.3  # per-example logit gradients, inside the clip
+    a, b = _guest(seed=5)._label_dp.privatise(g), _guest(seed=5)._label_dp.privatise(g)
+    assert a.shape == g.shape and np.all(np.isfinite(a))
     assert np.min(np.abs(a - b)) > 0  # same job seed, different noise in every entry
-    rms = float(np.sqrt(np.mean(delta * delta)))
     for guess in (np.random.default_rng([5, 99]), np.random.default_rng(5), np.random.default_rng([5, 5])):
-        assert not np.allclose(a, delta + guess.normal(0.0, rms, size=delta.shape))  # the old seeding, and others
-    np.testing.assert_array_equal(_guest(seed=5, noise=0.0)._host_delta(delta), delta)  # off: exact protocol
+        assert not np.allclose(a, g + guess.normal(0.0, 1.0, size=g.shape))
+    # only the test-only noise_seed makes it reproducible
+    np.testing.assert_array_equal(_guest(5, noise_seed=3)._label_dp.privatise(g),
+                                  _guest(6, noise_seed=3)._label_dp.privatise(g))
     # model initialisation still follows the seed (what the seed is for)
     np.testing.assert_array_equal(_guest(seed=5).V["host-1"], _guest(seed=5).V["host-1"])
 
@@ -215,9 +217,10 @@ def test_label_leakage_noise_is_not_reproducible_from_the_job_seed():
 @pytest.mark.parametrize("role", ["guest", "host"])
 def test_noise_generators_of_two_same_seed_runs_differ(role):
     X, y = toy(n=10, d=4, seed=0)
-    cfg = SplitNNConfig(**SNN, epochs=1, host_grad_noise=1.0, weight_noise=0.1)
+    cfg = SplitNNConfig(**SNN, epochs=1, n_classes=2, label_dp={"clip_norm": 1.0, "noise_multiplier": 1.0},
+                        weight_noise=0.1)
     draws = []
     for _ in range(2):
         _, guest, hosts = make_roles(X[:, :2], y, [X[:, 2:]], cfg)
-        draws.append((guest if role == "guest" else hosts[0])._noise_rng.random(4))
+        draws.append(guest._label_dp._rng.random(4) if role == "guest" else hosts[0]._noise_rng.random(4))
     assert not np.any(draws[0] == draws[1])

@@ -8,6 +8,11 @@ Guest and hosts write their model bundle (:mod:`secureflhv.runtime.store.model_b
 ``state.safetensors`` (float64 arrays of :meth:`state_arrays`: bottom / top torch ``state_dict`` entries,
 interactive-layer shares), the standardisation state and the config, for the prediction job.
 
+Label DP (``params.label_dp``, :mod:`secureflhv.vertical.label_dp`): ε(δ) against the hosts after every epoch in
+the progress events and the guest's log, per epoch in ``metrics.json``'s ``history.epsilon``, and the final
+guarantee (mechanism, C, z, δ, accountant) as ``privacy`` in ``metrics.json`` and in the guest bundle's
+``extra.privacy``.
+
 Labels at the guest must be integers 0..C-1 (C = 2: binary with AUC; C > 2: multi-class accuracy), or
 with ``task: regression`` finite numbers (one output, MSE; RMSE / MAE / R² and ``predicted_vs_true.png``).
 
@@ -136,20 +141,30 @@ def run(cfg: JobConfig, party: PartySpec, transport: Transport, params: Vertical
         data.y = data.y.astype(np.int64)
     with factory_errors():
         guest = SplitNNGuest(transport, host_ids, X[train], data.y[train], config,
-                             on_epoch=lambda epoch, loss: emit_progress("epochs", epoch + 1, params.epochs,
-                                                                        f"loss {loss:.5f}", {"loss": loss}),
+                             on_epoch=lambda epoch, loss: _epoch_progress(guest, params, epoch, loss),
                              **role_lifecycle(cfg, party, transport, resume))
     result = guest.fit()
     metrics, p_test = evaluate_split(data.y, data.split, lambda rows: guest.predict_proba(X, rows=rows),
                                      regression_metrics if regression else classification_metrics)
     guest.end_prediction()
     history = {"loss": result.losses, "epoch_seconds": result.epoch_seconds}
+    privacy = {"privacy": result.privacy} if result.privacy is not None else {}
+    if result.privacy is not None:  # label DP: ε(δ) against the hosts after each epoch
+        history["epsilon"] = result.epsilons
     task = "regression" if regression else ("binary" if guest.n_classes == 2 else "multiclass")
     plot = save_guest_reports(out_dir, cfg, data, metrics, history, p_test, "vertical NN",
                               loss_label=("training MSE of the standardised target" if regression else
                                           "training cross-entropy") + " (mean over the epoch's batches)",
-                              n_classes=guest.n_classes, task=task)
+                              n_classes=guest.n_classes, task=task, **privacy)
     save_job_bundle(cfg, party, files={"state.safetensors": guest.state_arrays()}, metrics=metrics,
-                    extra={"n_classes": guest.n_classes}, task=task, **bundle_fields(data, config))
+                    extra={"n_classes": guest.n_classes, **privacy}, task=task, **bundle_fields(data, config))
     log_summary(party.id, metrics, result.losses, plot)
     return metrics
+
+
+def _epoch_progress(guest: SplitNNGuest, params: VerticalNNJobParams, epoch: int, loss: float) -> None:
+    """The guest's progress event after ``epoch`` (0-based): the loss, and with label DP ε against the hosts."""
+    eps = guest.label_dp_epsilon
+    emit_progress("epochs", epoch + 1, params.epochs, f"loss {loss:.5f}" + (f", ε {eps:.3g}" if eps is not None
+                                                                            else ""),
+                  {"loss": loss, **({"ε": eps} if eps is not None else {})})
