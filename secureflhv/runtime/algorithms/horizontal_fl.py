@@ -79,7 +79,7 @@ from ...horizontal.fl import (DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, Hor
                               HorizontalServer, RoundRecord)
 from ...data.metrics import task_metrics
 from ...horizontal.local_data import DatasetRows, input_batch, take
-from ...horizontal.models import ModelSpec, build_model, model_device, named_arrays, set_flat
+from ...horizontal.models import ModelSpec, build_model, get_flat, model_device, named_arrays, set_flat
 from ...horizontal.user_model import UserModelSpec
 from . import user_code
 from ...horizontal.strategy_registry import make_strategy
@@ -264,6 +264,12 @@ def _check_dp(cfg: JobConfig, params: HorizontalJobParams) -> None:
     if not params.dp.delta < 1 / len(cfg.clients):
         raise JobConfigError(f"params.dp.delta: {params.dp.delta:g} is not below 1 / {len(cfg.clients)} clients: "
                              f"such a δ allows releasing one client's data outright")
+    if params.dp.placement == "distributed" and isinstance(params.model, ModelSpec) and params.preprocessing is None:
+        dim = get_flat(build_model(params.model, seed=params.seed)).size
+        try:  # a built-in model's size is known now: plan for it, so a ring too small fails at validation
+            dp_config(cfg, params).bound(dim)
+        except ValueError as exc:
+            raise JobConfigError(str(exc)) from None
 
 
 def dp_config(cfg: JobConfig, params: HorizontalJobParams) -> ClientDP | None:
