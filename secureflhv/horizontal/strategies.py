@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..params.record_privacy import FIELD as RECORD_DP_FIELD, RecordDPParams
+from .dp_sgd import DP_SGD_STRATEGIES, RecordDP, dp_local_sgd, for_config
 from .local_data import as_inputs
 from .models import evaluate, fl_entries, get_flat, label_tensor, model_device, set_flat, task_loss
 
@@ -72,6 +74,9 @@ class LocalTrainConfig:
         lr_scheduler: None, or (name of a torch.optim.lr_scheduler class in :data:`LR_SCHEDULERS`, its keyword
             arguments as sorted (key, value) pairs): the learning rate of round r is what that scheduler gives
             after r - 1 steps (:meth:`for_round`), so every client and a resumed job agree on it.
+        dp_sgd: record-level DP-SGD at the client (``params.record_dp``, :mod:`.dp_sgd`), or None. The client's
+            state (accountant, generators) lives in its strategy (:attr:`Strategy.record_dp`).
+        dp_sgd_rounds: the job's rounds, needed to calibrate ``dp_sgd.target_epsilon``.
     """
 
     epochs: int = 1
@@ -81,6 +86,8 @@ class LocalTrainConfig:
     weight_decay: float = 1e-5
     optimizer: str = "sgd"
     lr_scheduler: tuple | None = None
+    dp_sgd: RecordDPParams | None = None
+    dp_sgd_rounds: int | None = None
 
     def __post_init__(self):
         if self.epochs < 1 or self.batch_size < 1:
@@ -216,13 +223,18 @@ class Strategy(ABC):
     joint_parts: bool = False
     trainer = None  # a batched trainer's handle (:mod:`.batched`, simulations only); None = train here
     loop = None     # the user's train / evaluate functions (:class:`~.user_loop.UserLoop`); None = the built-in ones
+    record_dp: RecordDP | None = None  # this client's DP-SGD state across rounds (``cfg.dp_sgd``); ε: .epsilon()
 
     def local_train(self, model: nn.Module, X: np.ndarray, y: np.ndarray, cfg: LocalTrainConfig,
                     rng: np.random.Generator, *, prox: tuple[float, np.ndarray] | None = None,
                     correction: np.ndarray | None = None) -> tuple[int, float]:
         """Local SGD of ``model`` in place (:func:`local_sgd`), or through :attr:`trainer` when set (same
         maths, batched with the other clients of the process). ``prox`` = (mu, anchor (dim,)): FedProx's
-        ``(mu/2)||w − anchor||²``; ``correction`` (dim,): SCAFFOLD's ``w ← w − lr·correction`` per step."""
+        ``(mu/2)||w − anchor||²``; ``correction`` (dim,): SCAFFOLD's ``w ← w − lr·correction`` per step.
+        With ``cfg.dp_sgd``: DP-SGD (:mod:`.dp_sgd`; ``rng`` unused, the batches come from the client's own
+        entropy), the loss returned is NaN."""
+        if cfg.dp_sgd is not None:
+            return self._dp_train(model, X, y, cfg, prox, correction)
         if self.trainer is not None:
             return self.trainer.train(model, X, y, cfg, rng, prox=prox, correction=correction)
         if self.loop is not None and self.loop.train_fn is not None:
@@ -243,6 +255,29 @@ class Strategy(ABC):
                         p.sub_(lr * d)
             after_step = correct
         return local_sgd(model, X, y, cfg, rng, extra_loss=extra_loss, after_step=after_step)
+
+    def _dp_train(self, model: nn.Module, X, y: np.ndarray, cfg: LocalTrainConfig, prox,
+                  correction) -> tuple[int, float]:
+        """:meth:`local_train` under record-level DP-SGD, built-in loop or the user's; ValueError naming
+        ``params.record_dp`` for a strategy or batched trainer it does not cover."""
+        if self.name not in DP_SGD_STRATEGIES:
+            raise ValueError(f"{RECORD_DP_FIELD}: DP-SGD covers {', '.join(DP_SGD_STRATEGIES)}; {self.name} reads "
+                             f"the training records outside the private steps")
+        if self.trainer is not None:
+            raise ValueError(f"{RECORD_DP_FIELD}: DP-SGD needs per-client training (the batched simulation trainer "
+                             f"does not compute per-record gradients)")
+        self.record_dp = for_config(self.record_dp, cfg, len(y))
+        pairs = (prox[0], split_like(model, prox[1])) if prox is not None else None
+        if self.loop is not None and self.loop.train_fn is not None:
+            return self.loop.train(model, X, y, cfg, None, prox=prox, correction=correction, dp=self.record_dp)
+        corr, lr = (split_like(model, correction) if correction is not None else []), cfg.lr
+
+        def correct(m: nn.Module) -> None:  # SCAFFOLD's w <- w - lr (c - c_i): data-independent, after the step
+            with torch.no_grad():
+                for p, d in corr:
+                    p.sub_(lr * d)
+        return dp_local_sgd(model, X, y, cfg, self.record_dp, prox=pairs,
+                            after_step=correct if correction is not None else None)
 
     def evaluate_rows(self, model: nn.Module, X, y: np.ndarray) -> dict[str, float]:
         """:func:`~.models.evaluate` of ``model`` on (X, y), or the user's ``evaluate`` when the job names one."""

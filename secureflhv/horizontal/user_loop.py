@@ -31,6 +31,10 @@ The loader yields ``(x, y)`` batches of ``params.batch_size`` in an order drawn 
 the client (:func:`~.strategies.batch_rng`); each pass over it is a new permutation, so a loop of ``ctx.epochs``
 passes sees the batches the built-in loop would. A loop that makes no step through the wrapper is an error
 (the strategies need the step count). Nothing of the loop travels: only the update vector, as with the built-in loop.
+
+Under record-level DP-SGD (``params.record_dp``, :mod:`.dp_sgd`) the loader is Opacus's Poisson-sampling one (batch
+sizes vary, a batch may be empty), the wrapper clips and noises each step (one optimiser a round, no closure), the
+model carries Opacus's per-record gradient hooks during the round, and the loss it returns is kept at the client.
 """
 from __future__ import annotations
 
@@ -61,17 +65,43 @@ class _Permutations(Sampler):
         return self.n
 
 
+def _device(optimizer: torch.optim.Optimizer) -> torch.device:
+    """The device of ``optimizer``'s first parameter (CPU when it has none)."""
+    return next((p.device for g in optimizer.param_groups for p in g["params"]), torch.device("cpu"))
+
+
+class _Counted:
+    """A loader that counts the batches it yields (DP-SGD accounts one sampled batch per step); everything else
+    is the wrapped loader's."""
+
+    def __init__(self, loader):
+        self.loader, self.drawn = loader, 0
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.drawn += 1
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
 class StrategyOptimizer:
     """A torch optimiser with the strategy's per-step work around ``step()`` (module docstring); every other
     attribute (``param_groups``, ``state_dict`` ...) is the wrapped optimiser's, so schedulers work on it."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, strategy: str, cfg: LocalTrainConfig,
-                 prox: list | None, mu: float, correction: list | None):
+                 prox: list | None, mu: float, correction: list | None, dp=None):
         if strategy == "fednova" and not (isinstance(optimizer, torch.optim.SGD)
                                           and all(g.get("momentum", 0.0) == cfg.momentum for g in optimizer.param_groups)):
             raise ValueError(f"FedNova's a_i assumes torch.optim.SGD with params.momentum = {cfg.momentum}; the training "
                              f"loop's optimiser is {type(optimizer).__name__}")
         self.inner, self.prox, self.mu, self.correction = optimizer, prox, mu, correction
+        # record-level DP-SGD (:mod:`.dp_sgd`): (RecordDP, Opacus's DPOptimizer around ``optimizer``), or None
+        self.dp = (dp, dp.privatize(optimizer, _device(optimizer))) if dp is not None else None
         self.steps, self.lr_sum = 0, 0.0
         self._group_lr = {id(p): g for g in optimizer.param_groups for p in g["params"]}
 
@@ -79,17 +109,25 @@ class StrategyOptimizer:
         return getattr(self.inner, name)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The wrapped optimiser's ``zero_grad``."""
-        self.inner.zero_grad(set_to_none=set_to_none)
+        """The wrapped optimiser's ``zero_grad`` (under DP-SGD Opacus's, which clears the per-record gradients)."""
+        (self.dp[1] if self.dp is not None else self.inner).zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Callable | None = None):
-        """Proximal gradient, the optimiser's step, SCAFFOLD's correction; counts the step."""
-        if self.prox is not None:
-            with torch.no_grad():
-                for p, anchor in self.prox:
-                    if p.grad is not None:
-                        p.grad.add_(p.detach() - anchor, alpha=self.mu)
-        result = self.inner.step(closure)
+        """Proximal gradient, the optimiser's step, SCAFFOLD's correction; counts the step. Under DP-SGD Opacus
+        first clips and noises the per-record gradients and the proximal gradient joins after the noise
+        (:meth:`~.dp_sgd.RecordDP.step`); a closure is refused there (it would recompute the gradients)."""
+        if self.dp is not None:
+            if closure is not None:
+                raise ValueError("params.record_dp: DP-SGD does not take optimizer.step(closure)")
+            self.dp[0].step(self.dp[1], (self.mu, self.prox) if self.prox is not None else None)
+            result = None
+        else:
+            if self.prox is not None:
+                with torch.no_grad():
+                    for p, anchor in self.prox:
+                        if p.grad is not None:
+                            p.grad.add_(p.detach() - anchor, alpha=self.mu)
+            result = self.inner.step(closure)
         lr = float(self.inner.param_groups[0]["lr"])
         if self.correction is not None:
             with torch.no_grad():
@@ -124,6 +162,7 @@ class TrainContext:
     _prox: tuple | None = None
     _correction: np.ndarray | None = None
     wrapped: list = field(default_factory=list)
+    _dp: object | None = None  # record-level DP-SGD (:class:`~.dp_sgd.RecordDP`), or None
 
     def optimizer(self, params=None) -> StrategyOptimizer:
         """The job's optimiser (``params.optimizer``: SGD by default) over ``params`` (default: the model's trainable
@@ -142,7 +181,10 @@ class TrainContext:
         prox = split_like(self._model, self._prox[1]) if self._prox is not None else None
         corr = split_like(self._model, self._correction) if self._correction is not None else None
         mu = self._prox[0] if self._prox else 0.0
-        opt = StrategyOptimizer(optimizer, self.strategy, self._config(), prox, mu, corr)
+        if self._dp is not None and self.wrapped:
+            raise ValueError("params.record_dp: under DP-SGD the training loop may use one optimiser a round "
+                             "(each step is accounted as one Poisson-sampled batch)")
+        opt = StrategyOptimizer(optimizer, self.strategy, self._config(), prox, mu, corr, self._dp)
         self.wrapped.append(opt)
         return opt
 
@@ -173,15 +215,28 @@ class UserLoop:
         return TrainContext(self.round, self.client, cfg.epochs, cfg.batch_size, cfg.lr, cfg.momentum,
                             cfg.weight_decay, model_device(model), self.strategy, cfg.optimizer, model, prox, correction)
 
-    def train(self, model: nn.Module, X: Rows, y: np.ndarray, cfg: LocalTrainConfig, rng: np.random.Generator, *,
-              prox=None, correction=None) -> tuple[int, float]:
+    def train(self, model: nn.Module, X: Rows, y: np.ndarray, cfg: LocalTrainConfig, rng: np.random.Generator | None,
+              *, prox=None, correction=None, dp=None) -> tuple[int, float]:
         """Run the user's ``train`` for one round; (steps, mean loss or NaN). ValueError when it made no step
-        through the context's optimiser, or returned something other than None, a number or a dict."""
+        through the context's optimiser, or returned something other than None, a number or a dict.
+
+        ``dp`` (:class:`~.dp_sgd.RecordDP`): record-level DP-SGD; the loader is Opacus's Poisson-sampling one (from
+        the client's own entropy, ``rng`` unused), the optimisers clip and noise, the model gets per-record
+        gradient hooks for the round (ValueError naming ``params.model`` when Opacus does not support it); the
+        loss returned is NaN (not private), a loop that steps more often than it drew batches is refused."""
         ctx = self.context(model, cfg, prox, correction)
-        loader = DataLoader(_dataset(X, y), batch_size=cfg.batch_size, sampler=_Permutations(rng, len(y)))
         model.train()
-        out = self.train_fn(model, loader, ctx)
+        if dp is None:
+            loader = DataLoader(_dataset(X, y), batch_size=cfg.batch_size, sampler=_Permutations(rng, len(y)))
+            out = self.train_fn(model, loader, ctx)
+        else:
+            ctx._dp, loader = dp, _Counted(dp.loader(_dataset(X, y)))
+            with dp.hooks(model):
+                out = self.train_fn(model, loader, ctx)
         steps = sum(o.steps for o in ctx.wrapped)
+        if dp is not None and steps > loader.drawn:
+            raise ValueError(f"params.record_dp: {self.client}'s training loop made {steps} optimiser steps from "
+                             f"{loader.drawn} batches of the loader; DP-SGD accounts one sampled batch per step")
         if steps == 0:
             raise ValueError(f"params.train: {self.client}'s training loop made no optimiser step through "
                              f"ctx.optimizer() or ctx.wrap(optimizer) ({self.strategy} needs them)")
@@ -190,6 +245,9 @@ class UserLoop:
         if not isinstance(loss, (int, float)):
             raise ValueError(f"params.train: the training loop returned {type(out).__name__}; return None, the loss "
                              f"or a dict with 'loss'")
+        if dp is not None:
+            dp.last_loss = float(loss)
+            return steps, math.nan
         return steps, float(loss) if math.isfinite(loss) else 0.0
 
     @torch.no_grad()

@@ -1,0 +1,60 @@
+"""Record-level differential privacy at each horizontal FL client (``params.record_dp``): DP-SGD with Opacus.
+
+What is protected: any one training record of a client (add or remove one record), against whoever sees that
+client's updates (the server without secure aggregation; everyone through the released model). The noise is
+added by the client itself, before anything leaves it, so no other party is trusted with it. Sources: Abadi, Chu,
+Goodfellow, McMahan, Mironov, Talwar, Zhang, "Deep Learning with Differential Privacy", CCS 2016, Algorithm 1;
+Opacus (Yousefpour et al., arXiv:2109.12298). The client-side code is :mod:`secureflhv.horizontal.dp_sgd`.
+
+Units: ``clip_norm`` is an L2 norm of one record's gradient (the loss's units per parameter unit);
+``noise_multiplier`` is the noise standard deviation over ``clip_norm`` (dimensionless); ε in nats.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FIELD = "params.record_dp"  # the job-file field these settings come from (for error messages)
+
+
+class RecordDPParams(BaseModel):
+    """DP-SGD at every client (Abadi et al. 2016, Algorithm 1, with Poisson sampling as Opacus does it).
+
+    Each local step samples every local record independently with probability ``q = min(1, batch_size / n_local)``
+    (``n_local``: the client's training rows), clips each sampled record's gradient to L2 norm ``clip_norm``, sums,
+    adds N(0, (noise_multiplier · clip_norm)²) per coordinate and divides by the expected batch size ``q · n_local``
+    before the optimiser's step. A round has ``epochs · ⌊1/q⌋`` steps. One Opacus accountant per client composes
+    every step of every round (adaptive composition of the sampled Gaussian mechanism).
+
+    Attributes:
+        clip_norm: C > 0, the per-record gradient clip (L2).
+        noise_multiplier: z > 0; or None and give ``target_epsilon``.
+        target_epsilon: ε > 0 that the job's ``rounds · epochs · ⌊1/q⌋`` steps should spend at ``delta``: each
+            client calibrates its own z with ``opacus.accountants.utils.get_noise_multiplier`` (q depends on its
+            row count), so a client in every round ends at most at ``target_epsilon`` (0.01 below it at worst).
+        delta: δ of the (ε, δ) guarantee, in (0, 1); choose it well below 1 / n_local.
+        accountant: Opacus's ``rdp`` (Mironov, Talwar, Zhang, arXiv:1908.10530; the default), ``prv`` (Gopi, Lee,
+            Wutschitz, NeurIPS 2021: numerical, tighter) or ``gdp`` (Dong, Roth, Su 2019: a central-limit
+            approximation that Opacus warns can *under*-estimate ε; not a guaranteed bound).
+        noise_seed: TESTS ONLY. Seeds the Poisson sampling and the noise; whoever knows it can remove the noise.
+            None (the default): both are drawn from the operating system's entropy at the client.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    clip_norm: float = Field(gt=0, allow_inf_nan=False, description="C: L2 clip of one record's gradient")
+    noise_multiplier: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                           description="z: noise std over C on each step's summed gradients")
+    target_epsilon: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                         description="calibrate z so the job's rounds spend this ε at delta")
+    delta: float = Field(default=1e-5, gt=0, lt=1, description="δ of the (ε, δ) guarantee; below 1/n_local")
+    accountant: Literal["rdp", "prv", "gdp"] = Field(default="rdp", description="Opacus's accountant")
+    noise_seed: int | None = Field(default=None, ge=0, description="TESTS ONLY: seeds sampling and noise "
+                                                                    "(removes the privacy); None: OS entropy")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "RecordDPParams":
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("noise_multiplier / target_epsilon: give one of the two")
+        return self
