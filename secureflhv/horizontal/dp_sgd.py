@@ -79,7 +79,7 @@ def record_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delt
                    accountant: str = "rdp", alphas: Sequence[float] | None = None) -> float:
     """ε (nats) at ``delta`` of ``steps`` DP-SGD steps with noise multiplier z and Poisson rate q, by Opacus's
     accountant ``accountant`` (``rdp``: at the RDP orders ``alphas``, default ``RDPAccountant.DEFAULT_ALPHAS``;
-    ``prv``; ``gdp``).
+    or ``prv``).
 
     The same number :meth:`RecordDP.epsilon` gives after ``steps`` steps (its accountant merges equal steps into
     one history entry ``(z, q, steps)``, which is what this builds). 0 for ``steps == 0``."""

@@ -82,6 +82,7 @@ from ..transport.round_layout import RoundLayout
 from ..transport.role import ProtocolRole
 from .contribution import SLOTS, ContributionClient, ContributionServer, latent_dim
 from .dp_fedavg import ClientDP
+from .dp_sgd import for_config
 from .model_wire import float32_tensor, model_bundle, read_model
 from .local_data import DatasetRows
 from .models import ModelSpec, build_model, check_local_data, get_flat, param_shapes, set_flat
@@ -254,6 +255,7 @@ class _Resumable(Lifecycle):
     def _restored_rounds(self, history_type) -> tuple[int, dict, list]:
         """(rounds done, arrays, history) of ``resume`` ((0, {}, []) without one); the strategy's state
         is loaded. ValueError when it is not a horizontal FL checkpoint of this configuration."""
+        self._restored_state: dict = {}
         done, arrays, state = self._restored(self.config.rounds, check=lambda done, arrays, state: isinstance(
             state.get("history"), list) and len(state["history"]) == done and all(
             isinstance(h, dict) for h in state["history"]) and state.get("strategy") == self.strategy.name)
@@ -265,12 +267,15 @@ class _Resumable(Lifecycle):
             raise ValueError(f"checkpoint: malformed round history ({exc})") from None
         self.strategy.load_state({k[len("strategy."):]: v for k, v in arrays.items() if k.startswith("strategy.")},
                                  self.dim)
+        self._restored_state = state
         return done, arrays, history
 
     def _round_done(self, done: int, arrays: dict, history: list) -> None:
         def snapshot(_step):
-            return ({**arrays, **{f"strategy.{k}": v for k, v in self.strategy.state_arrays().items()}},
-                    {"strategy": self.strategy.name, "history": history})
+            state = {"strategy": self.strategy.name, "history": history}
+            if getattr(self.strategy, "record_dp", None) is not None:  # a client's DP-SGD accountant (JSON)
+                state["record_dp"] = self.strategy.record_dp.state_dict()
+            return ({**arrays, **{f"strategy.{k}": v for k, v in self.strategy.state_arrays().items()}}, state)
 
         self._after_step(done, snapshot)
 
@@ -545,7 +550,7 @@ class HorizontalServer(_Resumable, ProtocolRole):
             if trained:
                 whole_count(vals["train_n"], "metrics: 'train_n'", lo=1, hi=1 << 53)
                 whole_count(vals["steps"], "metrics: 'steps'", lo=1, hi=1 << 53)
-                if not math.isfinite(vals["train_loss"]):
+                if math.isinf(vals["train_loss"]):  # NaN: withheld (DP-SGD does not release it)
                     raise ProtocolError(f"metrics: train_loss {vals['train_loss']!r} is not finite")
             for k in ("test_correct", "test_n"):
                 whole_count(vals.get(k, -1.0), f"metrics: {k!r}", hi=1 << 53)
@@ -577,7 +582,7 @@ class HorizontalServer(_Resumable, ProtocolRole):
         correct = sum(m["test_correct"] for m in metrics.values())
         n_test = sum(m["test_n"] for m in metrics.values())
         loss_sum = sum(m.get("test_loss_sum", 0.0) for m in metrics.values())
-        trained = [m for m in metrics.values() if m.get("trained", 0) > 0]
+        trained = [m for m in metrics.values() if m.get("trained", 0) > 0 and math.isfinite(m["train_loss"])]
         n_train = sum(m["train_n"] for m in trained)
         train_loss = sum(m["train_loss"] * m["train_n"] for m in trained) / n_train if n_train else float("nan")
         agg = {p: {"clip": res.clip, "scale": res.scale, "k_bits": res.k_bits, "n_clipped": res.n_clipped,
@@ -720,6 +725,7 @@ class HorizontalClient(_Resumable, ProtocolRole):
         done, arrays, self.history = self._restored_rounds(dict)
         if done:
             self.global_vec = self._restored_model(arrays, "global")
+            self._restore_record_dp(self._restored_state.get("record_dp"))
         r = done + 1
         while True:
             bundle = self.t.recv(self.server_id, TAG_ROUND, r, timeout=timeout, parse=self._parse_round)
@@ -747,6 +753,8 @@ class HorizontalClient(_Resumable, ProtocolRole):
             local = {}  # kept here, never sent: the server must not learn a client's Λ_r
             if cmd == "train" and self.contrib is not None and self.contrib.factor is not None:
                 local["contribution_factor"] = self.contrib.factor
+            if self.record_privacy is not None:  # DP-SGD: this client's ε over every step so far
+                local["record_epsilon"] = self.record_privacy["epsilon"]
             quality = {"test_accuracy": metrics["accuracy"]}
             if self.spec.task == "regression":
                 quality = {"test_mse": metrics["loss"]}
@@ -757,6 +765,21 @@ class HorizontalClient(_Resumable, ProtocolRole):
                      else "not selected", ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in quality.items()),
                      metrics["n"])
             r += 1
+
+    def _restore_record_dp(self, state) -> None:
+        """After a resume: the DP-SGD accountant of the rounds already trained (ε continues, never restarts)."""
+        if self.config.local.dp_sgd is None:
+            return
+        if not isinstance(state, dict):
+            raise ValueError("checkpoint: params.record_dp is on but the checkpoint holds no DP-SGD accountant")
+        self.strategy.record_dp = for_config(None, self.config.local, len(self.y_train))
+        self.strategy.record_dp.load_state_dict(state)
+
+    @property
+    def record_privacy(self) -> dict | None:
+        """This client's record-level DP-SGD guarantee so far (:meth:`~.dp_sgd.RecordDP.record`), or None."""
+        rec = getattr(self.strategy, "record_dp", None)
+        return None if rec is None else rec.record()
 
     def evaluate(self, vector: np.ndarray) -> dict[str, float]:
         """Metrics of the flat parameter vector ``vector`` (float32, (d,)) on this client's test rows: accuracy and

@@ -34,9 +34,9 @@ class RecordDPParams(BaseModel):
             client calibrates its own z with ``opacus.accountants.utils.get_noise_multiplier`` (q depends on its
             row count), so a client in every round ends at most at ``target_epsilon`` (0.01 below it at worst).
         delta: δ of the (ε, δ) guarantee, in (0, 1); choose it well below 1 / n_local.
-        accountant: Opacus's ``rdp`` (Mironov, Talwar, Zhang, arXiv:1908.10530; the default), ``prv`` (Gopi, Lee,
-            Wutschitz, NeurIPS 2021: numerical, tighter) or ``gdp`` (Dong, Roth, Su 2019: a central-limit
-            approximation that Opacus warns can *under*-estimate ε; not a guaranteed bound).
+        accountant: Opacus's ``rdp`` (Mironov, Talwar, Zhang, arXiv:1908.10530; the default) or ``prv`` (Gopi, Lee,
+            Wutschitz, NeurIPS 2021: numerical, tighter). Opacus's ``gdp`` (a central-limit approximation that can
+            *under*-estimate ε) is not offered: a job's ε must be a bound.
         noise_seed: TESTS ONLY. Seeds the Poisson sampling and the noise; whoever knows it can remove the noise.
             None (the default): both are drawn from the operating system's entropy at the client.
     """
@@ -49,7 +49,7 @@ class RecordDPParams(BaseModel):
     target_epsilon: float | None = Field(default=None, gt=0, allow_inf_nan=False,
                                          description="calibrate z so the job's rounds spend this ε at delta")
     delta: float = Field(default=1e-5, gt=0, lt=1, description="δ of the (ε, δ) guarantee; below 1/n_local")
-    accountant: Literal["rdp", "prv", "gdp"] = Field(default="rdp", description="Opacus's accountant")
+    accountant: Literal["rdp", "prv"] = Field(default="rdp", description="Opacus's accountant")
     noise_seed: int | None = Field(default=None, ge=0, description="TESTS ONLY: seeds sampling and noise "
                                                                     "(removes the privacy); None: OS entropy")
 

@@ -72,6 +72,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from ...params import AggregationParams, ClientDPParams, FactoryRef, LocalTraining
+from ...params.record_privacy import RecordDPParams
 from ...secagg import AggregationConfig, AggregationConfigError
 from ...horizontal.dp_distributed import DistributedDP
 from ...horizontal.dp_fedavg import CentralDP, ClientDP
@@ -83,6 +84,7 @@ from ...horizontal.models import ModelSpec, build_model, get_flat, model_device,
 from ...horizontal.user_model import UserModelSpec
 from . import user_code
 from ...horizontal.strategy_registry import make_strategy
+from ...horizontal.dp_sgd import DP_SGD_STRATEGIES
 from ...horizontal.strategies import LR_SCHEDULERS, LocalTrainConfig
 from ...transport import Transport
 from ..store.artifacts import plot_curves, write_json
@@ -163,12 +165,15 @@ class HorizontalJobParams(LocalTrainingParams):
                                                                                "constant)")
     dp: ClientDPParams | None = Field(default=None, description="client-level differential privacy (DP-FedAvg, "
                                                                 "central or distributed noise); docs/privacy.md")
+    record_dp: RecordDPParams | None = Field(default=None, description="record-level DP-SGD at every client "
+                                                                       "(Opacus); docs/privacy.md")
 
     def local_config(self) -> LocalTrainConfig:
-        """A client's local training settings, with the job's optimiser and learning-rate schedule."""
+        """A client's local training settings, with the job's optimiser, learning-rate schedule and DP-SGD."""
         sched = None if self.lr_scheduler is None else (self.lr_scheduler.name,
                                                         tuple(sorted(self.lr_scheduler.kwargs.items())))
-        return replace(super().local_config(), optimizer=self.optimizer, lr_scheduler=sched)
+        return replace(super().local_config(), optimizer=self.optimizer, lr_scheduler=sched,
+                       dp_sgd=self.record_dp, dp_sgd_rounds=self.rounds)
 
     strategy: Literal["fedavg", "fedprox", "scaffold", "fednova", "ifca", "fedper"] = "fedavg"
     clusters: int = Field(default=2, ge=2, description="IFCA: number of cluster models k (at most 8)")
@@ -225,6 +230,8 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
                              "a user's model or dataset does its own (remove params.preprocessing)")
     if params.dp is not None:
         _check_dp(cfg, params)
+    if params.record_dp is not None:
+        _check_record_dp(params)
     if params.optimizer != "sgd" and params.strategy in ("scaffold", "fednova"):
         raise JobConfigError(f"params.optimizer: {params.strategy}'s update assumes SGD (its control variates / its "
                              f"normaliser a_i are defined for SGD steps); use optimizer: sgd")
@@ -270,6 +277,18 @@ def _check_dp(cfg: JobConfig, params: HorizontalJobParams) -> None:
             dp_config(cfg, params).bound(dim)
         except ValueError as exc:
             raise JobConfigError(str(exc)) from None
+
+
+def _check_record_dp(params: HorizontalJobParams) -> None:
+    """What DP-SGD at the clients needs of the job: a strategy whose every use of the training records is the
+    noised steps (:data:`~secureflhv.horizontal.dp_sgd.DP_SGD_STRATEGIES`; IFCA also picks its cluster by the
+    training loss), no contribution normalisation (it scores the trained model on the training rows)."""
+    if params.strategy not in DP_SGD_STRATEGIES:
+        raise JobConfigError(f"params.record_dp: DP-SGD covers {', '.join(DP_SGD_STRATEGIES)}; {params.strategy} "
+                             f"reads the training records outside the noised steps")
+    if params.contribution_temperature is not None:
+        raise JobConfigError("params.record_dp: contribution normalisation scores the trained model on the training "
+                             "rows outside DP-SGD (set contribution_temperature to null)")
 
 
 def dp_config(cfg: JobConfig, params: HorizontalJobParams) -> ClientDP | None:
@@ -555,15 +574,19 @@ def _final_metrics(cfg: JobConfig, party: PartySpec, params: HorizontalJobParams
     return {"task": task, "test": metrics}
 
 
-def _client_privacy(config: FLConfig, rounds_seen: int) -> dict | None:
-    """A client's own bound on the released model's privacy: every round it received counted as released (an
-    upper bound: a refused round releases nothing), so it need not trust the server's figure."""
+def _client_privacy(client: HorizontalClient, rounds_seen: int) -> dict | None:
+    """A client's own bounds on the released model's privacy. Client-level (``params.dp``): every round it received
+    counted as released (an upper bound: a refused round releases nothing), so it need not trust the server's
+    figure. Record-level (``params.record_dp``): its DP-SGD accountant over every step it trained, under
+    ``record_level`` (or alone without ``params.dp``)."""
+    config, record = client.config, client.record_privacy
     if config.dp is None or not rounds_seen:
-        return None
+        return record
     acc = config.dp.accountant_for()
     for _ in range(rounds_seen):
         acc.step()
-    return {**acc.record(config.dp.delta), **config.dp.describe(), "bound": "at most: every round received counted"}
+    out = {**acc.record(config.dp.delta), **config.dp.describe(), "bound": "at most: every round received counted"}
+    return out if record is None else {**out, "record_level": record}
 
 
 def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
@@ -586,7 +609,7 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     final = {}
     if client.global_vec is not None:  # the last global model the server sent: every client can score with it
         _save_bundle(cfg, party, params, bundle_arrays(params, client.global_vec, client.model),
-                     _finite(history[-1]) if history else {}, prep, privacy=_client_privacy(client.config, len(history)),
+                     _finite(history[-1]) if history else {}, prep, privacy=_client_privacy(client, len(history)),
                      layout=client.layout.digest())
         final = _final_metrics(cfg, party, params, client, take(X, test), y[test], test)
     write_json(cfg.output_dir(party.id) / "metrics.json",
