@@ -41,6 +41,14 @@ For N = 10^4 rows, b = 18: the mean is within R * 2^-20 ~ 1e-6 R. Values outside
 are clipped to them before quantising (their count is reported): then the bounds hold for the
 clipped data only.
 
+Differential privacy (``dp``, :mod:`secureflhv.fedstats.stats_privacy`): each client adds integer Skellam
+noise to both rounds' vectors before masking, so the pooled counts and moments are noised (record-level DP).
+Every consumer here is then robust to noisy values, by post-processing only (which costs no privacy): counts
+are clamped (row count >= 1, other counts >= 0), a mean divides by max(count, 1) and is clamped into [lo, hi],
+a variance into [0, ((hi - lo) / 2)^2]; no column is refused as all-missing; a missing indicator needs a noisy
+missing count above ``missing_threshold``; clipped counts are not released (sent as 0). The error bounds
+above then cover the quantisation only; the noise adds its own (``to_dict`` gives its std).
+
 What the server learns: the column layout (names, declared vocabularies: the schema), the pooled
 row count, per column the pooled non-missing/missing counts, category counts and log-magnitude
 histogram (hence the global range to within a bucket), the pooled sum q and sum q^2 (hence global
@@ -250,21 +258,28 @@ class Counts:
     lo: np.ndarray           # per numeric column
     hi: np.ndarray
     magnitude: dict[str, np.ndarray] | None = None   # per numeric column, signed buckets -N_MAG..N_MAG
+    noisy: bool = False      # DP: noised sums, clamped (n_rows >= 1, counts >= 0)
 
 
-def decode_round_a(total: np.ndarray, spec: StatsSpec) -> Counts:
+def decode_round_a(total: np.ndarray, spec: StatsSpec, *, noisy: bool = False) -> Counts:
     """Split a pooled round-A vector (integers, float64 or int64 (dim_a,)) into :class:`Counts` and
     derive the global ranges (public ``spec.ranges``, else from the magnitude histograms; a numeric
     column with no present value gets [0, 1] and its all-missing state is reported by the caller).
+    ``noisy`` (DP): the sums carry noise; negatives are allowed and clamped (row count to >= 1, every
+    other count to >= 0), and public ranges are required.
 
-    Raises StatsError when the vector has the wrong shape or holds non-integers / negatives.
+    Raises StatsError when the vector has the wrong shape or holds non-integers / negatives (unless
+    ``noisy``), or ``noisy`` without public ranges.
     """
     t = np.asarray(total, dtype=np.float64)
     if t.shape != (spec.dim_a,) or not np.all(np.isfinite(t)):
         raise StatsError(f"round-A statistics have shape {t.shape}, expected ({spec.dim_a},)")
-    if (t != np.round(t)).any() or (t < 0).any():
+    if (t != np.round(t)).any() or (t < 0).any() and not noisy:
         raise StatsError("round-A statistics must be non-negative integers")
-    t = t.astype(np.int64)
+    if noisy and spec.ranges is None:
+        raise StatsError("noised statistics need public ranges (no range sketch under differential privacy)")
+    t = np.maximum(t, 0).astype(np.int64)
+    t[0] = max(t[0], 1)
     n = int(t[0])
     at = 1
     present, missing, cats, mags, lo, hi = {}, {}, {}, {}, [], []
@@ -291,7 +306,7 @@ def decode_round_a(total: np.ndarray, spec: StatsSpec) -> Counts:
     if spec.ranges is not None:
         lo, hi = [r[0] for r in spec.ranges], [r[1] for r in spec.ranges]
     return Counts(n, present, missing, cats, np.array(lo, dtype=np.float64), np.array(hi, dtype=np.float64),
-                  mags if spec.ranges is None else None)
+                  mags if spec.ranges is None else None, noisy)
 
 
 def quantise_values(v: np.ndarray, lo: float, hi: float, b: int) -> tuple[np.ndarray, int]:
@@ -302,17 +317,25 @@ def quantise_values(v: np.ndarray, lo: float, hi: float, b: int) -> tuple[np.nda
     return np.clip(q, -(1 << b), 1 << b), clipped
 
 
-def round_b_vector(X: np.ndarray, spec: StatsSpec, counts: Counts) -> np.ndarray:
-    """A client's round-B integers (int64 (spec.dim_b,)): per numeric column sum q, sum q^2, clipped count."""
+def round_b_vector(X: np.ndarray, spec: StatsSpec, counts: Counts, bits: int | None = None) -> np.ndarray:
+    """A client's round-B integers (int64 (spec.dim_b,)): per numeric column sum q, sum q^2, clipped count.
+
+    ``bits``: b (default :func:`moment_bits` of the pooled row count). Noisy counts (DP): ``bits`` is
+    required (it must leave room for the noise: :mod:`~secureflhv.fedstats.stats_privacy`), the pooled row
+    count is not compared with this client's (the noise may put it lower) and the clipped counts are 0
+    (not released). Raises StatsError for a table that does not fit, or noisy counts without ``bits``.
+    """
     X = _check_table(X, spec)
-    b = moment_bits(counts.n_rows)
-    if len(X) > counts.n_rows:
+    if counts.noisy and bits is None:
+        raise StatsError("noised counts: pass the moment bits the DP plan allows")
+    b = moment_bits(counts.n_rows) if bits is None else int(bits)
+    if len(X) > counts.n_rows and not counts.noisy:
         raise StatsError(f"this client has {len(X)} rows, more than the pooled {counts.n_rows}")
     out = []
     for i, name in enumerate(spec.numeric):
         col = X[:, spec.names.index(name)]
         q, clipped = quantise_values(col[~np.isnan(col)], counts.lo[i], counts.hi[i], b)
-        out += [int(q.sum()), int((q * q).sum()), clipped]
+        out += [int(q.sum()), int((q * q).sum()), 0 if counts.noisy else clipped]
     vec = np.array(out, dtype=np.int64)
     assert vec.shape == (spec.dim_b,) and np.all(np.abs(vec) < EXACT_LIMIT)
     return vec
@@ -328,6 +351,10 @@ class FederatedStatistics:
         moments: round B, int64 (n_numeric, 3): sum q, sum q^2, clipped count (None without round B).
         bits: b of round B.
         participants: the clients whose rows are in the sums.
+        privacy: DP only: the (ε, δ) record (:meth:`secureflhv.dp.integer_sums.SumAccountant.record`) and
+            the noise's std per release (``noise_std``, integer units).
+        missing_threshold: a column counts as having missing cells when its (noisy) missing count exceeds
+            this (0 without DP).
     """
 
     spec: StatsSpec
@@ -335,6 +362,8 @@ class FederatedStatistics:
     moments: np.ndarray | None = None
     bits: int | None = None
     participants: list[str] = field(default_factory=list)
+    privacy: dict | None = None
+    missing_threshold: float = 0.0
 
     @property
     def delta(self) -> np.ndarray:
@@ -344,7 +373,11 @@ class FederatedStatistics:
     def mean_var(self) -> tuple[np.ndarray, np.ndarray]:
         """Global mean and (population) variance per numeric column, float64 (n_numeric,) each.
 
-        Raises StatsError naming a column that is missing in every row, or when round B did not run.
+        Noisy (DP) statistics: post-processed to be valid, the count at least 1, the mean in [lo, hi], the
+        variance in [0, ((hi - lo) / 2)^2] (the most a variable in [lo, hi] can have).
+
+        Raises StatsError naming a column that is missing in every row (not under DP), or when round B
+        did not run.
         """
         if self.moments is None:
             raise StatsError("no moments: the statistics were computed without round B")
@@ -352,6 +385,11 @@ class FederatedStatistics:
         n = np.array([self.counts.present[nm] for nm in self.spec.numeric], dtype=np.float64)
         self._check_present()
         s1, s2 = self.moments[:, 0].astype(np.float64), self.moments[:, 1].astype(np.float64)
+        if self.counts.noisy:   # post-processing of noised sums
+            n, half = np.maximum(n, 1.0), 2.0 ** self.bits
+            m1 = np.clip(s1 / n, -half, half)
+            var = np.clip(s2 / n - m1 * m1, 0.0, half * half) * self.delta ** 2
+            return c + self.delta * m1, var
         m1 = s1 / n
         var = np.maximum(s2 / n - m1 * m1, 0.0) * self.delta ** 2
         return c + self.delta * m1, var
@@ -363,6 +401,8 @@ class FederatedStatistics:
         return d / 2, d * r / 2 + d * d / 4 + 1e-15 * r * r
 
     def _check_present(self) -> None:
+        if self.counts.noisy:   # a noised count of 0 proves nothing; the clamps keep every value defined
+            return
         for name in self.spec.names:
             if self.counts.present[name] <= 0:
                 raise StatsError(f"feature {name!r} is missing in every training row (all clients)")
@@ -380,7 +420,7 @@ class FederatedStatistics:
         mean, std, mode = np.full(d, np.nan), np.full(d, np.nan), np.full(d, np.nan)
         if self.moments is not None:
             m, v = self.mean_var()
-        elif standardize or any(c.missing[n] for n in spec.numeric):
+        elif standardize or any(c.missing[n] > self.missing_threshold for n in spec.numeric):
             raise StatsError("standardisation and mean imputation need the moments (round B)")
         else:
             m = v = np.zeros(len(spec.numeric))
@@ -393,7 +433,8 @@ class FederatedStatistics:
                 i += 1
         std[~(std > 0)] = 1.0
         std[np.isnan(mean)] = np.nan
-        indicator = np.array([missing_indicator and c.missing[n] > 0 for n in spec.names], dtype=bool)
+        indicator = np.array([missing_indicator and c.missing[n] > self.missing_threshold for n in spec.names],
+                             dtype=bool)
         return Preprocessor(list(spec.names), spec.categories, mean, std, mode, indicator, standardize)
 
     def to_dict(self) -> dict:
@@ -409,5 +450,7 @@ class FederatedStatistics:
             em, ev = self.error_bounds()
             out.update({"moment_bits": self.bits, "mean": mean.tolist(), "variance": var.tolist(),
                         "mean_error_bound": em.tolist(), "variance_error_bound": ev.tolist(),
-                        "clipped": self.moments[:, 2].tolist()})
+                        "clipped": None if c.noisy else self.moments[:, 2].tolist()})
+        if self.privacy is not None:
+            out["privacy"] = self.privacy
         return out

@@ -21,6 +21,12 @@ the server learns: only pooled counts and sums) and every party gets the same
   float32 rounding of the grid; ``tests/tree/test_fed_sketch_bins.py``), where
   w <= (max - min + (2^(1/8) - 1) (|min| + |max|) + 2^-23) / sketch_bins (the pooled min and max).
 
+Differential privacy (``params.preprocessing.dp``, :class:`~secureflhv.params.sum_privacy.SumDPParams`):
+record-level DP of the pooled statistics by distributed Skellam noise inside secure aggregation
+(:mod:`secureflhv.fedstats.stats_privacy`); it needs public ``ranges`` (the range sketch reveals each column's
+extremes) and ``aggregation.kind: secagg`` (``plain_quantised`` for tests: it shows the server every client's
+vector, noised by its share only). The (ε, δ) record is in the bundle's ``federated_statistics.privacy``.
+
 Columns: the table's feature columns; categorical ones need declared categories (``data.schema``),
 identical at every client (the server checks and names a client that differs).
 """
@@ -29,11 +35,13 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ...fedstats.statistics import FederatedStatistics, StatsError, StatsSpec
 from ...data.tabular import Preprocessor
-from ...fedstats.preprocessing import FederatedStatsClient, FederatedStatsServer, stats_aggregation_config
+from ...fedstats.preprocessing import (FederatedStatsClient, FederatedStatsError, FederatedStatsServer,
+                                      stats_aggregation_config)
+from ...params.sum_privacy import SumDPParams
 from ...secagg import AggregationConfig
 from ...transport import Transport
 from .job_file import JobConfig, JobConfigError, PartySpec
@@ -52,6 +60,17 @@ class FederatedPreprocessingParams(BaseModel):
     ranges: list[tuple[float, float]] | None = Field(
         default=None, description="public (lo, hi) per numeric column, in column order: no range sketch is "
                                   "aggregated; values outside are clipped for the moments")
+
+    dp: SumDPParams | None = Field(
+        default=None, description="record-level DP of the pooled statistics (distributed Skellam noise); needs "
+                                  "public ranges")
+
+    @model_validator(mode="after")
+    def _dp_needs_ranges(self) -> "FederatedPreprocessingParams":
+        if self.dp is not None and self.ranges is None:
+            raise ValueError("dp needs public ranges (params.preprocessing.ranges): the range sketch reveals each "
+                             "column's extreme values, which one row decides and noise cannot hide")
+        return self
 
     @field_validator("ranges")
     @classmethod
@@ -77,12 +96,27 @@ def aggregation_for(base: AggregationConfig) -> AggregationConfig:
                                     input_timeout_s=base.input_timeout_s, seed=base.seed)
 
 
+def check_dp(dp: SumDPParams | None, aggregation: AggregationConfig, field: str = "params.preprocessing.dp") -> None:
+    """JobConfigError when DP of the sums cannot hold: ``plain`` aggregation shows the server every client's vector
+    (``plain_quantised`` is let through, for tests, with a warning)."""
+    if dp is None:
+        return
+    if aggregation.kind == "plain":
+        raise JobConfigError(f"{field}: needs aggregation.kind secagg: under plain aggregation the server sees "
+                             f"every client's statistics with only that client's share of the noise")
+    if aggregation.kind != "secagg":
+        log.warning("%s with aggregation kind %r: the server sees every client's vector (tests only)", field,
+                    aggregation.kind)
+
+
 def run_server(cfg: JobConfig, party: PartySpec, transport: Transport, aggregation: AggregationConfig, *,
-               ranges=None, moments: bool = True, first_round: int = 1) -> FederatedStatistics:
-    """The server's part; its spec's columns come from the clients (checked equal)."""
+               ranges=None, moments: bool = True, first_round: int = 1,
+               dp: SumDPParams | None = None) -> FederatedStatistics:
+    """The server's part; its spec's columns come from the clients (checked equal). ``dp``: record-level DP."""
+    check_dp(dp, aggregation)
     server = FederatedStatsServer(transport, [c.id for c in cfg.clients], aggregation_for(aggregation),
                                   ranges=ranges, moments=moments, first_round=first_round,
-                                  timeout_s=aggregation.input_timeout_s)
+                                  timeout_s=aggregation.input_timeout_s, dp=dp)
     try:
         stats = server.run()
     except StatsError as exc:   # e.g. public ranges that do not fit the clients' numeric columns
@@ -93,18 +127,24 @@ def run_server(cfg: JobConfig, party: PartySpec, transport: Transport, aggregati
 
 def run_client(cfg: JobConfig, party: PartySpec, transport: Transport, aggregation: AggregationConfig,
                X: np.ndarray, feature_names, categories: dict, *, ranges=None, moments: bool = True,
-               first_round: int = 1) -> FederatedStatistics:
-    """A client's part on its training rows ``X`` (float64, NaN = missing, categorical codes).
+               first_round: int = 1, dp: SumDPParams | None = None) -> FederatedStatistics:
+    """A client's part on its training rows ``X`` (float64, NaN = missing, categorical codes); ``dp``:
+    record-level DP (the server's settings).
 
     Raises JobConfigError (naming the party's data) when the table does not fit: ranges of the wrong
-    length, a value the sketch cannot hold, a code outside the vocabulary.
+    length, a value the sketch cannot hold, a code outside the vocabulary; or naming ``params.preprocessing.dp``
+    when the DP settings do not fit.
     """
+    check_dp(dp, aggregation)
     try:
         spec = spec_of(feature_names, categories, ranges=ranges, moments=moments)
     except StatsError as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: federated preprocessing: {exc}") from None
-    client = FederatedStatsClient(transport, cfg.server.id, [c.id for c in cfg.clients], spec,
-                                  aggregation_for(aggregation), first_round=first_round)
+    try:
+        client = FederatedStatsClient(transport, cfg.server.id, [c.id for c in cfg.clients], spec,
+                                      aggregation_for(aggregation), first_round=first_round, dp=dp)
+    except FederatedStatsError as exc:
+        raise JobConfigError(f"params.preprocessing.dp: {exc}") from None
     try:
         return client.run(X)
     except StatsError as exc:
