@@ -159,7 +159,7 @@ RECV_SITES: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("horizontal/mc_peer.py", "run_round", "TAG_UPDATE"): ("mc.update",),
     ("fedstats/preprocessing.py", "_hello", "TAG_HELLO"): ("fpp.hello",),
     ("fedstats/preprocessing.py", "_run", "TAG_RANGES"): ("fpp.ranges",),
-    ("fedstats/preprocessing.py", "_run", "TAG_STATS"): ("fpp.stats",),
+    ("fedstats/preprocessing.py", "_round_b", "TAG_STATS"): ("fpp.stats",),
     ("horizontal/fl.py", "_serve_rounds", "TAG_EVAL"): ("fl.eval",),
     ("horizontal/fl.py", "_serve_rounds", "TAG_ROUND"): ("fl.round",),
     ("secagg/bonawitz_client.py", "_from_server", "TAG_SERVER"): ("agg.server",),

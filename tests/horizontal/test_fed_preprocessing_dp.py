@@ -160,3 +160,36 @@ def test_dp_without_public_ranges_is_refused():
     with pytest.raises(FederatedStatsError, match="public ranges.*extreme values"):
         FederatedStatsClient(net.transport("client0"), "server", ids, StatsSpec(NAMES, VOCAB),
                              stats_aggregation_config(), dp=SumDPParams(noise_multiplier=1.0))
+
+
+def test_a_horizontal_job_with_private_preprocessing_records_its_epsilon(tmp_path):
+    """params.preprocessing.dp in a job (in process, secure aggregation): it trains, every bundle carries the
+    statistics' (ε, δ) record, and without public ranges or under plain aggregation the job is refused."""
+    import copy
+    import json
+
+    from fl_harness import job_dict, partitioned_blobs, run_in_process
+
+    from secureflhv.runtime.job.job_file import JobConfigError
+    from secureflhv.runtime.job.load import parse_job
+
+    shards = partitioned_blobs(tmp_path / "data", "iid", {}, n_clients=3, n_rows=600)
+    dp = {"noise_multiplier": 2.0, "delta": 1e-4, "noise_seed": 5}
+    params = {"strategy": "fedavg", "model": {"name": "mlp", "n_features": 6, "n_classes": 4, "hidden": [8]},
+              "rounds": 1, "learning_rate": 0.1, "seed": 1, "aggregation": {"kind": "secagg", "seed": 3},
+              "preprocessing": {"ranges": [[-10.0, 10.0]] * 6, "dp": dp}}
+    doc = job_dict(shards, params, tls=True)
+    out = tmp_path / "run"
+    out.mkdir()
+    run_in_process(parse_job(copy.deepcopy(doc), out))
+    for party in ("server", "client-1"):
+        stats = json.loads((out / "out" / party / "model" / "manifest.json").read_text())["preprocessing"]
+        privacy = stats["federated_statistics"]["privacy"]
+        assert privacy["unit"] == "record" and 0 < privacy["epsilon"] < float("inf") and privacy["delta"] == 1e-4
+    for change, words in (({"ranges": None}, "public ranges"), ({}, "needs aggregation.kind secagg")):
+        bad = copy.deepcopy(doc)
+        bad["params"]["preprocessing"].update(change)
+        if not change:
+            bad["params"]["aggregation"]["kind"] = "plain"
+        with pytest.raises(JobConfigError, match=words):
+            parse_job(bad, tmp_path)

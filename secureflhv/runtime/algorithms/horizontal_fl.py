@@ -224,6 +224,8 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     except AggregationConfigError as exc:
         raise JobConfigError(f"params.aggregation.{exc.field}: {exc} (fraction {params.fraction} of {n} clients)") \
             from None
+    if params.preprocessing is not None:
+        fed_prep.check_dp(params.preprocessing.dp, agg)
     user_data = any(p.data is not None and p.data.factory is not None for p in cfg.clients)
     if params.preprocessing is not None and (isinstance(params.model, UserModelSpec) or user_data):
         raise JobConfigError("params.preprocessing: federated preprocessing works on tables for the built-in models; "
@@ -440,7 +442,8 @@ def _preprocess_server(cfg: JobConfig, party: PartySpec, transport: Transport, p
     """The server's part of the federated preprocessing (before training); its bundle state or None."""
     if params.preprocessing is None:
         return None
-    stats = fed_prep.run_server(cfg, party, transport, config.aggregation, ranges=params.preprocessing.ranges)
+    stats = fed_prep.run_server(cfg, party, transport, config.aggregation, ranges=params.preprocessing.ranges,
+                                dp=params.preprocessing.dp)
     pre = fed_prep.preprocessor_of(stats, params.preprocessing, "params.preprocessing")
     _check_width(params, pre, "params.model.n_features")
     return fed_prep.bundle_state(stats, pre, cfg.clients[0].data.table_schema)   # clients agreed on the columns
@@ -457,7 +460,7 @@ def _preprocess_client(cfg: JobConfig, party: PartySpec, transport: Transport, p
                              require_label=True, id_required=False)
     X64 = np.asarray(table.X, dtype=np.float64)
     stats = fed_prep.run_client(cfg, party, transport, config.aggregation, X64[train], table.feature_names,
-                                table.categories, ranges=params.preprocessing.ranges)
+                                table.categories, ranges=params.preprocessing.ranges, dp=params.preprocessing.dp)
     pre = fed_prep.preprocessor_of(stats, params.preprocessing, cfg.where(party, "data"))
     _check_width(params, pre, "params.model.n_features")
     return pre.transform(X64).astype(np.float32), fed_prep.bundle_state(stats, pre, party.data.table_schema)
