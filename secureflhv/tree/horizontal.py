@@ -70,6 +70,18 @@ What each role learns:
   from the tree also aggregate information about other clients' data (as any shared model does);
   which clients dropped out.
 
+Differential privacy (``dp``: :class:`~secureflhv.tree.tree_privacy.TreeDPParams`; record-level, one row of
+one client): every client adds its Skellam share to each integer vector it submits (binning, each level's
+histograms, each round's validation sums), so every party sees only noised sums (sensitivities, plan and
+accounting: :mod:`secureflhv.tree.tree_privacy`). Changes under DP: public ``feature_ranges`` are required; p is
+the job's public precision, h is quantised at q bits and counts weigh S each (balanced noise), hsb.bound carries
+the public bound and the server ignores the clients' word; the server post-processes (grid and missing counts
+clamped at 0, a feature has missing values when its count passes 4 noise std, row count >= 1, label sum in
+[0, rows]; a node's G, H and count are the means over its virtual columns, H and HL clamped into [0, H],
+min_child_weight on the noised H decides the candidates, not counts; validation: the clipped mean loss); it
+accounts every aggregation, a discarded round's too, at its survivors (``privacy``, ``privacy_history``);
+each client keeps its own bound (``privacy``). A resumed run is refused.
+
 Checkpoints (the constructor's ``callbacks`` run after each round, ``resume=(arrays, state)`` continues
 after one; :mod:`secureflhv.transport.lifecycle`, wired by :mod:`secureflhv.runtime.store.resume`): the
 server saves the model after each boosting
@@ -110,6 +122,7 @@ from .params import (SecureBoostParams, base_margin_from_sums, bound_log2, check
                      gradients, loss, precision_bits_for, quantise)
 from .rounds import level_round
 from .split import beats_gamma, candidate_gains, leaf_weight
+from .tree_privacy import TreeDP, TreeDPParams
 
 log = logging.getLogger("secureflhv.tree.horizontal")
 
@@ -213,6 +226,40 @@ def _check_agg(cfg: AggregationConfig) -> AggregationConfig:
         raise ValueError("aggregation: use tree_aggregation_config(kind) (scale 2^40, clip 2^12, max_weight 1) "
                          "so histogram sums are exact")
     return cfg
+
+
+def _check_dp(dp: TreeDPParams | None, cfg: AggregationConfig, *, public_ranges: bool) -> None:
+    """ValueError naming the field when ``dp`` cannot hold: plain aggregation shows the server each client's vector
+    with its own share of the noise only; min/max ranges reveal extremes (one row decides them)."""
+    if dp is None:
+        return
+    if cfg.kind == "plain":
+        raise ValueError("params.aggregation: params.dp needs secagg (plain shows the server every client's "
+                         "histograms with only that client's share of the noise)")
+    if not public_ranges:
+        raise ValueError("params.feature_ranges: params.dp needs public feature ranges (a client's min/max or the "
+                         "range sketch reveals extreme values, which one row decides)")
+
+
+def _plan_dp(role: _Resumable, d: int, cfg: AggregationConfig) -> TreeDP:
+    """The job's noise plan from public values (``d`` features, the job's t and c). ValueError naming the field:
+    a resumed run, or what :meth:`TreeDP.of` refuses."""
+    if role._resume is not None:
+        raise ValueError("params.dp: resuming is not supported under DP (binning would release its sums again "
+                         "with fresh noise; the accountant is not checkpointed)")
+    return TreeDP.of(role.dp, role.params, d, int(cfg.threshold), int(cfg.max_colluders))
+
+
+def _privacy_record(acc, tdp: TreeDP, **extra) -> dict:
+    """JSON-ready: the accountant's record, the grid (p, q, S), the releases per kind and ``extra``."""
+    rec = acc.record()
+    kinds: dict[str, int] = {}
+    for r in rec["releases"]:
+        kinds[r["name"]] = kinds.get(r["name"], 0) + 1
+    del rec["releases"]   # one entry per level of every tree: the counts per kind and the sensitivities suffice
+    sens = {r.name: {"l2_sensitivity": r.l2_sensitivity, "l1_sensitivity": r.l1_sensitivity} for r, _ in acc.entries}
+    return {**rec, "releases": kinds, "sensitivities": sens, "precision_bits": tdp.precision, "h_bits": tdp.h_bits,
+            "count_scale": tdp.count_scale, "gradient_bound": tdp.bg, "hessian_bound": tdp.bh, **extra}
 
 
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -330,7 +377,8 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
 
     def __init__(self, transport: Transport, client_ids: Sequence[str], params, *,
                  aggregation: AggregationConfig | None = None, feature_ranges=None,
-                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None,
+                 dp: TreeDPParams | None = None):
         super().__init__(transport)
         self._init_lifecycle(callbacks, resume)
         self.client_ids = sorted(client_ids)
@@ -338,6 +386,13 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
             raise ValueError("client_ids: horizontal SecureBoost needs at least two clients")
         self.params = params if isinstance(params, SecureBoostParams) else SecureBoostParams(**params)
         self.agg_config = job_threshold(_check_agg(aggregation or tree_aggregation_config()), self.client_ids)
+        _check_dp(dp, self.agg_config, public_ranges=feature_ranges is not None)
+        self.dp, self.tdp, self.acc = dp, None, None      # DP: the plan (d = len(feature_ranges)), the accountant
+        if dp is not None:
+            self.tdp = _plan_dp(self, len(feature_ranges), self.agg_config)
+            self.acc = self.tdp.accountant()
+        self.privacy_history: list[dict] = []             # DP: ε after each boosting round
+        self._survivors = 0                               # of the last aggregation
         self.threshold = max(int(self.agg_config.threshold), 2)
         self.agg = make_server(transport, self.agg_config)
         self.feature_ranges = feature_ranges
@@ -378,6 +433,8 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
                 self._restart(drop, r * K)
                 continue
             r += 1
+            if self.acc is not None:
+                self.privacy_history.append({"round": r, "epsilon": self.acc.epsilon(), "delta": self.tdp.plan.delta})
             if self._round_done(r, lambda: {"tree_seconds": np.array(self.tree_seconds)}, model, stop):
                 break
         self._slot += 1
@@ -442,11 +499,19 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         self._send_all(TAG_RANGES, tree_pb2.HsbRanges(lo=lo.tolist(), hi=hi.tolist()), 1, "ranges")
         grids = [grid(lo[j], hi[j], prm.sketch_bins) for j in range(d)]
         sizes = [len(gr) + 1 for gr in grids]
-        tot = self._aggregate(sum(sizes) + d + 2, "bin counts", None) * 2.0 ** AGG_SCALE_BITS
+        dim = sum(sizes) + d + 2
+        release = None if self.tdp is None else self.tdp.binning_release(dim)
+        tot = np.rint(self._aggregate(dim, "bin counts", None, release) * 2.0 ** AGG_SCALE_BITS)
         offs = np.concatenate([[0], np.cumsum(sizes)])
+        missing_at = 0.0
+        if release is not None:   # post-processing of the noised sums (clamps; costs no privacy)
+            tot[:offs[-1] + d] = np.maximum(tot[:offs[-1] + d], 0.0)
+            tot[-2] = max(tot[-2], 1.0)
+            tot[-1] = min(max(tot[-1], 0.0), tot[-2])
+            missing_at = self.tdp.missing_threshold(release, self._survivors)
         cuts = [cuts_from_grid_counts(tot[offs[j]:offs[j + 1]], grids[j], prm.max_bin) for j in range(d)]
-        missing = np.rint(tot[offs[-1]:offs[-1] + d]) > 0       # global missing-value count per feature
-        n_total = int(round(tot[-2]))
+        missing = tot[offs[-1]:offs[-1] + d] > missing_at       # global missing-value count per feature
+        n_total = int(tot[-2])
         label_sum = tot[-1] * 2.0 ** -LABEL_BITS if prm.objective == "regression" else tot[-1]
         bm = base_margin_from_sums(label_sum, n_total, prm)
         cmsg = tree_pb2.HsbCuts(cuts=[tensor_to_proto(c, "<f8") for c in cuts], base_margin=bm.tolist(),
@@ -462,8 +527,11 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         self._send_all(TAG_TREE, tree_pb2.HsbLevel(tree=seq), slot + 1, f"tree {seq}")
         bounds = self._recv_all(TAG_BOUND, slot + 1, parse_message(tree_pb2.HsbBound), f"tree {seq} bound")
         self._check_lost(TAG_LEVEL, level_round(slot, 0))
-        e = max(int(b.log2_bound) for b in bounds.values())
-        p = precision_bits_for(self.n_rows, e)   # n_rows of the binning: an upper bound of the active rows
+        if self.tdp is not None:   # DP: public values only, never the clients' word
+            p, e = self.tdp.precision, self.tdp.log2_bound
+        else:
+            e = max(int(b.log2_bound) for b in bounds.values())
+            p = precision_bits_for(self.n_rows, e)   # n_rows of the binning: an upper bound of the active rows
         tree = self._grow(seq, slot, p, e)
         tree.output = k
         self.tree_seconds.append(time.perf_counter() - ts)
@@ -473,6 +541,8 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
     def validation(self, r: int) -> bool:
         """One aggregation of [loss sum / 2^20, n_val] (zeros from a client without validation rows);
         returns whether early stopping ends the training after round ``r``."""
+        if self.tdp is not None:
+            return self._dp_validation(r)
         v = self._aggregate(2, f"validation loss of round {r}", (TAG_TREE, None)) * 2.0 ** AGG_SCALE_BITS
         n_val = int(round(v[1]))
         if not n_val:
@@ -480,6 +550,23 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         s = v[0] * LOSS_SCALE / 2.0 ** AGG_SCALE_BITS
         return self.model.record_validation(r, math.sqrt(s / n_val) if self.params.objective == "regression"
                                             else s / n_val)
+
+    def _dp_validation(self, r: int) -> bool:
+        """DP: the noised [Σ clipped loss, count] (:meth:`TreeDP.validation_vector`) when the job validates."""
+        if not self.tdp.validation:
+            return False
+        rel = self.tdp.validation_release()
+        v = np.rint(self._aggregate(2, f"validation loss of round {r}", (TAG_TREE, None), rel) * 2.0 ** AGG_SCALE_BITS)
+        mean = self.tdp.validation_loss(v, self.tdp.noise_std(rel, self._survivors))
+        return False if mean is None else self.model.record_validation(r, mean)
+
+    @property
+    def privacy(self) -> dict | None:
+        """DP: the job's record (:meth:`SumAccountant.record` plus the precision, the ε after each round and
+        the noise std per release kind); None without DP."""
+        if self.acc is None:
+            return None
+        return _privacy_record(self.acc, self.tdp, history=self.privacy_history)
 
     def find_split(self, hist: np.ndarray, g: float, h: float, n_rows: int, p: int) -> HistSplit | None:
         """Best split of a node from its integer histogram (first maximum gain in (feature, bin) order).
@@ -508,6 +595,8 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
             cum_c = np.cumsum(cnt)[:-1]
             GL = dequantise(np.cumsum(g_all[sl])[:-1], p)
             HL = dequantise(np.cumsum(h_all[sl])[:-1], p)
+            if self.tdp is not None:   # DP: noised sums; min_child_weight on the clamped H decides, not counts
+                HL, cum_c, cnt = np.clip(HL, 0.0, h), np.clip(np.rint(cum_c), 0, n_rows), None
             gain = candidate_gains(GL, HL, g, h, self.params, cnt, n_rows)
             if gain is None:
                 continue
@@ -542,7 +631,7 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
             new = self._level_histograms(seq, depth, list(msg.build), plan, hists,
                                          (TAG_LEVEL, level_round(slot, depth + 1)))
             if depth == 0:
-                counts[0] = int(new[0][2 * self.layout.n_cells:][self.layout.feature(0)].sum())
+                counts[0] = int(self._node_totals(new[0])[2])
             splits, level = [], []
             for nid in split_now:
                 best = self._split_node(tree, nid, new[nid], counts[nid], p)
@@ -573,9 +662,13 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
     def _level_histograms(self, seq: int, depth: int, build: list[int], plan, parents: dict[int, np.ndarray],
                           wait: tuple[str, int]):
         """Integer histograms of this level's nodes: ``build`` aggregated, the others parent - sibling."""
-        size = self.layout.size
-        built = self._aggregate(size * len(build), f"histograms of tree {seq} depth {depth}", wait)
+        size, F = self.layout.size, self.layout.n_cells
+        release = None if self.tdp is None else self.tdp.level_release(len(self.layout.n_bins), size * len(build))
+        built = self._aggregate(size * len(build), f"histograms of tree {seq} depth {depth}", wait, release)
         built = np.rint(built * 2.0 ** AGG_SCALE_BITS).reshape(len(build), size)
+        if release is not None:   # DP: h onto g's grid 2^-p, counts in rows (floats; sums stay exact enough)
+            built[:, F:2 * F] *= 2.0 ** (self.tdp.precision - self.tdp.h_bits)
+            built[:, 2 * F:] /= self.tdp.count_scale
         new = {nid: built[i] for i, nid in enumerate(build)}
         for nid, derived in plan:
             if derived:
@@ -584,9 +677,8 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
 
     def _split_node(self, tree: Tree, nid: int, hist: np.ndarray, n_rows: int, p: int) -> HistSplit | None:
         """Add node ``nid``: split on the best candidate when its gain exceeds gamma (returned), else a leaf."""
-        sl, F = self.layout.feature(0), self.layout.n_cells
-        g = float(dequantise(hist[:F][sl].sum(), p))
-        h = float(dequantise(hist[F:2 * F][sl].sum(), p))
+        g, h, _ = self._node_totals(hist)
+        g, h = float(dequantise(g, p)), float(dequantise(h, p))
         node = Node(nid, sum_hess=h, n_rows=n_rows)
         tree.nodes[nid] = node
         best = self.find_split(hist, g, h, n_rows, p)
@@ -598,6 +690,18 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
             return best
         node.value = leaf_weight(g, h, self.params)
         return None
+
+    def _node_totals(self, hist: np.ndarray) -> tuple[float, float, float]:
+        """A node's (G, H, count) on the histogram's grid: the sums over feature 0's bins; under DP the mean over
+        all virtual columns (each is a noised copy of the same totals: V times less noise variance), H and the
+        count clamped at 0."""
+        F, lay = self.layout.n_cells, self.layout
+        if self.tdp is None:
+            sl = lay.feature(0)
+            return hist[:F][sl].sum(), hist[F:2 * F][sl].sum(), hist[2 * F:][sl].sum()
+        V = len(lay.n_bins)
+        g, h, c = (float(hist[k * F:(k + 1) * F].sum()) / V for k in range(3))
+        return g, max(h, 0.0), max(round(c), 0)
 
     # ------------------------------------------------------------------------------ messaging
     def _ranges(self, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -615,11 +719,12 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
             lo, hi = np.nanmin(los, axis=0), np.nanmax(his, axis=0)
         return np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
 
-    def _aggregate(self, dim: int, what: str, wait: tuple[str, int | None] | None) -> np.ndarray:
+    def _aggregate(self, dim: int, what: str, wait: tuple[str, int | None] | None, release=None) -> np.ndarray:
         """One aggregation over ``active``; its non-survivors join the lost clients.
 
         ``wait``: where the clients wait next; when given, a lost client raises :class:`_Dropped` (the
-        sum is not over ``active``), when None (binning) the sum of the survivors is returned.
+        sum is not over ``active``), when None (binning) the sum of the survivors is returned. ``release``
+        (DP): the noised sum is accounted at its survivors before anything else (even a discarded sum was seen).
         """
         self._agg_round += 1
         try:
@@ -627,6 +732,12 @@ class HorizontalSecureBoostServer(_Resumable, ProtocolRole):
         except (AggregationError, TransportError) as exc:
             raise HorizontalSecureBoostError(f"aggregation of {what} failed (dropped before: "
                                              f"{self.dropped or 'none'}): {exc}") from exc
+        self._survivors = len(res.survivors)
+        if release is not None:
+            try:
+                self.tdp.step(self.acc, release, self._survivors)
+            except ValueError as exc:
+                raise HorizontalSecureBoostError(f"differential privacy of {what}: {exc}") from exc
         for c in res.dropped:
             self._lost.setdefault(c, f"{what}, aggregation stage {res.dropped_at.get(c, '?')}")
         if wait is not None:
@@ -684,7 +795,8 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
 
     def __init__(self, transport: Transport, server_id: str, client_ids: Sequence[str], X, y, params, *,
                  X_val=None, y_val=None, aggregation: AggregationConfig | None = None, send_ranges: bool = True,
-                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None):
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None,
+                 dp: TreeDPParams | None = None):
         super().__init__(transport)
         self._init_lifecycle(callbacks, resume)
         self.server_id = server_id
@@ -697,6 +809,11 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
         self.X_val = None if X_val is None else check_matrix(X_val, "X_val", allow_nan=True)
         self.y_val = None if y_val is None else check_labels(y_val, self.params)
         cfg = job_threshold(_check_agg(aggregation or tree_aggregation_config()), self.client_ids)
+        _check_dp(dp, cfg, public_ranges=not send_ranges)
+        self.agg_config, self.dp, self.tdp, self.acc = cfg, dp, None, None
+        if dp is not None:   # this client's own bound: every release it submits, at the plan's variance
+            self.tdp = _plan_dp(self, self.X.shape[1], cfg)
+            self.acc = self.tdp.accountant()
         self.agg = make_client(transport, server_id, cfg)
         self.send_ranges = send_ranges
         self._agg_round = 0
@@ -762,6 +879,8 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
         """
         prm, K = self.params, self.params.trees_per_round
         g, h = gradients(margin, self.y, prm)
+        if self.tdp is not None:
+            g, h = self.tdp.clipped_gradients(g, h)
         for k in range(K):
             start = self._next_tree()
             if start.stop:
@@ -825,19 +944,29 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
         present = ~np.isnan(self.X)
         counts = [grid_counts(self.X[present[:, j], j], grid(lo[j], hi[j], prm.sketch_bins)) for j in range(d)]
         label = np.sum(quantise(self.y, LABEL_BITS)) if prm.objective == "regression" else np.sum(self.y)
+        if self.tdp is not None and prm.objective == "multiclass":
+            label = 0.0   # unused (base margin 0): not released
         n_missing = (~present).sum(axis=0).astype(np.float64)
-        self._submit(np.concatenate(counts + [n_missing, [n, label]]) * 2.0 ** -AGG_SCALE_BITS)
+        vec = np.concatenate(counts + [n_missing, [n, label]])
+        self._submit_ints(vec, None if self.tdp is None else self.tdp.binning_release(len(vec)))
         return self._recv(TAG_CUTS, 1, parse_message(tree_pb2.HsbCuts, lambda m: self._check_cuts(m, d)))
 
     def grow_tree(self, seq: int, k: int, bins: np.ndarray, g: np.ndarray, h: np.ndarray) -> Tree:
         """Tree ``seq`` for output ``k``: send the bound of |g|, |h|, then one histogram vector per level."""
-        self.t.send(self.server_id, TAG_BOUND, tree_pb2.HsbBound(log2_bound=bound_log2(g, h)), round=self._slot + 1)
+        e = bound_log2(g, h) if self.tdp is None else self.tdp.log2_bound   # DP: the public bound, not ours
+        self.t.send(self.server_id, TAG_BOUND, tree_pb2.HsbBound(log2_bound=e), round=self._slot + 1)
         tree = self._grow(seq, bins, g, h)
         tree.output = k
         return tree
 
     def validation(self, vbins: np.ndarray | None, vmargin: np.ndarray | None) -> None:
-        """Submit [validation loss sum / 2^20, n_val] (zeros without validation rows) for early stopping."""
+        """Submit [validation loss sum / 2^20, n_val] (zeros without validation rows) for early stopping; under DP
+        the noised [Σ clipped loss, count] of :meth:`TreeDP.validation_vector`, only when the job validates."""
+        if self.tdp is not None:
+            if self.tdp.validation:
+                vm = None if vbins is None else vmargin
+                self._submit_ints(self.tdp.validation_vector(vm, self.y_val), self.tdp.validation_release())
+            return
         if vbins is None or not len(vbins):
             self._submit(np.zeros(2))
             return
@@ -859,11 +988,16 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
             if msg.restart:
                 raise _Restart(msg)
             if p is None:
-                p = int(msg.precision_bits)
-                if p != precision_bits_for(self.n_total, int(msg.log2_bound)) or int(msg.log2_bound) < bound_log2(g, h):
+                p, q = int(msg.precision_bits), int(msg.precision_bits)
+                if self.tdp is not None:   # DP: the job's public grid
+                    ok = p == self.tdp.precision and int(msg.log2_bound) == self.tdp.log2_bound
+                    q = self.tdp.h_bits
+                else:
+                    ok = p == precision_bits_for(self.n_total, int(msg.log2_bound))
+                if not ok or int(msg.log2_bound) < bound_log2(g, h):
                     raise HorizontalSecureBoostError(f"server announced precision {p} / bound 2^{msg.log2_bound} "
                                                      "inconsistent with this client's gradients")
-                gq, hq = quantise(g, p), quantise(h, p)
+                gq, hq = quantise(g, p), quantise(h, q)
             for s in msg.splits:
                 nid = int(s.node)
                 rows = rows_of[nid]
@@ -876,7 +1010,11 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
                 for lf in msg.leaves:
                     tree.nodes[int(lf.node)] = Node(int(lf.node), value=float(lf.value))
                 return tree
-            self._submit(self._histograms(msg.build, rows_of, self.hist_bins, gq, hq).ravel() * 2.0 ** -AGG_SCALE_BITS)
+            hist = self._histograms(msg.build, rows_of, self.hist_bins, gq, hq)
+            if self.tdp is not None:
+                hist[:, 2 * self.layout.n_cells:] *= self.tdp.count_scale
+            self._submit_ints(hist.ravel(), None if self.tdp is None else
+                              self.tdp.level_release(len(self.layout.n_bins), hist.size))
         raise HorizontalSecureBoostError("server sent more levels than max_depth")
 
     def _histograms(self, build, rows_of: dict, bins: np.ndarray, gq: np.ndarray, hq: np.ndarray) -> np.ndarray:
@@ -940,6 +1078,20 @@ class HorizontalSecureBoostClient(_Resumable, ProtocolRole):
     def _submit(self, vector: np.ndarray) -> None:
         self._agg_round += 1
         self.agg.submit(self._agg_round, self.active, vector, 1.0)
+
+    def _submit_ints(self, ints: np.ndarray, release) -> None:
+        """Submit an integer vector (< 2^52) as x = m / 2^40; with a DP ``release``, plus this client's noise share
+        (accounted in its own bound at the plan's variance)."""
+        if release is not None:
+            ints = self.tdp.noised(ints, release, self._agg_round + 1, self.party_id)
+            self.acc.step(release, self.tdp.plan.variance(release))
+        self._submit(np.asarray(ints, dtype=np.float64) * 2.0 ** -AGG_SCALE_BITS)
+
+    @property
+    def privacy(self) -> dict | None:
+        """DP: this client's own record (every release it submitted, at the plan's variance: an upper bound of
+        the server's figure that needs no trust in its survivor counts); None without DP."""
+        return None if self.acc is None else _privacy_record(self.acc, self.tdp, bound="client")
 
     def _recv(self, tag: str, rnd: int, parse):
         try:
