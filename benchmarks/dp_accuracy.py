@@ -383,11 +383,11 @@ def cost_markdown(doc: dict) -> str:
     ks = sorted({(c["k_bits"], c["bytes_per_client_per_round"]) for c in cost.values()}, key=lambda t: t[0] or 0)
     lines += ["", "The ring bits k of each run: " + ", ".join(
         f"{k.split('|')[0]}{' ' + k.split('|')[2] + ' bits' if k.split('|')[2] != '-' else ''}: k = {c['k_bits']}"
-        for k, c in cost.items()) + ". Secure aggregation sends a masked input in machine words of the ring "
-        "(`qp.word_dtype`: 32-bit words for k ≤ 32, else 64-bit), not packed to k bits, so the distributed "
-        "placement's 16, 18 and 20 bits cost the same bytes, and its saving over no DP (whose fixed-point sum needs "
-        "k > 32) is the word size (8,192 rotated coordinates of 4 bytes against 7,850 of 8), less the key "
-        "agreement and shares that do not depend on the model." if ks else ""]
+        for k, c in cost.items()) + ". Secure aggregation sends a masked input in the smallest machine word "
+        "holding the ring (`qp.word_dtype`: 16-bit words for k ≤ 16, 32-bit for k ≤ 32, else 64-bit), not packed "
+        "to exactly k bits: the distributed placement's 16-bit ring sends 2 bytes a coordinate, its 18 and 20 bits "
+        "4, and no DP (whose fixed-point sum needs k > 32) 8; the rotation pads 7,850 coordinates to 8,192. The key "
+        "agreement and the shares do not depend on the model." if ks else ""]
     lines += ["", f"In the accuracy sweep ({s['clients']} clients, `{s['sweep_kind']}`, no masks) the server's median "
                   f"seconds per round were: " + "; ".join(
                       f"{k.split('|')[0]}{' ' + k.split('|')[2] + ' bits' if k.split('|')[2] != '-' else ''} "

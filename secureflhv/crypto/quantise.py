@@ -52,7 +52,11 @@ class QuantParams:
 
     @property
     def word_dtype(self) -> np.dtype:
-        """uint32 when k <= 32 (half the bytes on the wire), else uint64."""
+        """The smallest machine word holding k bits: uint16 (k <= 16), uint32 (k <= 32), else uint64. Masking
+        and summing wrap mod 2^16 / 2^32 / 2^64, which is mod 2^k once reduced, so the bytes on the wire
+        follow k (distributed DP's 16-bit ring sends 2 bytes a coordinate)."""
+        if self.k_bits <= 16:
+            return np.dtype("<u2")
         return np.dtype("<u4") if self.k_bits <= 32 else np.dtype("<u8")
 
 

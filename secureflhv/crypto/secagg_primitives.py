@@ -106,7 +106,7 @@ def derive_key(shared: bytes, label: str, *context: str | int) -> bytes:
 
 
 def prg(seed: bytes, n_words: int, dtype=np.uint64) -> np.ndarray:
-    """AES-256-CTR keystream of ``seed`` as ``n_words`` little-endian words (uint64 or uint32)."""
+    """AES-256-CTR keystream of ``seed`` as ``n_words`` little-endian words (uint64, uint32 or uint16)."""
     if len(seed) != KEY_BYTES:
         raise ValueError(f"PRG seed must be {KEY_BYTES} bytes, got {len(seed)}")
     dt = np.dtype(dtype).newbyteorder("<")

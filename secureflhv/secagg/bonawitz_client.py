@@ -255,8 +255,8 @@ class SecAggClient(AggregationClient):
     def _mask(self, rnd: _ClientRound) -> np.ndarray:
         """y_u = x_u + PRG(b_u) + Σ_{v∈U2, u<v} PRG(s_uv) − Σ_{v∈U2, u>v} PRG(s_uv) mod 2^k.
 
-        Arithmetic in machine words of qp.word_dtype: mod 2^32 (or 2^64) is mod 2^k once masked, and
-        32-bit words halve the PRG output and memory traffic. Client and server expand the PRG alike.
+        Arithmetic in machine words of qp.word_dtype: mod 2^16, 2^32 (or 2^64) is mod 2^k once masked, and
+        shorter words cut the PRG output and memory traffic. Client and server expand the PRG alike.
         """
         me, wd = self.party_id, rnd.qp.word_dtype
         y = rnd.words.astype(wd)

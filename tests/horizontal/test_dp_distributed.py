@@ -22,6 +22,7 @@ from secureflhv.dp.calibration import plan_skellam
 from secureflhv.horizontal.dp_distributed import DistributedDP
 from secureflhv.runtime.job.job_file import JobConfigError
 from secureflhv.runtime.job.load import parse_job
+from secureflhv.proto import secagg_pb2
 from secureflhv.secagg import AggregateResult
 
 ORDERS = list(range(2, 64)) + list(range(64, 257, 8)) + [320, 384, 512, 768, 1024]
@@ -58,14 +59,27 @@ def test_the_unmasked_sum_is_the_plaintext_sum_of_the_noised_quantised_inputs(va
     rng = np.random.default_rng(0)
     xs = {c: dp.client_input(rng.normal(0, 0.2, 300), 1, 5, c)[0] for c in ids}
     assert all(v.shape == (512,) and np.array_equal(v, np.round(v)) for v in xs.values())
-    res, errors, *_ = run_round(dp.aggregation_for(agg), ids, xs, {c: 1.0 for c in ids}, vanish=vanish)
+    res, errors, _, server_t, _ = run_round(dp.aggregation_for(agg), ids, xs, {c: 1.0 for c in ids}, vanish=vanish)
     assert isinstance(res, AggregateResult), res
+    masked = [secagg_pb2.MaskedInput.FromString(p).y for _, tag, p in server_t.received if tag == "agg.masked"]
+    assert masked and all(m.dtype == "<u4" and len(m.data) == 4 * (512 + 2) for m in masked)  # a 20-bit ring
     survivors = [c for c in ids if c not in vanish]
     assert sorted(res.survivors) == survivors and res.weight == len(survivors)
     plain = sum(xs[c].astype(np.int64) for c in survivors)
     wrapped = (plain + (1 << 19)) % (1 << 20) - (1 << 19)  # the ring's centred residue
     assert np.array_equal(res.total.astype(np.int64), wrapped)
     assert res.k_bits == 20 and res.n_clipped == 0
+
+
+def test_a_16_bit_ring_travels_in_2_byte_words():
+    ids = [f"client{i}" for i in range(4)]
+    agg = secagg_config(ring_bits=16)
+    dp = _dp(agg, 4, 100, bits=16)
+    xs = {c: dp.client_input(np.full(100, 0.01), 1, 4, c)[0] for c in ids}
+    res, errors, _, server_t, _ = run_round(dp.aggregation_for(agg), ids, xs, {c: 1.0 for c in ids})
+    assert not errors and np.array_equal(res.total.astype(np.int64), sum(xs[c].astype(np.int64) for c in ids))
+    masked = [secagg_pb2.MaskedInput.FromString(p).y for _, tag, p in server_t.received if tag == "agg.masked"]
+    assert len(masked) == 4 and all(m.dtype == "<u2" and len(m.data) == 2 * (128 + 2) for m in masked)
 
 
 @pytest.mark.parametrize("n,survivors", [(10, 10), (10, 6)])
