@@ -50,11 +50,11 @@ from ..params.record_privacy import FIELD, RecordDPParams
 from .local_data import DatasetRows, Rows, as_inputs
 from .models import label_tensor, model_device, task_loss
 
-if TYPE_CHECKING:  # strategies imports this module: no import cycle at run time
+if TYPE_CHECKING:  # opacus is imported on first use only
     from opacus.data_loader import DPDataLoader
     from opacus.optimizers import DPOptimizer
 
-    from .strategies import LocalTrainConfig
+    from .local_config import LocalTrainConfig
 
 # Opacus is imported where it is used: it adds about a second to every process that imports the strategies
 

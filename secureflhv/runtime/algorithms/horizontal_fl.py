@@ -85,7 +85,7 @@ from ...horizontal.user_model import UserModelSpec
 from . import user_code
 from ...horizontal.strategy_registry import make_strategy
 from ...horizontal.dp_sgd import DP_SGD_STRATEGIES
-from ...horizontal.strategies import LR_SCHEDULERS, LocalTrainConfig
+from ...horizontal.local_config import LR_SCHEDULERS, LocalTrainConfig
 from ...transport import Transport
 from ..store.artifacts import plot_curves, write_json
 from ..job.data_prep import load_party_table, local_split
