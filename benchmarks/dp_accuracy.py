@@ -369,6 +369,8 @@ def cost_markdown(doc: dict) -> str:
              f"run (payload + framing, counted by the in-process transport as gRPC would frame it; rendezvous and "
              f"layout agreement included), mean over the clients, divided by the rounds. All parties share the "
              f"machine's cores, so the seconds are a simulation's, not a deployment's.\n",
+             *([f"The cost runs were re-run alone ({doc['cost_rerun']}), the sweep kept from the run above.\n"]
+               if doc.get("cost_rerun") else []),
              "| DP | bits | s / round | vs no DP | kB per client per round | vs no DP | ε recorded | accuracy |",
              "|---|---|---|---|---|---|---|---|"]
     for key, c in cost.items():
@@ -452,6 +454,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--work-dir", type=Path, help="shards, certificates, party outputs (default: a temp folder)")
     ap.add_argument("--report-only", type=Path, metavar="JSON", help="re-render the Markdown and PNG from a saved "
                                                                      "dp_accuracy.json; run nothing")
+    ap.add_argument("--cost-only", type=Path, metavar="JSON", help="run only the secagg cost runs (with the saved "
+                                                                   "run's settings) and replace them in that "
+                                                                   "dp_accuracy.json, then re-render")
     args = ap.parse_args(argv)
     q = args.quick
     args.clients = args.clients or (10 if q else 100)
@@ -503,12 +508,34 @@ def write_outputs(doc: dict, out_dir: Path) -> None:
     print(f"wrote {out_dir / 'dp_accuracy.json'}, {out_dir / 'dp_accuracy.md'}, {out_dir / 'img/dp_accuracy.png'}")
 
 
+def rerun_cost(args) -> int:
+    """``--cost-only``: the secagg cost runs again (e.g. after a wire-format change), the sweep kept as saved."""
+    import torch
+
+    torch.set_num_threads(1)
+    doc = json.loads(args.cost_only.read_text())
+    s = doc["settings"]
+    for k, v in s.items():  # the saved run's settings (rows, clip, learning rate, ...), not this call's defaults
+        if hasattr(args, k) and k not in ("epsilons", "bits", "seeds"):
+            setattr(args, k, v)
+    args.epsilons = [s["cost_epsilon"]]
+    train, test = load_data(args.rows, args.test_rows, 0)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="dp_accuracy_cost_"))
+    ws = Workspace(work, train, args.clients, args.split, args.beta, s["seeds"][0])
+    doc["cost"] = measure_cost(ws, test, args, s["bits"], s["seeds"][0])
+    doc["cost_rerun"] = f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d}: {COMMAND} --cost-only {args.cost_only}"
+    write_outputs(doc, args.out_dir or args.cost_only.parent)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.report_only:
         doc = json.loads(args.report_only.read_text())
         write_outputs(doc, args.out_dir or ROOT / "docs")
         return 0
+    if args.cost_only:
+        return rerun_cost(args)
     import logging
 
     import torch
