@@ -165,10 +165,11 @@ def on_each_worker(fn, *args) -> list:
         futures = []
         try:
             futures += [pool.submit(_on_worker, fn, args) for _ in range(get_workers())]
-        except RuntimeError:
-            # Submission stopped part-way (the interpreter is shutting down, or the pool was shut down):
-            # the workers that took a call would wait at the barrier for calls that never come, and the
-            # pool's shutdown at exit would wait BARRIER_TIMEOUT_S for them. Break the barrier to free them.
+        except BaseException:
+            # Submission stopped part-way (the interpreter is shutting down, the pool was shut down, or a
+            # worker could not be spawned: OSError / EOFError from the forkserver): the workers that took
+            # a call would wait at the barrier for calls that never come, and the pool's shutdown (or
+            # concurrent.futures' join at exit) would wait BARRIER_TIMEOUT_S for them. Break the barrier.
             barrier.abort()
             shutdown()  # the next call starts a fresh pool, with a fresh barrier
             raise
@@ -191,7 +192,8 @@ def start(wait: bool = False) -> float:
     before generating a key (``he.PaillierHE.generate_keypair``), so that the workers start while it
     does other work instead of in its first batch. Without ``wait`` it returns at once and a
     background thread waits for every worker (a failure there is logged; the next batch starts a
-    fresh pool). Nothing to do with one inline worker or a pool already started.
+    fresh pool). Nothing to do with one inline worker or a pool already started. The background start
+    holds no worker at a barrier, so a process that ends while it runs exits once the workers are up.
     """
     if not pooled() or _pool is not None:
         return 0.0
@@ -201,10 +203,18 @@ def start(wait: bool = False) -> float:
         return time.perf_counter() - t0
 
     def background():
+        # Plain tasks, not on_each_worker: this thread may still be submitting when the party exits, and
+        # a worker held at the barrier for a partner whose spawn failed kept the exit (concurrent.futures
+        # joins the pool at exit) waiting BARRIER_TIMEOUT_S. One task per worker still spawns every worker.
+        pool = None
         try:
-            on_each_worker(_started)
+            pool = _get_pool()
+            for f in [pool.submit(_started) for _ in range(get_workers())]:
+                f.result()
         except Exception as exc:  # noqa: BLE001 - the pool is restarted by the next batch
-            log.warning("starting the Paillier worker pool failed: %s", exc)
+            stopped = pool is not None and pool is not _pool  # shut down meanwhile (the job ended): expected
+            log.log(logging.DEBUG if stopped else logging.WARNING, "starting the Paillier worker pool failed: %s",
+                    exc or type(exc).__name__)
 
     threading.Thread(target=background, name="secureflhv-pool-start", daemon=True).start()
     return 0.0

@@ -73,7 +73,8 @@ def _progress_event(owner, step, engine, done, total, rate, eta) -> None:
 
 @contextlib.contextmanager
 def party_executor(spec: ComputeSpec, party_id: str, where: str = "compute", start: bool = False):
-    """Install the party's executor for the block, then shut it down and restore the previous one.
+    """Install the party's executor for the block, then shut it down (the local pool only after a success)
+    and restore the previous one.
 
     ``start``: start its workers now, in the background (a job that uses homomorphic encryption: its
     first batch then does not wait for them); otherwise they start with the first batch that needs them.
@@ -85,10 +86,15 @@ def party_executor(spec: ComputeSpec, party_id: str, where: str = "compute", sta
     if start:
         executor.start()  # the local pool's workers start while the party connects to its peers
     ex.add_progress_listener(_progress_event)
+    done = False
     try:
         with ex.using(executor):
             yield executor
+        done = True
     finally:
         ex.remove_progress_listener(_progress_event)
-        if executor.name != "local":
+        # After a success the local pool is stopped here too, in order, not at exit behind concurrent.futures'
+        # exit hook (where a start still in flight held the party after its last log line). After a failure
+        # it is left to exit: its running tasks must not delay telling the peers.
+        if done or executor.name != "local":
             executor.shutdown()
