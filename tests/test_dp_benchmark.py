@@ -2,7 +2,10 @@
 Fashion-MNIST, in-process. Checks: the JSON has every cell of the grid and every secagg cost run; each recorded ε
 is at most its target (and the no-DP cell has none); the distributed cells ran the ring bits configured and record
 the Skellam mechanism; the no-DP model beats chance (1/10) with a margin; the gap table is distributed − central
-recomputed here; the Markdown and the plot exist; ``--help`` explains itself."""
+recomputed here; the Markdown and the plot exist; ``--help`` explains itself. Record-level (``--record``): every
+silo's recorded ε is at most its target and equals its own metrics.json's last ``record_epsilon``, z, q and steps
+agree with q = batch / n_local and rounds · ⌊1/q⌋, the text says the distributed variant is not implemented, and
+``--record-only`` replaces only the record section of a saved report."""
 from __future__ import annotations
 
 import json
@@ -23,15 +26,17 @@ def test_help_explains_the_benchmark():
     out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    for words in ("central vs distributed", "--quick", "--epsilons", "--bits", "--cost-clients", "--threshold", "bytes per client per round"):
+    for words in ("central vs distributed", "--quick", "--epsilons", "--bits", "--cost-clients", "--threshold",
+                  "bytes per client per round", "--record-only", "--record-epsilons", "distributed record-level "
+                  "variant is not implemented"):
         assert words in text, words
 
 
-@pytest.mark.slow  # 12 s alone on 2 cores, 33 s beside another job
+@pytest.mark.slow  # 20 s alone on 2 cores (8 of them the record-level section and its --record-only merge)
 @pytest.mark.skipif(not FMNIST.is_dir(), reason="Fashion-MNIST IDX files (dataset-fashion-mnist) not installed")
 def test_quick_run_records_every_cell_honestly(tmp_path):
-    run = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out-dir", str(tmp_path / "out"),
-                          "--work-dir", str(tmp_path / "work")], capture_output=True, text=True, timeout=240)
+    run = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--record", "--out-dir", str(tmp_path / "out"),
+                          "--work-dir", str(tmp_path / "work")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads((tmp_path / "out" / "dp_accuracy.json").read_text())
     s, cells = doc["settings"], doc["cells"]
@@ -58,3 +63,50 @@ def test_quick_run_records_every_cell_honestly(tmp_path):
     md = (tmp_path / "out" / "dp_accuracy.md").read_text()
     assert "![accuracy against ε](img/dp_accuracy.png)" in md and "--quick" in md and "| distributed | 16 |" in md
     assert (tmp_path / "out" / "img" / "dp_accuracy.png").stat().st_size > 5000
+    check_record_section(doc, md, tmp_path / "work")
+    check_record_only_merges(tmp_path, doc)
+
+
+def check_record_section(doc: dict, md: str, work: Path) -> None:
+    rec = doc["record"]
+    s, cells = rec["settings"], rec["cells"]
+    assert s["epsilons"] == [4.0, math.inf] and s["silos"] == 4 and s["kind"] == "secagg"
+    assert sorted(cells) == ["4", "clip", "inf"]
+    assert cells["inf"]["epsilon_recorded_max"] is None and cells["inf"]["noise_multiplier"] is None
+    # the clip-only reference: DP-SGD with z = 0.01, whose ε is recorded honestly (huge)
+    assert cells["clip"]["noise_multiplier"] == [0.01, 0.01] and cells["clip"]["epsilon_recorded_max"] > 1e3
+    assert cells["inf"]["accuracy_mean"] > 0.2  # chance is 0.1
+    dp = cells["4"]
+    silos = dp["silos_first_seed"]
+    assert len(silos) == 4 and dp["epsilon_recorded_max"] == max(x["epsilon"] for x in silos.values())
+    assert 3.5 < dp["epsilon_recorded_max"] <= 4.0  # calibrated to 0.01 below the target at worst
+    for silo, x in silos.items():
+        q = s["batch_size"] / x["n_train"]
+        assert x["sample_rate"] == pytest.approx(q)
+        assert x["steps"] == s["rounds"] * s["local_epochs"] * math.floor(1 / q)
+        assert x["noise_multiplier"] > 0.5 and x["delta"] == pytest.approx(1e-5)
+        # the silo's own metrics.json, read here independently of the benchmark
+        own = json.loads((work / "record" / "seed0-iid-4" / "out" / "record-4-secagg" / silo / "metrics.json")
+                         .read_text())
+        assert x["epsilon"] == own["rounds"][-1]["record_epsilon"] == x["epsilon_per_round"][-1]
+        assert x["epsilon_per_round"][0] < x["epsilon_per_round"][-1]  # ε grows with the rounds
+    assert dp["median_round_s"] > 0 and cells["inf"]["median_round_s"] > 0
+    assert "## Record-level DP-SGD" in md and "not implemented" in md and "| 4 | " in md and "| clip only" in md
+    assert "![record-level accuracy against ε](img/dp_accuracy_record.png)" in md
+
+
+def check_record_only_merges(tmp_path: Path, doc: dict) -> None:
+    """--record-only on a copy: the client-level cells stay as saved, the record section is the new run's."""
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "dp_accuracy.json").write_text(json.dumps(doc))
+    run = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--record-only", str(saved / "dp_accuracy.json"),
+                          "--record-epsilons", "inf", "--no-record-clip-only", "--record-rounds", "1",
+                          "--work-dir", str(tmp_path / "w2")],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    merged = json.loads((saved / "dp_accuracy.json").read_text())
+    assert merged["cells"] == doc["cells"] and merged["cost"] == doc["cost"]
+    assert sorted(merged["record"]["cells"]) == ["inf"] and merged["record"]["settings"]["rounds"] == 1
+    assert "--record-only" in merged["record"]["command"]
+    assert (saved / "img" / "dp_accuracy_record.png").stat().st_size > 5000
