@@ -13,7 +13,7 @@ demo: setup
 	$(PY) examples/vertical_lr.py
 
 test: setup datasets browser
-	$(PY) -m pytest -n 2 --durations=15
+	$(PY) -m pytest -n 2 --dist worksteal --durations=15
 
 setup: $(STAMP)
 
