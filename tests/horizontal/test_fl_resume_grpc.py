@@ -17,8 +17,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
-from fl_harness import write_grpc_job  # noqa: E402
+from fl_harness import run_in_process, write_grpc_job  # noqa: E402
 from test_fl_job import shards  # noqa: E402
+
+from secureflhv.runtime.job.load import load_job  # noqa: E402
 
 
 PROC_PARAMS = {"strategy": "scaffold", "model": {"name": "mlp", "n_features": 16, "n_classes": 10, "hidden": [8]},
@@ -44,8 +46,10 @@ def _model(out: Path) -> dict:
 
 @pytest.mark.slow
 def test_killed_server_then_resume_equals_uninterrupted_run(tmp_path):
+    # the uninterrupted run in one process: a process run of the same job ends there bit for bit
+    # (fl_harness.compare_with_in_process, test_strategies_processes.py)
     ref_job = _proc_job(tmp_path / "ref")
-    run_job(ref_job)
+    run_in_process(load_job(ref_job))
     reference = _model(ref_job.parent / "out")
     assert len(reference["server"]) == PROC_PARAMS["rounds"]
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import secureflhv
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from resume_harness import kill_after, resumed_steps, run_job  # noqa: E402
@@ -34,7 +36,7 @@ def _model(out_dir: Path) -> dict:
 
 def test_killed_host_then_resume_equals_uninterrupted_run(tmp_path):
     ref_job, _, _ = make_job(tmp_path / "ref", params=RESUME_PARAMS, deadline=10)
-    run_job(ref_job, timeout_s=240)
+    secureflhv.simulate(secureflhv.Job.from_yaml(ref_job))  # uninterrupted, in one process: the same model exactly
     reference = _model(ref_job.parent / "out")
     assert len(reference["loss"]) >= KILL_AFTER + 2  # the kill lands mid-training
 
@@ -80,7 +82,7 @@ def _sb_model(out_dir: Path) -> tuple:
 
 def test_secureboost_killed_host_then_resume_equals_uninterrupted_run(tmp_path):
     ref_job = _sb_job(tmp_path / "ref")
-    run_job(ref_job, timeout_s=240)
+    secureflhv.simulate(secureflhv.Job.from_yaml(ref_job))  # uninterrupted, in one process: the same trees
     reference = _sb_model(ref_job.parent / "out")
     assert len(reference[0]["trees"]) == SB_PARAMS["n_trees"]
 

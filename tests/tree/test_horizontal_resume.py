@@ -126,8 +126,14 @@ def _proc_model(out: Path) -> dict:
 def test_killed_client_then_resume_equals_uninterrupted_run(tmp_path):
     """Two clients (t = 2): client-2 SIGKILLed after the server grew tree 3; the others stop with an error
     naming it; ``run --resume`` continues after the last round all three checkpointed; same trees."""
-    ref_job = _proc_job(tmp_path / "ref")
-    run_job(ref_job)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "horizontal"))
+    from fl_harness import run_job_threads
+
+    from secureflhv.runtime.algorithms import secureboost_horizontal
+    from secureflhv.runtime.job.load import load_job
+
+    ref_job = _proc_job(tmp_path / "ref")  # the uninterrupted run in one process (its sums are exact: same trees)
+    run_job_threads(load_job(ref_job), secureboost_horizontal.run)
     reference = _proc_model(ref_job.parent / "out")
     assert len(reference["server"]["trees"]) == PROC_PARAMS["n_trees"]
 

@@ -111,8 +111,10 @@ def test_foreign_checkpoint_is_rejected():
 
 @pytest.mark.slow
 def test_killed_host_then_resume_equals_uninterrupted_run(tmp_path):
+    import secureflhv
+
     ref_job = _job(tmp_path / "ref")
-    run_job(ref_job)
+    secureflhv.simulate(secureflhv.Job.from_yaml(ref_job))  # uninterrupted, in one process: the same model exactly
     reference = _model(ref_job.parent / "out")
     assert len(reference["loss"]) == PARAMS["epochs"]
 
