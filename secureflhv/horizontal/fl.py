@@ -621,6 +621,7 @@ class HorizontalClient(_Resumable, ProtocolRole):
             set, is the user's training / evaluation code).
         callbacks, resume: the role lifecycle, as at the server.
         device: where the model trains (``cpu``, ``cuda``).
+        on_round: optional callback with each round's history entry (after it is recorded).
 
     Raises ValueError for data that does not fit ``spec`` (names the mismatch).
     """
@@ -629,10 +630,12 @@ class HorizontalClient(_Resumable, ProtocolRole):
 
     def __init__(self, transport, server_id: str, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
                  y_test: np.ndarray, spec: ModelSpec, strategy: Strategy, config: FLConfig, *,
-                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None, device: str = "cpu"):
+                 callbacks: Sequence[Callback] = (), resume: Checkpoint | None = None, device: str = "cpu",
+                 on_round: Callable[[dict], None] | None = None):
         super().__init__(transport)
         self._init_lifecycle(callbacks, resume)
         self.server_id = server_id
+        self.on_round = on_round
         check_local_data(self.party_id, spec, X_train, y_train, X_test, y_test)
         if spec.task == "regression":
             _check_target_scale(self.party_id, np.asarray(y_train, np.float64), spec)
@@ -760,6 +763,8 @@ class HorizontalClient(_Resumable, ProtocolRole):
                 quality = {"test_mse": metrics["loss"]}
             self.history.append({"round": r, **stats, **quality, **local})
             self._round_done(r, {"global": self.global_vec}, self.history)
+            if self.on_round is not None:
+                self.on_round(self.history[-1])
             log.info("%s: round %d %s; local %s (n=%d)", self.party_id, r,
                      f"trained {int(stats['steps'])} steps, loss {stats['train_loss']:.4f}" if cmd == "train"
                      else "not selected", ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in quality.items()),

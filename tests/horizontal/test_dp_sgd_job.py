@@ -36,10 +36,14 @@ def _opacus_epsilon(z: float, q: float, steps: int, delta: float) -> float:
     return acc.get_epsilon(delta)
 
 
-def test_each_client_reports_the_epsilon_of_its_own_steps(tmp_path):
+def test_each_client_reports_the_epsilon_of_its_own_steps(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
     run_in_process(parse_job(copy.deepcopy(_job(tmp_path)), out))
+    events = [json.loads(line.split(" ", 1)[1]) for line in capsys.readouterr().out.splitlines()
+              if line.startswith("@progress ")]
+    record_eps = [e["metrics"]["record ε"] for e in events if "record ε" in e.get("metrics", {})]
+    assert len(record_eps) == 3 * ROUNDS  # every client, every round: its ε is a curve on the job page
     server = json.loads((out / "out" / "server" / "metrics.json").read_text())
     assert all(len(r["survivors"]) == 3 for r in server["rounds"])  # the withheld (NaN) loss drops nobody
     assert all(r["train_loss"] is None for r in server["rounds"])  # withheld: null in the JSON
@@ -49,6 +53,7 @@ def test_each_client_reports_the_epsilon_of_its_own_steps(tmp_path):
         per_round = EPOCHS * math.floor(1 / q)
         for r, rec in enumerate(m["rounds"], 1):
             assert rec["record_epsilon"] == pytest.approx(_opacus_epsilon(1.1, q, r * per_round, 1e-4), abs=1e-6)
+            assert rec["record_epsilon"] in record_eps
         bundle = json.loads((out / "out" / c / "model" / "manifest.json").read_text())["extra"]["privacy"]
         assert bundle["mechanism"] == "DP-SGD (Opacus)" and bundle["steps"] == ROUNDS * per_round
         assert bundle["epsilon"] == pytest.approx(m["rounds"][-1]["record_epsilon"], abs=1e-9)

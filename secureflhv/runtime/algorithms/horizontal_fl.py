@@ -592,6 +592,18 @@ def _client_privacy(client: HorizontalClient, rounds_seen: int) -> dict | None:
     return out if record is None else {**out, "record_level": record}
 
 
+def _record_dp_progress(params: HorizontalJobParams):
+    """With DP-SGD, a client's progress line per round carries its own ε (the job page's curve); None otherwise."""
+    if params.record_dp is None:
+        return None
+
+    def on_round(h: dict) -> None:
+        eps = h.get("record_epsilon")
+        emit_progress("rounds", h["round"], params.rounds, "" if eps is None else f"record-level ε {eps:.3g}",
+                      {} if eps is None else {"record ε": eps})
+    return on_round
+
+
 def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: HorizontalJobParams,
                 config: FLConfig, strategy, resume: bool) -> dict:
     X, y = load_client_data(cfg, party, params)
@@ -604,7 +616,7 @@ def _run_client(cfg: JobConfig, party: PartySpec, transport: Transport, params: 
     device = user_code.resolve_device(params.device)
     try:
         client = HorizontalClient(transport, cfg.server.id, take(X, train), y[train], take(X, test), y[test],
-                                  params.model, strategy, config, device=device,
+                                  params.model, strategy, config, device=device, on_round=_record_dp_progress(params),
                                   **role_lifecycle(cfg, party, transport, resume))
     except ValueError as exc:
         raise JobConfigError(f"{cfg.where(party, 'data')}: {exc}") from None
