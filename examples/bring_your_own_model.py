@@ -34,7 +34,7 @@ the simulation and the centralised run use one torch thread (``OMP_NUM_THREADS=1
 simulation compute the same floating-point operations.
 
 Expected run time with the defaults (6,000 training rows, 2,000 test rows, 10 hospitals, 10 rounds of 1 local
-epoch, learning rate 0.01): about 5 minutes on 2 cores; ``--quick`` (1,500 rows, 3 hospitals, 4 rounds): under a
+epoch, learning rate 0.01): about 5 minutes on 2 cores; ``--quick`` (1,200 rows, 3 hospitals, 3 rounds): under a
 minute.
 
 Examples::
@@ -62,7 +62,7 @@ BYOM = Path(__file__).resolve().parent / "byom"  # the consortium's code (instal
 # Fashion-MNIST's classes as folder names, in label order (the official names hold a '/', and do not sort in order)
 CLASS_DIRS = ["t-shirt-top", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
               "ankle-boot"]
-QUICK = {"rows": 1500, "test_rows": 500, "clients": 3, "rounds": 4, "local_epochs": 1, "lr": 0.02}
+QUICK = {"rows": 1200, "test_rows": 500, "clients": 3, "rounds": 3, "local_epochs": 1, "lr": 0.02}
 
 
 def parse_args(argv=None) -> argparse.Namespace:

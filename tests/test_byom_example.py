@@ -67,7 +67,7 @@ def test_bring_your_own_model_quick(tmp_path):
         assert f"{res[name]['accuracy']:8.4f}" in run.stdout, name
         assert res[name]["accuracy"] > 0.2 > res["chance"], (name, res[name])
         assert res[name]["seconds"] > 0
-    assert res["fedavg"]["rounds"] == res["fedbn"]["rounds"] == res["rounds"] == 4
+    assert res["fedavg"]["rounds"] == res["fedbn"]["rounds"] == res["rounds"] == 3
     assert res["centralised"]["epochs"] == res["rounds"] * res["local_epochs"]
     per_hospital = res["fedbn"]["client_accuracy"]
     assert sorted(per_hospital) == ["hospital-01", "hospital-02", "hospital-03"]
@@ -78,7 +78,7 @@ def test_bring_your_own_model_quick(tmp_path):
     for hid, h in res["hospitals"].items():
         counts = [len(list((work / "clients" / hid / c).glob("*.png"))) for c in CLASSES]
         assert counts == h["labels"] and sum(counts) == h["rows"], hid
-    assert sum(h["rows"] for h in res["hospitals"].values()) == res["rows"] == 1500
+    assert sum(h["rows"] for h in res["hospitals"].values()) == res["rows"] == 1200
     assert any(0 in h["labels"] for h in res["hospitals"].values())  # Dir(0.3): some hospital lacks a class
 
     # the jobs: the consortium's factory, FedAvg aggregates the batch-norm statistics, FedBN keeps them local
