@@ -33,16 +33,20 @@ ORDER = ("paillier", "paillier_workers", "ou", "vertical_lr", "vertical_lr_ou", 
          "partition", "wan")
 
 
-def _machine() -> str:
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (else platform's processor or machine)."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{os.cpu_count()} cores, {model}, {_gmp()}"
+    return model
+
+
+def _machine() -> str:
+    return f"{os.cpu_count()} cores, {cpu_model()}, {_gmp()}"
 
 
 def _gmp() -> str:

@@ -70,17 +70,11 @@ MODEL = {"name": "mlp", "n_features": 784, "n_classes": 10, "hidden": []}  # sof
 
 
 def _machine() -> str:
-    model = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import torch
 
-    return (f"{os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), {model}; Python "
+    from _report import cpu_model  # benchmarks/ is the script's folder
+
+    return (f"{os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), {cpu_model()}; Python "
             f"{platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}")
 
 

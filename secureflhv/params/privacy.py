@@ -10,7 +10,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class ClientDPParams(BaseModel):
+class NoiseChoice(BaseModel):
+    """Base of the DP settings that take the noise as ``noise_multiplier`` or as ``target_epsilon`` (exactly one;
+    ValueError naming both fields otherwise). Subclasses declare the two fields."""
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("noise_multiplier / target_epsilon: give one of the two")
+        return self
+
+
+class ClientDPParams(NoiseChoice):
     """Client-level DP of horizontal FL (DP-FedAvg, McMahan, Ramage, Talwar, Zhang, ICLR 2018): every client's
     update is clipped to L2 norm ``clip_norm`` and the sum of a round's updates gets Gaussian noise of standard
     deviation ``noise_multiplier · clip_norm`` per coordinate.
@@ -43,8 +54,3 @@ class ClientDPParams(BaseModel):
     noise_seed: int | None = Field(default=None, ge=0, description="TESTS ONLY: a seed for the noise (whoever "
                                                                     "knows it can remove the noise); None: OS entropy")
 
-    @model_validator(mode="after")
-    def _one_of(self) -> "ClientDPParams":
-        if (self.noise_multiplier is None) == (self.target_epsilon is None):
-            raise ValueError("noise_multiplier / target_epsilon: give one of the two")
-        return self

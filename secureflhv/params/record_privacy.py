@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
+
+from .privacy import NoiseChoice
 
 FIELD = "params.record_dp"  # the job-file field these settings come from (for error messages)
 
 
-class RecordDPParams(BaseModel):
+class RecordDPParams(NoiseChoice):
     """DP-SGD at every client (Abadi et al. 2016, Algorithm 1, with Poisson sampling as Opacus does it).
 
     Each local step samples every local record independently with probability ``q = min(1, batch_size / n_local)``
@@ -53,8 +55,3 @@ class RecordDPParams(BaseModel):
     noise_seed: int | None = Field(default=None, ge=0, description="TESTS ONLY: seeds sampling and noise "
                                                                     "(removes the privacy); None: OS entropy")
 
-    @model_validator(mode="after")
-    def _one_of(self) -> "RecordDPParams":
-        if (self.noise_multiplier is None) == (self.target_epsilon is None):
-            raise ValueError("noise_multiplier / target_epsilon: give one of the two")
-        return self

@@ -9,10 +9,12 @@ job's releases at ``delta``.
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
+
+from .privacy import NoiseChoice
 
 
-class SumDPParams(BaseModel):
+class SumDPParams(NoiseChoice):
     """Distributed Skellam noise on a job's integer sums, record-level (module docstring)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -25,8 +27,3 @@ class SumDPParams(BaseModel):
     noise_seed: int | None = Field(default=None, ge=0, description="TESTS ONLY: a seed for the noise (whoever "
                                                                     "knows it can remove the noise); None: OS entropy")
 
-    @model_validator(mode="after")
-    def _one_of(self) -> "SumDPParams":
-        if (self.noise_multiplier is None) == (self.target_epsilon is None):
-            raise ValueError("noise_multiplier / target_epsilon: give one of the two")
-        return self
