@@ -27,11 +27,14 @@ PROC_PARAMS = {"strategy": "scaffold", "model": {"name": "mlp", "n_features": 16
                "rounds": 4, "local_epochs": 1, "batch_size": 32, "learning_rate": 0.1, "momentum": 0.5, "seed": 3,
                "test_fraction": 0.25, "aggregation": {"kind": "secagg", "clip": 1.0, "seed": 7, "stage_timeout_s": 60}}
 KILL_AFTER = 2  # rounds the server finishes before it is killed
+# how long a client waits for the (dead) server: a silent slice, then a probe, each this long (as the other
+# process resume tests: 10 s); the survivors' wait after the kill is two of them, so it sets the test's length
+DEADLINE = 10
 
 
 def _proc_job(tmp: Path) -> Path:
-    # deadline_s: how long a client waits for the (dead) server
-    return write_grpc_job(tmp, shards(tmp, 3)[0], PROC_PARAMS, edit=lambda job: job["job"].update(deadline_s=30))[1]
+    return write_grpc_job(tmp, shards(tmp, 3)[0], PROC_PARAMS,
+                          edit=lambda job: job["job"].update(deadline_s=DEADLINE))[1]
 
 
 def _model(out: Path) -> dict:
@@ -58,6 +61,9 @@ def test_killed_server_then_resume_equals_uninterrupted_run(tmp_path):
     killed = kill_after(job, ids, "server", f"round {KILL_AFTER}/", wait_s=120)
     for c, last in killed.last_lines().items():
         assert "server" in last, killed.outputs[c][-2000:]  # the last line names the server
+    # they stop by themselves within two deadlines (Transport.recv_while_reachable: a silent slice, then a probe)
+    # plus a round's work on a loaded machine; never kill_after's 120 s
+    assert killed.waited_s < 2 * DEADLINE + 60, f"clients took {killed.waited_s:.0f} s after the kill"
 
     out = run_job(job, "--resume")
     assert resumed_steps(out) == {KILL_AFTER}, out[-3000:]
