@@ -25,7 +25,7 @@ from secureflhv.runtime.job.demo import breast_cancer_tables, vertical_parties, 
 
 WHY = netbed.unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY is not None, reason=WHY or "")]
-DEADLINE = 15
+DEADLINE = 10  # each party waits out two of them after the cut (a silent wait, then a probe): the tests' length
 
 
 def _cut_when(bed: NetBed, events: dict, who: str, text: str, victim: str):
