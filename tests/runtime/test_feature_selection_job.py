@@ -37,7 +37,7 @@ def test_top_k_by_gain_then_a_chained_lr_reads_only_those_columns(tmp_path):
     guest_csv, host_csvs = breast_cancer_tables(tmp_path / "data", 1, seed=4, scheme="random")
     parties = vertical_parties(guest_csv, host_csvs, server=False, id_column="id", label_column="label")
     sb = write_job(tmp_path / "sb", "sb", "secureboost_vertical", parties,
-                   {"n_trees": 3, "max_depth": 3, "key_bits": 1024, "test_fraction": 0.3}, deadline_s=60,
+                   {"n_trees": 2, "max_depth": 3, "key_bits": 1024, "test_fraction": 0.3}, deadline_s=60,
                    insecure_test_keys=True)
     code, out = secureflhv("run", str(sb), "--timeout", "200")
     assert code == 0, out[-3000:]
@@ -68,7 +68,7 @@ def test_top_k_by_gain_then_a_chained_lr_reads_only_those_columns(tmp_path):
         got = pd.read_csv(sel.parent / "out" / party / "selection.csv")
         assert sorted(got[got.kept].column) == sorted(c for p, c in top if p == party), party
 
-    lr = _derived(sb, tmp_path, "lr", "vertical_lr", {"mode": "two_party", "epochs": 2, "key_bits": 1024,
+    lr = _derived(sb, tmp_path, "lr", "vertical_lr", {"mode": "two_party", "epochs": 1, "key_bits": 1024,
                                                       "select_from": str(sel.parent / "out"), "seed": 1}, data)
     shutil.rmtree(lr.parent / "out", ignore_errors=True)
     code, out = secureflhv("run", str(lr), "--timeout", "200")
