@@ -205,8 +205,10 @@ def test_a_killed_ray_driver_leaves_nothing_behind(tmp_path):
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def _stop_session(sid: int, grace_s: float = 15.0) -> None:
-    """SIGTERM the processes of session ``sid`` (a raylet ends its workers); SIGKILL what is left after ``grace_s``."""
+def _stop_session(sid: int, grace_s: float = 2.0) -> None:
+    """SIGTERM the processes of session ``sid`` (a raylet ends its workers); SIGKILL what is left after ``grace_s``.
+    Ray's daemons (gcs_server, raylet, monitor) outlive SIGTERM for 20 s and more here, so a longer grace only
+    waits; SIGKILL reaches every process of the session, workers and agents included."""
     deadline, sig = time.monotonic() + grace_s, signal.SIGTERM
     while left := _session(sid):
         for pid in left:
