@@ -44,10 +44,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ray(*args, env=None) -> None:
-    proc = subprocess.run([RAY, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180,
-                          env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:]
+def _ray(*args, env=None, sessions: list[int] | None = None) -> None:
+    """``ray ARGS`` in a session of its own, whose id is appended to ``sessions``: the daemons it starts stay in
+    that session (the agents among them rename their command line, so only the session finds them)."""
+    proc = subprocess.Popen([RAY, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    if sessions is not None:
+        sessions.append(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +68,15 @@ def cluster():
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_num_workers_soft_limit": "8"}
     env.pop("RAY_ADDRESS", None)
     common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--disable-usage-stats"]
+    sessions: list[int] = []
     try:
         _ray("start", "--head", "--port", str(port), "--ray-client-server-port", str(_free_port()),
-             "--include-dashboard=false", "--temp-dir", temp, *common, env=env)
-        _ray("start", "--address", f"127.0.0.1:{port}", *common, env=env)
+             "--include-dashboard=false", "--temp-dir", temp, *common, env=env, sessions=sessions)
+        _ray("start", "--address", f"127.0.0.1:{port}", *common, env=env, sessions=sessions)
         yield {"address": f"127.0.0.1:{port}", "temp": temp}
     finally:
         # not `ray stop`: it stops every Ray cluster on the machine, e.g. the other xdist worker's mid-job
-        _stop_cluster(temp)
+        _stop_cluster(temp, sessions)
         shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -349,18 +359,18 @@ def test_whole_cluster_dying_mid_step_is_a_clear_error_of_the_party(tmp_path):
     port = _free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    head = None
+    head, sessions = None, []
     try:
         _ray("start", "--head", "--port", str(port), "--ray-client-server-port", str(_free_port()),
              "--include-dashboard=false", "--temp-dir", temp, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-             "--disable-usage-stats", env=env)
+             "--disable-usage-stats", env=env, sessions=sessions)
         head = subprocess.Popen([sys.executable, "-c", _LOST_DRIVER, f"127.0.0.1:{port}"], cwd=REPO, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in head.stdout:
             if line.startswith("submitting"):
                 break
         time.sleep(1.5)  # the task is submitted and waiting on the cluster
-        killed = _kill_cluster(temp)
+        killed = _kill_cluster(temp, sessions)
         assert killed
         started = time.monotonic()
         out, _ = head.communicate(timeout=50)
@@ -368,7 +378,7 @@ def test_whole_cluster_dying_mid_step_is_a_clear_error_of_the_party(tmp_path):
     finally:
         if head is not None and head.poll() is None:
             head.kill()
-        _stop_cluster(temp, grace_s=0)
+        _stop_cluster(temp, sessions, grace_s=0)
         shutil.rmtree(temp, ignore_errors=True)
     assert head.returncode == 3, out[-3000:]
     assert "ERROR host-1: the Ray cluster stopped during step 'sleep'" in out, out[-3000:]
@@ -376,27 +386,30 @@ def test_whole_cluster_dying_mid_step_is_a_clear_error_of_the_party(tmp_path):
     assert elapsed < 30, elapsed  # Ray alone would end the process silently after 60 s
 
 
-def _stop_cluster(temp: str, grace_s: float = 15.0) -> None:
-    """Stop the cluster whose temp dir is ``temp``: SIGTERM its processes (a raylet ends its workers),
-    SIGKILL what is left after ``grace_s``."""
+def _stop_cluster(temp: str, sessions=(), grace_s: float = 2.0) -> None:
+    """Stop the cluster whose temp dir is ``temp`` (started in ``sessions``): SIGTERM its processes (a raylet
+    ends its workers), SIGKILL what is left after ``grace_s``. Ray's daemons (gcs_server, raylet, monitor)
+    outlive SIGTERM for 20 s and more here, so a longer grace only waits."""
     deadline = time.monotonic() + grace_s
     sig = signal.SIGTERM
-    while _kill_cluster(temp, sig):
+    while _kill_cluster(temp, sessions, sig):
         if time.monotonic() > deadline:
             sig = signal.SIGKILL
         time.sleep(0.5)
 
 
-def _kill_cluster(temp: str, sig=signal.SIGKILL) -> list[int]:
-    """Send ``sig`` to every live process of the cluster whose temp dir is ``temp`` (not any other Ray on
-    this machine); returns their pids."""
+def _kill_cluster(temp: str, sessions=(), sig=signal.SIGKILL) -> list[int]:
+    """Send ``sig`` to every live process of the cluster whose temp dir is ``temp`` or that runs in one of
+    ``sessions`` (not any other Ray on this machine); returns their pids."""
     pids = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit() and int(d.name) != os.getpid():
             try:
-                if temp.encode() in (d / "cmdline").read_bytes() and (d / "stat").read_text().split(") ")[1][0] != "Z":
+                stat = (d / "stat").read_text().rsplit(") ", 1)[1].split()  # state, ppid, pgrp, session, ...
+                mine = temp.encode() in (d / "cmdline").read_bytes() or int(stat[3]) in sessions
+                if mine and stat[0] != "Z":
                     os.kill(int(d.name), sig)
                     pids.append(int(d.name))
-            except OSError:
+            except (OSError, ValueError, IndexError):
                 continue
     return pids
