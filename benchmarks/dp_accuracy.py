@@ -43,9 +43,11 @@ softmax regression, FedAvg over ``--record-kind`` (default ``secagg``); each sil
 ``--delta``, and once without DP. Reported per ε: the final model's test accuracy (mean ± sd over
 ``--record-seeds``), each silo's own recorded ε (its ``metrics.json`` ``record_epsilon`` after the last round; its
 bundle's ``extra.privacy`` for z, q and steps), the max over silos, z, q, steps, seconds per round with and
-without DP. Only the local placement: the distributed record-level variant is not implemented (docs/privacy.md,
-"The distributed variant is not done"). Adds ``record`` to the JSON, a section to the Markdown and
-``img/dp_accuracy_record.png``.
+without DP. ``--record-placements`` adds the distributed placement (``params.record_dp.placement: distributed``):
+``--record-dgd-rounds`` rounds of one full-batch DP-GD step at ``--record-dgd-lr``, Skellam noise shares inside
+secure aggregation, at the same ε, C and δ, with its own clip-only reference; reported beside local DP-SGD at each
+ε, with the server's recorded ε and the noise on the gradient sum and on the record count. Adds ``record`` to the
+JSON, a section to the Markdown and ``img/dp_accuracy_record.png``.
 """
 from __future__ import annotations
 
@@ -426,28 +428,36 @@ def gap_text(doc: dict) -> str:
 CLIP_ONLY_Z = 0.01  # the clip-only reference's noise multiplier: noise std 0.01·C / batch on the mean gradient
 
 
-def record_cell_key(eps: float | None) -> str:
-    """``inf`` (no DP), ``clip`` (eps None: DP-SGD's clipping and sampling with z = CLIP_ONLY_Z, no meaningful
-    privacy) or ``4``: the JSON's key of one record-level cell."""
-    return "clip" if eps is None else "inf" if math.isinf(eps) else f"{eps:g}"
+DGD = "dgd-"  # key prefix of the distributed DP-GD cells
+
+
+def record_cell_key(eps: float | None, placement: str = "local") -> str:
+    """``inf`` (no DP), ``clip`` (eps None: clipping with z = CLIP_ONLY_Z, no meaningful privacy) or ``4``: the
+    JSON's key of one record-level cell; prefixed ``dgd-`` for the distributed placement (DP-GD)."""
+    key = "clip" if eps is None else "inf" if math.isinf(eps) else f"{eps:g}"
+    return key if placement == "local" else DGD + key
 
 
 def record_order(key: str) -> tuple:
-    """Finite ε ascending, then the clip-only reference, then no DP."""
-    return (1, 0.0) if key == "clip" else (2, 0.0) if key == "inf" else (0, float(key))
+    """Local cells, then DP-GD's; finite ε ascending, then the clip-only reference, then no DP."""
+    dgd, key = key.startswith(DGD), key.removeprefix(DGD)
+    return (dgd, 1, 0.0) if key == "clip" else (dgd, 2, 0.0) if key == "inf" else (dgd, 0, float(key))
 
 
-def record_params(args, eps: float | None, seed: int) -> dict:
+def record_params(args, eps: float | None, seed: int, placement: str = "local") -> dict:
     """The record-level job's ``params``: FedAvg of softmax regression, ``params.record_dp`` unless ε = ∞ (eps
-    None: the clip-only reference, noise_multiplier CLIP_ONLY_Z)."""
+    None: the clip-only reference, noise_multiplier CLIP_ONLY_Z). ``distributed``: DP-GD, one full-batch step a
+    round for ``--record-dgd-rounds`` rounds at ``--record-dgd-lr`` (``batch_size``: per-record gradients at once)."""
     agg = {"kind": args.record_kind, "clip": 1.0, "stage_timeout_s": 120, "input_timeout_s": 600}
-    params = {"strategy": "fedavg", "model": MODEL, "rounds": args.record_rounds, "local_epochs": args.local_epochs,
-              "batch_size": args.record_batch_size, "learning_rate": args.record_lr, "momentum": 0.0, "seed": seed,
+    dgd = placement == "distributed"
+    params = {"strategy": "fedavg", "model": MODEL, "rounds": args.record_dgd_rounds if dgd else args.record_rounds,
+              "local_epochs": args.local_epochs, "batch_size": 1024 if dgd else args.record_batch_size,
+              "learning_rate": args.record_dgd_lr if dgd else args.record_lr, "momentum": 0.0, "seed": seed,
               "test_fraction": 0.0, "aggregation": agg}
     if eps is None or not math.isinf(eps):
         noise = {"noise_multiplier": CLIP_ONLY_Z} if eps is None else {"target_epsilon": eps}
         params["record_dp"] = {"clip_norm": args.record_clip_norm, **noise, "delta": args.delta,
-                               "accountant": args.record_accountant}
+                               "accountant": "rdp" if dgd else args.record_accountant, "placement": placement}
     return params
 
 
@@ -467,15 +477,16 @@ def silo_records(out: Path, silos: list[str]) -> dict:
     return per
 
 
-def run_record_cell(ws: Workspace, test, args, eps: float | None, seed: int) -> dict:
-    """One record-level job over ``--record-silos`` silos; accuracy, each silo's record, seconds per round."""
+def run_record_cell(ws: Workspace, test, args, eps: float | None, seed: int, placement: str = "local") -> dict:
+    """One record-level job over ``--record-silos`` silos; accuracy, each silo's record (local) or the server's
+    ε (distributed), seconds per round."""
     import warnings
 
     import secureflhv
 
-    name = f"record-{record_cell_key(eps)}-{args.record_kind}"
+    name = f"record-{record_cell_key(eps, placement)}-{args.record_kind}"
     out = ws.root / "out" / name
-    job = secureflhv.Job.horizontal(clients=ws.clients(), params=record_params(args, eps, seed),
+    job = secureflhv.Job.horizontal(clients=ws.clients(), params=record_params(args, eps, seed, placement),
                                     job_id="dp-accuracy-record", output_dir=str(out), certs=ws.root / "certs",
                                     deadline_s=900, base_dir=ws.root)
     started = time.perf_counter()
@@ -488,13 +499,15 @@ def run_record_cell(ws: Workspace, test, args, eps: float | None, seed: int) -> 
     return {"accuracy": test_accuracy(result.model, test), "rounds_run": len(result.history), "seed": seed,
             "round_seconds": secs, "median_round_s": statistics.median(secs[1:] or secs), "wall_s": wall,
             "bytes_per_client_per_round": client_bytes(result.wire) / max(1, len(secs)),
-            "silos": silo_records(out, ws.ids), "accountant_notes": notes}
+            "silos": silo_records(out, ws.ids), "accountant_notes": notes,
+            "server_privacy": (result.history[-1].get("privacy") or {}) if result.history else {}}
 
 
 def summarise_record(runs: list[dict]) -> dict:
     """Mean ± sd of the accuracy over the seeds; ε, z, q and steps over every silo of every seed."""
     accs = [r["accuracy"] for r in runs]
-    silos = [s for r in runs for s in r["silos"].values()]
+    silos = [s for r in runs for s in r["silos"].values()] + [r["server_privacy"] for r in runs
+                                                              if r.get("server_privacy", {}).get("epsilon")]
 
     def span(key):
         vals = [s[key] for s in silos if key in s]
@@ -509,13 +522,15 @@ def summarise_record(runs: list[dict]) -> dict:
             "epsilon_recorded_max": span("epsilon")[1] if span("epsilon") else None,
             "epsilon_recorded_min": span("epsilon")[0] if span("epsilon") else None,
             "noise_multiplier": span("noise_multiplier"), "sample_rate": span("sample_rate"),
-            "steps": span("steps"), "n_train": span("n_train"),
+            "steps": span("steps"), "n_train": span("n_train"), "noise_std": span("noise_std"),
+            "count_std": span("count_std"),
             "silos_first_seed": runs[0]["silos"],
             "accountant_notes": sorted({n for r in runs for n in r["accountant_notes"]})}
 
 
 def record_settings(args) -> dict:
-    return {"silos": args.record_silos, "rows": args.record_rows, "test_rows": args.test_rows,
+    return {"placements": args.record_placements, "dgd_rounds": args.record_dgd_rounds, "dgd_lr": args.record_dgd_lr,
+            "silos": args.record_silos, "rows": args.record_rows, "test_rows": args.test_rows,
             "rounds": args.record_rounds, "local_epochs": args.local_epochs,
             "batch_size": args.record_batch_size, "lr": args.record_lr, "clip_norm": args.record_clip_norm,
             "delta": args.delta, "epsilons": args.record_epsilons, "seeds": args.record_seeds,
@@ -524,7 +539,8 @@ def record_settings(args) -> dict:
 
 
 def measure_record(args) -> dict:
-    """The record-level section: no DP and local DP-SGD at each ε of ``--record-epsilons``, per seed."""
+    """The record-level section: no DP, then per placement of ``--record-placements`` a clip-only reference and
+    each ε of ``--record-epsilons``, per seed."""
     started = time.perf_counter()
     train, test = load_data(args.record_rows, args.test_rows, 0)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="dp_accuracy_record_"))
@@ -535,13 +551,18 @@ def measure_record(args) -> dict:
         if args.delta >= 1 / too_few:
             raise SystemExit(f"--delta {args.delta:g} is not below 1 / {too_few} (the smallest silo's rows)")
         clip = [None] if args.record_clip_only else []
-        for eps in [math.inf] + clip + [e for e in args.record_epsilons if not math.isinf(e)]:
+        finite = [e for e in args.record_epsilons if not math.isinf(e)]
+        cells = [("local", math.inf)] if any(math.isinf(e) for e in args.record_epsilons) else []
+        cells += [(p, e) for p in args.record_placements for e in clip + finite]
+        for placement, eps in cells:
             t0 = time.perf_counter()
-            r = run_record_cell(ws, test, args, eps, seed)
-            runs.setdefault(record_cell_key(eps), []).append(r)
-            eps_rec = max((s.get("epsilon", math.inf) for s in r["silos"].values()), default=math.inf)
-            print(f"[record, seed {seed}] ε={record_cell_key(eps):4s} accuracy {r['accuracy']:.4f}  ε recorded "
-                  f"(max over silos) {eps_rec:.3f}  {r['median_round_s']:.2f} s/round  "
+            r = run_record_cell(ws, test, args, eps, seed, placement)
+            key = record_cell_key(eps, placement)
+            runs.setdefault(key, []).append(r)
+            eps_rec = max([s.get("epsilon", math.inf) for s in r["silos"].values()]
+                          + [r["server_privacy"].get("epsilon", math.inf)], default=math.inf)
+            print(f"[record, seed {seed}] {key:9s} accuracy {r['accuracy']:.4f}  ε recorded "
+                  f"(max) {eps_rec:.3f}  {r['median_round_s']:.2f} s/round  "
                   f"({time.perf_counter() - t0:.0f} s, {(time.perf_counter() - started) / 60:.1f} min so far)",
                   flush=True)
     return {"settings": record_settings(args), "cells": {k: summarise_record(v) for k, v in runs.items()},
@@ -556,25 +577,31 @@ def plot_record(doc: dict, path: Path) -> None:
 
     rec = doc["record"]
     s, cells = rec["settings"], rec["cells"]
-    eps = [e for e in s["epsilons"] if not math.isinf(e) and record_cell_key(e) in cells]
     fig = Figure(figsize=(6.4, 4.2), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    if eps:
-        ax.errorbar(eps, [100 * cells[record_cell_key(e)]["accuracy_mean"] for e in eps],
-                    yerr=[100 * cells[record_cell_key(e)]["accuracy_sd"] for e in eps], marker="o", markersize=4,
-                    capsize=3, label="local DP-SGD at each silo (Opacus)")
+    lines = (("local", "local DP-SGD at each silo (Opacus)", "tab:blue"),
+             ("distributed", f"DP-GD, noise shares inside secure aggregation ({s.get('dgd_rounds')} rounds)",
+              "tab:orange"))
+    for placement, label, colour in lines:
+        eps = [e for e in s["epsilons"] if not math.isinf(e) and record_cell_key(e, placement) in cells]
+        if not eps:
+            continue
+        ax.errorbar(eps, [100 * cells[record_cell_key(e, placement)]["accuracy_mean"] for e in eps],
+                    yerr=[100 * cells[record_cell_key(e, placement)]["accuracy_sd"] for e in eps], marker="o",
+                    markersize=4, capsize=3, label=label, color=colour)
         ax.set_xscale("log")
         ax.set_xticks(eps)
         ax.set_xticklabels([eps_label(e) for e in eps])
         ax.xaxis.set_minor_formatter(NullFormatter())
-    if "clip" in cells:
-        ax.axhline(100 * cells["clip"]["accuracy_mean"], color="tab:gray", linestyle=":", linewidth=1,
-                   label=f"clipping only (C = {s['clip_norm']:g}, z = {s['clip_only_z']})")
+        clip = cells.get(record_cell_key(None, placement))
+        if clip:
+            ax.axhline(100 * clip["accuracy_mean"], color=colour, linestyle=":", linewidth=1,
+                       label=f"{placement}: clipping only (C = {s['clip_norm']:g}, z = {s['clip_only_z']})")
     if "inf" in cells:
         ax.axhline(100 * cells["inf"]["accuracy_mean"], color="k", linestyle="--", linewidth=1,
                    label="no DP (ε = ∞)")
-    ax.set_xlabel(f"record-level ε of each silo (δ = {s['delta']:g})")
+    ax.set_xlabel(f"record-level ε (δ = {s['delta']:g})")
     ax.set_ylabel(f"test accuracy (%), {s['test_rows']:,} rows")
     ax.set_title(f"Fashion-MNIST, {s['silos']} silos, softmax regression, {s['rounds']} rounds", fontsize=10)
     ax.grid(True, alpha=0.3)
@@ -595,15 +622,16 @@ def record_markdown(doc: dict) -> str:
     if not rec:
         return ""
     s, cells = rec["settings"], rec["cells"]
-    lines = ["## Record-level DP-SGD at each silo: local noise only\n",
+    lines = ["## Record-level DP: DP-SGD with local noise at each silo, DP-GD with the noise distributed\n",
              f"Run by `{rec['command']}` on {rec['date']} ({rec['seconds'] / 60:.1f} min; {rec['machine']}); "
              f"merged into this report.\n",
-             "**Only local noise.** Each silo runs DP-SGD itself (`params.record_dp`, Opacus: Poisson sampling, "
-             "per-record clipping, Gaussian noise on every step; docs/privacy.md, \"Record-level DP-SGD\"). The "
-             "*distributed* record-level variant (smaller noise shares summed by secure aggregation) is **not "
-             "implemented** — a record's effect on a multi-step local update has no bound without further "
-             "assumptions (docs/privacy.md, \"The distributed variant is not done\") — so there is no local vs "
-             "distributed comparison here.\n",
+             "Two placements of record-level noise (docs/privacy.md). **Local**: each silo runs DP-SGD itself "
+             "(`params.record_dp`, Opacus: Poisson sampling, per-record clipping, Gaussian noise on every local step). "
+             "**Distributed**: `params.record_dp.placement: distributed`, one full-batch DP-GD step per round: each "
+             "silo sends the sum of its per-record clipped gradients with a Skellam noise share inside secure "
+             "aggregation, so the noise on the sum is added once for all silos instead of once per silo, but there "
+             "is no amplification by subsampling and one step per round (the distributed variant of multi-step "
+             "local DP-SGD has no sound sensitivity bound: docs/privacy.md).\n",
              f"- Fashion-MNIST: {s['rows']:,} training rows split IID among **{s['silos']} silos** (simulated by "
              f"`secureflhv.simulate`); accuracy of the final global model on {s['test_rows']:,} test rows.",
              f"- Model and training: softmax regression (7,850 parameters), FedAvg over "
@@ -623,6 +651,8 @@ def record_markdown(doc: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     base = cells.get("inf")
     for key, c in sorted(cells.items(), key=lambda kv: record_order(kv[0])):
+        if key.startswith(DGD):
+            continue
         eps_max = ("∞ (no DP)" if c["epsilon_recorded_max"] is None else f"{c['epsilon_recorded_max']:.3g} (no "
                    f"meaningful privacy)" if key == "clip" else f"{c['epsilon_recorded_max']:.3f}")
         d_acc = f"{100 * (c['accuracy_mean'] - base['accuracy_mean']):+.2f}" if base and key != "inf" else "—"
@@ -636,6 +666,7 @@ def record_markdown(doc: dict) -> str:
     lines += ["", "s / round: the server's round records, median over the rounds after the first and over the seeds "
                   "(all parties share the machine's cores). The first round includes each silo's calibration of z "
                   "(Opacus's `get_noise_multiplier` bisection) and Opacus's setup.\n"]
+    lines += dgd_markdown(cells, s)
     lines += record_silo_table(rec)
     by_note: dict[str, list[str]] = {}
     for k, c in sorted(cells.items(), key=lambda kv: record_order(kv[0])):
@@ -649,13 +680,41 @@ def record_markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dgd_markdown(cells: dict, s: dict) -> list[str]:
+    """The distributed placement's table: DP-GD at each ε against local DP-SGD at the same ε and against no DP."""
+    keys = [k for k in sorted(cells, key=record_order) if k.startswith(DGD)]
+    if not keys:
+        return []
+    base = cells.get("inf")
+    lines = ["", f"**Distributed placement (DP-GD)**: {s.get('dgd_rounds')} rounds of one full-batch step each, "
+                 f"learning rate {s.get('dgd_lr'):g}, the same C = {s['clip_norm']:g} and δ; `target_epsilon` "
+                 f"calibrates the Skellam noise for the job's rounds (every silo's share from the job file). ε "
+                 f"recorded: the server's last round record (accounted at the honest survivors' variance) and each "
+                 f"silo's own bound (every round at the nominal variance), the larger.\n",
+             "| ε target | accuracy % | vs local DP-SGD at this ε (points) | vs no DP (points) | ε recorded | "
+             "noise std on the gradient sum | noise std on the record count | s / round | kB per silo per round |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for key in keys:
+        c, local = cells[key], cells.get(key.removeprefix(DGD))
+        vs_local = f"{100 * (c['accuracy_mean'] - local['accuracy_mean']):+.2f}" if local else "—"
+        vs_base = f"{100 * (c['accuracy_mean'] - base['accuracy_mean']):+.2f}" if base else "—"
+        label = (f"clip only (z = {s.get('clip_only_z')})" if key == DGD + "clip" else key.removeprefix(DGD))
+        eps = c["epsilon_recorded_max"]
+        lines.append(f"| {label} | {_acc(c)} | {vs_local} | {vs_base} | "
+                     f"{'—' if eps is None else format(eps, '.3f')} | {_span(c.get('noise_std'), '.3g')} | "
+                     f"{_span(c.get('count_std'), '.3g')} records | {c['median_round_s']:.2f} | "
+                     f"{c['bytes_per_client_per_round'] / 1e3:.1f} |")
+    return lines
+
+
 def clip_text(cells: dict, s: dict) -> list[str]:
     """Where the accuracy goes: to the clipping (clip-only vs no DP) or to the noise (each ε vs clip-only)."""
     clip, base = cells.get("clip"), cells.get("inf")
     if not clip or not base:
         return []
     noise = [f"ε = {k}: {100 * (c['accuracy_mean'] - clip['accuracy_mean']):+.2f}"
-             for k, c in sorted(cells.items(), key=lambda kv: record_order(kv[0])) if k not in ("clip", "inf")]
+             for k, c in sorted(cells.items(), key=lambda kv: record_order(kv[0]))
+             if k not in ("clip", "inf") and not k.startswith(DGD)]
     sd = max(c["accuracy_sd"] for c in cells.values())
     return ["", f"Where the accuracy goes. The clip-only run (the same DP-SGD: C = {s['clip_norm']:g}, Poisson "
                 f"sampling, expected-batch mean, but z = {s['clip_only_z']}) is "
@@ -676,7 +735,7 @@ def _noise_std(c: dict, s: dict) -> str:
 def record_silo_table(rec: dict) -> list[str]:
     """Each silo's recorded ε (first seed), one row per target."""
     cells = rec["cells"]
-    keys = [k for k in sorted(cells, key=record_order) if k not in ("inf", "clip")]
+    keys = [k for k in sorted(cells, key=record_order) if k not in ("inf", "clip") and not k.startswith(DGD)]
     if not keys:
         return []
     silos = list(cells[keys[0]]["silos_first_seed"])
@@ -713,8 +772,8 @@ def record_section(args, argv) -> dict:
 
 # ------------------------------------------------------------------------------------------------- main
 def record_arguments(ap: argparse.ArgumentParser) -> None:
-    g = ap.add_argument_group("record-level DP-SGD (local noise at each silo; the distributed variant is not "
-                              "implemented)")
+    g = ap.add_argument_group("record-level DP (local DP-SGD at each silo; distributed DP-GD inside secure "
+                              "aggregation)")
     g.add_argument("--record", action="store_true", help="also run the record-level section after the client-level "
                                                          "one")
     g.add_argument("--record-only", type=Path, metavar="JSON", help="run only the record-level section and merge it "
@@ -733,6 +792,11 @@ def record_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--record-kind", choices=("secagg", "plain_quantised"), default="secagg",
                    help="aggregation of the record-level runs")
     g.add_argument("--record-seeds", help="comma-separated seeds (default: --seeds)")
+    g.add_argument("--record-placements", default="local,distributed",
+                   help="comma-separated: local (DP-SGD at each silo), distributed (DP-GD, Skellam shares)")
+    g.add_argument("--record-dgd-rounds", type=int, help="rounds of distributed DP-GD, one full-batch step each "
+                                                         "(default 40; quick 3)")
+    g.add_argument("--record-dgd-lr", type=float, default=2.0, help="DP-GD's step size")
     g.add_argument("--no-record-clip-only", dest="record_clip_only", action="store_false",
                    help="skip the reference run with DP-SGD's clipping and sampling but noise multiplier "
                         f"{CLIP_ONLY_Z} (separates the accuracy lost to clipping from that lost to noise)")
@@ -748,6 +812,10 @@ def record_defaults(args: argparse.Namespace) -> None:
     args.record_batch_size = args.record_batch_size or (64 if q else 256)
     args.record_epsilons = [float(x) for x in (args.record_epsilons or ("4,inf" if q else "1,2,4,8,inf")).split(",")]
     args.record_seeds = [int(x) for x in (args.record_seeds or ",".join(map(str, args.seeds))).split(",")]
+    args.record_placements = [p for p in args.record_placements.split(",") if p]
+    if set(args.record_placements) - {"local", "distributed"}:
+        raise SystemExit(f"--record-placements: local and/or distributed, got {args.record_placements}")
+    args.record_dgd_rounds = args.record_dgd_rounds or (3 if q else 40)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Client-level differential privacy with the noise added by the clients inside secure aggregation, over real
-party processes (gRPC with mutual TLS).
+"""Differential privacy with the noise added by the clients inside secure aggregation, over real party processes
+(gRPC with mutual TLS): client-level DP-FedAvg (default) or record-level DP-GD (``--level record``).
 
 The script
 
@@ -12,7 +12,10 @@ The script
    ``placement: distributed``: each client clips its model delta to L2 norm ``--clip-norm``, rotates it, scales
    and rounds it into a ring of ``--bits`` bits per coordinate and adds its share of Skellam noise before
    masking (Kairouz, Liu, Steinke, ICML 2021; Agarwal, Kairouz, Liu, NeurIPS 2021), so no party, the server
-   included, sees an un-noised sum; the noise is calibrated by every party for ``--epsilon`` over the rounds;
+   included, sees an un-noised sum; the noise is calibrated by every party for ``--epsilon`` over the rounds.
+   With ``--level record``: ``params.record_dp`` with ``placement: distributed`` instead: each round every client
+   sends the sum of its per-record gradients, each clipped to ``--clip-norm``, with its Skellam share, and the
+   server takes one DP-GD step (``--lr``); ε then protects any one record of any client;
 3. starts the server and the clients as separate processes (the launcher, as ``secureflhv run``);
 4. prints, per round, the ε the server's record holds; then the final (ε, δ) beside the global model's accuracy
    on held-out test rows, the client's own bound, and the path of the server's signed bundle whose
@@ -62,6 +65,7 @@ def report(console, work: Path, test, metrics: dict, target: float, rounds: int)
     from secureflhv.horizontal.models import ModelSpec, build_model, evaluate, flatten_named, set_flat
     from secureflhv.runtime.store.model_bundle import read_bundle
 
+    unit = "record" if metrics["rounds"][0]["privacy"].get("unit") == "record" else "client"
     for r in metrics["rounds"]:
         p = r["privacy"]
         console.print(f"round {r['round']}: {len(r['survivors'])} survivors, ε = {p['epsilon']:.3f} "
@@ -77,7 +81,7 @@ def report(console, work: Path, test, metrics: dict, target: float, rounds: int)
     own = json.loads((work / "out" / "client-1" / "model" / "manifest.json").read_text())["extra"]["privacy"]
     console.print(f"final: test accuracy {acc:.4f} on {len(test)} held-out rows at ε = {priv['epsilon']:.3f}, "
                   f"δ = {priv['delta']:g} (target ε {target:g}; {priv['mechanism']} noise, "
-                  f"placement {priv['placement']}, {priv['rounds']} rounds)")
+                  f"placement {priv['placement']}, {priv['rounds']} rounds, one {unit} protected)")
     console.print(f"client-1's own bound (every round it received counted as released): ε = {own['epsilon']:.3f}")
     console.print(f"bundle: {out / 'model'} (privacy record: {out / 'model' / 'manifest.json'}, extra.privacy)")
     np.savez(work / "test_rows.npz", X=test.X, y=test.y)  # for checking the accuracy independently
@@ -95,14 +99,21 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="FedAvg rounds (default 8; --quick 2)")
     ap.add_argument("--local-epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--epsilon", type=float, default=8.0, help="target ε over all rounds (client level)")
+    ap.add_argument("--lr", type=float, default=None, help="learning rate (default 0.1; --level record: 2.0, the "
+                                                          "server's DP-GD step)")
+    ap.add_argument("--level", choices=["client", "record"], default="client",
+                    help="client: DP-FedAvg (params.dp); record: DP-GD (params.record_dp, placement distributed)")
+    ap.add_argument("--epsilon", type=float, default=8.0, help="target ε over all rounds")
     ap.add_argument("--delta", type=float, default=1e-5, help="δ; must be below 1 / clients")
-    ap.add_argument("--clip-norm", type=float, default=1.0, help="C: L2 clip of a client's update per round")
-    ap.add_argument("--bits", type=int, default=16, help="ring bits per coordinate of the secure sum (8..24)")
+    ap.add_argument("--clip-norm", type=float, default=1.0, help="C: L2 clip of a client's update per round "
+                                                                 "(--level record: of one record's gradient)")
+    ap.add_argument("--bits", type=int, default=None, help="ring bits per coordinate of the secure sum (client "
+                                                          "level: 8..24, default 16; record level: 16..52, default 32)")
     add_run_arguments(ap, timeout_s=600)
     args = ap.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 8)
+    record = args.level == "record"
+    rounds = args.rounds or (2 if args.quick else 20 if record else 8)
+    lr = args.lr or (2.0 if record else 0.1)
 
     from secureflhv.data import partition, write_shards
     from secureflhv.runtime.job.demo import write_job
@@ -114,17 +125,17 @@ def main(argv=None) -> int:
     console.print(f"{args.dataset}: {len(train)} training rows in {args.clients} shards of sizes "
                   f"{part.sizes.tolist()}; {len(test)} held-out test rows")
     dp = {"placement": "distributed", "clip_norm": args.clip_norm, "target_epsilon": args.epsilon,
-          "delta": args.delta, "bits": args.bits}
+          "delta": args.delta, "bits": args.bits or (32 if record else 16)}
     params = {"strategy": "fedavg", "model": model, "rounds": rounds, "local_epochs": args.local_epochs,
-              "batch_size": args.batch_size, "learning_rate": args.lr, "seed": args.seed, "test_fraction": 0.0,
-              "aggregation": {"kind": "secagg"}, "dp": dp}
+              "batch_size": args.batch_size, "learning_rate": lr, "seed": args.seed, "test_fraction": 0.0,
+              "aggregation": {"kind": "secagg"}, "record_dp" if record else "dp": dp}
     parties = [{"id": "server", "role": "server"}]
     parties += [{"id": f"client-{i}", "role": "host",
                  "data": {"path": str(Path(s).relative_to(work)), "label_column": "y"}}
                 for i, s in enumerate(shards, 1)]
     job_path = write_job(work, "dp-horizontal-demo", "horizontal", parties, params, deadline_s=300)
     rc, metrics = launch(job_path, work, console, party="server", timeout_s=args.timeout,
-                         intro=f"params.dp: {json.dumps(dp)}\n",
+                         intro=f"params.{'record_dp' if record else 'dp'}: {json.dumps(dp)}\n",
                          parties=f"server + {args.clients} clients over gRPC with mutual TLS, secure aggregation")
     if rc != 0:
         return rc

@@ -27,8 +27,8 @@ def test_help_explains_the_benchmark():
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     for words in ("central vs distributed", "--quick", "--epsilons", "--bits", "--cost-clients", "--threshold",
-                  "bytes per client per round", "--record-only", "--record-epsilons", "distributed record-level "
-                  "variant is not implemented"):
+                  "bytes per client per round", "--record-only", "--record-epsilons", "--record-placements",
+                  "--record-dgd-rounds"):
         assert words in text, words
 
 
@@ -71,7 +71,7 @@ def check_record_section(doc: dict, md: str, work: Path) -> None:
     rec = doc["record"]
     s, cells = rec["settings"], rec["cells"]
     assert s["epsilons"] == [4.0, math.inf] and s["silos"] == 4 and s["kind"] == "secagg"
-    assert sorted(cells) == ["4", "clip", "inf"]
+    assert sorted(cells) == ["4", "clip", "dgd-4", "dgd-clip", "inf"]
     assert cells["inf"]["epsilon_recorded_max"] is None and cells["inf"]["noise_multiplier"] is None
     # the clip-only reference: DP-SGD with z = 0.01, whose ε is recorded honestly (huge)
     assert cells["clip"]["noise_multiplier"] == [0.01, 0.01] and cells["clip"]["epsilon_recorded_max"] > 1e3
@@ -91,7 +91,17 @@ def check_record_section(doc: dict, md: str, work: Path) -> None:
         assert x["epsilon"] == own["rounds"][-1]["record_epsilon"] == x["epsilon_per_round"][-1]
         assert x["epsilon_per_round"][0] < x["epsilon_per_round"][-1]  # ε grows with the rounds
     assert dp["median_round_s"] > 0 and cells["inf"]["median_round_s"] > 0
-    assert "## Record-level DP-SGD" in md and "not implemented" in md and "| 4 | " in md and "| clip only" in md
+    # distributed DP-GD: the server's record (per record, at the honest survivors' variance) and each silo's own
+    # bound (nominal variance, so the larger); the bound meets the target to the calibration's tolerance
+    dgd = cells["dgd-4"]
+    server = json.loads((work / "record" / "seed0-iid-4" / "out" / "record-dgd-4-secagg" / "server" / "metrics.json")
+                        .read_text())["rounds"]
+    assert len(server) == s["dgd_rounds"] == 3 and all(r["privacy"]["unit"] == "record" for r in server)
+    assert server[-1]["privacy"]["epsilon"] <= dgd["epsilon_recorded_max"] <= 4.0 + 1e-6
+    assert dgd["noise_std"][0] > 0 and dgd["count_std"][0] > 0
+    assert cells["dgd-clip"]["epsilon_recorded_max"] > 1e3  # z = 0.01: recorded honestly, huge
+    assert "## Record-level DP:" in md and "| 4 | " in md and "| clip only" in md
+    assert "**Distributed placement (DP-GD)**" in md
     assert "![record-level accuracy against ε](img/dp_accuracy_record.png)" in md
 
 

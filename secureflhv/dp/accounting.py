@@ -387,7 +387,8 @@ class SkellamAccountant(_RoundAccountant):
     surviving set allowed by the secure-aggregation threshold carries. :meth:`step` records each released round
     with the variance its survivors actually carried (more survivors, more noise); rounds not recorded yet count
     at the nominal variance. RDP of every round (:func:`skellam_rdp`) is summed and converted with
-    ``dp_accounting.rdp.compute_epsilon``. Neighbouring relation: add or remove one client. No amplification by
+    ``dp_accounting.rdp.compute_epsilon``. Neighbouring relation: add or remove one client (``unit``; one record
+    for distributed record-level DP-GD, whose sensitivities are a record's). No amplification by
     client sampling is claimed (the library has no subsampling bound for this RDP curve).
 
     Raises ValueError naming the argument (see :func:`skellam_rdp`).
@@ -396,11 +397,12 @@ class SkellamAccountant(_RoundAccountant):
     accountant = "rdp"
 
     def __init__(self, variance: float, l2_sensitivity: float, l1_sensitivity: float,
-                 orders: Sequence[int] = SKELLAM_ORDERS):
+                 orders: Sequence[int] = SKELLAM_ORDERS, unit: str = "client"):
         self._nominal_rdp = skellam_rdp(variance, l2_sensitivity, l1_sensitivity, orders)
         self.variance = float(variance)
         self.l2_sensitivity, self.l1_sensitivity = float(l2_sensitivity), float(l1_sensitivity)
         self.orders = tuple(int(a) for a in orders)
+        self.unit = unit  # what one neighbouring step adds or removes: a client's update, or one record
         self.variances: list[float] = []  # per recorded round, the variance the survivors carried
         self._rdp = np.zeros(len(self.orders))  # RDP of the recorded rounds
 
@@ -439,7 +441,7 @@ class SkellamAccountant(_RoundAccountant):
         l1_sensitivity, rounds, epsilon, delta, accountant."""
         k = self.rounds if rounds is None else _count(rounds, "rounds")
         carried = self.variances[:k]
-        return {"mechanism": "skellam", "unit": "client", "variance": self.variance,
+        return {"mechanism": "skellam", "unit": self.unit, "variance": self.variance,
                 "min_variance_carried": min(carried) if carried else None,
                 "l2_sensitivity": self.l2_sensitivity, "l1_sensitivity": self.l1_sensitivity, "rounds": k,
                 "epsilon": self.epsilon(delta, k), "delta": _delta(delta), "accountant": self.accountant}

@@ -41,8 +41,36 @@ from .dp_fedavg import ClientDP
 _NORM_SIGMAS = 10.0  # headroom of the noise's L2 norm in the server's check (a false refusal is ~e^-50)
 
 
+class SkellamShares:
+    """What both distributed placements (client-level here, record-level in :mod:`.dp_record_sum`) do with the
+    noise of a round: each client's share mu / (t - c) and the accounting at the honest survivors' variance.
+    Needs ``plan.variance`` and ``aggregation``."""
+
+    def honest_min(self, n_selected: int) -> int:
+        """t - c for a round of ``n_selected`` clients: the fewest honest survivors the server can unmask."""
+        return self.aggregation.resolve_threshold(n_selected) - self.aggregation.max_colluders
+
+    def share(self, n_selected: int) -> float:
+        """Each client's noise variance in a round of ``n_selected`` clients: mu / (t - c) (integer units)."""
+        return self.plan.variance / self.honest_min(n_selected)
+
+    def account(self, accountant, res: AggregateResult, n_selected: int) -> dict:
+        """Record the round at the variance its honest survivors carried at least; returns that and the total."""
+        n, share = len(res.survivors), self.share(n_selected)
+        honest = (n - self.aggregation.max_colluders) * share
+        accountant.step(honest)
+        return {"survivors": n, "variance_carried": n * share, "variance_accounted": honest}
+
+    def replay(self, accountant, record: dict) -> None:
+        """A round released before a resume, at the variance its record says its honest survivors carried (the
+        nominal mu when the record lacks it, or says less: the checkpoint is not trusted beyond the plan)."""
+        v = record.get("variance_accounted") if isinstance(record, dict) else None
+        ok = isinstance(v, (int, float)) and math.isfinite(v) and v >= self.plan.variance
+        accountant.step(float(v) if ok else None)
+
+
 @dataclass(frozen=True)
-class DistributedDP(ClientDP):
+class DistributedDP(SkellamShares, ClientDP):
     """DP-FedAvg with distributed Skellam noise (module docstring).
 
     Attributes:
@@ -88,14 +116,6 @@ class DistributedDP(ClientDP):
             raise ValueError(f"params.dp.{exc}") from None
         return replace(self, plan=plan)
 
-    def honest_min(self, n_selected: int) -> int:
-        """t - c for a round of ``n_selected`` clients: the fewest honest survivors the server can unmask."""
-        return self.aggregation.resolve_threshold(n_selected) - self.aggregation.max_colluders
-
-    def share(self, n_selected: int) -> float:
-        """Each client's noise variance in a round of ``n_selected`` clients: mu / (t - c) (integer units)."""
-        return self.plan.variance / self.honest_min(n_selected)
-
     def aggregation_for(self, config: AggregationConfig) -> AggregationConfig:
         """The job's aggregation with the plan's ring: integer inputs in Z_{2^k}."""
         return config.replace(ring_bits=self.plan.k_bits)
@@ -106,7 +126,7 @@ class DistributedDP(ClientDP):
             raise ValueError(f"the model has {dim} parameters, the DP plan {self.plan.d}")
         return self.plan.d_pad
 
-    def client_input(self, update, round_id, n_selected, party_id):
+    def client_input(self, update, round_id, n_selected, party_id, weight=1.0):
         """The encoded delta as signed integers (float64 (d',)) in [-2^(k-1), 2^(k-1)), weight 1."""
         p = self.plan
         rng = noise_rng(None if self.noise_seed is None else
@@ -141,20 +161,6 @@ class DistributedDP(ClientDP):
         from ..dp.accounting import SkellamAccountant
 
         return SkellamAccountant(self.plan.variance, self.plan.l2_sensitivity, self.plan.l1_sensitivity)
-
-    def account(self, accountant, res: AggregateResult, n_selected: int) -> dict:
-        """Record the round at the variance its honest survivors carried at least; returns that and the total."""
-        n, share = len(res.survivors), self.share(n_selected)
-        honest = (n - self.aggregation.max_colluders) * share
-        accountant.step(honest)
-        return {"survivors": n, "variance_carried": n * share, "variance_accounted": honest}
-
-    def replay(self, accountant, record: dict) -> None:
-        """A round released before a resume, at the variance its record says its honest survivors carried (the
-        nominal mu when the record lacks it, or says less: the checkpoint is not trusted beyond the plan)."""
-        v = record.get("variance_accounted") if isinstance(record, dict) else None
-        ok = isinstance(v, (int, float)) and math.isfinite(v) and v >= self.plan.variance
-        accountant.step(float(v) if ok else None)
 
     def describe(self) -> dict:
         """placement, clip_norm, gamma, bits, bits_per_coordinate, noise_std (model units), wrap_probability."""

@@ -50,9 +50,10 @@ class ClientDP(ABC):
         return dim
 
     @abstractmethod
-    def client_input(self, update: np.ndarray, round_id: int, n_selected: int, party_id: str
+    def client_input(self, update: np.ndarray, round_id: int, n_selected: int, party_id: str, weight: float = 1.0
                      ) -> tuple[np.ndarray, float]:
-        """What a client submits for its model delta ``update`` (float64 (d,)): (vector, weight)."""
+        """What a client submits for its model delta ``update`` (float64 (d,)) with the strategy's ``weight``
+        (its record count): (vector, weight)."""
 
     @abstractmethod
     def release(self, global_vec: np.ndarray, res: AggregateResult, round_id: int, n_selected: int
@@ -105,7 +106,7 @@ class CentralDP(ClientDP):
         """A client's model delta (float64 (d,)) clipped to L2 norm C."""
         return clip_l2(delta_vec, self.clip_norm)[0]
 
-    def client_input(self, update, round_id, n_selected, party_id):
+    def client_input(self, update, round_id, n_selected, party_id, weight=1.0):
         """The delta clipped to C, with weight 1 (every client counts the same in DP-FedAvg)."""
         return self.clip(update), 1.0
 

@@ -129,7 +129,8 @@ class FLConfig:
         contribution_temperature: T of client contribution normalisation (Kundalwal et al. 2024,
             :mod:`.contribution`), composable with every strategy; None = off.
         dp: client-level differential privacy of FedAvg / FedProx, the noise added by the server (:mod:`.dp_fedavg`)
-            or by the clients inside secure aggregation (:mod:`.dp_distributed`); None = off.
+            or by the clients inside secure aggregation (:mod:`.dp_distributed`); or record-level DP-GD with the
+            noise distributed (:mod:`.dp_record_sum`, it replaces local training); None = off.
     """
 
     rounds: int = 10
@@ -686,13 +687,11 @@ class HorizontalClient(_Resumable, ProtocolRole):
         global_vec = read_model(bundle, self.shapes)
         extras = {k[len("extra/"):]: float32_tensor(t, (self.dim,), k) for k, t in bundle.tensors.items()
                   if k.startswith("extra/")}
-        rng = batch_rng(self.config.seed, round_id, self.party_id)
-        if self.strategy.loop is not None:
-            self.strategy.loop.begin(round_id)
-        if self.strategy.trainer is not None:  # batched simulation: this round's batch has every participant
-            self.strategy.trainer.begin(round_id, len(participants))
-        upd = self.strategy.client_update(self.model, global_vec, self.X_train, self.y_train,
-                                          self.config.local.for_round(round_id), rng, extras)
+        gradient_sum = getattr(self.config.dp, "local_update", None)
+        if gradient_sum is not None:  # distributed record-level DP-GD: the clipped gradient sum, no local steps
+            upd = gradient_sum(self.model, global_vec, self.X_train, self.y_train)
+        else:
+            upd = self._local_update(round_id, len(participants), global_vec, extras)
         for part in self.strategy.parts:
             vec, _ = upd.parts[part]
             if vec.shape != (self.part_dims[part],):
@@ -710,12 +709,24 @@ class HorizontalClient(_Resumable, ProtocolRole):
         for i, part in enumerate(self.strategy.parts):
             vec, weight = upd.parts[part]
             if self.config.dp is not None and part == "model":  # DP-FedAvg: clipped (and encoded), weight 1
-                vec, weight = self.config.dp.client_input(vec, round_id, len(participants), self.party_id)
+                vec, weight = self.config.dp.client_input(vec, round_id, len(participants), self.party_id, weight)
             if factor is not None and part in self.strategy.sample_weighted_parts:
                 weight = weight * factor  # Λ_r ∈ [0, 1]; Σ_r Λ_r = 1 keeps the total weight away from 0
             self.agg_clients[part].submit(AGG_ROUNDS.pack(round=round_id, part=self.config.part_offset + i),
                                           participants, vec, weight)
-        return {"trained": 1.0, "train_loss": upd.loss, "train_n": float(upd.n_samples), "steps": float(upd.steps)}
+        # DP-GD's record count travels only inside the noised sum: 1 here (train_n only weighs the withheld loss)
+        return {"trained": 1.0, "train_loss": upd.loss, "train_n": 1.0 if gradient_sum is not None else float(upd.n_samples),
+                "steps": float(upd.steps)}
+
+    def _local_update(self, round_id: int, n_participants: int, global_vec: np.ndarray, extras: dict):
+        """The strategy's local training from the global model (the user's loop or the batched trainer told first)."""
+        rng = batch_rng(self.config.seed, round_id, self.party_id)
+        if self.strategy.loop is not None:
+            self.strategy.loop.begin(round_id)
+        if self.strategy.trainer is not None:  # batched simulation: this round's batch has every participant
+            self.strategy.trainer.begin(round_id, n_participants)
+        return self.strategy.client_update(self.model, global_vec, self.X_train, self.y_train,
+                                           self.config.local.for_round(round_id), rng, extras)
 
     def run(self) -> list[dict]:
         """Serve rounds until the server says stop; return this client's per-round metrics."""

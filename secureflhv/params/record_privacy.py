@@ -21,7 +21,10 @@ FIELD = "params.record_dp"  # the job-file field these settings come from (for e
 
 
 class RecordDPParams(NoiseChoice):
-    """DP-SGD at every client (Abadi et al. 2016, Algorithm 1, with Poisson sampling as Opacus does it).
+    """Record-level DP at every client: DP-SGD with local noise (``placement: local``, the default), or one noised
+    full-batch gradient step per round with the noise distributed inside secure aggregation (``distributed``).
+
+    ``placement: local`` is DP-SGD (Abadi et al. 2016, Algorithm 1, with Poisson sampling as Opacus does it).
 
     Each local step samples every local record independently with probability ``q = min(1, batch_size / n_local)``
     (``n_local``: the client's training rows), clips each sampled record's gradient to L2 norm ``clip_norm``, sums,
@@ -39,12 +42,26 @@ class RecordDPParams(NoiseChoice):
         accountant: Opacus's ``rdp`` (Mironov, Talwar, Zhang, arXiv:1908.10530; the default) or ``prv`` (Gopi, Lee,
             Wutschitz, NeurIPS 2021: numerical, tighter). Opacus's ``gdp`` (a central-limit approximation that can
             *under*-estimate ε) is not offered: a job's ε must be a bound.
+        placement: ``local`` (each client noises its own steps, module docstring) or ``distributed``
+            (:mod:`secureflhv.horizontal.dp_record_sum`): each round every client sends the sum of its per-record
+            clipped gradients at the global model, rotated, scaled, rounded and with its share of Skellam noise,
+            inside secure aggregation; the server steps by the noised sum over the noised record count (DP-GD,
+            ``learning_rate`` and its schedule, SGD without momentum). The noise std over the sensitivity is
+            ``noise_multiplier``; FedAvg only; needs ``aggregation.kind: secagg``; ``accountant: rdp`` (the Skellam
+            RDP bound). ``local_epochs`` and ``batch_size`` are not used (``batch_size`` is the chunk of
+            per-record gradients computed at once).
+        bits: distributed: the ring's bits per coordinate; 32 holds a round of about 5 million records (the
+            count coordinate grows by about 360 per record at d' = 8192; a wrapped sum is refused, naming it).
         noise_seed: TESTS ONLY. Seeds the Poisson sampling and the noise; whoever knows it can remove the noise.
             None (the default): both are drawn from the operating system's entropy at the client.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    placement: Literal["local", "distributed"] = Field(
+        default="local", description="local: DP-SGD noised by each client (Opacus); distributed: one full-batch "
+                                     "step per round, Skellam shares inside secure aggregation")
+    bits: int = Field(default=32, ge=16, le=52, description="distributed: the ring's bits per coordinate")
     clip_norm: float = Field(gt=0, allow_inf_nan=False, description="C: L2 clip of one record's gradient")
     noise_multiplier: float | None = Field(default=None, gt=0, allow_inf_nan=False,
                                            description="z: noise std over C on each step's summed gradients")

@@ -76,6 +76,7 @@ from ...params.record_privacy import RecordDPParams
 from ...secagg import AggregationConfig, AggregationConfigError
 from ...horizontal.dp_distributed import DistributedDP
 from ...horizontal.dp_fedavg import CentralDP, ClientDP
+from ...horizontal.dp_record_sum import RecordSumDP
 from ...horizontal.fl import (DEFAULT_PART_CLIPS, PARTS_PER_ROUND, FLConfig, HorizontalClient,
                               HorizontalServer, RoundRecord)
 from ...data.metrics import task_metrics
@@ -173,7 +174,8 @@ class HorizontalJobParams(LocalTrainingParams):
         sched = None if self.lr_scheduler is None else (self.lr_scheduler.name,
                                                         tuple(sorted(self.lr_scheduler.kwargs.items())))
         return replace(super().local_config(), optimizer=self.optimizer, lr_scheduler=sched,
-                       dp_sgd=self.record_dp, dp_sgd_rounds=self.rounds)
+                       dp_sgd=self.record_dp if self.record_dp is not None and self.record_dp.placement == "local"
+                       else None, dp_sgd_rounds=self.rounds)
 
     strategy: Literal["fedavg", "fedprox", "scaffold", "fednova", "ifca", "fedper"] = "fedavg"
     clusters: int = Field(default=2, ge=2, description="IFCA: number of cluster models k (at most 8)")
@@ -233,7 +235,7 @@ def check(cfg: JobConfig, params: HorizontalJobParams) -> None:
     if params.dp is not None:
         _check_dp(cfg, params)
     if params.record_dp is not None:
-        _check_record_dp(params)
+        _check_record_dp(cfg, params)
     if params.optimizer != "sgd" and params.strategy in ("scaffold", "fednova"):
         raise JobConfigError(f"params.optimizer: {params.strategy}'s update assumes SGD (its control variates / its "
                              f"normaliser a_i are defined for SGD steps); use optimizer: sgd")
@@ -281,7 +283,7 @@ def _check_dp(cfg: JobConfig, params: HorizontalJobParams) -> None:
             raise JobConfigError(str(exc)) from None
 
 
-def _check_record_dp(params: HorizontalJobParams) -> None:
+def _check_record_dp(cfg: JobConfig, params: HorizontalJobParams) -> None:
     """What DP-SGD at the clients needs of the job: a strategy whose every use of the training records is the
     noised steps (:data:`~secureflhv.horizontal.dp_sgd.DP_SGD_STRATEGIES`; IFCA also picks its cluster by the
     training loss), no contribution normalisation (it scores the trained model on the training rows)."""
@@ -291,6 +293,40 @@ def _check_record_dp(params: HorizontalJobParams) -> None:
     if params.contribution_temperature is not None:
         raise JobConfigError("params.record_dp: contribution normalisation scores the trained model on the training "
                              "rows outside DP-SGD (set contribution_temperature to null)")
+    if params.record_dp.placement == "distributed":
+        _check_record_sum(cfg, params)
+
+
+def _check_record_sum(cfg: JobConfig, params: HorizontalJobParams) -> None:
+    """What distributed record-level DP-GD needs: FedAvg's single model part, the ring of secure aggregation, the
+    built-in training step (the server steps SGD without momentum), its RDP accountant, no client-level DP on the
+    same model part; a built-in model is planned now, so a ring too small fails at validation."""
+    rec, field = params.record_dp, "params.record_dp"
+    problems = [
+        (params.strategy != "fedavg", f"{field}.placement: distributed DP-GD takes one noised step per round from "
+                                      f"the clients' gradient sums (strategy fedavg, not {params.strategy})"),
+        (params.aggregation.kind == "plain", f"{field}.placement: distributed noise is added in the ring of secure "
+                                             f"aggregation; aggregation kind plain has none (use secagg)"),
+        (params.dp is not None, f"{field}.placement: distributed record-level DP and params.dp (client-level) both "
+                                f"own the model's aggregation; use one"),
+        (params.train is not None, f"{field}.placement: distributed DP-GD computes the per-record gradients itself; "
+                                   f"a user training loop (params.train) cannot be used with it"),
+        (params.optimizer != "sgd" or params.momentum != 0, f"{field}.placement: the server takes plain gradient "
+                                                            f"steps (optimizer sgd, momentum 0)"),
+        (rec.accountant != "rdp", f"{field}.accountant: the Skellam mechanism is accounted with its RDP bound (use "
+                                  f"rdp)"),
+        (not rec.delta < 1 / max(1, len(cfg.clients)), f"{field}.delta: {rec.delta:g} is not below 1 / "
+                                                       f"{len(cfg.clients)} clients"),
+    ]
+    for bad, why in problems:
+        if bad:
+            raise JobConfigError(why)
+    if isinstance(params.model, ModelSpec) and params.preprocessing is None:
+        dim = get_flat(build_model(params.model, seed=params.seed)).size
+        try:
+            dp_config(cfg, params).bound(dim)
+        except ValueError as exc:
+            raise JobConfigError(str(exc)) from None
 
 
 def dp_config(cfg: JobConfig, params: HorizontalJobParams) -> ClientDP | None:
@@ -299,6 +335,8 @@ def dp_config(cfg: JobConfig, params: HorizontalJobParams) -> ClientDP | None:
     ``target_epsilon`` over ``params.rounds``) or distributed (:class:`~secureflhv.horizontal.dp_distributed.
     DistributedDP`, planned for the model's dimension by each role)."""
     dp = params.dp
+    if params.record_dp is not None and params.record_dp.placement == "distributed":
+        return _record_sum_dp(cfg, params)
     if dp is None:
         return None
     if dp.placement == "distributed":
@@ -314,9 +352,18 @@ def dp_config(cfg: JobConfig, params: HorizontalJobParams) -> ClientDP | None:
 
 
 def _distributed_dp(cfg: JobConfig, params: HorizontalJobParams) -> DistributedDP:
-    """Every round size the job allows (up to ``fraction`` of the clients, at least the aggregation's smallest
-    round) with its fewest honest survivors t - c: the plan must fit all of them."""
+    """Client-level distributed DP-FedAvg, planned for every round size the job allows (:func:`_round_sizes`)."""
     dp, agg = params.dp, _aggregation(cfg, params)
+    sizes = _round_sizes(cfg, params, agg)
+    return DistributedDP(clip_norm=dp.clip_norm, bits=dp.bits, aggregation=agg, sizes=tuple(sizes),
+                         noise_multiplier=dp.noise_multiplier, target_epsilon=dp.target_epsilon, rounds=params.rounds,
+                         job_seed=params.seed, delta=dp.delta, epsilon_budget=dp.epsilon_budget,
+                         sampling_rate=params.fraction, noise_seed=dp.noise_seed)
+
+
+def _round_sizes(cfg: JobConfig, params: HorizontalJobParams, agg: AggregationConfig) -> list[tuple[int, int]]:
+    """Every round size the job allows (up to ``fraction`` of the clients, at least the aggregation's smallest
+    round) with its fewest honest survivors t - c."""
     sizes = []
     for n in range(agg.smallest_round(), max(1, int(len(cfg.clients) * params.fraction)) + 1):
         try:
@@ -324,12 +371,20 @@ def _distributed_dp(cfg: JobConfig, params: HorizontalJobParams) -> DistributedD
         except AggregationConfigError:  # such a round fails anyway
             continue
     if not sizes:
-        raise JobConfigError(f"params.dp.placement: no round of this job can be aggregated (min_clients "
+        raise JobConfigError(f"params.aggregation: no round of this job can be aggregated (min_clients "
                              f"{agg.min_clients}, {len(cfg.clients)} clients, fraction {params.fraction:g})")
-    return DistributedDP(clip_norm=dp.clip_norm, bits=dp.bits, aggregation=agg, sizes=tuple(sizes),
-                         noise_multiplier=dp.noise_multiplier, target_epsilon=dp.target_epsilon, rounds=params.rounds,
-                         job_seed=params.seed, delta=dp.delta, epsilon_budget=dp.epsilon_budget,
-                         sampling_rate=params.fraction, noise_seed=dp.noise_seed)
+    return sizes
+
+
+def _record_sum_dp(cfg: JobConfig, params: HorizontalJobParams) -> RecordSumDP:
+    """Distributed record-level DP-GD (:class:`~secureflhv.horizontal.dp_record_sum.RecordSumDP`) from the job."""
+    rec, agg, local = params.record_dp, _aggregation(cfg, params), params.local_config()
+    return RecordSumDP(clip_norm=rec.clip_norm, bits=rec.bits, aggregation=agg,
+                       least_honest=min(h for _, h in _round_sizes(cfg, params, agg)),
+                       lrs=tuple(local.round_lrs(params.rounds)), weight_decay=local.weight_decay,
+                       noise_multiplier=rec.noise_multiplier, target_epsilon=rec.target_epsilon, rounds=params.rounds,
+                       job_seed=params.seed, delta=rec.delta, noise_seed=rec.noise_seed,
+                       chunk=params.batch_size)
 
 
 def _aggregation(cfg: JobConfig, params: HorizontalJobParams) -> AggregationConfig:
@@ -594,8 +649,8 @@ def _client_privacy(client: HorizontalClient, rounds_seen: int) -> dict | None:
 
 def _record_dp_progress(params: HorizontalJobParams):
     """With DP-SGD, a client's progress line per round carries its own ε (the job page's curve); None otherwise."""
-    if params.record_dp is None:
-        return None
+    if params.record_dp is None or params.record_dp.placement != "local":
+        return None  # distributed: the server's ε is the job's, on its progress line
 
     def on_round(h: dict) -> None:
         eps = h.get("record_epsilon")
