@@ -451,7 +451,7 @@ def record_params(args, eps: float | None, seed: int, placement: str = "local") 
     agg = {"kind": args.record_kind, "clip": 1.0, "stage_timeout_s": 120, "input_timeout_s": 600}
     dgd = placement == "distributed"
     params = {"strategy": "fedavg", "model": MODEL, "rounds": args.record_dgd_rounds if dgd else args.record_rounds,
-              "local_epochs": args.local_epochs, "batch_size": 1024 if dgd else args.record_batch_size,
+              "local_epochs": args.local_epochs, "batch_size": 256 if dgd else args.record_batch_size,
               "learning_rate": args.record_dgd_lr if dgd else args.record_lr, "momentum": 0.0, "seed": seed,
               "test_fraction": 0.0, "aggregation": agg}
     if eps is None or not math.isinf(eps):
@@ -796,7 +796,7 @@ def record_arguments(ap: argparse.ArgumentParser) -> None:
                    help="comma-separated: local (DP-SGD at each silo), distributed (DP-GD, Skellam shares)")
     g.add_argument("--record-dgd-rounds", type=int, help="rounds of distributed DP-GD, one full-batch step each "
                                                          "(default 40; quick 3)")
-    g.add_argument("--record-dgd-lr", type=float, default=2.0, help="DP-GD's step size")
+    g.add_argument("--record-dgd-lr", type=float, default=4.0, help="DP-GD's step size")
     g.add_argument("--no-record-clip-only", dest="record_clip_only", action="store_false",
                    help="skip the reference run with DP-SGD's clipping and sampling but noise multiplier "
                         f"{CLIP_ONLY_Z} (separates the accuracy lost to clipping from that lost to noise)")

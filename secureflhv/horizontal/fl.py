@@ -715,8 +715,8 @@ class HorizontalClient(_Resumable, ProtocolRole):
             self.agg_clients[part].submit(AGG_ROUNDS.pack(round=round_id, part=self.config.part_offset + i),
                                           participants, vec, weight)
         # DP-GD's record count travels only inside the noised sum: 1 here (train_n only weighs the withheld loss)
-        return {"trained": 1.0, "train_loss": upd.loss, "train_n": 1.0 if gradient_sum is not None else float(upd.n_samples),
-                "steps": float(upd.steps)}
+        n_told = 1.0 if gradient_sum is not None else float(upd.n_samples)
+        return {"trained": 1.0, "train_loss": upd.loss, "train_n": n_told, "steps": float(upd.steps)}
 
     def _local_update(self, round_id: int, n_participants: int, global_vec: np.ndarray, extras: dict):
         """The strategy's local training from the global model (the user's loop or the batched trainer told first)."""

@@ -315,8 +315,6 @@ def _check_record_sum(cfg: JobConfig, params: HorizontalJobParams) -> None:
                                                             f"steps (optimizer sgd, momentum 0)"),
         (rec.accountant != "rdp", f"{field}.accountant: the Skellam mechanism is accounted with its RDP bound (use "
                                   f"rdp)"),
-        (not rec.delta < 1 / max(1, len(cfg.clients)), f"{field}.delta: {rec.delta:g} is not below 1 / "
-                                                       f"{len(cfg.clients)} clients"),
     ]
     for bad, why in problems:
         if bad:
