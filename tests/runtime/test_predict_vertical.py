@@ -142,7 +142,7 @@ def test_bundle_manifest(trained):
     ("other_party", "party_id: this bundle belongs to party 'host-1', not 'guest'"),
     ("other_job", "job_id: this bundle belongs to job 'model-train', not 'another-job'"),
 ])
-def test_bad_bundle_is_refused(trained, tmp_path, damage, expected):
+def test_bad_bundle_is_refused(trained, tmp_path, capsys, damage, expected):
     tmp, job, guest_csv, host_csv = trained
     models = tmp_path / "models"
     shutil.copytree(job.parent / "out", models)
@@ -162,8 +162,13 @@ def test_bad_bundle_is_refused(trained, tmp_path, damage, expected):
     if model_job != "model-train":
         text = pjob.read_text().replace("model_job_id: model-train", f"model_job_id: {model_job}")
         pjob.write_text(text)
-    code, log = secureflhv("run", str(pjob), "--timeout", "60")
-    assert code != 0
+    # `secureflhv run`'s own entry point in this process: the job file is refused before any party starts
+    # (a subprocess would only add its start-up, ~5 s a case)
+    from secureflhv.cli import main
+
+    code = main(["run", str(pjob), "--timeout", "60"])
+    log = "".join(capsys.readouterr())
+    assert code == 2 and "invalid job file" in log, log[-3000:]
     assert expected in log, log[-3000:]
     assert "params.model_dir (party 'guest')" in log
 
