@@ -559,8 +559,8 @@ def measure_record(args) -> dict:
             r = run_record_cell(ws, test, args, eps, seed, placement)
             key = record_cell_key(eps, placement)
             runs.setdefault(key, []).append(r)
-            eps_rec = max([s.get("epsilon", math.inf) for s in r["silos"].values()]
-                          + [r["server_privacy"].get("epsilon", math.inf)], default=math.inf)
+            recorded = [s["epsilon"] for s in [*r["silos"].values(), r["server_privacy"]] if "epsilon" in s]
+            eps_rec = max(recorded, default=math.inf)
             print(f"[record, seed {seed}] {key:9s} accuracy {r['accuracy']:.4f}  ε recorded "
                   f"(max) {eps_rec:.3f}  {r['median_round_s']:.2f} s/round  "
                   f"({time.perf_counter() - t0:.0f} s, {(time.perf_counter() - started) / 60:.1f} min so far)",

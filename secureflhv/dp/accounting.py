@@ -37,12 +37,12 @@ from abc import ABC, abstractmethod
 
 import math
 import operator
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import dp_accounting
-from dp_accounting import pld as dp_pld
-from dp_accounting import rdp as dp_rdp
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 ACCOUNTANTS = ("rdp", "pld")
 # cap of rounds_within's search: ε grows without bound in the rounds, but a huge noise multiplier can push the
@@ -53,6 +53,15 @@ MAX_ROUNDS = 10**6
 Z_FLOOR = 1e-3
 # Theorem 3.5 of Agarwal et al. 2021 holds for integer orders α > 1 only
 SKELLAM_ORDERS = tuple(range(2, 64)) + tuple(range(64, 257, 8)) + (320, 384, 512, 768, 1024)
+
+
+def library():
+    """Google's ``dp_accounting`` with its ``rdp`` and ``pld`` modules, imported on first use: at module level it
+    added about a second to the start-up of every party process, DP or not (the job registry imports this)."""
+    import dp_accounting.pld
+    import dp_accounting.rdp
+
+    return dp_accounting
 
 
 # ------------------------------------------------------------------------------------------ validation
@@ -204,9 +213,9 @@ class ClientLevelAccountant(_RoundAccountant):
 
     def round_event(self) -> dp_accounting.DpEvent:
         """The ``dp_accounting`` event of one round (Poisson-subsampled only under amplification with q < 1)."""
-        gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        gaussian = library().GaussianDpEvent(self.noise_multiplier)
         if self.amplification and self.sampling_rate < 1:
-            return dp_accounting.PoissonSampledDpEvent(self.sampling_rate, gaussian)
+            return library().PoissonSampledDpEvent(self.sampling_rate, gaussian)
         return gaussian
 
     def epsilon(self, delta: float, rounds: int | None = None, accountant: str | None = None) -> float:
@@ -220,10 +229,10 @@ class ClientLevelAccountant(_RoundAccountant):
         if k == 0:
             return 0.0
         if kind == "rdp":
-            acc = dp_rdp.RdpAccountant()
+            acc = library().rdp.RdpAccountant()
         else:
-            acc = dp_pld.PLDAccountant(value_discretization_interval=self.pld_discretization)
-        acc.compose(dp_accounting.SelfComposedDpEvent(self.round_event(), k))
+            acc = library().pld.PLDAccountant(value_discretization_interval=self.pld_discretization)
+        acc.compose(library().SelfComposedDpEvent(self.round_event(), k))
         return float(acc.get_epsilon(delta))
 
     def record(self, delta: float, rounds: int | None = None) -> dict:
@@ -264,16 +273,16 @@ def noise_multiplier_for(epsilon: float, delta: float, rounds: int, sampling_rat
         return ClientLevelAccountant(z, 1.0, sampling_rate, amplification, how, pld_discretization)
 
     def calibrate(how: str, bracket) -> float:
-        return float(dp_accounting.calibrate_dp_mechanism(
-            lambda: (dp_rdp.RdpAccountant() if how == "rdp"
-                     else dp_pld.PLDAccountant(value_discretization_interval=pld_discretization)),
-            lambda z: dp_accounting.SelfComposedDpEvent(account(z, how).round_event(), k),
+        return float(library().calibrate_dp_mechanism(
+            lambda: (library().rdp.RdpAccountant() if how == "rdp"
+                     else library().pld.PLDAccountant(value_discretization_interval=pld_discretization)),
+            lambda z: library().SelfComposedDpEvent(account(z, how).round_event(), k),
             target, delta, bracket, tol=tol))
 
     if account(Z_FLOOR, "rdp").epsilon(delta, k) <= target:
         raise ValueError(f"epsilon={target} is met at delta={delta} over {k} rounds even with noise_multiplier "
                          f"{Z_FLOOR}: no calibration is meaningful")
-    z_rdp = calibrate("rdp", dp_accounting.LowerEndpointAndGuess(Z_FLOOR, 1.0))
+    z_rdp = calibrate("rdp", library().LowerEndpointAndGuess(Z_FLOOR, 1.0))
     if kind == "rdp":
         return z_rdp
     # PLD is tighter than RDP: its z* lies below z_rdp, and in practice above half of it. The search goes no
@@ -286,7 +295,7 @@ def noise_multiplier_for(epsilon: float, delta: float, rounds: int, sampling_rat
         lo /= 2
     while account(hi, "pld").epsilon(delta, k) > target:
         hi *= 2
-    return calibrate("pld", dp_accounting.ExplicitBracketInterval(lo, hi))
+    return calibrate("pld", library().ExplicitBracketInterval(lo, hi))
 
 
 # ------------------------------------------------------------------------------------------ Skellam
@@ -349,7 +358,7 @@ def skellam_epsilon(variance: float, l2_sensitivity: float, l1_sensitivity: floa
     Proposition 12). No amplification by client sampling is claimed. Raises ValueError naming the argument."""
     k, delta = _count(rounds, "rounds"), _delta(delta)
     rdp = skellam_rdp(variance, l2_sensitivity, l1_sensitivity, orders) * k
-    return 0.0 if k == 0 else float(dp_rdp.compute_epsilon(list(orders), rdp, delta)[0])
+    return 0.0 if k == 0 else float(library().rdp.compute_epsilon(list(orders), rdp, delta)[0])
 
 
 def skellam_variance_for(epsilon: float, delta: float, rounds: int, l2_sensitivity: float,
@@ -434,7 +443,7 @@ class SkellamAccountant(_RoundAccountant):
         else:
             rdp = sum(skellam_rdp(mu, self.l2_sensitivity, self.l1_sensitivity, self.orders)
                       for mu in self.variances[:k])
-        return float(dp_rdp.compute_epsilon(list(self.orders), rdp, delta)[0])
+        return float(library().rdp.compute_epsilon(list(self.orders), rdp, delta)[0])
 
     def record(self, delta: float, rounds: int | None = None) -> dict:
         """JSON-ready dict: mechanism, unit, variance (nominal), min_variance_carried, l2_sensitivity,

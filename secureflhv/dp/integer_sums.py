@@ -36,9 +36,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-from dp_accounting import rdp as dp_rdp
 
-from .accounting import SKELLAM_ORDERS, skellam_rdp
+from .accounting import SKELLAM_ORDERS, library, skellam_rdp
 from .calibration import MAX_POISSON_MEAN
 from .mechanisms import skellam_noise
 
@@ -85,7 +84,7 @@ def job_epsilon(entries: Sequence[tuple[float, float, float]], delta: float,
     if not entries:
         return 0.0
     rdp = sum(skellam_rdp(v, l2, l1, orders) for v, l2, l1 in entries)
-    return float(dp_rdp.compute_epsilon(list(orders), rdp, delta)[0])
+    return float(library().rdp.compute_epsilon(list(orders), rdp, delta)[0])
 
 
 @dataclass(frozen=True)
