@@ -704,7 +704,7 @@ def dgd_markdown(cells: dict, s: dict) -> list[str]:
                      f"{'—' if eps is None else format(eps, '.3f')} | {_span(c.get('noise_std'), '.3g')} | "
                      f"{_span(c.get('count_std'), '.3g')} records | {c['median_round_s']:.2f} | "
                      f"{c['bytes_per_client_per_round'] / 1e3:.1f} |")
-    return lines
+    return lines + [""]
 
 
 def clip_text(cells: dict, s: dict) -> list[str]:
@@ -715,7 +715,7 @@ def clip_text(cells: dict, s: dict) -> list[str]:
     noise = [f"ε = {k}: {100 * (c['accuracy_mean'] - clip['accuracy_mean']):+.2f}"
              for k, c in sorted(cells.items(), key=lambda kv: record_order(kv[0]))
              if k not in ("clip", "inf") and not k.startswith(DGD)]
-    sd = max(c["accuracy_sd"] for c in cells.values())
+    sd = max(c["accuracy_sd"] for k, c in cells.items() if not k.startswith(DGD))
     return ["", f"Where the accuracy goes. The clip-only run (the same DP-SGD: C = {s['clip_norm']:g}, Poisson "
                 f"sampling, expected-batch mean, but z = {s['clip_only_z']}) is "
                 f"{100 * (clip['accuracy_mean'] - base['accuracy_mean']):+.2f} points from no DP: that is the "
