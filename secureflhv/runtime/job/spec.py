@@ -13,6 +13,7 @@ table without an import cycle.
 """
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, Protocol
 
@@ -158,7 +159,41 @@ def _horizontal_roles(cfg: JobConfig) -> None:
 FAMILY_RULES: dict[str, Callable[[JobConfig], None]] = {"vertical": _vertical_roles,
                                                          "horizontal": _horizontal_roles}
 
-JOBS: dict[str, JobSpec] = {}
+class JobTable(MutableMapping):
+    """``job.algorithm`` -> :class:`JobSpec`, in registration order. An entry may be a loader (a function
+    returning the spec) that runs when the entry is first read: a built-in's job module, and what it imports
+    (torch for the horizontal family), is imported only by the processes that run or inspect that algorithm."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, JobSpec | Callable[[], JobSpec]] = {}
+
+    def add_loader(self, name: str, load: Callable[[], JobSpec]) -> None:
+        """Register ``name`` to be built by ``load()`` on first read (a name already present is kept)."""
+        self._entries.setdefault(name, load)
+
+    def __getitem__(self, name: str) -> JobSpec:
+        entry = self._entries[name]
+        if not isinstance(entry, JobSpec):
+            entry = self._entries[name] = entry()
+        return entry
+
+    def __setitem__(self, name: str, spec: JobSpec) -> None:
+        self._entries[name] = spec
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __iter__(self):
+        return iter(list(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name) -> bool:
+        return name in self._entries
+
+
+JOBS = JobTable()
 """Every algorithm a job file can name: ``job.algorithm`` -> its spec (filled by
 :mod:`secureflhv.runtime.job.registry`; read it through that module, which guarantees the built-ins)."""
 
