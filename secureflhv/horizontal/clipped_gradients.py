@@ -55,7 +55,7 @@ def clipped_gradient_sum(model: nn.Module, X: Rows, y: np.ndarray, clip: float, 
     per_record = vmap(grad(loss_of_one), in_dims=(None, 0, 0))
     total = torch.zeros(sum(t.numel() for t in weights.values()), dtype=torch.float64, device=device)
     was_training = model.training
-    model.eval()
+    model.train(False)  # eval mode (module docstring)
     try:
         for start in range(0, n, chunk):
             xb = input_batch(X, start, min(n, start + chunk)).to(device)

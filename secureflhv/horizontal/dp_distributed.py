@@ -42,9 +42,28 @@ _NORM_SIGMAS = 10.0  # headroom of the noise's L2 norm in the server's check (a 
 
 
 class SkellamShares:
-    """What both distributed placements (client-level here, record-level in :mod:`.dp_record_sum`) do with the
-    noise of a round: each client's share mu / (t - c) and the accounting at the honest survivors' variance.
-    Needs ``plan.variance`` and ``aggregation``."""
+    """What both distributed placements (client-level here, record-level in :mod:`.dp_record_sum`) share: the
+    noise settings a plan is made from, the ring, each client's secret generator, each client's share
+    mu / (t - c) and the accounting at the honest survivors' variance. Needs ``plan.variance``, ``plan.k_bits``,
+    ``aggregation``, ``noise_multiplier`` / ``target_epsilon``, ``delta``, ``rounds`` and ``noise_seed``."""
+
+    def noise_way(self) -> dict:
+        """The plan's noise arguments: ``noise_multiplier``, or ``epsilon``, ``delta`` and ``rounds``."""
+        if self.noise_multiplier is not None:
+            return {"noise_multiplier": self.noise_multiplier}
+        return {"epsilon": self.target_epsilon, "delta": self.delta, "rounds": self.rounds}
+
+    def aggregation_for(self, config: AggregationConfig) -> AggregationConfig:
+        """The job's aggregation with the plan's ring: integer inputs in Z_{2^k}."""
+        return config.replace(ring_bits=self.plan.k_bits)
+
+    def client_rng(self, round_id: int, party_id: str) -> np.random.Generator:
+        """The client's SECRET generator for rounding and noise (:func:`~secureflhv.dp.mechanisms.noise_rng`: OS
+        entropy; with the test-only ``noise_seed``, derived from it, the round and the party)."""
+        if self.noise_seed is None:
+            return noise_rng(None)
+        party = int.from_bytes(hashlib.sha256(party_id.encode()).digest()[:8], "little")
+        return noise_rng([self.noise_seed, round_id, party])
 
     def honest_min(self, n_selected: int) -> int:
         """t - c for a round of ``n_selected`` clients: the fewest honest survivors the server can unmask."""
@@ -108,17 +127,11 @@ class DistributedDP(SkellamShares, ClientDP):
     def bound(self, dim: int) -> "DistributedDP":
         """These settings planned for a model of ``dim`` parameters. ValueError naming ``params.dp.bits`` when
         no scale fits the ring."""
-        way = ({"noise_multiplier": self.noise_multiplier} if self.noise_multiplier is not None else
-               {"epsilon": self.target_epsilon, "delta": self.delta, "rounds": self.rounds})
         try:
-            plan = plan_skellam(self.clip_norm, dim, self.bits, self.sizes, **way)
+            plan = plan_skellam(self.clip_norm, dim, self.bits, self.sizes, **self.noise_way())
         except ValueError as exc:
             raise ValueError(f"params.dp.{exc}") from None
         return replace(self, plan=plan)
-
-    def aggregation_for(self, config: AggregationConfig) -> AggregationConfig:
-        """The job's aggregation with the plan's ring: integer inputs in Z_{2^k}."""
-        return config.replace(ring_bits=self.plan.k_bits)
 
     def agg_dim(self, dim: int) -> int:
         """d': the rotated, padded length (a power of two)."""
@@ -129,9 +142,7 @@ class DistributedDP(SkellamShares, ClientDP):
     def client_input(self, update, round_id, n_selected, party_id, weight=1.0):
         """The encoded delta as signed integers (float64 (d',)) in [-2^(k-1), 2^(k-1)), weight 1."""
         p = self.plan
-        rng = noise_rng(None if self.noise_seed is None else
-                        [self.noise_seed, round_id, int.from_bytes(hashlib.sha256(party_id.encode()).digest()[:8],
-                                                                    "little")])
+        rng = self.client_rng(round_id, party_id)
         enc = encode(update, clip=p.clip, gamma=p.gamma, seed=rotation_seed(self.job_seed, round_id),
                      k_bits=p.k_bits, mu=self.share(n_selected), rng=rng, beta=p.beta,
                      secure=self.noise_seed is None)

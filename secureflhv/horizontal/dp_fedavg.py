@@ -36,6 +36,9 @@ class ClientDP(ABC):
     placement: str
     delta: float
     epsilon_budget: float | None
+    # a placement that replaces the clients' local training sets a method local_update(model, global_vec, X, y)
+    # -> ClientUpdate (record-level DP-GD, :mod:`.dp_record_sum`); None: the strategy trains as usual
+    local_update = None
 
     def bound(self, dim: int) -> "ClientDP":
         """These settings for a model of ``dim`` parameters (default: the same)."""

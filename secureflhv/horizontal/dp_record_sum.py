@@ -38,7 +38,6 @@ count travels only inside the noised sum). Not protected: a client's test-set me
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, replace
 
@@ -46,7 +45,7 @@ import numpy as np
 from torch import nn
 
 from ..dp.calibration import MAX_POISSON_MEAN
-from ..dp.mechanisms import noise_rng, padded_dim, rotate, rotation_seed, skellam_noise, unrotate
+from ..dp.mechanisms import padded_dim, rotate, rotation_seed, skellam_noise, unrotate
 from ..secagg import AggregateResult, AggregationConfig
 from .clipped_gradients import clipped_gradient_sum
 from .dp_distributed import SkellamShares
@@ -100,7 +99,10 @@ def plan_record_sum(clip: float, d: int, bits: int, honest_min: int, *, noise_mu
                     epsilon: float | None = None, delta: float | None = None,
                     rounds: int | None = None) -> RecordSumPlan:
     """The plan of a job: K, c, Δ2, Δ1 from C and d', and mu from ``noise_multiplier`` z (mu = (z·Δ2)²) or from a
-    target (``epsilon``, ``delta``) over ``rounds`` releases (:func:`secureflhv.dp.skellam_variance_for`).
+    target (``epsilon``, ``delta``) over ``rounds`` releases (:func:`secureflhv.dp.skellam_variance_for`; the
+    Skellam RDP bound of Agarwal, Kairouz, Liu, NeurIPS 2021). Units: ``clip`` in model units (an L2 norm of one
+    record's gradient), ``d`` the model's parameters, ``bits`` the ring's bits per coordinate; the plan's
+    variance and sensitivities in integer units (module docstring).
 
     ``honest_min``: the fewest honest survivors a round may have (t − c_max over the job's round sizes); each
     client's Poisson means mu / honest_min / 2 must stay below :data:`~secureflhv.dp.calibration.MAX_POISSON_MEAN`.
@@ -159,13 +161,8 @@ class RecordSumDP(SkellamShares, ClientDP):
 
     def bound(self, dim: int) -> "RecordSumDP":
         """These settings planned for a model of ``dim`` parameters (ValueError naming ``params.record_dp``)."""
-        way = ({"noise_multiplier": self.noise_multiplier} if self.noise_multiplier is not None else
-               {"epsilon": self.target_epsilon, "delta": self.delta, "rounds": self.rounds})
-        return replace(self, plan=plan_record_sum(self.clip_norm, dim, self.bits, self.least_honest, **way))
-
-    def aggregation_for(self, config: AggregationConfig) -> AggregationConfig:
-        """The job's aggregation with the plan's ring: integer inputs in Z_{2^k}."""
-        return config.replace(ring_bits=self.plan.k_bits)
+        return replace(self, plan=plan_record_sum(self.clip_norm, dim, self.bits, self.least_honest,
+                                                  **self.noise_way()))
 
     def agg_dim(self, dim: int) -> int:
         """d' + 1: the rotated gradient sum and the record count."""
@@ -174,7 +171,10 @@ class RecordSumDP(SkellamShares, ClientDP):
         return self.plan.d_pad + 1
 
     def local_update(self, model: nn.Module, global_vec: np.ndarray, X: Rows, y: np.ndarray) -> ClientUpdate:
-        """The client's round: G_i at the global model, weight = its record count; the loss is withheld (NaN)."""
+        """The client's round: the clipped gradient sum G_i (float64 (d,), :func:`clipped_gradient_sum`) at
+        ``global_vec`` (float32 (d,), loaded into ``model``) over its records X (n, ...), y (n,), with weight n
+        (its record count, encoded by :meth:`client_input`); one step; the loss is withheld (NaN). ValueError
+        from :func:`clipped_gradient_sum`."""
         set_flat(model, global_vec)
         total = clipped_gradient_sum(model, X, y, self.clip_norm, self.chunk)
         return ClientUpdate({"model": (total, float(len(y)))}, len(y), 1, float("nan"))
@@ -184,9 +184,7 @@ class RecordSumDP(SkellamShares, ClientDP):
         integers (float64 (d' + 1,)) in [-2^(k-1), 2^(k-1)), weight 1. ValueError when this client's own vector
         leaves the ring (raise ``bits``)."""
         p = self.plan
-        rng = noise_rng(None if self.noise_seed is None else
-                        [self.noise_seed, round_id, int.from_bytes(hashlib.sha256(party_id.encode()).digest()[:8],
-                                                                    "little")])
+        rng = self.client_rng(round_id, party_id)
         scaled = rotate(update, rotation_seed(self.job_seed, round_id)) / p.gamma
         rounded = np.floor(scaled + rng.random(scaled.size))
         vec = np.append(rounded, float(weight) * p.count_scale)

@@ -687,7 +687,7 @@ class HorizontalClient(_Resumable, ProtocolRole):
         global_vec = read_model(bundle, self.shapes)
         extras = {k[len("extra/"):]: float32_tensor(t, (self.dim,), k) for k, t in bundle.tensors.items()
                   if k.startswith("extra/")}
-        gradient_sum = getattr(self.config.dp, "local_update", None)
+        gradient_sum = None if self.config.dp is None else self.config.dp.local_update
         if gradient_sum is not None:  # distributed record-level DP-GD: the clipped gradient sum, no local steps
             upd = gradient_sum(self.model, global_vec, self.X_train, self.y_train)
         else:
